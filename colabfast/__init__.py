@@ -1,0 +1,37 @@
+"""colabfast: end the data-loading bottleneck of PyTorch training in Google Colab and Jupyter.
+
+The data path, one module each: ``env`` (where we run) -> ``drive`` (mount Google Drive) ->
+``stage`` (copy it to local disk or RAM) -> ``pack`` (HDF5 mirrors) -> ``datasets`` ->
+``loader`` (feed the GPU) -> ``diagnose`` (are we data-bound?).
+
+Public names load on first use, so ``import colabfast`` and the CLI start fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "stage": "colabfast.stage",
+    "StageError": "colabfast.stage",
+    "ramdisk": "colabfast.ramdisk",
+}
+
+__all__ = ["env", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name == "env":
+        return importlib.import_module("colabfast.env")
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'colabfast' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
