@@ -15,9 +15,9 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "stage": "colabfast.stage",
-    "StageError": "colabfast.stage",
-    "ramdisk": "colabfast.ramdisk",
+    "stage": "colabfast.staging",
+    "StageError": "colabfast.staging",
+    "ramdisk": "colabfast.tmpfs",
 }
 
 __all__ = ["env", *_EXPORTS]

@@ -18,3 +18,23 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, where every non-CUDA path must run: {reason}"
+
+
+def tree_files(root) -> dict:
+    """{relative path: bytes} of every regular file under ``root``, skipping colabfast's own files."""
+    from pathlib import Path
+
+    root = Path(root)
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".colabfast-" not in p.name
+    }
+
+
+def assert_same_tree(a, b) -> None:
+    """Every file under ``a`` exists under ``b`` with identical bytes, and vice versa."""
+    fa, fb = tree_files(a), tree_files(b)
+    assert sorted(fa) == sorted(fb)
+    different = [rel for rel in fa if fa[rel] != fb[rel]]
+    assert not different, f"files differ: {different[:5]}"

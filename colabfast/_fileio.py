@@ -1,0 +1,198 @@
+"""File I/O for slow, flaky mounts: retries with backoff, atomic writes, parallel readahead.
+
+Private helpers shared by :mod:`colabfast.staging`, :mod:`colabfast.archive` and :mod:`colabfast.pack`.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import random
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+# What Google Drive's FUSE clients return for trouble that passes: a failed fetch (EIO), a client
+# restart ("Transport endpoint is not connected"), a timeout, throttling.
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED}
+)
+
+BACKOFF_BASE = 0.25  # seconds before the first retry; doubles each time
+BACKOFF_CAP = 8.0  # seconds, the longest single wait
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for an OSError worth retrying (see TRANSIENT_ERRNOS)."""
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
+
+
+def retry(fn: Callable[[], T], retries: int) -> T:
+    """Call ``fn`` until it succeeds, retrying transient OSErrors up to ``retries`` times.
+
+    Waits ``BACKOFF_BASE * 2**attempt`` seconds (capped at ``BACKOFF_CAP``, jittered by +-50% so
+    many threads do not retry in lockstep) between attempts. Other exceptions propagate at once.
+
+    Raises:
+        OSError: the last transient error once the retries are used up, with ``attempts`` set on it.
+    """
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except OSError as exc:
+            if not is_transient(exc) or attempt >= retries:
+                exc.attempts = attempt + 1  # type: ignore[attr-defined]
+                raise
+            delay = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.5)
+            attempt += 1
+            time.sleep(delay)
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes for people: ``"812 kB"``, ``"14.2 MB"``, ``"7.1 GB"`` (powers of 1000, as disks are sold)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def partial_path(path: Path) -> Path:
+    """The temporary name a file is written under before it is complete: ``.NAME.colabfast-partial``."""
+    return path.with_name(f".{path.name}.colabfast-partial")
+
+
+PARTIAL_SUFFIX = ".colabfast-partial"
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temporary name, fsync, rename)."""
+    tmp = partial_path(path)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``, or None if it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+class ReadaheadFile(io.RawIOBase):
+    """A seekable read-only file that keeps ``depth`` blocks of ``block_size`` bytes in flight.
+
+    On a mount where each read request costs a round trip (Drive: milliseconds), one sequential
+    reader spends most of its time waiting. This reader fetches the next blocks with parallel
+    ``os.pread`` calls ahead of the consumer, so a stream (a tar.gz, a zip) reads at the link's
+    bandwidth. Transient errors are retried per block (see :func:`retry`), re-opening the file.
+
+    Args:
+        path: the file.
+        block_size: bytes per read request sent to the mount.
+        depth: blocks in flight; the window is ``block_size * depth`` bytes.
+        retries: retries per block for transient errors.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, block_size: int = 4 << 20, depth: int = 8, retries: int = 5):
+        super().__init__()
+        self._path = os.fspath(path)
+        self._fd = retry(lambda: os.open(self._path, os.O_RDONLY), retries)
+        self.size = os.fstat(self._fd).st_size
+        self._block = block_size
+        self._depth = depth
+        self._retries = retries
+        self._pool = ThreadPoolExecutor(depth, thread_name_prefix="colabfast-readahead")
+        self._blocks: dict[int, Future[bytes]] = {}
+        self._pos = 0
+        self._lock = threading.Lock()
+
+    def _fetch(self, k: int) -> bytes:
+        offset = k * self._block
+        length = min(self._block, self.size - offset)
+        chunks, done = [], 0
+        while done < length:
+            chunk = retry(lambda done=done: self._pread(length - done, offset + done), self._retries)
+            if not chunk:
+                raise OSError(errno.EIO, f"{self._path} ended at byte {offset + done}, expected {self.size}")
+            chunks.append(chunk)
+            done += len(chunk)
+        return b"".join(chunks)
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        fd = self._fd
+        try:
+            return os.pread(fd, n, offset)
+        except OSError as exc:
+            if exc.errno == errno.EBADF and fd != self._fd:  # another thread re-opened meanwhile
+                raise OSError(errno.EAGAIN, "file handle replaced") from exc
+            if exc.errno in TRANSIENT_ERRNOS:
+                self._reopen(fd)
+            raise
+
+    def _reopen(self, failed_fd: int) -> None:
+        # A Drive client that restarted invalidates open handles; the next attempt needs a new one.
+        with self._lock:
+            if self._fd != failed_fd:
+                return
+            try:
+                fd = os.open(self._path, os.O_RDONLY)
+            except OSError:
+                return
+            self._fd = fd
+            os.close(failed_fd)
+
+    def _window(self, k: int) -> None:
+        last = (self.size - 1) // self._block if self.size else -1
+        for stale in [b for b in self._blocks if b < k or b >= k + self._depth]:
+            self._blocks.pop(stale).cancel()
+        for b in range(k, min(k + self._depth, last + 1)):
+            if b not in self._blocks:
+                self._blocks[b] = self._pool.submit(self._fetch, b)
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if self._pos >= self.size:
+            return 0
+        k = self._pos // self._block
+        self._window(k)
+        data = self._blocks[k].result()
+        start = self._pos - k * self._block
+        n = min(len(buffer), len(data) - start)
+        memoryview(buffer).cast("B")[:n] = data[start : start + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            for fut in self._blocks.values():
+                fut.cancel()
+            self._pool.shutdown(wait=True)
+            os.close(self._fd)
+        super().close()
+

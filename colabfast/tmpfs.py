@@ -1,0 +1,107 @@
+"""A RAM disk to stage data into: :func:`ramdisk` mounts a tmpfs (or falls back to ``/dev/shm``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import subprocess
+import warnings
+from pathlib import Path
+from typing import Optional, Union
+
+from colabfast import env
+from colabfast._fileio import human_bytes
+
+SHM_FALLBACK = Path("/dev/shm/colabfast")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(size: Union[int, str]) -> int:
+    """Bytes in ``size``: an int, or a string like ``"512M"``, ``"8G"``, ``"1.5g"`` (powers of 1024)."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", str(size).lower())
+    if not m:
+        raise ValueError(f"cannot read {size!r} as a size: use bytes or a string like '8G' or '512M'")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def default_path() -> Path:
+    """Where :func:`ramdisk` mounts by default: ``<work dir>/ramdisk`` (``/content/ramdisk`` in Colab)."""
+    return env.work_dir() / "ramdisk"
+
+
+def ramdisk_path() -> Optional[Path]:
+    """The RAM disk colabfast mounted earlier (or its ``/dev/shm`` fallback), or None."""
+    if env.is_ram(default_path()) and os.path.ismount(default_path()):
+        return default_path()
+    return SHM_FALLBACK if SHM_FALLBACK.is_dir() else None
+
+
+def ramdisk(size: Union[int, str, None] = None, path: Union[str, os.PathLike, None] = None) -> Path:
+    """Mount a tmpfs RAM disk and return its path; reuse (and grow) one already mounted there.
+
+    Files in a tmpfs live in RAM: reading them costs no disk I/O at all, which helps random access
+    to many small files. A tmpfs takes memory only for what is stored in it, up to ``size``.
+    Mounting needs root (Colab runs as root); without it, or where mounting is not permitted,
+    the RAM-backed ``/dev/shm/colabfast`` is used instead, with a warning.
+
+    Args:
+        size: the most it may hold, in bytes or as ``"8G"``/``"512M"``. Default: the RAM colabfast
+            may use, i.e. free RAM minus :func:`colabfast.env.ram_headroom` (max(2 GiB, 25% of RAM)),
+            which stays free for training.
+        path: mount point. Default: ``/content/ramdisk`` in Colab, ``<tempdir>/colabfast/ramdisk``
+            elsewhere. It must be missing, empty, or already a tmpfs.
+
+    Returns:
+        The RAM disk's path.
+
+    Raises:
+        ValueError: ``size`` is more than the RAM colabfast may use (the message has the numbers), or
+            ``path`` is a non-empty folder that is not a tmpfs.
+        OSError: ``errno.ENOSPC`` when falling back to ``/dev/shm`` and it has less free space.
+    """
+    spare = env.ram_available() - env.ram_headroom()
+    nbytes = spare if size is None else parse_size(size)
+    if nbytes <= 0 or nbytes > spare:
+        raise ValueError(
+            f"a {human_bytes(nbytes)} RAM disk would starve this machine: {human_bytes(env.ram_available())} "
+            f"of RAM is free and colabfast keeps {human_bytes(env.ram_headroom())} of it for training, so "
+            f"at most {human_bytes(max(spare, 0))} can go to a RAM disk. Ask for less, or stage to disk."
+        )
+    target = Path(path) if path is not None else default_path()
+    if env.is_ram(target) and os.path.ismount(target):
+        st = os.statvfs(target)
+        if st.f_blocks * st.f_frsize < nbytes:
+            _mount_tmpfs(target, nbytes, remount=True)
+        return target
+    if target.is_dir() and any(target.iterdir()):
+        raise ValueError(f"cannot mount a RAM disk at {target}: the folder is not empty. Pass another path.")
+    try:
+        if not env.is_root():
+            raise PermissionError("mounting a tmpfs needs root")
+        target.mkdir(parents=True, exist_ok=True)
+        _mount_tmpfs(target, nbytes)
+        return target
+    except (OSError, subprocess.CalledProcessError) as exc:
+        reason = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) else str(exc)
+        return _shm_fallback(nbytes if size is not None else 0, reason)
+
+
+def _mount_tmpfs(target: Path, nbytes: int, remount: bool = False) -> None:
+    options = f"remount,size={nbytes}" if remount else f"size={nbytes},mode=0755"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "colabfast-ramdisk", str(target)],
+                   check=True, capture_output=True, text=True)
+
+
+def _shm_fallback(nbytes: int, reason: str) -> Path:
+    """``/dev/shm/colabfast``; ``nbytes`` is the size asked for (0: none; stage checks its own need)."""
+    free = env.disk_free("/dev/shm")
+    if nbytes > free:
+        raise OSError(errno.ENOSPC, f"cannot mount a tmpfs ({reason}), and /dev/shm, the fallback, has "
+                                    f"{human_bytes(free)} free, less than the {human_bytes(nbytes)} asked for")
+    warnings.warn(f"cannot mount a tmpfs ({reason}); using {SHM_FALLBACK} ({human_bytes(free)} free) instead",
+                  stacklevel=3)
+    SHM_FALLBACK.mkdir(parents=True, exist_ok=True)
+    return SHM_FALLBACK
