@@ -10,11 +10,12 @@ import io
 import json
 import os
 import random
+import stat
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -53,6 +54,66 @@ def retry(fn: Callable[[], T], retries: int) -> T:
             delay = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.5)
             attempt += 1
             time.sleep(delay)
+
+
+class FileEntry(NamedTuple):
+    """A file found by :func:`scan_tree`."""
+
+    rel: str  # POSIX path relative to the scanned root
+    size: int  # bytes
+    mtime_ns: int
+
+
+def scan_tree(root: Path, workers: int = 32, retries: int = 5) -> tuple[list[FileEntry], list[str]]:
+    """All regular files under ``root`` (following symlinks) and all folders, sorted, listed in parallel.
+
+    On Drive each folder listing is a round trip, so folders are listed by a thread pool. A folder
+    reached twice (a symlink loop, or two links to it) is listed once; dangling symlinks and
+    colabfast's partial files are left out.
+
+    Returns:
+        (files, folders), with paths relative to ``root`` in POSIX form.
+    """
+    files: list[FileEntry] = []
+    dirs: list[str] = []
+    seen = {(root.stat().st_dev, root.stat().st_ino)}
+
+    def listdir(rel: str) -> tuple[list[FileEntry], list[str]]:
+        def attempt() -> tuple[list[FileEntry], list[str]]:
+            found, subdirs = [], []
+            with os.scandir(root / rel if rel else root) as it:
+                for entry in it:
+                    name = f"{rel}/{entry.name}" if rel else entry.name
+                    if entry.name.endswith(PARTIAL_SUFFIX):
+                        continue
+                    try:
+                        st = entry.stat()  # follows symlinks
+                    except FileNotFoundError:  # a dangling symlink: nothing to copy
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        subdirs.append((name, (st.st_dev, st.st_ino)))
+                    elif stat.S_ISREG(st.st_mode):
+                        found.append(FileEntry(name, st.st_size, st.st_mtime_ns))
+            return found, subdirs
+
+        return retry(attempt, retries)
+
+    with ThreadPoolExecutor(min(workers, 32), thread_name_prefix="colabfast-scan") as pool:
+        pending = {pool.submit(listdir, "")}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                found, subdirs = fut.result()
+                files.extend(found)
+                for name, key in subdirs:
+                    if key not in seen:  # a symlink loop or a second link to a folder
+                        seen.add(key)
+                        dirs.append(name)
+                        pending.add(pool.submit(listdir, name))
+    files.sort()
+    dirs.sort()
+    return files, dirs
+
 
 
 def human_bytes(n: float) -> str:

@@ -20,10 +20,19 @@ import stat
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 from colabfast import env
-from colabfast._fileio import PARTIAL_SUFFIX, human_bytes, partial_path, read_json, retry, write_json_atomic
+from colabfast._fileio import (
+    PARTIAL_SUFFIX,
+    FileEntry,
+    human_bytes,
+    partial_path,
+    read_json,
+    retry,
+    scan_tree,
+    write_json_atomic,
+)
 from colabfast.archive import archive_suffix, extract, extracted_size, strip_archive_suffix
 
 PathLike = Union[str, os.PathLike]
@@ -62,12 +71,6 @@ class StageError(OSError):
 def _describe(exc: BaseException) -> str:
     attempts = getattr(exc, "attempts", 1)
     return f"{exc}" + (f" (after {attempts} attempts)" if attempts > 1 else "")
-
-
-class _File(NamedTuple):
-    rel: str  # POSIX path relative to the source root
-    size: int  # bytes
-    mtime_ns: int
 
 
 def stage(
@@ -139,7 +142,7 @@ def stage(
         raise ValueError(f"workers must be at least 1, not {workers}")
 
     if src.is_dir():
-        files, dirs = _scan(src, workers, retries)
+        files, dirs = scan_tree(src, workers, retries)
         target = _destination(src.name, dst, to, sum(f.size for f in files))
         _check_not_nested(src, target)
         with _locked(target):
@@ -156,7 +159,7 @@ def stage(
         target = target / src.name
     _check_not_nested(src, target)
     with _locked(target):
-        _stage_tree(src.parent, target.parent, [_File(src.name, st.st_size, st.st_mtime_ns)], [],
+        _stage_tree(src.parent, target.parent, [FileEntry(src.name, st.st_size, st.st_mtime_ns)], [],
                     workers, verify, retries, progress, rename={src.name: target.name})
     return target
 
@@ -259,53 +262,7 @@ def _new_manifest(src: Path, complete: bool, **extra) -> dict:
 # --- folders and single files ----------------------------------------------------------------------
 
 
-def _scan(root: Path, workers: int, retries: int) -> tuple[list[_File], list[str]]:
-    """All files under ``root`` (following symlinks) and all folders, listed in parallel.
-
-    On Drive each folder listing is a round trip, so folders are listed by a thread pool.
-    """
-    files: list[_File] = []
-    dirs: list[str] = []
-    seen = {(root.stat().st_dev, root.stat().st_ino)}
-
-    def listdir(rel: str) -> tuple[list[_File], list[str]]:
-        def attempt() -> tuple[list[_File], list[str]]:
-            found, subdirs = [], []
-            with os.scandir(root / rel if rel else root) as it:
-                for entry in it:
-                    name = f"{rel}/{entry.name}" if rel else entry.name
-                    if entry.name.endswith(PARTIAL_SUFFIX):
-                        continue
-                    try:
-                        st = entry.stat()  # follows symlinks
-                    except FileNotFoundError:  # a dangling symlink: nothing to copy
-                        continue
-                    if stat.S_ISDIR(st.st_mode):
-                        subdirs.append((name, (st.st_dev, st.st_ino)))
-                    elif stat.S_ISREG(st.st_mode):
-                        found.append(_File(name, st.st_size, st.st_mtime_ns))
-            return found, subdirs
-
-        return retry(attempt, retries)
-
-    with ThreadPoolExecutor(min(workers, 32), thread_name_prefix="colabfast-scan") as pool:
-        pending = {pool.submit(listdir, "")}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                found, subdirs = fut.result()
-                files.extend(found)
-                for name, key in subdirs:
-                    if key not in seen:  # a symlink loop or a second link to a folder
-                        seen.add(key)
-                        dirs.append(name)
-                        pending.add(pool.submit(listdir, name))
-    files.sort()
-    dirs.sort()
-    return files, dirs
-
-
-def _unchanged(path: Path, f: _File) -> bool:
+def _unchanged(path: Path, f: FileEntry) -> bool:
     try:
         st = path.stat()
     except OSError:
@@ -324,7 +281,7 @@ def _sha256_of(path: Path) -> str:
 def _stage_tree(
     src: Path,
     dst: Path,
-    files: list[_File],
+    files: list[FileEntry],
     dirs: list[str],
     workers: int,
     verify: str,
@@ -393,13 +350,13 @@ class _Copier:
         with self._lock:
             self._done += n
 
-    def run(self, todo: list[_File], workers: int, progress: bool, desc: str) -> dict[str, BaseException]:
+    def run(self, todo: list[FileEntry], workers: int, progress: bool, desc: str) -> dict[str, BaseException]:
         """Copy ``todo``; returns the files that failed after their retries (rel -> exception)."""
         from tqdm.auto import tqdm
 
         failures: dict[str, BaseException] = {}
         tasks = self._tasks(todo)
-        pending: dict[Future, _File] = {}
+        pending: dict[Future, FileEntry] = {}
         finished, full = 0, False
         pool = ThreadPoolExecutor(workers, thread_name_prefix="colabfast-stage")
         bar = tqdm(total=sum(f.size for f in todo), unit="B", unit_scale=True, unit_divisor=1024,
@@ -431,7 +388,7 @@ class _Copier:
                           "free space and run stage() again to copy the rest")
         return failures
 
-    def _tasks(self, todo: Iterable[_File]):
+    def _tasks(self, todo: Iterable[FileEntry]):
         for f in todo:
             if f.size < BIG_FILE:
                 yield f, (lambda f=f: retry(lambda: self._copy_small(f), self.retries))
@@ -440,7 +397,7 @@ class _Copier:
                 for start in range(0, f.size, RANGE):
                     yield f, (lambda big=big, start=start: big.copy_range(start))
 
-    def _copy_small(self, f: _File) -> bool:
+    def _copy_small(self, f: FileEntry) -> bool:
         target = self.target_of(f.rel)
         tmp = partial_path(target)
         h = hashlib.sha256() if self.verify == "sha256" else None
@@ -469,7 +426,7 @@ class _Copier:
             raise
         return True
 
-    def _verify_hash(self, tmp: Path, ranges: list[tuple[int, int, str]], f: _File) -> None:
+    def _verify_hash(self, tmp: Path, ranges: list[tuple[int, int, str]], f: FileEntry) -> None:
         """Re-read the written file; each (start, length, sha256 of source bytes) must match."""
         whole = hashlib.sha256()
         with open(tmp, "rb") as fin:
@@ -491,7 +448,7 @@ class _Copier:
 class _BigFile:
     """One large file copied as ``RANGE``-byte ranges by several threads into one partial file."""
 
-    def __init__(self, copier: _Copier, f: _File):
+    def __init__(self, copier: _Copier, f: FileEntry):
         self.copier, self.f = copier, f
         self.target = copier.target_of(f.rel)
         self.tmp = partial_path(self.target)
