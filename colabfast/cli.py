@@ -35,6 +35,12 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from colabfast.demo import main
+
+    return main()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="colabfast",
@@ -78,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                                       "sizes, completion and skipped files.")
     p.add_argument("mirror")
     p.set_defaults(run=_info)
+
+    p = sub.add_parser("demo", help="show the Drive bottleneck and the cure, measured on this machine",
+                       description="Build 300 ImageNet-style JPEGs, serve them through the Drive simulator "
+                                   "(FUSE), and time an epoch from Drive, staging, an epoch from local disk, "
+                                   "packing, and an epoch from the mirror. About a minute.")
+    p.set_defaults(run=_demo)
     return parser
 
 
