@@ -229,7 +229,7 @@ def flush_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: bo
         report = DriveReport(mp, kind, ["pushed pending writes (flush_and_unmount)", "mounted again"])
     elif kind == "ocamlfuse":
         argv = _unmount_ocamlfuse(mp)
-        _remount_ocamlfuse(mp, argv, "pending writes were pushed")
+        _run(argv, f"pending writes were pushed; mount again by hand: {shlex.join(argv)}")
         report = DriveReport(mp, kind, ["unmounted and waited for pending uploads", "mounted again"])
     else:
         os.sync()
@@ -532,10 +532,6 @@ def _unmount_ocamlfuse(mp: str) -> list:
     return argv
 
 
-def _remount_ocamlfuse(mp: str, argv: list, done: str) -> None:
-    _run(argv, f"{done}; mount again by hand: {shlex.join(argv)}")
-
-
 def _refresh_ocamlfuse(mp: str) -> DriveReport:
     argv = _unmount_ocamlfuse(mp)
     label = _label(argv)
@@ -544,7 +540,7 @@ def _refresh_ocamlfuse(mp: str) -> DriveReport:
     clear = [argv[0], "-cc"] + (["-label", label] if label != "default" else [])
     _run(clear, f"Drive is unmounted; clear {cache} by hand and mount again: {shlex.join(argv)}")
     freed = max(0, before - _du(cache))
-    _remount_ocamlfuse(mp, argv, f"the cache was cleared ({human_bytes(freed)} freed)")
+    _run(argv, f"the cache was cleared ({human_bytes(freed)} freed); mount again by hand: {shlex.join(argv)}")
     actions = [
         "unmounted and waited for pending uploads",
         f"cleared the cache {cache} ({human_bytes(freed)}) with `{shlex.join(clear)}`",

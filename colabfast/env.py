@@ -585,13 +585,15 @@ def describe(data: Optional[str | os.PathLike] = None) -> str:
     return "\n".join(text)
 
 
+def build_doctor_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``doctor`` command's arguments to ``parser`` (e.g. a CLI subparser) and return it."""
+    parser.description = "Describe this machine (Colab or not, Drive, RAM, disk, GPU) and how to feed its GPU."
+    parser.add_argument("data", nargs="?", help="your dataset folder or archive, for advice on where it lives")
+    return parser
+
+
 def doctor(argv: Optional[Sequence[str]] = None) -> int:
     """``colabfast doctor [DATA]``: print :func:`describe` for this machine (and your data). Returns 0."""
-    parser = argparse.ArgumentParser(
-        prog="colabfast doctor",
-        description="Describe this machine (Colab or not, Drive, RAM, disk, GPU) and how to feed its GPU.",
-    )
-    parser.add_argument("data", nargs="?", help="your dataset folder or archive, for advice on where it lives")
-    args = parser.parse_args(argv)
+    args = build_doctor_parser(argparse.ArgumentParser(prog="colabfast doctor")).parse_args(argv)
     print(describe(args.data))
     return 0

@@ -3,6 +3,7 @@ client, the stand-in's forms, machine facts, describe() and the doctor CLI."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -250,3 +251,10 @@ def test_doctor_cli(quiet_machine, capsys, tmp_path):
     with pytest.raises(SystemExit):
         env.doctor(["--help"])
     assert "usage: colabfast doctor [-h] [data]" in capsys.readouterr().out
+
+
+def test_doctor_as_a_cli_subcommand(tmp_path):
+    parser = argparse.ArgumentParser(prog="colabfast")
+    env.build_doctor_parser(parser.add_subparsers(dest="command").add_parser("doctor"))
+    args = parser.parse_args(["doctor", str(tmp_path)])
+    assert (args.command, args.data) == ("doctor", str(tmp_path))
