@@ -454,15 +454,12 @@ def _where(data: str, size: Optional[int]) -> list[str]:
     else:
         advice.append(f"your data is on local disk ({m.fstype if m else 'unknown file system'}): fine to train from")
     if size is not None and kind in ("drivefs", "ocamlfuse", "drivesim"):
-        # DriveFS keeps a copy of everything read through the mount in its cache on the same disk.
-        need = 2 * size if kind == "drivefs" else size
-        free = disk_free(work_dir())
-        if need > free:
-            why = f"2 × {human_bytes(size)}, Drive caches what it reads" if kind == "drivefs" else human_bytes(size)
-            advice.append(
-                f"not enough free space on {work_dir()} to stage it: need {human_bytes(need)} ({why}), have "
-                f"{human_bytes(free)}; stage a subset, or pack it smaller (pre-resized images)"
-            )
+        from colabfast.staging import check_space  # stage()'s own preflight, 2x from DriveFS
+
+        try:
+            check_space(size, work_dir() / os.path.basename(data), Path(data))
+        except OSError as e:
+            advice.append(e.strerror)
     return advice
 
 

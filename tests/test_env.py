@@ -202,9 +202,10 @@ def test_describe_warns_when_the_disk_cannot_hold_two_copies(quiet_machine, monk
     data.mkdir(parents=True)
     (data / "a.bin").write_bytes(b"x" * 6000)
     fake_drive(monkeypatch, mp)
+    monkeypatch.setenv("HOME", str(tmp_path))  # DriveFS's cache on the same disk as /tmp, as in Colab
     monkeypatch.setattr(env, "disk_free", lambda path: 10_000)
     text = env.describe(data)
-    assert "need 12.0 kB (2 × 6.0 kB, Drive caches what it reads), have 10.0 kB" in text
+    assert "need 12.0 kB (2 x 6.0 kB: Drive caches what it reads), have 10.0 kB" in text
 
 
 def test_describe_ram_and_local_data(quiet_machine, monkeypatch, tmp_path):
