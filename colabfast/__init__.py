@@ -18,6 +18,11 @@ _EXPORTS = {
     "stage": "colabfast.staging",
     "StageError": "colabfast.staging",
     "ramdisk": "colabfast.tmpfs",
+    "pack": "colabfast.packing",
+    "PackError": "colabfast.packing",
+    "H5ImageFolder": "colabfast.datasets",
+    "H5Kitti": "colabfast.datasets",
+    "MirrorError": "colabfast.mirror",
 }
 
 __all__ = ["env", *_EXPORTS]

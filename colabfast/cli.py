@@ -1,0 +1,99 @@
+"""The ``colabfast`` command: ``stage``, ``pack``, ``info``, ``drivesim``, ``demo``, ``doctor``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from colabfast.staging import stage
+
+    out = stage(args.src, args.dst, to="ram" if args.ram else "auto", workers=args.workers, verify=args.verify,
+                retries=args.retries, progress=not args.quiet)
+    print(out)
+    return 0
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from colabfast.packing import pack
+
+    size = args.image_size
+    image_size = None if size is None else (size[0] if len(size) == 1 else (size[0], size[1]))
+    pack(args.src, args.dst, layout=args.layout, store=args.store, image_size=image_size, quality=args.quality,
+         shuffle=args.shuffle, seed=args.seed, workers=args.workers,
+         on_error="skip" if args.skip_errors else "raise", progress=not args.quiet)
+    print(args.dst)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from colabfast.mirror import info
+
+    print(info(args.mirror))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="colabfast",
+        description="End the data-loading bottleneck of PyTorch training in Colab and Jupyter.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("stage", help="copy a dataset (folder, file or archive) from Drive to local disk or RAM",
+                       description="Copy a folder, file or archive (.zip, .tar[.gz|.bz2|.xz]) from a slow "
+                                   "mount such as Google Drive to local disk or RAM; re-runs copy only what "
+                                   "is missing. Prints the staged path.")
+    p.add_argument("src", help="folder, file or archive to stage")
+    p.add_argument("dst", nargs="?", help="destination (default: /content/<name> in Colab, else a temp folder)")
+    p.add_argument("--ram", action="store_true", help="stage into a tmpfs RAM disk")
+    p.add_argument("--workers", type=int, help="files copied at once (default: 64 from FUSE mounts, else 16)")
+    p.add_argument("--verify", choices=["size", "sha256"], default="size",
+                   help="check sizes (default), or also SHA-256 of what was read and written")
+    p.add_argument("--retries", type=int, default=5, help="retries per file for transient errors (default 5)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_stage)
+
+    p = sub.add_parser("pack", help="pack an image dataset into one HDF5 mirror file",
+                       description="Pack an ImageFolder, KITTI or plain folder of images into one HDF5 "
+                                   "mirror (resumable; the destination may be on Drive).")
+    p.add_argument("src", help="dataset folder")
+    p.add_argument("dst", help="mirror file to write, e.g. /content/drive/MyDrive/kitti.h5")
+    p.add_argument("--layout", choices=["auto", "imagefolder", "kitti", "files"], default="auto")
+    p.add_argument("--store", choices=["encoded", "raw"], default="encoded",
+                   help="keep encoded files (default) or store decoded pixels")
+    p.add_argument("--image-size", type=int, nargs="+", metavar="N",
+                   help="resize: one number sets the short side, two set H W")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality of resized images (default 90)")
+    p.add_argument("--shuffle", action="store_true", help="store samples in a seeded random order")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, help="decoding processes (default: CPU count)")
+    p.add_argument("--skip-errors", action="store_true", help="leave unreadable images out instead of failing")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_pack)
+
+    p = sub.add_parser("info", help="describe a mirror", description="Print a mirror's layout, counts, classes, "
+                                                                      "sizes, completion and skipped files.")
+    p.add_argument("mirror")
+    p.set_defaults(run=_info)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "pack" and args.image_size is not None and len(args.image_size) > 2:
+        build_parser().error("--image-size takes one number (short side) or two (H W)")
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except (OSError, ValueError) as exc:
+        print(f"colabfast {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

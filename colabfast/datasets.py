@@ -1,0 +1,366 @@
+"""Datasets over HDF5 mirrors: drop-ins for torchvision's ``ImageFolder`` and ``Kitti``.
+
+Safe in DataLoader workers under fork, spawn and forkserver: nothing HDF5 is held open between
+calls or across a fork, and a dataset pickles as its path (workers re-read the small metadata).
+Images are read with one ``os.pread`` at the image's place in the file (the mirror's datasets are
+contiguous, so their file offset is fixed), which skips HDF5's per-call overhead and its global
+lock; per sample the dataset holds a few integers (offsets, shape, label), not Python objects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import h5py
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.datasets import VisionDataset
+from torchvision.io import ImageReadMode, decode_image
+
+from colabfast._fileio import human_bytes
+from colabfast.mirror import KITTI_CALIB_KEYS, MirrorError, check, json_attr, open_h5, utf8_table
+
+PathLike = Union[str, os.PathLike]
+OUTPUTS = ("pil", "tensor", "bytes")
+
+
+class MirrorReader:
+    """Reads the images of one sample table of a mirror, fast and fork-safe.
+
+    Args:
+        path: the mirror file.
+        split: ``""`` for imagefolder/files mirrors, ``"training"``/``"testing"`` for KITTI.
+        in_memory: load all image data into one shared-memory tensor now. Workers then read from
+            RAM: forked workers inherit it, spawned ones receive a handle to the same memory
+            (torch.multiprocessing), so it is never copied per worker.
+
+    Raises:
+        FileNotFoundError: no such file.
+        MirrorError: not a complete mirror of this format version, truncated, or no such split.
+        OSError: ``errno.ENOSPC`` when ``in_memory`` data does not fit in ``/dev/shm``.
+    """
+
+    def __init__(self, path: PathLike, split: str = "", in_memory: bool = False):
+        self.path, self.split = Path(os.path.abspath(path)), split
+        self._load_metadata()
+        self.blob: Optional[torch.Tensor] = self._load_all() if in_memory else None
+
+    def _load_metadata(self) -> None:
+        with open_h5(self.path) as f:
+            check(f, self.path)
+            if self.split and self.split not in f:
+                raise MirrorError(f"{self.path} has no {self.split!r} split (it has: "
+                                  f"{', '.join(k for k in f if isinstance(f[k], h5py.Group)) or 'none'})")
+            g = f[self.split] if self.split else f
+            images = g["images"]
+            self.offsets: np.ndarray = g["image_offsets"][:]
+            self.shapes: np.ndarray = g["image_shapes"][:]
+            self.store = str(f.attrs["store"])
+            # Contiguous, unfiltered and non-empty: a fixed place in the file, read with pread.
+            self.data_offset: Optional[int] = images.id.get_offset()
+            nbytes = images.shape[0]
+        size = self.path.stat().st_size
+        if self.data_offset is not None and self.data_offset + nbytes > size:
+            raise MirrorError(f"{self.path} is truncated: its image data ends at byte {self.data_offset + nbytes} "
+                              f"but the file has {size} bytes (an interrupted copy?). Copy or stage it again.")
+        self._fd: Optional[int] = None
+        self._h5: Optional[h5py.File] = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "split": self.split, "blob": self.blob}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path, self.split, self.blob = state["path"], state["split"], state["blob"]
+        self._load_metadata()
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def _handles(self) -> None:
+        if self._pid != os.getpid():  # first use in this process (a fresh worker, or after a fork)
+            self._fd = os.open(self.path, os.O_RDONLY)
+            self._h5 = None
+            self._pid = os.getpid()
+
+    def _read_into(self, out: np.ndarray, start: int) -> None:
+        self._handles()
+        if self.data_offset is None:  # not contiguous (not written by pack): go through h5py
+            if self._h5 is None:
+                self._h5 = h5py.File(self.path, "r", locking=False)
+            g = self._h5[self.split] if self.split else self._h5
+            out[:] = g["images"][start : start + len(out)]
+            return
+        view, pos = memoryview(out).cast("B"), 0
+        while pos < len(view):
+            n = os.preadv(self._fd, [view[pos:]], self.data_offset + start + pos)
+            if n == 0:
+                raise MirrorError(f"{self.path} ended early while reading an image: truncated?")
+            pos += n
+
+    def read(self, index: int) -> torch.Tensor:
+        """The stored bytes of sample ``index`` as a new uint8 tensor ``[nbytes]``."""
+        a, b = int(self.offsets[index]), int(self.offsets[index + 1])
+        if self.blob is not None:
+            return self.blob[a:b].clone()
+        out = torch.empty(b - a, dtype=torch.uint8)
+        self._read_into(out.numpy(), a)
+        return out
+
+    def view(self, index: int) -> torch.Tensor:
+        """Like :meth:`read`, but a read-only view into the shared in-memory data when loaded."""
+        if self.blob is None:
+            return self.read(index)
+        return self.blob[int(self.offsets[index]) : int(self.offsets[index + 1])]
+
+    def _load_all(self) -> torch.Tensor:
+        nbytes = int(self.offsets[-1])
+        free = _shm_free()
+        if nbytes > free:
+            raise OSError(28, f"in_memory=True needs {human_bytes(nbytes)} of shared memory (/dev/shm) for "
+                              f"{self.path}, which has {human_bytes(free)} free. Stage the mirror to a RAM "
+                              f"disk instead (colabfast.stage(path, to='ram')): reading it is as fast.")
+        blob = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+        step = 64 << 20
+        for start in range(0, nbytes, step):
+            self._read_into(blob[start : start + step].numpy(), start)
+        return blob
+
+
+def _shm_free() -> int:
+    try:
+        st = os.statvfs("/dev/shm")
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return 0
+
+
+class MirrorDataset(VisionDataset):
+    """What the mirror datasets share; ``colabfast.DataLoader`` recognises them by ``is_mirror``."""
+
+    is_mirror = True
+
+    def __init__(
+        self,
+        path: PathLike,
+        split: str,
+        *,
+        output: str,
+        in_memory: bool,
+        transforms: Optional[Callable] = None,
+        transform: Optional[Callable] = None,
+        target_transform: Optional[Callable] = None,
+    ):
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
+        super().__init__(os.fspath(path), transforms=transforms, transform=transform,
+                         target_transform=target_transform)
+        self.path = Path(os.path.abspath(path))
+        self.output = output
+        self.reader = MirrorReader(path, split, in_memory=in_memory)
+        if output == "bytes" and self.reader.store != "encoded":
+            raise ValueError(f"output='bytes' needs a mirror of encoded images, and {path} stores raw "
+                             "pixels: use output='tensor'")
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def image(self, index: int) -> Any:
+        """Sample ``index``'s image per ``output``: a PIL RGB image; a uint8 tensor [3, H, W] (a
+        channels-last view, as ``torchvision.io.decode_image`` returns); or the encoded file's bytes
+        as a uint8 tensor [nbytes]."""
+        if self.reader.store == "raw":
+            h, w, c = (int(v) for v in self.reader.shapes[index])
+            hwc = self.reader.read(index).view(h, w, c)
+            return Image.fromarray(hwc.numpy()) if self.output == "pil" else hwc.permute(2, 0, 1)
+        if self.output == "tensor":
+            return decode_image(self.reader.view(index), mode=ImageReadMode.RGB)
+        if self.output == "bytes":
+            return self.reader.read(index)
+        with Image.open(io.BytesIO(self.reader.view(index).numpy().tobytes())) as img:
+            return img.convert("RGB")
+
+    @cached_property
+    def source_paths(self) -> list[str]:
+        """Where each sample came from (absolute paths at pack time), in dataset order."""
+        with open_h5(self.path) as f:
+            g = f[self.reader.split] if self.reader.split else f
+            root = str(f.attrs.get("source", ""))
+            return [os.path.join(root, rel) for rel in utf8_table(g["paths"][:], g["path_offsets"][:])]
+
+    def extra_repr(self) -> str:
+        return f"Mirror: {self.path} ({self.reader.store} images), output={self.output!r}"
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("source_paths", None)  # a cached list of every path stays out of worker pickles
+        return state
+
+
+class H5ImageFolder(MirrorDataset):
+    """A drop-in for ``torchvision.datasets.ImageFolder`` reading a mirror made by :func:`colabfast.pack`.
+
+    Same ``classes``, ``class_to_idx``, ``targets``, ``samples`` and ``imgs``, the same sample order
+    (unless packed with ``shuffle=True``: then the stored, shuffled order), and items
+    ``(image, class_index)`` whose pixels equal what ``ImageFolder`` + PIL give for the source files.
+
+    Args:
+        path: the mirror (``layout`` imagefolder or files).
+        transform: applied to the image, e.g. torchvision transforms; with ``output="pil"``
+            existing ImageFolder pipelines work unchanged.
+        target_transform: applied to the class index.
+        output: ``"pil"`` (PIL RGB image, like ImageFolder); ``"tensor"`` (uint8 tensor
+            [3, H, W], decoded by ``torchvision.io``, no PIL: the fast path, for transforms v2);
+            ``"bytes"`` (encoded JPEG/PNG bytes as a uint8 tensor [nbytes], for GPU decoding by
+            ``colabfast.DataLoader(decode="gpu")``).
+        in_memory: load the image data into shared RAM once (see :class:`MirrorReader`).
+
+    Raises:
+        FileNotFoundError, MirrorError: ``path`` is not a complete mirror this version reads.
+        ValueError: a KITTI mirror (use :class:`H5Kitti`), or ``output="bytes"`` on raw pixels.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        transform: Optional[Callable] = None,
+        target_transform: Optional[Callable] = None,
+        *,
+        output: str = "pil",
+        in_memory: bool = False,
+    ):
+        with open_h5(path) as f:
+            if f.attrs.get("layout") == "kitti":
+                raise ValueError(f"{path} is a KITTI mirror: open it with colabfast.H5Kitti")
+        super().__init__(path, "", output=output, in_memory=in_memory, transform=transform,
+                         target_transform=target_transform)
+        with open_h5(self.path) as f:
+            self.classes: list[str] = json_attr(f, "classes") or []
+            self._targets: np.ndarray = f["targets"][:]
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    @property
+    def targets(self) -> list[int]:
+        """The class index of every sample, in dataset order (as ``ImageFolder.targets``)."""
+        return self._targets.tolist()
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(source path, class index)`` of every sample (as ``ImageFolder.samples``)."""
+        return list(zip(self.source_paths, self.targets))
+
+    imgs = samples
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        image, target = self.image(index), int(self._targets[index])
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+
+class H5Kitti(MirrorDataset):
+    """A drop-in for ``torchvision.datasets.Kitti`` reading a mirror made by :func:`colabfast.pack`.
+
+    Items are ``(image, target)``: ``target`` is a list with one dict per labelled object (keys
+    ``type`` str, ``truncated`` float, ``occluded`` int, ``alpha`` float, ``bbox`` [x1, y1, x2, y2]
+    pixels, ``dimensions`` [h, w, l] metres, ``location`` [x, y, z] metres in camera coordinates,
+    ``rotation_y`` float radians), values equal to torchvision's parse of the label files; ``None``
+    for the test split. Images are sorted by file name (torchvision uses ``os.listdir``'s
+    arbitrary order).
+
+    Args:
+        path: a KITTI mirror.
+        train: the ``training`` split if True, else ``testing``.
+        transform, target_transform, transforms: as in torchvision (``transforms`` takes and
+            returns ``(image, target)``).
+        output: ``"pil"``, ``"tensor"`` or ``"bytes"``, as in :class:`H5ImageFolder`.
+        in_memory: load the split's images into shared RAM once.
+
+    Raises:
+        FileNotFoundError, MirrorError: not a complete KITTI mirror, or it lacks the split.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        train: bool = True,
+        transform: Optional[Callable] = None,
+        target_transform: Optional[Callable] = None,
+        transforms: Optional[Callable] = None,
+        *,
+        output: str = "pil",
+        in_memory: bool = False,
+    ):
+        split = "training" if train else "testing"
+        with open_h5(path) as f:
+            if f.attrs.get("layout") != "kitti":
+                raise ValueError(f"{path} is not a KITTI mirror (layout {f.attrs.get('layout')!r}): "
+                                 "open it with colabfast.H5ImageFolder")
+        super().__init__(path, split, output=output, in_memory=in_memory, transforms=transforms,
+                         transform=transform, target_transform=target_transform)
+        self.train = train
+        with open_h5(self.path) as f:
+            g = f[split]
+            self._objects = None
+            if train:
+                o = g["objects"]
+                self._type_names = json.loads(o["type"].attrs["names"])
+                self._objects = {k: o[k][:] for k in o}
+                self._object_offsets = g["object_offsets"][:]
+
+    @property
+    def images(self) -> list[str]:
+        """Source image paths (as ``Kitti.images``)."""
+        return self.source_paths
+
+    @property
+    def targets(self) -> list[str]:
+        """Source label file paths (as ``Kitti.targets``); empty for the test split."""
+        if not self.train:
+            return []
+        return [p.replace("/image_2/", "/label_2/").rsplit(".", 1)[0] + ".txt" for p in self.source_paths]
+
+    def target(self, index: int) -> Optional[list[dict]]:
+        """The label of sample ``index`` as torchvision's Kitti returns it (before transforms)."""
+        if not self.train:
+            return None
+        o, names = self._objects, self._type_names
+        a, b = int(self._object_offsets[index]), int(self._object_offsets[index + 1])
+        return [
+            {
+                "type": names[o["type"][j]],
+                "truncated": float(o["truncated"][j]),
+                "occluded": int(o["occluded"][j]),
+                "alpha": float(o["alpha"][j]),
+                "bbox": o["bbox"][j].tolist(),
+                "dimensions": o["dimensions"][j].tolist(),
+                "location": o["location"][j].tolist(),
+                "rotation_y": float(o["rotation_y"][j]),
+            }
+            for j in range(a, b)
+        ]
+
+    def calib(self, index: int) -> dict[str, np.ndarray]:
+        """The camera calibration of sample ``index``: ``P0``-``P3`` float64 [3, 4] projection
+        matrices, ``R0_rect`` [3, 3], ``Tr_velo_to_cam`` and ``Tr_imu_to_velo`` [3, 4]; empty if
+        the source had no calib folder."""
+        with open_h5(self.path) as f:
+            g = f[self.reader.split]
+            if "calib" not in g:
+                return {}
+            return {k: g["calib"][k][index].reshape(3, 3 if k == "R0_rect" else 4) for k in KITTI_CALIB_KEYS
+                    if k in g["calib"]}
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        image, target = self.image(index), self.target(index)
+        if self.transforms:
+            image, target = self.transforms(image, target)
+        return image, target

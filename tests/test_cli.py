@@ -1,0 +1,44 @@
+"""The colabfast command line, run as users run it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import assert_same_tree
+
+from colabfast.testing.data import make_files, make_imagefolder
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "colabfast.cli", *args], capture_output=True, text=True)
+
+
+def test_help_lists_every_command():
+    out = run("--help")
+    assert out.returncode == 0
+    for command in ("stage", "pack", "info"):
+        assert command in out.stdout
+    assert "--verify" in run("stage", "--help").stdout
+    assert "--image-size" in run("pack", "--help").stdout
+
+
+def test_stage_pack_info(tmp_path):
+    src = make_files(tmp_path / "src", 12, 1000, per_folder=4)
+    out = run("stage", str(src), str(tmp_path / "dst"), "-q")
+    assert out.returncode == 0 and out.stdout.strip() == str(tmp_path / "dst")
+    assert_same_tree(src, tmp_path / "dst")
+    inet = make_imagefolder(tmp_path / "inet", classes=2, per_class=3, size=(40, 30))
+    out = run("pack", str(inet), str(tmp_path / "m.h5"), "--image-size", "24", "--store", "raw", "-q")
+    assert out.returncode == 0, out.stderr
+    out = run("info", str(tmp_path / "m.h5"))
+    assert out.returncode == 0
+    assert "layout imagefolder, store raw, resized to 24" in out.stdout and "2 classes" in out.stdout
+
+
+def test_errors_are_one_line_not_a_traceback(tmp_path):
+    out = run("stage", str(tmp_path / "missing"))
+    assert out.returncode == 1 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "x.h5").write_text("not hdf5")
+    out = run("info", str(tmp_path / "x.h5"))
+    assert out.returncode == 1 and "x.h5" in out.stderr

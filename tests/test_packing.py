@@ -1,0 +1,170 @@
+"""colabfast.pack: layouts, stores, resizing, shuffling, bad files, resuming, atomic output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image
+from torchvision import transforms
+
+import colabfast.packing as packing
+from colabfast.datasets import H5ImageFolder
+from colabfast.mirror import info
+from colabfast.packing import PackError, pack, resized_size
+from colabfast.testing.data import add_broken_images, make_imagefolder, make_kitti
+
+
+@pytest.fixture(scope="module")
+def inet(tmp_path_factory) -> Path:
+    return make_imagefolder(tmp_path_factory.mktemp("src") / "inet", classes=3, per_class=6, size=(96, 72),
+                            vary=0.3, odd_files=True)
+
+
+def test_layout_is_detected(inet, tmp_path, capsys):
+    pack(inet, tmp_path / "a.h5", progress=True)
+    assert "imagefolder layout, 25 images in 3 classes" in capsys.readouterr().out
+    kitti = make_kitti(tmp_path / "kitti", train=3, test=2, size=(120, 40))
+    pack(kitti, tmp_path / "k.h5", progress=False)
+    assert info(tmp_path / "k.h5").layout == "kitti"
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for p in sorted((inet / "n01440764").glob("*.JPEG"))[:3]:
+        (flat / p.name).write_bytes(p.read_bytes())
+    pack(flat, tmp_path / "f.h5", progress=False)
+    assert info(tmp_path / "f.h5").layout == "files"
+
+
+def test_files_layout_with_labels(inet, tmp_path):
+    files = sorted((inet / "n01443537").glob("*.JPEG"))[:4]
+    pack([(f, "dog" if i % 2 else "cat") for i, f in enumerate(files)], tmp_path / "f.h5", progress=False)
+    ds = H5ImageFolder(tmp_path / "f.h5")
+    assert ds.classes == ["cat", "dog"] and ds.targets == [0, 1, 0, 1]
+    assert np.array_equal(np.asarray(ds[1][0]), np.asarray(Image.open(files[1]).convert("RGB")))
+
+
+def test_resize_matches_torchvision(inet, tmp_path):
+    pack(inet, tmp_path / "raw.h5", store="raw", image_size=40, progress=False)
+    pack(inet, tmp_path / "exact.h5", store="raw", image_size=(32, 48), progress=False)
+    ref = [Image.open(p).convert("RGB") for p, _ in H5ImageFolder(tmp_path / "raw.h5").samples]
+    for i, img in enumerate(H5ImageFolder(tmp_path / "raw.h5")):
+        assert np.array_equal(np.asarray(img[0]), np.asarray(transforms.Resize(40)(ref[i])))
+    for i, img in enumerate(H5ImageFolder(tmp_path / "exact.h5", output="tensor")):
+        assert img[0].shape == (3, 32, 48)
+        assert np.array_equal(img[0].permute(1, 2, 0).numpy(), np.asarray(transforms.Resize((32, 48))(ref[i])))
+    assert resized_size(500, 375, 256) == (341, 256) and resized_size(375, 500, 256) == (256, 341)
+
+
+def test_resized_encoded_is_jpeg_at_quality(inet, tmp_path):
+    pack(inet, tmp_path / "small.h5", image_size=32, quality=70, progress=False)
+    ds = H5ImageFolder(tmp_path / "small.h5", output="bytes")
+    data = ds[0][0].numpy().tobytes()
+    assert data[:2] == b"\xff\xd8" and min(Image.open(__import__("io").BytesIO(data)).size) == 32
+    assert info(tmp_path / "small.h5").quality == 70
+
+
+def test_shuffle_records_the_order(inet, tmp_path):
+    pack(inet, tmp_path / "plain.h5", progress=False)
+    pack(inet, tmp_path / "shuf.h5", shuffle=True, seed=3, progress=False)
+    plain, shuf = H5ImageFolder(tmp_path / "plain.h5", output="tensor"), H5ImageFolder(tmp_path / "shuf.h5",
+                                                                                     output="tensor")
+    with h5py.File(tmp_path / "shuf.h5", "r") as f:
+        order = f["order"][:]
+    assert sorted(order) == list(range(len(plain))) and list(order) != sorted(order)
+    assert np.array_equal(order, np.random.default_rng(3).permutation(len(plain)))
+    for i in range(len(shuf)):
+        assert shuf.targets[i] == plain.targets[order[i]]
+        assert shuf.samples[i][0] == plain.samples[order[i]][0]
+        assert np.array_equal(shuf[i][0].numpy(), plain[order[i]][0].numpy())
+
+
+def test_broken_images_raise_listing_all_and_write_nothing(inet, tmp_path):
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-r", str(inet), str(src)], check=True)
+    bad = add_broken_images(src / "n01484850")
+    with pytest.raises(PackError) as err:
+        pack(src, tmp_path / "m.h5", progress=False)
+    assert sorted(p for p, _ in err.value.failures) == sorted(map(str, bad))
+    msg = str(err.value)
+    assert "empty file (0 bytes)" in msg and "truncated" in msg and "not an image" in msg
+    assert not (tmp_path / "m.h5").exists()
+    with pytest.warns(UserWarning, match="skipped 3 unreadable files"):
+        pack(src, tmp_path / "m.h5", on_error="skip", progress=False)
+    mirror = info(tmp_path / "m.h5")
+    assert sorted(s["path"] for s in mirror.skipped) == sorted(map(str, bad))
+    assert mirror.samples[""] == 25
+    assert "3 source files were skipped" in str(mirror)
+
+
+def test_rerun_is_free_and_changes_repack(inet, tmp_path):
+    dst = pack(inet, tmp_path / "m.h5", progress=False)
+    mtime = dst.stat().st_mtime_ns
+    pack(inet, dst, progress=False)
+    assert dst.stat().st_mtime_ns == mtime  # up to date: not rewritten
+    pack(inet, dst, store="raw", progress=False)
+    assert info(dst).store == "raw"
+
+
+def test_interrupted_pack_resumes_from_its_parts(tmp_path, monkeypatch):
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=300, size=(32, 24))
+    monkeypatch.setattr(packing, "CHUNK", 50)
+    encoded = []
+    real = packing._encode_chunk
+
+    def counting(items, *args):
+        encoded.append(len(items))
+        if len(encoded) == 5:
+            raise KeyboardInterrupt  # the notebook's stop button, mid-pack
+        return real(items, *args)
+
+    monkeypatch.setattr(packing, "_encode_chunk", counting)
+    with pytest.raises(KeyboardInterrupt):
+        pack(src, tmp_path / "m.h5", workers=0, progress=False)
+    assert not (tmp_path / "m.h5").exists()
+    assert len(list((tmp_path / ".m.h5.colabfast-pack").glob("*.npz"))) == 4
+    encoded.clear()
+    monkeypatch.setattr(packing, "_encode_chunk", lambda items, *a: (encoded.append(len(items)), real(items, *a))[1])
+    pack(src, tmp_path / "m.h5", workers=0, progress=False)
+    assert sum(encoded) == 600 - 4 * 50  # only the unfinished parts were decoded again
+    assert not (tmp_path / ".m.h5.colabfast-pack").exists()
+    assert H5ImageFolder(tmp_path / "m.h5").targets == [0] * 300 + [1] * 300
+
+
+def test_killed_pack_resumes(tmp_path):
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=400, size=(32, 24))
+    dst = tmp_path / "m.h5"
+    code = ("import colabfast.packing as p\n"
+            "p.CHUNK = 40\n"
+            f"p.pack({str(src)!r}, {str(dst)!r}, workers=1, progress=False)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
+    work = tmp_path / ".m.h5.colabfast-pack"
+    try:
+        for _ in range(600):
+            if len(list(work.glob("*.npz"))) >= 3:
+                break
+            subprocess.run(["sleep", "0.05"])
+    finally:
+        child.kill()
+        child.wait()
+    assert not dst.exists() or info(dst).complete
+    pack(src, dst, progress=False)
+    ds = H5ImageFolder(dst, output="tensor")
+    assert len(ds) == 800 and ds.targets == [0] * 400 + [1] * 400
+    ref = Image.open(src / "n01443537" / "n01443537_7.JPEG").convert("RGB")
+    i = ds.samples.index((str(src / "n01443537" / "n01443537_7.JPEG"), 1))
+    assert np.array_equal(ds[i][0].permute(1, 2, 0).numpy(), np.asarray(ref))
+
+
+def test_bad_arguments(inet, tmp_path):
+    with pytest.raises(ValueError, match="store"):
+        pack(inet, tmp_path / "m.h5", store="png")
+    with pytest.raises(ValueError, match="image_size"):
+        pack(inet, tmp_path / "m.h5", image_size=(10,))
+    with pytest.raises(ValueError, match="on_error"):
+        pack(inet, tmp_path / "m.h5", on_error="ignore")
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        pack(tmp_path / "missing", tmp_path / "m.h5")
