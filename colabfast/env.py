@@ -6,20 +6,32 @@ of "we are in Colab", "this path is on Drive" or "this path is in RAM".
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import psutil
+
+from colabfast._fileio import human_bytes
 
 # What Colab's own drive module checks (google/colab/drive.py). `import google.colab` is no proof:
 # the package installs anywhere, and colabfast's stand-in injects a module of that name.
 COLAB_MARKER = "/var/colab/hostname"
 COLAB_CONTENT = "/content"
+# Where notebooks written for Colab expect Drive; colabfast.mount() puts the stand-in there too.
+DEFAULT_MOUNTPOINT = "/content/drive"
+MOUNTINFO = "/proc/self/mountinfo"
+# The simulator's mount source (colabfast.testing.drivesim).
+DRIVESIM_SOURCE = "colabfast-drivesim"
+# In the stand-in root: the mountpoints where colabfast.mount() exposed it (a folder of symlinks does
+# not show in the mount table).
+STANDIN_REGISTRY = ".colabfast-mounts"
 
 GiB = 1 << 30
 
@@ -32,11 +44,13 @@ class Mount:
         mountpoint: where it is mounted.
         fstype: kernel filesystem type, e.g. ``"ext4"``, ``"tmpfs"``, ``"fuse.drive"``.
         source: the mount source, e.g. ``"/dev/sda1"``, ``"drive"``, ``"colabfast-drivesim"``.
+        device: the filesystem's device number ``"major:minor"`` (``st_dev`` of files on it), or ``""``.
     """
 
     mountpoint: str
     fstype: str
     source: str
+    device: str = ""
 
 
 def in_colab() -> bool:
@@ -76,12 +90,12 @@ def mounts() -> list[Mount]:
     """The mount table of this process, in mount order (later entries shadow earlier ones)."""
     table = []
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        with open(MOUNTINFO, encoding="utf-8", errors="replace") as f:
             for line in f:
                 left, _, right = line.partition(" - ")
                 fields, tail = left.split(), right.split()
                 if len(fields) >= 5 and len(tail) >= 2:
-                    table.append(Mount(_unescape(fields[4]), tail[0], _unescape(tail[1])))
+                    table.append(Mount(_unescape(fields[4]), tail[0], _unescape(tail[1]), fields[2]))
     except OSError:  # not Linux: report every path as on one unknown filesystem
         pass
     return table
@@ -99,27 +113,116 @@ def mount_of(path: str | os.PathLike) -> Optional[Mount]:
     return best
 
 
+def _client(m: Mount) -> Optional[str]:
+    """Which Drive client a mount is, from the mount table alone (no I/O on the mount)."""
+    if m.source == DRIVESIM_SOURCE:
+        return "drivesim"
+    if m.fstype == "fuse.drive":
+        return "drivefs"
+    if "ocamlfuse" in m.fstype or "ocamlfuse" in m.source:
+        return "ocamlfuse"
+    return None
+
+
+def _is_standin_bind(m: Mount) -> bool:
+    """True if ``m`` is a bind mount of the stand-in root (its top is the stand-in root's inode)."""
+    if m.fstype == "fuse" or m.fstype.startswith("fuse."):
+        return False  # never stat a FUSE mount here: a dead one hangs or fails
+    try:
+        root = os.stat(standin_root())
+        if m.device != f"{os.major(root.st_dev)}:{os.minor(root.st_dev)}":
+            return False
+        return os.path.samefile(m.mountpoint, standin_root())
+    except OSError:
+        return False
+
+
+def _is_standin_links(folder: str | os.PathLike) -> bool:
+    """True if ``folder`` exposes the stand-in as a folder of symlinks (``folder/MyDrive`` links to it)."""
+    link = os.path.join(folder, "MyDrive")
+    return os.path.islink(link) and os.path.realpath(link) == os.path.realpath(standin_root() / "MyDrive")
+
+
+def standin_form(mountpoint: str | os.PathLike) -> Optional[str]:
+    """How ``mountpoint`` itself exposes Drive locally: ``"bind"`` (a bind mount of the stand-in root),
+    ``"links"`` (a folder of symlinks into it), ``"drivesim"`` (the simulator is mounted there), or
+    None (nothing of colabfast's; a symlink ``mountpoint`` is never followed)."""
+    if os.path.islink(mountpoint):
+        return None
+    real = os.path.realpath(mountpoint)
+    m = mount_of(real)
+    if m is not None and m.mountpoint == real:
+        if m.source == DRIVESIM_SOURCE:
+            return "drivesim"
+        if _is_standin_bind(m):
+            return "bind"
+    return "links" if _is_standin_links(real) else None
+
+
 def drive_kind(path: str | os.PathLike) -> Optional[str]:
     """Which Google Drive client serves ``path``, if any.
 
     Returns:
         ``"drivefs"`` (Colab's current client, fstype ``fuse.drive``), ``"ocamlfuse"``
         (google-drive-ocamlfuse, Colab's old client), ``"drivesim"`` (colabfast's FUSE simulator of
-        Drive), ``"standin"`` (colabfast's local stand-in folder), or None for anything else.
+        Drive), ``"standin"`` (colabfast's local stand-in folder, also where :func:`colabfast.mount`
+        exposed it by a bind mount or a folder of symlinks), or None for anything else.
     """
     m = mount_of(path)
     if m is not None:
-        if m.source == "colabfast-drivesim":
-            return "drivesim"
-        if m.fstype == "fuse.drive":
-            return "drivefs"
-        if "ocamlfuse" in m.fstype or "ocamlfuse" in m.source:
-            return "ocamlfuse"
+        client = _client(m)
+        if client is not None:
+            return client
+        if m.mountpoint != "/" and _is_standin_bind(m):
+            return "standin"
     root = os.path.realpath(standin_root())
     real = os.path.realpath(path)
-    if real == root or real.startswith(root + os.sep):
+    if real == root or real.startswith(root + os.sep) or _is_standin_links(path):
         return "standin"
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class DriveMount:
+    """A place where Google Drive (or colabfast's stand-in for it) is mounted.
+
+    Attributes:
+        mountpoint: e.g. ``"/content/drive"``; Drive's files are under ``mountpoint/MyDrive``.
+        kind: ``"drivefs"``, ``"ocamlfuse"``, ``"drivesim"`` or ``"standin"`` (see :func:`drive_kind`).
+    """
+
+    mountpoint: str
+    kind: str
+
+
+def standin_mountpoints() -> list[str]:
+    """Mountpoints where :func:`colabfast.mount` exposed Drive locally and that still expose it.
+
+    Read from ``standin_root()/.colabfast-mounts`` (written by :mod:`colabfast.drive`), plus
+    :data:`DEFAULT_MOUNTPOINT`; each is checked with :func:`standin_form`.
+    """
+    candidates = [DEFAULT_MOUNTPOINT]
+    try:
+        candidates += (standin_root() / STANDIN_REGISTRY).read_text().splitlines()
+    except OSError:
+        pass
+    return [mp for mp in dict.fromkeys(c for c in candidates if c) if standin_form(mp) is not None]
+
+
+def drive_mounts() -> list[DriveMount]:
+    """Every Google Drive mount visible to this process, in mount order.
+
+    Drive clients and bind mounts of the stand-in come from the mount table; folders of symlinks to
+    the stand-in from :func:`standin_mountpoints`.
+    """
+    found: dict[str, str] = {}
+    for m in mounts():
+        kind = _client(m) or ("standin" if m.mountpoint != "/" and _is_standin_bind(m) else None)
+        if kind is not None:
+            found[m.mountpoint] = kind
+    for mp in standin_mountpoints():
+        found.setdefault(os.path.realpath(mp), "standin")
+    return [DriveMount(mp, kind) for mp, kind in found.items()]
 
 
 def standin_root() -> Path:
@@ -129,6 +232,21 @@ def standin_root() -> Path:
     ``Shareddrives/`` as Drive does.
     """
     return Path(os.environ.get("COLABFAST_DRIVE_ROOT") or Path.home() / "colabfast-drive")
+
+
+def drivefs_dir() -> Path:
+    """DriveFS's state folder, ``$HOME/.config/Google/DriveFS``: its content cache (everything read
+    through the mount), metadata and logs. Colab's drive module keeps its config under
+    ``$HOME/.config/Google``; ``HOME`` is ``/root`` there."""
+    return Path(os.environ.get("HOME") or Path.home()) / ".config" / "Google" / "DriveFS"
+
+
+def cache_dir() -> Path:
+    """Where colabfast keeps downloads: ``$COLABFAST_CACHE``, else ``$XDG_CACHE_HOME/colabfast``, else
+    ``~/.cache/colabfast``."""
+    if os.environ.get("COLABFAST_CACHE"):
+        return Path(os.environ["COLABFAST_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "colabfast"
 
 
 def is_ram(path: str | os.PathLike) -> bool:
@@ -186,18 +304,87 @@ def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+CAP_SYS_ADMIN = 21  # linux/capability.h: mount(2) needs it
+
+
+def can_mount() -> bool:
+    """True when this process may mount file systems (a tmpfs RAM disk, a bind mount): root with
+    ``CAP_SYS_ADMIN`` in its effective capabilities. Colab has both; most Docker containers lack the
+    capability even as root."""
+    if not is_root():
+        return False
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def has_fuse() -> bool:
+    """True when FUSE file systems can be mounted here (``/dev/fuse`` exists)."""
+    return os.path.exists("/dev/fuse")
+
+
+def shm_size() -> Optional[int]:
+    """Size in bytes of ``/dev/shm`` (a RAM-backed tmpfs on Linux; 5.8 GB on Colab), or None without it."""
+    try:
+        return shutil.disk_usage("/dev/shm").total
+    except OSError:
+        return None
+
+
+def recommended_num_workers() -> int:
+    """DataLoader worker processes to use: one per CPU this process may run on. More only adds context
+    switches; torch's DataLoader warns above this same number
+    (``DataLoader.check_worker_number_rationality``)."""
+    return cpu_count()
+
+
 def gpu() -> Optional[dict]:
-    """The first CUDA GPU as ``{"name": str, "memory": bytes}``, or None when torch sees none."""
+    """The first CUDA GPU as ``{"name": str, "memory": bytes}``, or None when there is none.
+
+    Asks torch first; when torch has no CUDA (a CPU build on a GPU machine), NVML
+    (``nvidia-ml-py``) if it is installed.
+    """
     torch = sys.modules.get("torch")
     if torch is None:
         try:
             import torch
         except ImportError:
-            return None
-    if not torch.cuda.is_available():
+            torch = None
+    if torch is not None and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return {"name": props.name, "memory": props.total_memory}
+    try:
+        import pynvml
+    except ImportError:
         return None
-    props = torch.cuda.get_device_properties(0)
-    return {"name": props.name, "memory": props.total_memory}
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+    except Exception:  # NVML raises its own error types for "no driver", "no device", ...
+        return None
+    return {"name": name.decode() if isinstance(name, bytes) else name, "memory": int(memory)}
+
+
+def gpu_decode_available() -> bool:
+    """True when torchvision decodes JPEGs on the GPU (nvJPEG, ``torchvision.io.decode_jpeg(data,
+    device="cuda")``); tried on a tiny JPEG, so it costs a CUDA initialisation."""
+    if gpu() is None:
+        return False
+    try:
+        import torch
+        import torchvision.io
+
+        data = torchvision.io.encode_jpeg(torch.zeros(3, 16, 16, dtype=torch.uint8))
+        return tuple(torchvision.io.decode_jpeg(data, device="cuda").shape) == (3, 16, 16)
+    except Exception:  # no CUDA build of torchvision, no nvJPEG, driver too old: all mean "no"
+        return False
 
 
 def gpu_utilization() -> Optional[float]:
@@ -212,3 +399,198 @@ def gpu_utilization() -> Optional[float]:
         return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except Exception:  # NVML raises its own error types for "no driver", "no device", ...
         return None
+
+
+def _tree_size(path: str | os.PathLike, budget_s: float = 5.0) -> tuple[Optional[int], int]:
+    """(bytes, files) under ``path``; bytes is None when listing takes over ``budget_s`` seconds (a
+    big folder on Drive lists slowly)."""
+    if os.path.isfile(path):
+        return os.path.getsize(path), 1
+    deadline = time.monotonic() + budget_s
+    total = files = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+            files += 1
+        if time.monotonic() > deadline:
+            return None, files
+    return total, files
+
+
+_KIND_NAMES = {
+    "drivefs": "Google Drive (DriveFS)",
+    "ocamlfuse": "Google Drive (google-drive-ocamlfuse)",
+    "drivesim": "the Drive simulator",
+    "standin": "colabfast's local stand-in for Drive",
+}
+
+
+def _where(data: str, size: Optional[int]) -> list[str]:
+    """Advice on where ``data`` lives and where it should be staged."""
+    kind = drive_kind(data)
+    m = mount_of(data)
+    advice = []
+    if kind in ("drivefs", "ocamlfuse", "drivesim"):
+        advice.append(
+            f"your data is under {m.mountpoint if m else data} ({_KIND_NAMES[kind]}): every file open is a "
+            f"network round trip, so training would wait on Drive; stage it to local disk first: "
+            f"colabfast.stage({data!r})"
+        )
+    elif kind == "standin":
+        advice.append(
+            f"your data is in {_KIND_NAMES[kind]} ({standin_root()}): local-disk speed here, Drive speed "
+            f"in Colab; colabfast.stage({data!r}) works the same in both"
+        )
+    elif is_ram(data):
+        advice.append(f"your data is in RAM ({m.fstype} at {m.mountpoint}): nothing reads faster")
+    elif is_fuse(data):
+        advice.append(
+            f"your data is on a FUSE mount ({m.fstype} at {m.mountpoint}): network file systems are slow "
+            f"per file; stage it to local disk: colabfast.stage({data!r})"
+        )
+    else:
+        advice.append(f"your data is on local disk ({m.fstype if m else 'unknown file system'}): fine to train from")
+    if size is not None and kind in ("drivefs", "ocamlfuse", "drivesim"):
+        from colabfast.staging import check_space  # stage()'s own preflight, 2x from DriveFS
+
+        try:
+            check_space(size, work_dir() / os.path.basename(data), Path(data))
+        except OSError as e:
+            advice.append(e.strerror)
+    return advice
+
+
+def _ram_room() -> tuple[int, str]:
+    """Bytes a RAM disk may take, and how that was worked out."""
+    avail, keep = ram_available(), ram_headroom()
+    room = max(0, avail - keep)
+    how = f"{human_bytes(avail)} available, {human_bytes(keep)} kept for training"
+    shm = shm_size()
+    if not can_mount() and shm is not None and disk_free("/dev/shm") < room:
+        room = disk_free("/dev/shm")
+        how += f", and /dev/shm (free {human_bytes(room)}) is the only RAM disk without mount rights"
+    return room, how
+
+
+def describe(data: Optional[str | os.PathLike] = None) -> str:
+    """The environment and concrete advice for feeding a GPU from it, as text (``colabfast doctor``).
+
+    Args:
+        data: your dataset folder or file, if any: the advice then says where it lives (Drive, RAM,
+            local disk), whether it fits on a RAM disk and whether the disk can hold a staged copy.
+            Its size is summed by listing it for at most 5 seconds.
+
+    Returns:
+        Lines ``name  value`` for platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive and GPU,
+        then an ``advice`` list.
+    """
+    work = work_dir()
+    shm = shm_size()
+    gpu_info = gpu()
+    drives = drive_mounts()
+    platform_notes = {
+        "colab": "Google Colab",
+        "kaggle": "Kaggle",
+        "jupyter": "Jupyter kernel (not Colab)",
+        "python": "plain Python (not Colab, Kaggle or Jupyter)",
+    }
+    rows = [
+        ("platform", platform_notes[platform()]),
+        ("CPUs", str(cpu_count())),
+        ("RAM", f"{human_bytes(ram_total())} total, {human_bytes(ram_available())} available"),
+        ("disk", f"{human_bytes(disk_free(work))} free on {work}"),
+        ("/dev/shm", "absent" if shm is None else f"{human_bytes(shm)}, {human_bytes(disk_free('/dev/shm'))} free"),
+        ("mounting", f"tmpfs/bind: {'yes' if can_mount() else 'no'}, FUSE: {'yes' if has_fuse() else 'no'}"),
+        ("Drive", "; ".join(f"{_KIND_NAMES[d.kind]} at {d.mountpoint}" for d in drives) or "not mounted"),
+    ]
+    decode = False
+    if gpu_info is None:
+        rows.append(("GPU", "none"))
+    else:
+        decode = gpu_decode_available()
+        on_gpu = "yes" if decode else "no"
+        rows.append(("GPU", f"{gpu_info['name']}, {human_bytes(gpu_info['memory'])}; JPEG decode on GPU: {on_gpu}"))
+
+    advice = []
+    size = None
+    if data is not None:
+        data = os.path.abspath(os.path.expanduser(os.fspath(data)))
+        if not os.path.exists(data):
+            advice.append(
+                f"{data} does not exist: check the path (in Colab, Drive files are under "
+                f"{DEFAULT_MOUNTPOINT}/MyDrive after colabfast.mount())"
+            )
+        else:
+            size, files = _tree_size(data)
+            shown = (
+                f"{human_bytes(size)} in {files:,} files"
+                if size is not None
+                else f"over {files:,} files (listing slow)"
+            )
+            rows.append(("data", f"{data}: {shown}"))
+            advice += _where(data, size)
+    else:
+        for d in drives:
+            advice.append(
+                f"Drive is mounted at {d.mountpoint} ({_KIND_NAMES[d.kind]}): do not train from it, stage "
+                f"your data to local disk first: colabfast.stage('{d.mountpoint}/MyDrive/<your data>')"
+            )
+        if not drives and in_colab():
+            advice.append(f"Drive is not mounted: colabfast.mount() mounts it at {DEFAULT_MOUNTPOINT}")
+        advice.append("run `colabfast doctor PATH` with your data folder for advice on that data")
+
+    room, how = _ram_room()
+    if size is None:
+        advice.append(f"a RAM disk can hold up to {human_bytes(room)} ({how})")
+    else:
+        from colabfast.staging import RAM_FRACTION
+
+        if size <= RAM_FRACTION * room:
+            where = "colabfast.stage() puts it on a RAM disk"
+        elif size <= room:
+            where = "it fits on a RAM disk but leaves little RAM spare: colabfast.stage() puts it on local disk"
+        else:
+            where = (
+                f"too big for a RAM disk: colabfast.stage() puts it on local disk ({human_bytes(disk_free(work))} free)"
+            )
+        advice.append(f"your data takes {human_bytes(size)}, RAM has room for {human_bytes(room)} ({how}): {where}")
+
+    n = recommended_num_workers()
+    line = f"DataLoader(num_workers={n}): one worker per CPU this process may use"
+    if n <= 2:
+        line += (
+            f"; with {n} CPUs JPEG decoding caps near 2k images/s at ImageNet size: store pre-resized "
+            "images or decode on the GPU"
+        )
+    advice.append(line)
+    if gpu_info is None:
+        advice.append("no CUDA GPU" + (": Runtime > Change runtime type > GPU" if in_colab() else ""))
+    elif decode:
+        advice.append(
+            "the GPU decodes JPEGs (nvJPEG): torchvision.io.decode_jpeg(data, device='cuda') "
+            "takes decoding off the CPUs"
+        )
+    else:
+        advice.append("this torchvision cannot decode JPEGs on the GPU: decoding stays on the CPU workers")
+
+    width = max(len(name) for name, _ in rows)
+    text = [f"{name:<{width}}  {value}" for name, value in rows]
+    text += ["", "advice:"] + [f"- {a}" for a in advice]
+    return "\n".join(text)
+
+
+def build_doctor_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``doctor`` command's arguments to ``parser`` (e.g. a CLI subparser) and return it."""
+    parser.description = "Describe this machine (Colab or not, Drive, RAM, disk, GPU) and how to feed its GPU."
+    parser.add_argument("data", nargs="?", help="your dataset folder or archive, for advice on where it lives")
+    return parser
+
+
+def doctor(argv: Optional[Sequence[str]] = None) -> int:
+    """``colabfast doctor [DATA]``: print :func:`describe` for this machine (and your data). Returns 0."""
+    args = build_doctor_parser(argparse.ArgumentParser(prog="colabfast doctor")).parse_args(argv)
+    print(describe(args.data))
+    return 0

@@ -1,0 +1,549 @@
+"""Google Drive: mount it (or a local stand-in outside Colab), refresh its cache, push its writes.
+
+In Colab, :func:`mount` calls ``google.colab.drive.mount``. Elsewhere a folder plays Drive
+(:func:`colabfast.env.standin_root`, holding ``MyDrive/`` and ``Shareddrives/``) and is exposed at the
+mountpoint the way Colab lays Drive out, with Colab's messages and errors, so a notebook written for
+Colab runs unchanged. With ``COLABFAST_DRIVE_SIM`` set it is exposed through the FUSE Drive simulator
+instead, to show Drive's per-file latency locally.
+
+Every command runs with ``check=True``: a failure raises :class:`DriveError` naming the command and
+the next step, where a failing ``!cmd`` in a notebook would go unnoticed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import psutil
+
+from colabfast import env
+from colabfast._fileio import human_bytes
+
+DEFAULT_MOUNTPOINT = env.DEFAULT_MOUNTPOINT
+SIM_VAR = "COLABFAST_DRIVE_SIM"
+# Colab's drive.flush_and_unmount default: one day.
+FLUSH_TIMEOUT_MS = 24 * 60 * 60 * 1000
+OCAMLFUSE = "google-drive-ocamlfuse"
+
+# Colab's own messages (google/colab/drive.py), printed verbatim: notebooks compare outputs.
+MOUNTED = "Mounted at {mountpoint}"
+ALREADY_MOUNTED = (
+    "Drive already mounted at {mountpoint}; to attempt to forcibly remount, "
+    'call drive.mount("{mountpoint}", force_remount=True).'
+)
+NOT_MOUNTED = "Drive not mounted, so nothing to flush and unmount."
+
+# name at the mountpoint -> name in the stand-in root. DriveFS shows "MyDrive" (it runs with
+# virtual_folders_omit_spaces) and still resolves "My Drive".
+_LINKS = {"MyDrive": "MyDrive", "Shareddrives": "Shareddrives", "My Drive": "MyDrive"}
+
+# Drive simulators started by this process, by real mountpoint; each stops with the process.
+_SIMS: dict = {}
+
+
+class DriveError(RuntimeError):
+    """Mounting, refreshing or flushing Drive failed; the message names the path and the next step."""
+
+
+@dataclasses.dataclass
+class DriveReport:
+    """What :func:`refresh_drive` or :func:`flush_drive` did.
+
+    Attributes:
+        mountpoint: the Drive mountpoint, e.g. ``"/content/drive"``.
+        kind: ``"drivefs"``, ``"ocamlfuse"``, ``"drivesim"`` or ``"standin"``.
+        actions: the steps taken, in order, in words.
+        freed: bytes of disk freed by dropping the client's cache (0 when none was dropped).
+    """
+
+    mountpoint: str
+    kind: str
+    actions: list[str]
+    freed: int = 0
+
+    def __str__(self) -> str:
+        return f"Drive ({self.kind}) at {self.mountpoint}: " + "; ".join(self.actions)
+
+
+def mount(
+    mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT,
+    *,
+    force_remount: bool = False,
+    readonly: bool = False,
+    timeout_ms: int = 120000,
+) -> Path:
+    """Mount Google Drive at ``mountpoint``, in Colab or (as a local stand-in) anywhere else.
+
+    In Colab this is ``google.colab.drive.mount`` with the same arguments. Elsewhere the folder
+    :func:`colabfast.env.standin_root` (``$COLABFAST_DRIVE_ROOT``, default ``~/colabfast-drive``) is
+    exposed at ``mountpoint`` with Drive's layout (``MyDrive``, ``Shareddrives``, and ``My Drive``
+    resolving to ``MyDrive``): by a bind mount where this process may mount (root with
+    ``CAP_SYS_ADMIN``), else as a folder of symlinks, or through the FUSE Drive simulator when
+    ``$COLABFAST_DRIVE_SIM`` is set (``"open_ms=100,mbps=60"``: the simulator's keyword arguments; any
+    value without ``=`` means its defaults). It prints what Colab prints and raises what Colab raises
+    for the same mountpoints.
+
+    One liberty outside Colab: a mountpoint directly in ``/content`` (Colab's working folder, always
+    there in Colab) gets ``/content`` created when it is missing, so ``mount()`` with the default works.
+
+    Args:
+        mountpoint: where Drive appears; Colab's convention is ``/content/drive``. ``~`` is expanded.
+        force_remount: mount again even if Drive is already there.
+        readonly: mount read-only. The stand-in enforces it as a bind mount or the simulator; as a
+            folder of symlinks it warns that it cannot.
+        timeout_ms: Colab's mount timeout; the local stand-in does not wait for anything.
+
+    Returns:
+        ``mountpoint/MyDrive``, where your Drive files are.
+
+    Raises:
+        ValueError: the mountpoint contains a space, is a symlink, is a non-empty folder, is a file,
+            or is in a folder that does not exist (Colab's errors, word for word).
+        DriveError: a mount command failed, or ``/content`` could not be created.
+    """
+    mountpoint = os.fspath(mountpoint)
+    if env.in_colab():
+        _colab_drive().mount(mountpoint, force_remount=force_remount, timeout_ms=timeout_ms, readonly=readonly)
+    else:
+        mount_standin(mountpoint, force_remount=force_remount, timeout_ms=timeout_ms, readonly=readonly)
+    return Path(os.path.expanduser(mountpoint)) / "MyDrive"
+
+
+def flush_and_unmount(timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
+    """Push pending writes to Drive and unmount it: Colab's ``drive.flush_and_unmount`` in Colab,
+    :func:`flush_and_unmount_standin` elsewhere."""
+    if env.in_colab():
+        _colab_drive().flush_and_unmount(timeout_ms)
+    else:
+        flush_and_unmount_standin(timeout_ms)
+
+
+def mount_standin(
+    mountpoint: str, force_remount: bool = False, timeout_ms: int = 120000, readonly: bool = False
+) -> None:
+    """Colab's ``drive.mount`` for the local stand-in: same signature, checks in the same order, same
+    messages and errors; returns None as Colab's does. :func:`mount` and
+    :func:`colabfast.testing.colab_shim` call this outside Colab; see :func:`mount` for the rest."""
+    del timeout_ms  # the stand-in is local: nothing to wait for
+    if " " in mountpoint:
+        raise ValueError("Mountpoint must not contain a space.")
+    mountpoint = os.path.expanduser(mountpoint)
+    if not force_remount and os.path.isdir(os.path.join(mountpoint, "My Drive")):
+        print(ALREADY_MOUNTED.format(mountpoint=mountpoint))
+        return
+    # Colab unmounts whatever is at the mountpoint before checking it; we take down only our own.
+    _unexpose(mountpoint)
+    _check_mountpoint(mountpoint)
+    _expose(_prepare_root(), mountpoint, readonly)
+    print(MOUNTED.format(mountpoint=mountpoint))
+
+
+def flush_and_unmount_standin(timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
+    """Colab's ``drive.flush_and_unmount`` for the local stand-in: syncs the disk and takes down every
+    mountpoint that exposes it (:func:`colabfast.env.standin_mountpoints`), leaving the mountpoint
+    folders empty as Colab does. The files stay in the stand-in root.
+
+    Raises:
+        ValueError: ``'flush_and_unmount failed'`` (Colab's error), chained to the cause.
+    """
+    del timeout_ms
+    mountpoints = env.standin_mountpoints()
+    if not mountpoints:
+        print(NOT_MOUNTED)
+        return
+    try:
+        os.sync()
+        for mp in mountpoints:
+            _unexpose(mp)
+    except (OSError, DriveError) as e:
+        raise ValueError("flush_and_unmount failed") from e
+
+
+def refresh_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = False) -> DriveReport:
+    """Make Drive show its current contents and free the disk its client's cache takes.
+
+    - DriveFS (Colab): ``flush_and_unmount()`` (pending writes go up first), then delete the DriveFS
+      folder (:func:`colabfast.env.drivefs_dir`, where it caches everything read through the mount:
+      copying N GB off Drive needs 2·N GB of disk), then mount again.
+    - google-drive-ocamlfuse: unmount and wait for the client to exit (it uploads what is pending),
+      ``google-drive-ocamlfuse -cc`` (clears ``~/.gdfuse/<label>/cache``), then mount again with the
+      client's own command line.
+    - The local stand-in or the simulator: nothing to do, they keep no cache.
+
+    Nothing written before the call is lost: the cache is only deleted after the client has pushed
+    its writes and is no longer mounted.
+
+    Args:
+        mountpoint: where Drive is mounted (a path inside it will do).
+        quiet: do not print the report.
+
+    Returns:
+        A :class:`DriveReport` (what was done, bytes freed); printed unless ``quiet``.
+
+    Raises:
+        DriveError: no Drive at ``mountpoint``, or a step failed; the message says what was kept
+            and what to try next.
+    """
+    kind, mp = _locate(mountpoint)
+    if kind == "drivefs":
+        report = _refresh_drivefs(mp)
+    elif kind == "ocamlfuse":
+        report = _refresh_ocamlfuse(mp)
+    else:
+        report = DriveReport(mp, kind, [f"nothing to do: the local stand-in shows {env.standin_root()} as it is"])
+    if not quiet:
+        print(report)
+    return report
+
+
+def flush_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = False) -> DriveReport:
+    """Push pending writes (a freshly copied mirror, checkpoints) to Drive and wait until they are up.
+
+    Drive has no flush without unmount: in Colab this is ``flush_and_unmount()`` then mount again
+    (DriveFS uploads in the background, minutes for large files, and a runtime that ends first loses
+    them); google-drive-ocamlfuse is unmounted, waited for, and mounted again; the local stand-in
+    writes straight to disk, so it only syncs.
+
+    Args:
+        mountpoint: where Drive is mounted (a path inside it will do).
+        quiet: do not print the report.
+
+    Returns:
+        A :class:`DriveReport`; printed unless ``quiet``.
+
+    Raises:
+        DriveError: no Drive at ``mountpoint``, or a step failed (with what to try next).
+    """
+    kind, mp = _locate(mountpoint)
+    if kind == "drivefs":
+        colab = _colab_drive()
+        _flush_drivefs(colab, mp)
+        _mount_drivefs_again(colab, mp, "pending writes were pushed")
+        report = DriveReport(mp, kind, ["pushed pending writes (flush_and_unmount)", "mounted again"])
+    elif kind == "ocamlfuse":
+        argv = _unmount_ocamlfuse(mp)
+        _run(argv, f"pending writes were pushed; mount again by hand: {shlex.join(argv)}")
+        report = DriveReport(mp, kind, ["unmounted and waited for pending uploads", "mounted again"])
+    else:
+        os.sync()
+        report = DriveReport(mp, kind, [f"nothing to push: the stand-in writes to {env.standin_root()}; synced"])
+    if not quiet:
+        print(report)
+    return report
+
+
+def _locate(mountpoint: str | os.PathLike) -> tuple[str, str]:
+    """(kind, mountpoint) of the Drive holding ``mountpoint``: a path inside Drive finds its mount."""
+    path = os.path.expanduser(os.fspath(mountpoint))
+    kind = env.drive_kind(path)
+    if kind is None:
+        raise DriveError(f"no Google Drive is mounted at {path}; mount it first: colabfast.mount({path!r})")
+    if kind in ("drivefs", "ocamlfuse"):
+        path = env.mount_of(path).mountpoint
+    return kind, path
+
+
+def _colab_drive():
+    try:
+        from google.colab import drive
+    except ImportError as e:
+        raise DriveError(f"google.colab.drive cannot be imported ({e}); this runtime is not Colab") from e
+    return drive
+
+
+def _run(argv: list, next_step: str) -> None:
+    """Run ``argv`` with ``check=True``; a failure becomes a DriveError with its stderr and ``next_step``."""
+    try:
+        subprocess.run(argv, check=True, capture_output=True, text=True)
+    except FileNotFoundError as e:
+        raise DriveError(f"`{argv[0]}` is not installed here; next: {next_step}") from e
+    except subprocess.CalledProcessError as e:
+        detail = (e.stderr or e.stdout or "").strip()
+        raise DriveError(
+            f"`{shlex.join(argv)}` failed with exit status {e.returncode}"
+            + (f": {detail}" if detail else "")
+            + f"; next: {next_step}"
+        ) from e
+
+
+def _du(path: Path) -> int:
+    """Bytes of disk taken by the files under ``path`` (0 if it is missing); symlinks not followed."""
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _fusermount() -> str:
+    return shutil.which("fusermount") or shutil.which("fusermount3") or "fusermount"
+
+
+# --- the local stand-in -------------------------------------------------------------------------
+
+
+def _check_mountpoint(mountpoint: str) -> None:
+    # Colab's checks and messages, in Colab's order.
+    if os.path.islink(mountpoint):
+        raise ValueError("Mountpoint must not be a symlink")
+    if os.path.isdir(mountpoint) and os.listdir(mountpoint):
+        raise ValueError("Mountpoint must not already contain files")
+    if not os.path.isdir(mountpoint) and os.path.exists(mountpoint):
+        raise ValueError("Mountpoint must either be a directory or not exist")
+    normed = os.path.normpath(mountpoint)
+    parent = os.path.dirname(normed)
+    if "/" in normed and not os.path.exists(parent):
+        if parent != env.COLAB_CONTENT:
+            raise ValueError("Mountpoint must be in a directory that exists")
+        try:
+            os.mkdir(parent)
+        except OSError as e:
+            raise DriveError(
+                f"cannot create {parent} (Colab's working folder) for the stand-in Drive at {mountpoint}: "
+                f"{e.strerror}; create it once (sudo mkdir -m 1777 {parent}), or mount elsewhere: "
+                f"colabfast.mount('~/drive')"
+            ) from e
+
+
+def _prepare_root() -> Path:
+    root = env.standin_root()
+    (root / "MyDrive").mkdir(parents=True, exist_ok=True)
+    (root / "Shareddrives").mkdir(exist_ok=True)
+    if not os.path.lexists(root / "My Drive"):
+        os.symlink("MyDrive", root / "My Drive")  # relative, so it resolves through a bind mount too
+    return root
+
+
+def _expose(root: Path, mountpoint: str, readonly: bool) -> str:
+    """Show ``root`` at ``mountpoint`` (Colab's Drive client creates the mountpoint folder too)."""
+    os.makedirs(mountpoint, exist_ok=True)
+    sim = _sim_options()
+    if sim is not None:
+        form = _start_sim(root, mountpoint, sim, readonly)
+    elif env.can_mount() and _bind(root, mountpoint, readonly):
+        form = "bind"
+    else:
+        for name, target in _LINKS.items():
+            os.symlink(root / target, os.path.join(mountpoint, name))
+        form = "links"
+    _register(mountpoint)
+    if readonly and form == "links":
+        warnings.warn(
+            f"readonly=True is not enforced at {mountpoint}: the stand-in is a folder of symlinks here; a "
+            f"read-only bind mount needs root with CAP_SYS_ADMIN",
+            stacklevel=3,
+        )
+    return form
+
+
+def _bind(root: Path, mountpoint: str, readonly: bool) -> bool:
+    """Bind-mount ``root`` at ``mountpoint``; False if the kernel refuses (a locked-down container)."""
+    try:
+        subprocess.run(["mount", "--bind", str(root), mountpoint], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    if readonly:
+        try:
+            _run(["mount", "-o", "remount,bind,ro", mountpoint], "mount without readonly=True")
+        except DriveError:
+            _run(["umount", mountpoint], f"umount {mountpoint} by hand")
+            raise
+    return True
+
+
+def _unexpose(mountpoint: str) -> None:
+    """Take down colabfast's stand-in at ``mountpoint``, if that is what is there."""
+    form = env.standin_form(mountpoint)
+    if form == "drivesim":
+        sim = _SIMS.pop(os.path.realpath(mountpoint), None)
+        if sim is not None:
+            sim.stop()
+        else:
+            _run([_fusermount(), "-u", mountpoint], f"stop the process serving the simulator at {mountpoint}")
+    elif form == "bind":
+        _run(["umount", mountpoint], f"close the files open under {mountpoint} and retry")
+    elif form == "links":
+        root = os.path.realpath(env.standin_root())
+        for name in _LINKS:
+            link = os.path.join(mountpoint, name)
+            if os.path.islink(link) and os.path.realpath(link).startswith(root + os.sep):
+                os.unlink(link)
+    _unregister(mountpoint)
+
+
+def _registry() -> Path:
+    return env.standin_root() / env.STANDIN_REGISTRY
+
+
+def _register(mountpoint: str) -> None:
+    known = _registered()
+    if mountpoint not in known:
+        _registry().write_text("".join(f"{mp}\n" for mp in [*known, mountpoint]))
+
+
+def _unregister(mountpoint: str) -> None:
+    known = _registered()
+    if mountpoint in known:
+        _registry().write_text("".join(f"{mp}\n" for mp in known if mp != mountpoint))
+
+
+def _registered() -> list:
+    try:
+        return [line for line in _registry().read_text().splitlines() if line]
+    except OSError:
+        return []
+
+
+def _sim_options() -> Optional[dict]:
+    """Keyword arguments for the simulator from ``$COLABFAST_DRIVE_SIM``, or None when it is unset."""
+    spec = os.environ.get(SIM_VAR, "").strip()
+    if not spec:
+        return None
+    options = {}
+    for part in spec.split(","):
+        key, eq, value = part.partition("=")
+        if not eq:
+            continue  # "1", "on": the simulator's defaults
+        try:
+            number = float(value)
+        except ValueError:
+            raise DriveError(
+                f"{SIM_VAR}={spec!r}: {key.strip()} must be a number, e.g. {SIM_VAR}='open_ms=100,mbps=60'"
+            ) from None
+        options[key.strip()] = int(number) if number.is_integer() else number
+    return options
+
+
+def _start_sim(root: Path, mountpoint: str, options: dict, readonly: bool) -> str:
+    try:
+        from colabfast.testing.drivesim import DriveSim
+    except ImportError as e:
+        raise DriveError(
+            f"{SIM_VAR} is set but the Drive simulator cannot load ({e}); install it "
+            f"(pip install 'colabfast[fuse]', apt-get install fuse3) or unset {SIM_VAR}"
+        ) from e
+    try:
+        sim = DriveSim(root, mountpoint, readonly=readonly, **options).start()
+    except (TypeError, ValueError, RuntimeError) as e:  # unknown or out-of-range option, FUSE unusable
+        raise DriveError(f"{SIM_VAR}={os.environ[SIM_VAR]!r}: the Drive simulator did not start: {e}") from e
+    _SIMS[os.path.realpath(mountpoint)] = sim
+    return "drivesim"
+
+
+# --- DriveFS (Colab) ----------------------------------------------------------------------------
+
+
+def _flush_drivefs(colab, mp: str) -> None:
+    try:
+        colab.flush_and_unmount(FLUSH_TIMEOUT_MS)
+    except Exception as e:  # Colab raises ValueError('flush_and_unmount failed') or whatever broke first
+        raise DriveError(
+            f"flush_and_unmount() failed ({e}): writes under {mp} may not be on Drive yet and the DriveFS "
+            f"cache {env.drivefs_dir()}, which holds them, was kept. Next: wait a few minutes and call "
+            f"colabfast.flush_drive() again; do not restart or disconnect the runtime until it succeeds"
+        ) from e
+
+
+def _mount_drivefs_again(colab, mp: str, done: str) -> None:
+    try:
+        colab.mount(mp, force_remount=True)
+    except Exception as e:  # Colab raises ValueError('mount failed...') among others
+        raise DriveError(
+            f"{done}, but mounting Drive at {mp} again failed ({e}). Next: colabfast.mount({mp!r}, "
+            f"force_remount=True); if that fails too, Runtime > Restart session and mount again"
+        ) from e
+
+
+def _refresh_drivefs(mp: str) -> DriveReport:
+    colab = _colab_drive()
+    cache = env.drivefs_dir()
+    _flush_drivefs(colab, mp)
+    if env.drive_kind(mp) == "drivefs":
+        raise DriveError(
+            f"Drive is still mounted at {mp} after flush_and_unmount(), so its cache {cache} was kept. "
+            f"Next: call colabfast.refresh_drive() again"
+        )
+    freed = _du(cache)
+    try:
+        if cache.exists():
+            shutil.rmtree(cache)
+    except OSError as e:
+        raise DriveError(
+            f"Drive was flushed and unmounted, but removing its cache {cache} failed ({e}). Next: "
+            f"rm -rf '{cache}', then colabfast.mount({mp!r})"
+        ) from e
+    _mount_drivefs_again(colab, mp, f"the DriveFS cache was removed ({human_bytes(freed)} freed)")
+    actions = [
+        "pushed pending writes (flush_and_unmount)",
+        f"removed the DriveFS cache {cache} ({human_bytes(freed)})",
+        "mounted again",
+    ]
+    return DriveReport(mp, "drivefs", actions, freed)
+
+
+# --- google-drive-ocamlfuse ---------------------------------------------------------------------
+
+
+def _ocamlfuse_process(mp: str) -> Optional[tuple]:
+    """The running client serving ``mp`` and its command line from the executable on, or None."""
+    real = os.path.realpath(mp)
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        for i, arg in enumerate(cmdline):
+            if os.path.basename(arg) == OCAMLFUSE:
+                if any(os.path.realpath(a) == real for a in cmdline[i + 1 :]):
+                    return proc, cmdline[i:]
+                break
+    return None
+
+
+def _label(argv: list) -> str:
+    """The ``-label`` of a google-drive-ocamlfuse command line (``"default"`` without one)."""
+    return argv[argv.index("-label") + 1] if "-label" in argv[:-1] else "default"
+
+
+def _unmount_ocamlfuse(mp: str) -> list:
+    """Unmount the client at ``mp`` and wait until it exits; returns the command line to mount again."""
+    found = _ocamlfuse_process(mp)
+    argv = found[1] if found else [OCAMLFUSE, mp]
+    _run([_fusermount(), "-u", mp], f"close the files open under {mp} and retry")
+    if found:
+        try:
+            found[0].wait(timeout=600)
+        except psutil.TimeoutExpired:
+            raise DriveError(
+                f"{OCAMLFUSE} (pid {found[0].pid}) is still uploading 10 minutes after unmounting {mp}; "
+                f"its cache was kept. Next: wait for it to exit, then mount again: {shlex.join(argv)}"
+            ) from None
+        except psutil.NoSuchProcess:
+            pass
+    if env.drive_kind(mp) == "ocamlfuse":
+        raise DriveError(f"{mp} is still mounted after `fusermount -u`; its cache was kept. Next: retry")
+    return argv
+
+
+def _refresh_ocamlfuse(mp: str) -> DriveReport:
+    argv = _unmount_ocamlfuse(mp)
+    label = _label(argv)
+    cache = Path.home() / ".gdfuse" / label / "cache"
+    before = _du(cache)
+    clear = [argv[0], "-cc"] + (["-label", label] if label != "default" else [])
+    _run(clear, f"Drive is unmounted; clear {cache} by hand and mount again: {shlex.join(argv)}")
+    freed = max(0, before - _du(cache))
+    _run(argv, f"the cache was cleared ({human_bytes(freed)} freed); mount again by hand: {shlex.join(argv)}")
+    actions = [
+        "unmounted and waited for pending uploads",
+        f"cleared the cache {cache} ({human_bytes(freed)}) with `{shlex.join(clear)}`",
+        "mounted again",
+    ]
+    return DriveReport(mp, "ocamlfuse", actions, freed)

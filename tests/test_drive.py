@@ -1,0 +1,386 @@
+"""colabfast.drive: the local stand-in (bind mount and folder of symlinks), mount() in a faked Colab,
+refresh_drive()/flush_drive() for DriveFS (faked google.colab.drive), google-drive-ocamlfuse (fake
+executables on PATH) and the stand-in."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from colabfast import drive, env
+from colabfast.drive import DriveError
+from colabfast.env import Mount
+
+
+def _umount_leftovers(under) -> None:
+    for m in reversed(env.mounts()):
+        if m.mountpoint.startswith(str(under)):
+            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """A private stand-in root; whatever the test exposes is taken down afterwards."""
+    root = tmp_path / "standin"
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
+    monkeypatch.delenv(drive.SIM_VAR, raising=False)
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+    yield root
+    for mp in env.standin_mountpoints():
+        if mp.startswith(str(tmp_path)):
+            drive._unexpose(mp)
+    _umount_leftovers(tmp_path)
+
+
+@pytest.fixture
+def links(standin, monkeypatch):
+    """The stand-in as a folder of symlinks, as for a user without mount rights."""
+    monkeypatch.setattr(env, "can_mount", lambda: False)
+    return standin
+
+
+def test_mount_as_links(links, tmp_path, capsys):
+    mp = tmp_path / "drive"
+    my_drive = drive.mount(str(mp))
+    assert my_drive == mp / "MyDrive"
+    assert capsys.readouterr().out == f"Mounted at {mp}\n"
+    assert sorted(os.listdir(mp)) == ["My Drive", "MyDrive", "Shareddrives"]
+    (my_drive / "data").mkdir()
+    (my_drive / "data" / "a.txt").write_text("hello")
+    assert (mp / "My Drive" / "data" / "a.txt").read_text() == "hello"
+    assert (links / "MyDrive" / "data" / "a.txt").read_text() == "hello"
+    assert env.standin_form(mp) == "links"
+    assert env.drive_kind(my_drive / "data") == "standin"
+    assert env.DriveMount(str(mp), "standin") in env.drive_mounts()
+
+
+def test_mount_twice_and_force_remount(links, tmp_path, capsys):
+    mp = str(tmp_path / "drive")
+    drive.mount(mp)
+    drive.mount(mp)
+    drive.mount(mp, force_remount=True)
+    assert capsys.readouterr().out.splitlines() == [
+        f"Mounted at {mp}",
+        f'Drive already mounted at {mp}; to attempt to forcibly remount, call drive.mount("{mp}", force_remount=True).',
+        f"Mounted at {mp}",
+    ]
+    assert sorted(os.listdir(mp)) == ["My Drive", "MyDrive", "Shareddrives"]
+
+
+def test_mount_binds_where_it_may_mount(standin, tmp_path):
+    mp = tmp_path / "drive"
+    (drive.mount(mp) / "kept.txt").write_text("x")
+    is_mount = env.mount_of(mp).mountpoint == str(mp)  # os.path.ismount misses binds within one file system
+    if env.can_mount():
+        assert is_mount and env.standin_form(mp) == "bind"
+    else:
+        assert not is_mount and env.standin_form(mp) == "links"
+    assert env.drive_kind(mp / "MyDrive" / "kept.txt") == "standin"
+    drive.flush_and_unmount()
+    assert env.mount_of(mp).mountpoint != str(mp) and os.listdir(mp) == []
+    assert (standin / "MyDrive" / "kept.txt").read_text() == "x"
+
+
+def test_readonly(standin, tmp_path):
+    mp = tmp_path / "drive"
+    if env.can_mount():
+        my_drive = drive.mount(mp, readonly=True)
+        with pytest.raises(OSError) as err:
+            (my_drive / "new.txt").write_text("x")
+        assert err.value.errno == errno.EROFS
+    else:
+        with pytest.warns(UserWarning, match="not enforced"):
+            drive.mount(mp, readonly=True)
+
+
+def test_mount_errors_are_colabs(links, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(ValueError, match="^Mountpoint must not already contain files$"):
+        drive.mount(tmp_path / "full")
+    with pytest.raises(ValueError, match="^Mountpoint must not contain a space.$"):
+        drive.mount(tmp_path / "my drive")
+    with pytest.raises(ValueError, match="^Mountpoint must be in a directory that exists$"):
+        drive.mount(tmp_path / "missing" / "drive")
+
+
+def test_content_is_created_for_colab_paths(links, tmp_path, monkeypatch):
+    content = tmp_path / "content"
+    monkeypatch.setattr(env, "COLAB_CONTENT", str(content))
+    assert drive.mount(content / "drive") == content / "drive" / "MyDrive"
+    assert (content / "drive" / "MyDrive").is_dir()
+
+
+def test_mount_in_colab_calls_colabs_drive(tmp_path, monkeypatch):
+    calls = []
+    fake = types.SimpleNamespace(mount=lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setitem(sys.modules, "google.colab", types.SimpleNamespace(drive=fake))
+    monkeypatch.setitem(sys.modules, "google.colab.drive", fake)
+    monkeypatch.setattr(env, "in_colab", lambda: True)
+    assert drive.mount("/content/drive", readonly=True) == env.Path("/content/drive/MyDrive")
+    assert calls == [(("/content/drive",), {"force_remount": False, "timeout_ms": 120000, "readonly": True})]
+
+
+def test_flush_and_unmount_standin(links, tmp_path, capsys):
+    drive.flush_and_unmount()
+    assert capsys.readouterr().out == "Drive not mounted, so nothing to flush and unmount.\n"
+    a, b = tmp_path / "a", tmp_path / "b"
+    (drive.mount(a) / "f.txt").write_text("kept")
+    drive.mount(b)
+    capsys.readouterr()
+    drive.flush_and_unmount()
+    assert capsys.readouterr().out == ""  # Colab prints nothing on success
+    assert os.listdir(a) == [] and os.listdir(b) == []
+    assert (links / "MyDrive" / "f.txt").read_text() == "kept"
+    assert env.standin_mountpoints() == []
+
+
+def test_refresh_and_flush_on_the_standin(links, tmp_path, capsys):
+    mp = tmp_path / "drive"
+    (drive.mount(mp) / "f.txt").write_text("x")
+    capsys.readouterr()
+    report = drive.refresh_drive(mp)
+    assert (report.kind, report.freed) == ("standin", 0)
+    assert "nothing to do" in capsys.readouterr().out
+    report = drive.flush_drive(mp, quiet=True)
+    assert report.kind == "standin" and "synced" in str(report)
+    assert capsys.readouterr().out == ""
+    assert (mp / "MyDrive" / "f.txt").read_text() == "x"
+
+
+def test_nothing_mounted(links, tmp_path):
+    with pytest.raises(DriveError, match=f"no Google Drive is mounted at {tmp_path}; mount it first"):
+        drive.refresh_drive(tmp_path)
+    with pytest.raises(DriveError, match="mount it first"):
+        drive.flush_drive(tmp_path)
+
+
+@pytest.mark.fuse
+def test_mount_through_the_simulator(standin, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("colabfast.testing.drivesim")
+    monkeypatch.setenv(drive.SIM_VAR, "open_ms=5,mbps=200")
+    mp = tmp_path / "drive"
+    my_drive = drive.mount(mp)
+    assert capsys.readouterr().out == f"Mounted at {mp}\n"
+    assert env.standin_form(mp) == "drivesim" and env.drive_kind(my_drive) == "drivesim"
+    (my_drive / "a.txt").write_text("through FUSE")
+    assert (mp / "My Drive" / "a.txt").read_text() == "through FUSE"
+    assert drive.refresh_drive(mp, quiet=True).kind == "drivesim"
+    drive.flush_and_unmount()
+    assert env.standin_form(mp) is None and os.listdir(mp) == []
+    assert (standin / "MyDrive" / "a.txt").read_text() == "through FUSE"
+
+
+def test_bad_simulator_setting(links, tmp_path, monkeypatch):
+    monkeypatch.setenv(drive.SIM_VAR, "open_ms=slow")
+    with pytest.raises(DriveError, match="COLABFAST_DRIVE_SIM='open_ms=slow': open_ms must be a number"):
+        drive.mount(tmp_path / "drive")
+
+
+# --- DriveFS, with a fake google.colab.drive ------------------------------------------------------
+
+
+class FakeColabDrive:
+    """Colab's drive module as refresh/flush use it: records calls; Drive shows in the mount table
+    while mounted."""
+
+    def __init__(self, mountpoint, cache, monkeypatch):
+        self.mountpoint, self.cache = str(mountpoint), cache
+        self.calls, self.mounted = [], True
+        self.flush_fails = self.mount_fails = False
+        real = env.mounts()
+        monkeypatch.setattr(
+            env,
+            "mounts",
+            lambda: real + ([Mount(self.mountpoint, "fuse.drive", "drive", "0:98")] if self.mounted else []),
+        )
+        module = types.SimpleNamespace(flush_and_unmount=self.flush_and_unmount, mount=self.mount)
+        monkeypatch.setitem(sys.modules, "google.colab", types.SimpleNamespace(drive=module))
+        monkeypatch.setitem(sys.modules, "google.colab.drive", module)
+        monkeypatch.setattr(env, "in_colab", lambda: True)
+
+    def flush_and_unmount(self, timeout_ms=24 * 60 * 60 * 1000):
+        self.calls.append(("flush_and_unmount", self.cache.exists()))
+        if self.flush_fails:
+            raise ValueError("flush_and_unmount failed")
+        self.mounted = False
+
+    def mount(self, mountpoint, force_remount=False, timeout_ms=120000, readonly=False):
+        self.calls.append(("mount", mountpoint, force_remount))
+        if self.mount_fails:
+            raise ValueError("mount failed")
+        self.mounted = True
+
+
+@pytest.fixture
+def drivefs(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "root"))
+    cache = env.drivefs_dir()
+    content = cache / "1234567890" / "content_cache" / "d42"
+    content.mkdir(parents=True)
+    (content / "blob").write_bytes(os.urandom(1 << 20))
+    return FakeColabDrive(tmp_path / "drive", cache, monkeypatch)
+
+
+def test_refresh_drivefs_flushes_before_dropping_the_cache(drivefs, capsys):
+    report = drive.refresh_drive(os.path.join(drivefs.mountpoint, "MyDrive", "data"))  # a path inside will do
+    assert drivefs.calls == [("flush_and_unmount", True), ("mount", drivefs.mountpoint, True)]
+    assert not drivefs.cache.exists()
+    assert report.kind == "drivefs" and report.freed >= 1 << 20
+    out = capsys.readouterr().out
+    assert f"removed the DriveFS cache {drivefs.cache} (1.0 MB)" in out and "mounted again" in out
+
+
+def test_refresh_drivefs_keeps_the_cache_when_the_flush_fails(drivefs):
+    drivefs.flush_fails = True
+    with pytest.raises(DriveError, match="was kept.*colabfast.flush_drive\\(\\) again"):
+        drive.refresh_drive(drivefs.mountpoint, quiet=True)
+    assert drivefs.cache.exists()
+    assert [c[0] for c in drivefs.calls] == ["flush_and_unmount"]
+
+
+def test_refresh_drivefs_says_how_to_mount_again(drivefs):
+    drivefs.mount_fails = True
+    with pytest.raises(DriveError, match=r"force_remount=True"):
+        drive.refresh_drive(drivefs.mountpoint, quiet=True)
+    assert not drivefs.cache.exists()
+
+
+def test_flush_drivefs_keeps_the_cache(drivefs):
+    report = drive.flush_drive(drivefs.mountpoint, quiet=True)
+    assert [c[0] for c in drivefs.calls] == ["flush_and_unmount", "mount"]
+    assert drivefs.cache.exists() and report.freed == 0
+
+
+# --- google-drive-ocamlfuse, with fake executables on PATH ---------------------------------------
+
+FAKE_OCAMLFUSE = """\
+import os, pathlib, shutil, sys, time
+args = sys.argv[1:]
+if os.environ.get("FAKE_SERVE"):  # the running client: serves until fusermount -u stops it
+    time.sleep(60)
+    sys.exit(0)
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(" ".join(["google-drive-ocamlfuse", *args]) + "\\n")
+label = args[args.index("-label") + 1] if "-label" in args else "default"
+if "-cc" in args:
+    if os.environ.get("FAKE_CC_FAILS"):
+        print("Error: cannot clear the cache: Permission denied", file=sys.stderr)
+        sys.exit(2)
+    cache = pathlib.Path.home() / ".gdfuse" / label / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    sys.exit(0)
+pathlib.Path(os.environ["FAKE_STATE"]).write_text(args[-1])
+"""
+
+FAKE_FUSERMOUNT = """\
+import os, pathlib, signal, sys
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(" ".join(["fusermount", *sys.argv[1:]]) + "\\n")
+state = pathlib.Path(os.environ["FAKE_STATE"])
+if not state.exists() or state.read_text() != sys.argv[-1]:
+    print(f"fusermount: entry for {sys.argv[-1]} not found in /etc/mtab", file=sys.stderr)
+    sys.exit(1)
+state.unlink()
+pid = pathlib.Path(os.environ["FAKE_STATE"] + ".pid")
+if pid.exists():
+    os.kill(int(pid.read_text()), signal.SIGTERM)
+"""
+
+
+class FakeOcamlfuse:
+    def __init__(self, tmp_path, monkeypatch):
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        for name, body in (("google-drive-ocamlfuse", FAKE_OCAMLFUSE), ("fusermount", FAKE_FUSERMOUNT)):
+            exe = bin_dir / name
+            exe.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+            exe.chmod(0o755)
+        self.exe = str(bin_dir / "google-drive-ocamlfuse")
+        self.log, self.state = tmp_path / "log", tmp_path / "mounted"
+        self.mountpoint = str(tmp_path / "gdrive")
+        os.mkdir(self.mountpoint)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        monkeypatch.setenv("FAKE_LOG", str(self.log))
+        monkeypatch.setenv("FAKE_STATE", str(self.state))
+        real = env.mounts()
+        entry = Mount(self.mountpoint, "fuse.google-drive-ocamlfuse", "google-drive-ocamlfuse", "0:97")
+        monkeypatch.setattr(env, "mounts", lambda: real + ([entry] if self.state.exists() else []))
+        self.client = None
+
+    def start(self, *argv):
+        """Mount: leave a client process running with ``argv`` on its command line."""
+        self.state.write_text(self.mountpoint)
+        self.client = subprocess.Popen([self.exe, *argv, self.mountpoint], env={**os.environ, "FAKE_SERVE": "1"})
+        (self.state.parent / "mounted.pid").write_text(str(self.client.pid))
+
+    def cache(self, label):
+        cache = env.Path(os.environ["HOME"]) / ".gdfuse" / label / "cache"
+        cache.mkdir(parents=True)
+        (cache / "file.bin").write_bytes(os.urandom(300_000))
+        return cache
+
+    def calls(self):
+        return self.log.read_text().splitlines()
+
+    def stop(self):
+        if self.client is not None and self.client.poll() is None:
+            self.client.kill()
+            self.client.wait()
+
+
+@pytest.fixture
+def ocamlfuse(tmp_path, monkeypatch):
+    fake = FakeOcamlfuse(tmp_path, monkeypatch)
+    yield fake
+    fake.stop()
+
+
+def test_refresh_ocamlfuse_clears_its_cache_with_cc(ocamlfuse):
+    cache = ocamlfuse.cache("work")
+    ocamlfuse.start("-label", "work")
+    report = drive.refresh_drive(ocamlfuse.mountpoint, quiet=True)
+    mp = ocamlfuse.mountpoint
+    assert ocamlfuse.calls() == [
+        f"fusermount -u {mp}",
+        "google-drive-ocamlfuse -cc -label work",
+        f"google-drive-ocamlfuse -label work {mp}",  # mounted again with the client's own command line
+    ]
+    assert ocamlfuse.client.poll() is not None  # waited for the client to exit before clearing
+    assert os.listdir(cache) == [] and report.freed >= 300_000
+    assert env.drive_kind(mp) == "ocamlfuse"
+
+
+def test_refresh_ocamlfuse_default_label(ocamlfuse):
+    ocamlfuse.cache("default")
+    ocamlfuse.state.write_text(ocamlfuse.mountpoint)  # mounted by a client this test cannot see
+    drive.refresh_drive(ocamlfuse.mountpoint, quiet=True)
+    mp = ocamlfuse.mountpoint
+    assert ocamlfuse.calls() == [f"fusermount -u {mp}", "google-drive-ocamlfuse -cc", f"google-drive-ocamlfuse {mp}"]
+
+
+def test_refresh_ocamlfuse_failure_raises_with_the_next_step(ocamlfuse, monkeypatch):
+    cache = ocamlfuse.cache("default")
+    ocamlfuse.start()
+    monkeypatch.setenv("FAKE_CC_FAILS", "1")
+    with pytest.raises(DriveError, match="exit status 2: Error: cannot clear the cache.*next: Drive is unmounted"):
+        drive.refresh_drive(ocamlfuse.mountpoint, quiet=True)
+    assert os.listdir(cache) == ["file.bin"]
+    assert len(ocamlfuse.calls()) == 2  # not mounted again over a failed step
+
+
+def test_flush_ocamlfuse_remounts_without_clearing(ocamlfuse):
+    cache = ocamlfuse.cache("default")
+    ocamlfuse.start()
+    drive.flush_drive(ocamlfuse.mountpoint, quiet=True)
+    mp = ocamlfuse.mountpoint
+    assert ocamlfuse.calls() == [f"fusermount -u {mp}", f"google-drive-ocamlfuse {mp}"]
+    assert os.listdir(cache) == ["file.bin"]

@@ -1,0 +1,261 @@
+"""colabfast.env under faked markers: Colab/Kaggle detection, a faked mount table with every Drive
+client, the stand-in's forms, machine facts, describe() and the doctor CLI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import types
+
+import pytest
+
+from colabfast import env
+from colabfast.env import DriveMount, Mount
+
+MOUNTINFO = r"""22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 0:26 / /dev/shm rw,nosuid,nodev shared:5 - tmpfs tmpfs rw,size=6094848k
+40 22 0:50 / /content/drive rw,nosuid,nodev,relatime shared:20 - fuse.drive drive rw,user_id=0,group_id=0
+41 22 0:51 / /gdrive rw,nosuid,nodev - fuse.google-drive-ocamlfuse google-drive-ocamlfuse rw,user_id=0
+42 22 0:52 / /tmp/sim rw,nosuid,nodev - fuse colabfast-drivesim rw,user_id=0
+43 22 253:16 / /mnt/My\040Data rw,relatime - ext4 /dev/vdb rw
+"""
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """A private stand-in root for Drive."""
+    root = tmp_path / "standin"
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
+    (root / "MyDrive").mkdir(parents=True)
+    return root
+
+
+@pytest.fixture
+def fake_table(tmp_path, monkeypatch):
+    path = tmp_path / "mountinfo"
+    path.write_text(MOUNTINFO)
+    monkeypatch.setattr(env, "MOUNTINFO", str(path))
+
+
+def test_colab_is_detected_by_its_marker_file_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "hostname"))
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20250101")  # also set on Kaggle: no proof
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    assert not env.in_colab()
+    assert env.platform() in ("jupyter", "python")
+    (tmp_path / "hostname").write_text("colab-vm\n")
+    assert env.in_colab() and env.platform() == "colab"
+
+
+def test_kaggle(tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "absent"))
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    assert env.platform() == "kaggle"
+
+
+def test_mount_table_is_parsed(fake_table):
+    table = {m.mountpoint: m for m in env.mounts()}
+    assert table["/content/drive"] == Mount("/content/drive", "fuse.drive", "drive", "0:50")
+    assert table["/mnt/My Data"].device == "253:16"  # \040 unescaped
+    assert env.mount_of("/content/drive/MyDrive/data/x.jpg").mountpoint == "/content/drive"
+    assert env.is_ram("/dev/shm/colabfast") and not env.is_ram("/content/drive/MyDrive")
+    assert env.is_fuse("/gdrive/x") and not env.is_fuse("/mnt/My Data/x")
+
+
+@pytest.mark.parametrize(
+    "path, kind",
+    [
+        ("/content/drive/MyDrive/data", "drivefs"),
+        ("/content/drive", "drivefs"),
+        ("/gdrive/My Drive/x", "ocamlfuse"),
+        ("/tmp/sim/MyDrive", "drivesim"),
+        ("/mnt/My Data/x", None),
+        ("/usr/lib", None),
+    ],
+)
+def test_drive_kind_from_the_mount_table(fake_table, standin, path, kind):
+    assert env.drive_kind(path) == kind
+
+
+def test_drive_mounts_lists_every_client(fake_table, standin):
+    assert env.drive_mounts() == [
+        DriveMount("/content/drive", "drivefs"),
+        DriveMount("/gdrive", "ocamlfuse"),
+        DriveMount("/tmp/sim", "drivesim"),
+    ]
+
+
+def test_standin_forms(standin, tmp_path):
+    assert env.drive_kind(standin / "MyDrive" / "data") == "standin"
+    links = tmp_path / "drive"
+    links.mkdir()
+    (links / "MyDrive").symlink_to(standin / "MyDrive")
+    assert env.standin_form(links) == "links"
+    assert env.drive_kind(links) == "standin"
+    assert env.standin_form(tmp_path) is None and env.drive_kind(tmp_path) is None
+    alias = tmp_path / "alias"
+    alias.symlink_to(links)
+    assert env.standin_form(alias) is None  # a symlinked mountpoint is never followed
+
+
+def test_standin_mountpoints_come_from_the_registry(standin, tmp_path):
+    links, gone = tmp_path / "drive", tmp_path / "gone"
+    links.mkdir()
+    (links / "MyDrive").symlink_to(standin / "MyDrive")
+    (standin / env.STANDIN_REGISTRY).write_text(f"{links}\n{gone}\n")
+    assert env.standin_mountpoints() == [str(links)]
+    assert DriveMount(str(links), "standin") in env.drive_mounts()
+
+
+def test_standin_root_and_folders(tmp_path, monkeypatch):
+    monkeypatch.delenv("COLABFAST_DRIVE_ROOT", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert env.standin_root() == tmp_path / "colabfast-drive"
+    assert env.drivefs_dir() == tmp_path / ".config" / "Google" / "DriveFS"
+    monkeypatch.delenv("COLABFAST_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert env.cache_dir() == tmp_path / ".cache" / "colabfast"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert env.cache_dir() == tmp_path / "xdg" / "colabfast"
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "c"))
+    assert env.cache_dir() == tmp_path / "c"
+
+
+def test_machine_facts(monkeypatch):
+    assert env.recommended_num_workers() == env.cpu_count() >= 1
+    if os.path.exists("/dev/shm"):
+        assert env.shm_size() == shutil.disk_usage("/dev/shm").total
+    assert env.has_fuse() == os.path.exists("/dev/fuse")
+    monkeypatch.setattr(env, "is_root", lambda: False)
+    assert env.can_mount() is False
+
+
+def test_can_mount_reads_the_capability(monkeypatch, tmp_path):
+    monkeypatch.setattr(env, "is_root", lambda: True)
+    with open("/proc/self/status") as f:
+        cap = int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
+    assert env.can_mount() == bool(cap >> 21 & 1)
+
+
+def test_gpu_falls_back_to_nvml(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    assert env.gpu() is None
+    assert env.gpu_decode_available() is False
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "h0",
+        nvmlDeviceGetName=lambda h: b"Tesla T4",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=15_843_721_216),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert env.gpu() == {"name": "Tesla T4", "memory": 15_843_721_216}
+
+
+@pytest.mark.cuda
+def test_gpu_decoder_on_a_real_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    assert env.gpu()["memory"] > 0
+    assert env.gpu_decode_available() is True
+
+
+# --- describe() and doctor ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch, tmp_path):
+    """No GPU, no Colab, known RAM: describe() without slow probes."""
+    monkeypatch.setattr(env, "gpu", lambda: None)
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "absent"))
+    monkeypatch.setattr(env, "ram_available", lambda: 20 * 10**9)
+    monkeypatch.setattr(env, "ram_headroom", lambda: 4 * 10**9)
+    monkeypatch.setattr(env, "can_mount", lambda: True)
+
+
+def fake_drive(monkeypatch, mountpoint, fstype="fuse.drive", source="drive"):
+    real = env.mounts()
+    monkeypatch.setattr(env, "mounts", lambda: [*real, Mount(str(mountpoint), fstype, source, "0:99")])
+
+
+def test_describe_says_to_stage_data_on_drive(quiet_machine, monkeypatch, tmp_path, standin):
+    mp = tmp_path / "drive"
+    data = mp / "MyDrive" / "kitti"
+    data.mkdir(parents=True)
+    (data / "000000.png").write_bytes(b"x" * 5000)
+    fake_drive(monkeypatch, mp)
+    text = env.describe(data)
+    assert f"your data is under {mp} (Google Drive (DriveFS))" in text
+    assert f"colabfast.stage('{data}')" in text
+    assert f"Google Drive (DriveFS) at {mp}" in text  # the Drive row
+    assert "5.0 kB in 1 files" in text
+    assert "colabfast.stage() puts it on a RAM disk" in text
+
+
+def test_describe_warns_when_the_disk_cannot_hold_two_copies(quiet_machine, monkeypatch, tmp_path, standin):
+    mp = tmp_path / "drive"
+    data = mp / "MyDrive" / "big"
+    data.mkdir(parents=True)
+    (data / "a.bin").write_bytes(b"x" * 6000)
+    fake_drive(monkeypatch, mp)
+    monkeypatch.setenv("HOME", str(tmp_path))  # DriveFS's cache on the same disk as /tmp, as in Colab
+    monkeypatch.setattr(env, "disk_free", lambda path: 10_000)
+    text = env.describe(data)
+    assert "need 12.0 kB (2 x 6.0 kB: Drive caches what it reads), have 10.0 kB" in text
+
+
+def test_describe_ram_and_local_data(quiet_machine, monkeypatch, tmp_path):
+    (tmp_path / "x.bin").write_bytes(b"x" * 100)
+    text = env.describe(tmp_path)
+    assert "your data is on local disk" in text
+    monkeypatch.setattr(env, "_tree_size", lambda path: (17 * 10**9, 1000))
+    assert "too big for a RAM disk: colabfast.stage() puts it on local disk" in env.describe(tmp_path)
+    monkeypatch.setattr(env, "_tree_size", lambda path: (12 * 10**9, 1000))
+    assert "leaves little RAM spare" in env.describe(tmp_path)
+    if env.is_ram("/dev/shm"):
+        assert "your data is in RAM (tmpfs at /dev/shm)" in env.describe("/dev/shm")
+
+
+def test_describe_without_data(quiet_machine, monkeypatch, tmp_path, standin):
+    fake_drive(monkeypatch, tmp_path / "drive")
+    text = env.describe()
+    assert f"Drive is mounted at {tmp_path / 'drive'} (Google Drive (DriveFS)): do not train from it" in text
+    assert "colabfast doctor PATH" in text
+    assert "a RAM disk can hold up to 16.0 GB (20.0 GB available, 4.0 GB kept for training)" in text
+    assert f"DataLoader(num_workers={env.cpu_count()})" in text
+    assert "no CUDA GPU" in text
+    assert "does not exist" in env.describe(tmp_path / "missing")
+
+
+def test_describe_in_colab_with_a_gpu(quiet_machine, monkeypatch, tmp_path, standin):
+    marker = tmp_path / "hostname"
+    marker.write_text("vm")
+    monkeypatch.setattr(env, "COLAB_MARKER", str(marker))
+    monkeypatch.setattr(env, "gpu", lambda: {"name": "Tesla T4", "memory": 15_000_000_000})
+    monkeypatch.setattr(env, "gpu_decode_available", lambda: True)
+    monkeypatch.setattr(env, "drive_mounts", lambda: [])
+    text = env.describe()
+    assert text.startswith("platform  Google Colab")
+    assert "Tesla T4, 15.0 GB; JPEG decode on GPU: yes" in text
+    assert "Drive is not mounted: colabfast.mount() mounts it" in text
+    assert "torchvision.io.decode_jpeg(data, device='cuda')" in text
+
+
+def test_doctor_cli(quiet_machine, capsys, tmp_path):
+    assert env.doctor([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("platform") and f"data      {tmp_path}: " in out and "advice:" in out
+    with pytest.raises(SystemExit):
+        env.doctor(["--help"])
+    assert "usage: colabfast doctor [-h] [data]" in capsys.readouterr().out
+
+
+def test_doctor_as_a_cli_subcommand(tmp_path):
+    parser = argparse.ArgumentParser(prog="colabfast")
+    env.build_doctor_parser(parser.add_subparsers(dest="command").add_parser("doctor"))
+    args = parser.parse_args(["doctor", str(tmp_path)])
+    assert (args.command, args.data) == ("doctor", str(tmp_path))
