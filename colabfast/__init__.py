@@ -15,6 +15,12 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
+    "mount": "colabfast.drive",
+    "refresh_drive": "colabfast.drive",
+    "flush_drive": "colabfast.drive",
+    "DriveError": "colabfast.drive",
+    "fetch": "colabfast.fetching",
+    "FetchError": "colabfast.fetching",
     "stage": "colabfast.staging",
     "StageError": "colabfast.staging",
     "ramdisk": "colabfast.tmpfs",

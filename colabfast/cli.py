@@ -1,4 +1,4 @@
-"""The ``colabfast`` command: ``stage``, ``pack``, ``info``, ``drivesim``, ``demo``, ``doctor``."""
+"""The ``colabfast`` command: ``stage``, ``pack``, ``info``, ``demo``, ``doctor``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,13 @@ def _demo(args: argparse.Namespace) -> int:
     from colabfast.demo import main
 
     return main()
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from colabfast.env import describe
+
+    print(describe(args.data))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(FUSE), and time an epoch from Drive, staging, an epoch from local disk, "
                                    "packing, and an epoch from the mirror. About a minute.")
     p.set_defaults(run=_demo)
+
+    p = sub.add_parser("doctor", help="describe this machine (Colab, Drive, RAM, disk, GPU) and how to feed its GPU",
+                       description="Describe this machine (Colab or not, Drive, RAM, disk, GPU) and give advice "
+                                   "on feeding its GPU; with a data path, on where that data should live.")
+    p.add_argument("data", nargs="?", help="your dataset folder or archive, for advice on where it lives")
+    p.set_defaults(run=_doctor)
     return parser
 
 

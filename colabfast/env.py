@@ -6,7 +6,6 @@ of "we are in Colab", "this path is on Drive" or "this path is in RAM".
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import shutil
@@ -14,7 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import psutil
 
@@ -580,17 +579,3 @@ def describe(data: Optional[str | os.PathLike] = None) -> str:
     text = [f"{name:<{width}}  {value}" for name, value in rows]
     text += ["", "advice:"] + [f"- {a}" for a in advice]
     return "\n".join(text)
-
-
-def build_doctor_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``doctor`` command's arguments to ``parser`` (e.g. a CLI subparser) and return it."""
-    parser.description = "Describe this machine (Colab or not, Drive, RAM, disk, GPU) and how to feed its GPU."
-    parser.add_argument("data", nargs="?", help="your dataset folder or archive, for advice on where it lives")
-    return parser
-
-
-def doctor(argv: Optional[Sequence[str]] = None) -> int:
-    """``colabfast doctor [DATA]``: print :func:`describe` for this machine (and your data). Returns 0."""
-    args = build_doctor_parser(argparse.ArgumentParser(prog="colabfast doctor")).parse_args(argv)
-    print(describe(args.data))
-    return 0

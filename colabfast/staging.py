@@ -205,7 +205,7 @@ def check_space(nbytes: int, dst: Path, src: Path) -> None:
     if nbytes <= 0:
         return
     drive_cache = env.drive_kind(src) == "drivefs"
-    cache_dir = Path.home() / ".config" / "Google" / "DriveFS"
+    cache_dir = env.drivefs_dir()
     free = env.disk_free(dst)
     same_disk = drive_cache and _same_filesystem(dst, cache_dir)
     need = 2 * nbytes if same_disk else nbytes

@@ -79,8 +79,8 @@ def ramdisk(size: Union[int, str, None] = None, path: Union[str, os.PathLike, No
     if target.is_dir() and any(target.iterdir()):
         raise ValueError(f"cannot mount a RAM disk at {target}: the folder is not empty. Pass another path.")
     try:
-        if not env.is_root():
-            raise PermissionError("mounting a tmpfs needs root")
+        if not env.can_mount():
+            raise PermissionError("mounting a tmpfs needs root with CAP_SYS_ADMIN")
         target.mkdir(parents=True, exist_ok=True)
         _mount_tmpfs(target, nbytes)
         return target

@@ -17,7 +17,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_help_lists_every_command():
     out = run("--help")
     assert out.returncode == 0
-    for command in ("stage", "pack", "info"):
+    for command in ("stage", "pack", "info", "demo", "doctor"):
         assert command in out.stdout
     assert "--verify" in run("stage", "--help").stdout
     assert "--image-size" in run("pack", "--help").stdout
@@ -42,3 +42,13 @@ def test_errors_are_one_line_not_a_traceback(tmp_path):
     (tmp_path / "x.h5").write_text("not hdf5")
     out = run("info", str(tmp_path / "x.h5"))
     assert out.returncode == 1 and "x.h5" in out.stderr
+
+
+def test_doctor_describes_the_machine_and_the_data(tmp_path):
+    make_files(tmp_path / "data", 3, 1000)
+    out = run("doctor", str(tmp_path / "data"))
+    assert out.returncode == 0
+    assert out.stdout.startswith("platform") and "CPUs" in out.stdout and "advice:" in out.stdout
+    assert f"{tmp_path / 'data'}: 3.0 kB in 3 files" in out.stdout
+    assert "your data is on local disk" in out.stdout
+    assert "usage: colabfast doctor [-h] [data]" in run("doctor", "--help").stdout

@@ -3,7 +3,6 @@ client, the stand-in's forms, machine facts, describe() and the doctor CLI."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -243,19 +242,3 @@ def test_describe_in_colab_with_a_gpu(quiet_machine, monkeypatch, tmp_path, stan
     assert "Tesla T4, 15.0 GB; JPEG decode on GPU: yes" in text
     assert "Drive is not mounted: colabfast.mount() mounts it" in text
     assert "torchvision.io.decode_jpeg(data, device='cuda')" in text
-
-
-def test_doctor_cli(quiet_machine, capsys, tmp_path):
-    assert env.doctor([str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("platform") and f"data      {tmp_path}: " in out and "advice:" in out
-    with pytest.raises(SystemExit):
-        env.doctor(["--help"])
-    assert "usage: colabfast doctor [-h] [data]" in capsys.readouterr().out
-
-
-def test_doctor_as_a_cli_subcommand(tmp_path):
-    parser = argparse.ArgumentParser(prog="colabfast")
-    env.build_doctor_parser(parser.add_subparsers(dest="command").add_parser("doctor"))
-    args = parser.parse_args(["doctor", str(tmp_path)])
-    assert (args.command, args.data) == ("doctor", str(tmp_path))
