@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from colabfast import env
-from colabfast.testing.drivesim import DriveSim, available
+from colabfast.testing.drivesim import DriveSim, DriveSimError, available
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.fuse
@@ -320,6 +320,21 @@ def test_start_stop_and_given_mountpoint(src, tmp_path):
     finally:
         sim.stop()
     assert not mounted(mp) and mp.is_dir()  # a given mountpoint stays
+
+    again = DriveSim(src, **FAST)  # a temporary mountpoint is made again on a second start
+    for _ in range(2):
+        with again:
+            assert (again.mountpoint / "tiny.txt").read_bytes() == b"hello drive\n"
+        assert not again.mountpoint.exists()
+
+
+def test_start_errors_name_the_problem(src, tmp_path):
+    with pytest.raises(DriveSimError, match="not a directory"):
+        DriveSim(src, tmp_path / "missing", **FAST).start()
+    with pytest.raises(ValueError, match="eio_read"):
+        DriveSim(src, eio_read=2.0)
+    with pytest.raises(ValueError, match="not a directory"):
+        DriveSim(tmp_path / "nothing-here")
 
 
 def test_server_exits_and_unmounts_when_parent_is_killed(src):

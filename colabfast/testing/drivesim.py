@@ -15,16 +15,22 @@ The model, per request the kernel sends:
 - open, opendir, create: sleep ``open_ms``; requests sleep side by side, not one after another.
 - read: sleep ``read_ms``, then take a turn on one FIFO link of ``mbps`` megabytes/s shared by all
   readers (each read of n bytes holds it n / bandwidth seconds), so the total never exceeds ``mbps``.
+- what a "read request" is depends on the kernel (measured on Linux 6.18, libfuse 3.14): buffered
+  reads arrive as requests of at most 128 KiB (FUSE's readahead window), about two in flight per
+  file read sequentially, more when threads read different ranges of one file; a 4 KiB random read
+  arrives as one 8 KiB request; O_DIRECT reads as requests of up to 1 MiB.
 - writes go straight to the source folder, uncapped (Drive writes to a local cache first).
 - faults: ``EIO`` on opens and reads with given probabilities (seeded), and ``ENOTCONN`` on every
   request during a window, set at start or opened live with :meth:`DriveSim.disconnect`.
 
 The server is a separate process (``python -m colabfast.testing.drivesim``) built on ``mfusepy`` and
 libfuse3 (Debian ``fuse3``), so the test process's GIL does not distort its timings. It runs up to 512
-worker threads: libfuse3's default of 10 would serialise the simulated latencies (measured: 2000 opens
-x 100 ms by 64 client threads took 21 s with 10 workers, 3.7 s with 512). It unmounts and exits when
-its parent dies. The mount shows source ``colabfast-drivesim`` and type ``fuse.drivesim`` in the mount
-table, which :func:`colabfast.env.drive_kind` reports as ``"drivesim"``.
+worker threads: libfuse3's default of 10 would serialise the simulated latencies (1000 files of 100 kB
+read by 64 client threads took 14.3 s with 10 workers, 1.8 s with 512, against 1.7 s for the link).
+It unmounts and exits when its parent dies. The mount shows source ``colabfast-drivesim`` and type
+``fuse.drivesim`` in the mount table, which :func:`colabfast.env.drive_kind` reports as
+``"drivesim"``. The page cache stays at libfuse's default: a file's cached pages are dropped each
+time it is opened, so every open reads through the simulated link again.
 """
 
 from __future__ import annotations
@@ -666,6 +672,8 @@ class DriveSim:
         ok, why = available()
         if not ok:
             raise DriveSimError(f"cannot start the Drive simulator: {why}")
+        if self._own_mountpoint:
+            self.mountpoint.mkdir(exist_ok=True)  # stop() removed it; start() may come again
         if not self.mountpoint.is_dir():
             raise DriveSimError(f"mountpoint {self.mountpoint} is not a directory; create it first")
         if os.path.ismount(self.mountpoint):
@@ -735,7 +743,13 @@ class DriveSim:
         readable, _, _ = select.select([proc.stdout], [], [], timeout)
         line = proc.stdout.readline() if readable else ""
         if not line:
-            status = "exited" if proc.poll() is not None else f"did not answer within {timeout:g} s"
+            if readable:  # end of file: the server is exiting
+                try:
+                    status = f"exited with status {proc.wait(timeout=5)}"
+                except subprocess.TimeoutExpired:
+                    status = "closed its control channel"
+            else:
+                status = f"did not answer within {timeout:g} s"
             raise DriveSimError(
                 f"the Drive simulator {status} during {what} of {self.mountpoint}; "
                 f"its messages: {self._server_errors() or '(none)'}"
