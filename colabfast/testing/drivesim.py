@@ -1,0 +1,915 @@
+"""A FUSE filesystem that mirrors a local folder and behaves like Google Drive in Colab.
+
+Reading from Drive is slow for reasons a local disk does not show: every open costs a network round
+trip, every read request waits a little, all readers share one link, and the client fails now and
+then with ``EIO`` or, after hours, with ``ENOTCONN`` ("Transport endpoint is not connected"). This
+module reproduces those costs on any Linux machine with FUSE so that tests and benchmarks can measure
+what colabfast gains, without Colab:
+
+    with DriveSim("data/", open_ms=100, read_ms=2, mbps=60) as sim:
+        files = sorted(sim.mountpoint.rglob("*.jpg"))   # the same tree, slow like Drive
+        sim.disconnect(2.0)                              # everything fails with ENOTCONN for 2 s
+
+The model, per request the kernel sends:
+
+- open, opendir, create: sleep ``open_ms``; requests sleep side by side, not one after another.
+- read: sleep ``read_ms``, then take a turn on one FIFO link of ``mbps`` megabytes/s shared by all
+  readers (each read of n bytes holds it n / bandwidth seconds), so the total never exceeds ``mbps``.
+- what a "read request" is depends on the kernel (measured on Linux 6.18, libfuse 3.14): buffered
+  reads arrive as requests of at most 128 KiB (FUSE's readahead window), about two in flight per
+  file read sequentially, more when threads read different ranges of one file; a 4 KiB random read
+  arrives as one 8 KiB request; O_DIRECT reads as requests of up to 1 MiB.
+- writes go straight to the source folder, uncapped (Drive writes to a local cache first).
+- faults: ``EIO`` on opens and reads with given probabilities (seeded), and ``ENOTCONN`` on every
+  request during a window, set at start or opened live with :meth:`DriveSim.disconnect`.
+
+The server is a separate process (``python -m colabfast.testing.drivesim``) built on ``mfusepy`` and
+libfuse3 (Debian ``fuse3``), so the test process's GIL does not distort its timings. It runs up to 512
+worker threads: libfuse3's default of 10 would serialise the simulated latencies (1000 files of 100 kB
+read by 64 client threads took 14.3 s with 10 workers, 1.8 s with 512, against 1.7 s for the link).
+It unmounts and exits when its parent dies. The mount shows source ``colabfast-drivesim`` and type
+``fuse.drivesim`` in the mount table, which :func:`colabfast.env.drive_kind` reports as
+``"drivesim"``. The page cache stays at libfuse's default: a file's cached pages are dropped each
+time it is opened, so every open reads through the simulated link again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import errno
+import importlib.util
+import json
+import os
+import random
+import select
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+PathLike = Union[str, os.PathLike]
+
+FSNAME = "colabfast-drivesim"  # the mount source colabfast.env.drive_kind looks for
+SUBTYPE = "drivesim"  # the mount type becomes fuse.drivesim
+MB = 1e6  # bytes; `mbps` is in megabytes (not mebibytes) per second
+
+# libfuse3 runs at most 10 worker threads unless told otherwise (see the module docstring).
+MAX_THREADS = 512
+
+# Parameters DriveSim.set() may change while mounted, with their defaults.
+LIVE_PARAMS = {"open_ms": 100.0, "read_ms": 2.0, "mbps": 60.0, "eio_open": 0.0, "eio_read": 0.0}
+
+STATS = ("opens", "opendirs", "reads", "bytes_read", "writes", "bytes_written", "eio", "enotconn")
+
+# utimensat(2) special values, which libfuse passes in tv_nsec with tv_sec = 0.
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+
+START_TIMEOUT = 30.0  # seconds to wait for the server to mount (a loaded 2-core VM is slow)
+REPLY_TIMEOUT = 30.0  # seconds to wait for an answer on the control channel
+PARENT_POLL = 0.2  # seconds between checks that the parent process is alive
+ORPHAN_GRACE = 2.0  # seconds a server left alone waits for open files to close before it quits
+
+
+class DriveSimError(RuntimeError):
+    """The simulator could not start, stop or answer (FUSE unusable, mount failed, server died)."""
+
+
+def available() -> tuple[bool, str]:
+    """Whether this machine can run the simulator, checked cheaply without mounting.
+
+    Returns:
+        ``(True, "")``, or ``(False, reason)`` naming what is missing and how to get it.
+    """
+    if not sys.platform.startswith("linux"):
+        return False, f"the Drive simulator needs Linux FUSE; this is {sys.platform}"
+    if not os.path.exists("/dev/fuse"):
+        return False, "/dev/fuse is missing (load the fuse module, or give the container --device /dev/fuse)"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as e:
+        return False, f"cannot open /dev/fuse: {e.strerror} (run as root or fix its permissions)"
+    if shutil.which("fusermount3") is None:
+        return False, "fusermount3 is missing (apt-get install fuse3)"
+    if ctypes.util.find_library("fuse3") is None:
+        return False, "libfuse3 is missing (apt-get install fuse3)"
+    if importlib.util.find_spec("mfusepy") is None:
+        return False, "mfusepy is missing (pip install mfusepy, or colabfast[fuse])"
+    return True, ""
+
+
+def _check_params(params: dict[str, Any]) -> None:
+    for name, value in params.items():
+        if name not in LIVE_PARAMS:
+            raise ValueError(
+                f"unknown DriveSim parameter {name!r}; live parameters: {', '.join(LIVE_PARAMS)}"
+            )
+        if name == "mbps":
+            if value is not None and not value > 0:
+                raise ValueError(f"mbps must be > 0 MB/s, or None for no cap; got {value!r}")
+        elif name.startswith("eio_"):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} is a probability in [0, 1]; got {value!r}")
+        elif not value >= 0:
+            raise ValueError(f"{name} must be >= 0 ms; got {value!r}")
+
+
+def _check_window(enotconn_after: Optional[float], enotconn_for: float) -> None:
+    if (enotconn_after is not None and not enotconn_after >= 0) or not enotconn_for >= 0:
+        raise ValueError(f"enotconn_after and enotconn_for are >= 0 s; got {enotconn_after}, {enotconn_for}")
+
+
+def _unmount(mountpoint: PathLike, lazy: bool = False) -> bool:
+    """``fusermount3 -u`` (``-uz`` when ``lazy``) ``mountpoint``; True when it succeeded."""
+    flags = "-uz" if lazy else "-u"
+    done = subprocess.run(["fusermount3", flags, os.fspath(mountpoint)], capture_output=True)
+    return done.returncode == 0
+
+
+def _is_mounted(mountpoint: PathLike) -> bool:
+    """True when ``mountpoint`` carries a simulator mount (read from the mount table, no FUSE call)."""
+    from colabfast import env
+
+    target = os.path.realpath(mountpoint)
+    return any(m.mountpoint == target and m.source == FSNAME for m in env.mounts())
+
+
+class _Fault(OSError):
+    """An error the simulated Drive returns; mfusepy answers the request with its errno."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code, os.strerror(code))
+
+
+class _Link:
+    """One FIFO link of fixed bandwidth shared by all readers.
+
+    A transfer of n bytes occupies the link for n / bandwidth seconds, starting when both it has
+    arrived and the previous transfer has finished; so parallel readers queue, and the total never
+    exceeds the bandwidth.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free_at = 0.0  # time.monotonic() when the last reserved transfer ends
+
+    def finish(self, nbytes: int, bytes_per_s: float, arrival: float) -> float:
+        """Reserve the link for ``nbytes`` arriving at ``arrival``; return when they are through."""
+        with self._lock:
+            self._free_at = max(arrival, self._free_at) + nbytes / bytes_per_s
+            return self._free_at
+
+
+class _DriveFS:
+    """Passthrough of ``source`` with Drive's latencies, shared bandwidth and faults: the operations
+    object handed to ``mfusepy.FUSE``, which calls its methods from libfuse's worker threads.
+
+    mfusepy registers every attribute named like a FUSE operation (``lock``, ``link``, ...), so state
+    and helpers here start with an underscore.
+    """
+
+    use_ns = True  # times as integer nanoseconds, as os.stat gives them
+
+    def __init__(
+        self,
+        source: str,
+        params: dict[str, Any],
+        enotconn_after: Optional[float],
+        enotconn_for: float,
+        readonly: bool,
+        seed: int,
+        on_mount=None,
+    ) -> None:
+        self._source = os.path.realpath(source)
+        self._params = dict(params)
+        self._readonly = readonly
+        self._rng = random.Random(seed)
+        self._link = _Link()
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(STATS, 0)
+        self._enotconn_after = enotconn_after
+        self._enotconn_for = enotconn_for
+        self._down = (0.0, 0.0)  # [from, until) in time.monotonic(), when every request fails
+        self._on_mount = on_mount
+
+    # -- the simulated Drive ------------------------------------------------------------------
+
+    def init(self, path: str) -> None:
+        if self._enotconn_after is not None:
+            start = time.monotonic() + self._enotconn_after
+            self._down = (start, start + self._enotconn_for)
+        if self._on_mount is not None:
+            self._on_mount()
+
+    def configure(self, params: dict[str, Any]) -> None:
+        _check_params(params)
+        self._params.update(params)
+
+    def disconnect(self, seconds: float) -> None:
+        now = time.monotonic()
+        self._down = (now, now + seconds)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._counts = dict.fromkeys(STATS, 0)
+
+    def _gate(self) -> None:
+        """Fail with ENOTCONN inside the disconnect window; every operation starts here."""
+        start, until = self._down
+        if start <= time.monotonic() < until:
+            self._count("enotconn")
+            raise _Fault(errno.ENOTCONN)
+
+    def _maybe_eio(self, probability: float) -> None:
+        if probability > 0 and self._rng.random() < probability:
+            self._count("eio")
+            raise _Fault(errno.EIO)
+
+    def _writable(self) -> None:
+        self._gate()
+        if self._readonly:
+            raise _Fault(errno.EROFS)
+
+    def _open_latency(self) -> None:
+        if self._params["open_ms"] > 0:
+            time.sleep(self._params["open_ms"] / 1000)
+
+    def _real(self, path: str) -> str:
+        return os.path.join(self._source, path.lstrip("/"))
+
+    # -- opening and reading: where Drive's costs are --------------------------------------------
+
+    def open(self, path: str, flags: int) -> int:
+        self._gate()
+        self._count("opens")
+        if self._readonly and (flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC):
+            raise _Fault(errno.EROFS)
+        self._open_latency()
+        self._maybe_eio(self._params["eio_open"])
+        # O_DIRECT is the kernel's business on the FUSE side; the source may not support it.
+        return os.open(self._real(path), flags & ~os.O_DIRECT)
+
+    def create(self, path: str, mode: int, flags: int) -> int:
+        self._writable()
+        self._count("opens")
+        self._open_latency()
+        return os.open(self._real(path), (flags | os.O_CREAT) & ~os.O_DIRECT, mode)
+
+    def opendir(self, path: str) -> int:
+        self._gate()
+        self._count("opendirs")
+        self._open_latency()
+        if not os.path.isdir(self._real(path)):
+            raise _Fault(errno.ENOTDIR)
+        return 0
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        self._gate()
+        arrival = time.monotonic() + self._params["read_ms"] / 1000
+        self._count("reads")
+        self._maybe_eio(self._params["eio_read"])
+        data = os.pread(fh, size, offset)
+        mbps = self._params["mbps"]
+        done = self._link.finish(len(data), mbps * MB, arrival) if mbps else arrival
+        self._count("bytes_read", len(data))
+        delay = done - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        return data
+
+    def readdir(self, path: str, fh: int) -> Iterator[Union[str, tuple[str, dict[str, int], int]]]:
+        self._gate()
+        yield "."
+        yield ".."
+        with os.scandir(self._real(path)) as entries:
+            for e in entries:  # the type from d_type, without a stat per entry
+                kind = stat.S_IFLNK if e.is_symlink() else stat.S_IFDIR if e.is_dir() else stat.S_IFREG
+                yield e.name, {"st_mode": kind}, 0
+
+    def getattr(self, path: str, fh: Optional[int] = None) -> dict[str, int]:
+        self._gate()
+        st = os.lstat(self._real(path))  # by path: directory handles are all 0, not descriptors
+        return {
+            "st_mode": st.st_mode,
+            "st_nlink": st.st_nlink,
+            "st_size": st.st_size,
+            "st_uid": st.st_uid,
+            "st_gid": st.st_gid,
+            "st_blocks": st.st_blocks,
+            "st_blksize": st.st_blksize,
+            "st_atime": st.st_atime_ns,
+            "st_mtime": st.st_mtime_ns,
+            "st_ctime": st.st_ctime_ns,
+        }
+
+    def readlink(self, path: str) -> str:
+        self._gate()
+        return os.readlink(self._real(path))
+
+    def access(self, path: str, amode: int) -> int:
+        self._gate()
+        if amode & os.W_OK and self._readonly:
+            raise _Fault(errno.EROFS)
+        if not os.access(self._real(path), amode, follow_symlinks=False):
+            raise _Fault(errno.EACCES)
+        return 0
+
+    def statfs(self, path: str) -> dict[str, int]:
+        self._gate()
+        sv = os.statvfs(self._real(path))
+        keys = (
+            "f_bavail",
+            "f_bfree",
+            "f_blocks",
+            "f_bsize",
+            "f_favail",
+            "f_ffree",
+            "f_files",
+            "f_flag",
+            "f_frsize",
+            "f_namemax",
+        )
+        return {k: getattr(sv, k) for k in keys}
+
+    def release(self, path: str, fh: int) -> int:
+        os.close(fh)  # even while disconnected: the kernel never retries a release
+        return 0
+
+    def releasedir(self, path: str, fh: int) -> int:
+        return 0
+
+    # -- writing: straight through to the source, uncapped ---------------------------------------
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        self._writable()
+        n = os.pwrite(fh, data, offset)
+        self._count("writes")
+        self._count("bytes_written", n)
+        return n
+
+    def truncate(self, path: str, length: int, fh: Optional[int] = None) -> int:
+        self._writable()
+        if fh is not None:
+            os.ftruncate(fh, length)
+        else:
+            os.truncate(self._real(path), length)
+        return 0
+
+    def flush(self, path: str, fh: int) -> int:
+        self._gate()  # writes went to the source with pwrite: nothing is buffered here
+        return 0
+
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        self._gate()
+        (os.fdatasync if datasync else os.fsync)(fh)
+        return 0
+
+    def unlink(self, path: str) -> int:
+        self._writable()
+        os.unlink(self._real(path))
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        self._writable()
+        os.rename(self._real(old), self._real(new))
+        return 0
+
+    def mkdir(self, path: str, mode: int) -> int:
+        self._writable()
+        os.mkdir(self._real(path), mode)
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        self._writable()
+        os.rmdir(self._real(path))
+        return 0
+
+    def symlink(self, target: str, source: str) -> int:
+        # mfusepy's naming: `target` is the new link's path, `source` what it points to.
+        self._writable()
+        os.symlink(source, self._real(target))
+        return 0
+
+    def chmod(self, path: str, mode: int) -> int:
+        self._writable()
+        os.chmod(self._real(path), mode)
+        return 0
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        self._writable()
+        os.lchown(self._real(path), uid, gid)
+        return 0
+
+    def utimens(self, path: str, times: Optional[tuple[int, int]] = None) -> int:
+        self._writable()
+        real = self._real(path)
+        if times is None:
+            os.utime(real, follow_symlinks=False)
+            return 0
+        st, now = os.lstat(real), time.time_ns()
+        old = (st.st_atime_ns, st.st_mtime_ns)
+        ns = tuple(now if t == UTIME_NOW else was if t == UTIME_OMIT else t for t, was in zip(times, old))
+        os.utime(real, ns=ns, follow_symlinks=False)
+        return 0
+
+
+def serve(
+    source: PathLike,
+    mountpoint: PathLike,
+    *,
+    open_ms: float = 100.0,
+    read_ms: float = 2.0,
+    mbps: Optional[float] = 60.0,
+    eio_open: float = 0.0,
+    eio_read: float = 0.0,
+    enotconn_after: Optional[float] = None,
+    enotconn_for: float = 0.0,
+    readonly: bool = False,
+    seed: int = 0,
+    parent: Optional[int] = None,
+) -> int:
+    """Mount the simulator and serve requests in this thread until it is unmounted or signalled.
+
+    Most callers want :class:`DriveSim`, which runs this in a child process. Parameters as there.
+    SIGINT, SIGTERM and SIGHUP end the loop and unmount (libfuse's own handlers).
+
+    Args:
+        parent: when given, the pid of the controlling :class:`DriveSim`: commands come as JSON lines
+            on stdin and answers go to stdout; the server unmounts and exits when stdin closes or
+            that process dies.
+
+    Returns:
+        0 once the mount ends after it succeeded (unmounted or signalled), else libfuse's error code.
+    """
+    # mfusepy prefers libfuse2 when both are installed; the thread options need libfuse3.
+    os.environ.setdefault("FUSE_LIBRARY_PATH", ctypes.util.find_library("fuse3") or "libfuse3.so.3")
+    import mfusepy
+
+    mountpoint = os.path.realpath(mountpoint)
+    params = {
+        "open_ms": open_ms,
+        "read_ms": read_ms,
+        "mbps": mbps,
+        "eio_open": eio_open,
+        "eio_read": eio_read,
+    }
+    _check_params(params)
+    _check_window(enotconn_after, enotconn_for)
+
+    channel = None
+    if parent is not None:
+        # Answers get a private copy of stdout; fd 1 itself goes to stderr, so stray prints from
+        # libraries cannot corrupt the control channel.
+        channel = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
+
+    mounted = threading.Event()
+
+    def on_mount() -> None:
+        mounted.set()
+        if channel is not None:
+            _send(channel, {"ready": True, "pid": os.getpid()})
+        else:
+            print(
+                f"drivesim: {source} mounted at {mountpoint} (open {open_ms:g} ms, read {read_ms:g} ms, "
+                f"{'uncapped' if not mbps else f'{mbps:g} MB/s'}); Ctrl-C or SIGTERM unmounts",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    ops = _DriveFS(source, params, enotconn_after, enotconn_for, readonly, seed, on_mount)
+    if parent is not None:
+        threading.Thread(target=_control, args=(ops, channel, mountpoint), daemon=True).start()
+        threading.Thread(target=_watch_parent, args=(parent, mountpoint), daemon=True).start()
+    try:
+        mfusepy.FUSE(
+            ops,
+            mountpoint,
+            foreground=True,
+            fsname=FSNAME,
+            subtype=SUBTYPE,
+            max_threads=MAX_THREADS,
+            max_idle_threads=MAX_THREADS,
+        )
+    except RuntimeError as e:
+        # mfusepy raises RuntimeError(code) when libfuse returns non-zero, which it also does when a
+        # signal ended the loop (code 8). After a successful mount that is the normal way out.
+        if not mounted.is_set():
+            return e.args[0] if e.args and isinstance(e.args[0], int) else 1
+    return 0
+
+
+def _send(channel, message: dict) -> None:
+    channel.write(json.dumps(message) + "\n")
+    channel.flush()
+
+
+def _orphaned(mountpoint: str) -> None:
+    """The controller stopped us or died: detach the mount (a no-op after DriveSim.stop unmounted
+    it), let the FUSE loop end, which ends the process, and quit regardless after a grace time."""
+    _unmount(mountpoint, lazy=True)
+    time.sleep(ORPHAN_GRACE)  # the FUSE loop normally ends (and the process exits) before this
+    os._exit(0)
+
+
+def _control(ops, channel, mountpoint: str) -> None:
+    """Answer JSON-line commands from the parent until it closes stdin."""
+    for line in sys.stdin:
+        try:
+            cmd = json.loads(line)
+            op = cmd["op"]
+            if op == "set":
+                ops.configure(cmd["params"])
+                reply: dict = {"ok": True}
+            elif op == "disconnect":
+                ops.disconnect(float(cmd["seconds"]))
+                reply = {"ok": True}
+            elif op == "stats":
+                reply = {"ok": True, "stats": ops.stats()}
+            elif op == "reset_stats":
+                ops.reset_stats()
+                reply = {"ok": True}
+            else:
+                reply = {"ok": False, "error": f"unknown command {op!r}"}
+        except (ValueError, KeyError, TypeError) as e:
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        try:
+            _send(channel, reply)
+        except OSError:  # the parent is gone
+            break
+    _orphaned(mountpoint)
+
+
+def _watch_parent(parent: int, mountpoint: str) -> None:
+    # A dead parent's children are handed to init (or a subreaper), which changes our ppid.
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL)
+    _orphaned(mountpoint)
+
+
+class DriveSim:
+    """A simulated Google Drive: ``source`` mounted at ``mountpoint`` with Drive's latency and faults.
+
+    Use it as a context manager (or :meth:`start` / :meth:`stop`). The FUSE server runs in a child
+    process, which unmounts and exits if this process dies.
+
+    Args:
+        source: the folder to mirror; reads and writes pass through to it.
+        mountpoint: an existing empty directory, or None for a fresh temporary one (removed on stop).
+        open_ms: latency of each open, opendir and create, in milliseconds.
+        read_ms: latency of each read request (the kernel sends at most 128 KiB per request), in
+            milliseconds.
+        mbps: bandwidth shared by all readers, in megabytes (1e6 bytes) per second; None for no cap.
+            Writes are never capped.
+        eio_open: probability that opening a file fails with EIO (after the open latency).
+        eio_read: probability that a read request fails with EIO.
+        enotconn_after: seconds after mounting when an ENOTCONN window starts; None for none.
+        enotconn_for: length of that window in seconds.
+        readonly: refuse every change with EROFS.
+        seed: seed of the random faults.
+
+    Attributes:
+        mountpoint: where the simulated Drive is mounted (absolute).
+        source: the mirrored folder (absolute).
+
+    Raises:
+        ValueError: a parameter out of range.
+        DriveSimError: from :meth:`start` when FUSE is unusable or the mount fails.
+    """
+
+    def __init__(
+        self,
+        source: PathLike,
+        mountpoint: Optional[PathLike] = None,
+        *,
+        open_ms: float = 100.0,
+        read_ms: float = 2.0,
+        mbps: Optional[float] = 60.0,
+        eio_open: float = 0.0,
+        eio_read: float = 0.0,
+        enotconn_after: Optional[float] = None,
+        enotconn_for: float = 0.0,
+        readonly: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.source = Path(source).resolve()
+        if not self.source.is_dir():
+            raise ValueError(f"DriveSim source {self.source} is not a directory")
+        self._params = {
+            "open_ms": open_ms,
+            "read_ms": read_ms,
+            "mbps": mbps,
+            "eio_open": eio_open,
+            "eio_read": eio_read,
+        }
+        _check_params(self._params)
+        _check_window(enotconn_after, enotconn_for)
+        self._enotconn = (enotconn_after, enotconn_for)
+        self._readonly = readonly
+        self._seed = int(seed)
+        self._own_mountpoint = mountpoint is None
+        self.mountpoint = Path(
+            tempfile.mkdtemp(prefix="colabfast-drivesim-") if mountpoint is None else mountpoint
+        ).absolute()
+        self._proc: Optional[subprocess.Popen] = None
+        self._stderr = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = "mounted" if self._proc is not None else "stopped"
+        return f"DriveSim({str(self.source)!r} at {str(self.mountpoint)!r}, {state}, {self._params})"
+
+    def __enter__(self) -> DriveSim:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _command(self) -> list[str]:
+        """The server's command line: this module's CLI plus the hidden ``--control`` flag."""
+        p = self._params
+        after, length = self._enotconn
+        options = {
+            "--open-ms": p["open_ms"],
+            "--read-ms": p["read_ms"],
+            "--mbps": p["mbps"] or 0,
+            "--eio-open": p["eio_open"],
+            "--eio-read": p["eio_read"],
+            "--enotconn-for": length,
+            "--seed": self._seed,
+            "--control": os.getpid(),
+        }
+        if after is not None:
+            options["--enotconn-after"] = after
+        cmd = [sys.executable, "-m", "colabfast.testing.drivesim", str(self.source), str(self.mountpoint)]
+        for flag, value in options.items():
+            cmd += [flag, repr(value)]
+        return cmd + (["--readonly"] if self._readonly else [])
+
+    def start(self) -> DriveSim:
+        """Mount and return once the mount is live.
+
+        Raises:
+            DriveSimError: FUSE is unusable here (the reason from :func:`available`), the mountpoint
+                is taken, or the server failed (its messages are in the error).
+        """
+        if self._proc is not None:
+            return self
+        ok, why = available()
+        if not ok:
+            raise DriveSimError(f"cannot start the Drive simulator: {why}")
+        if self._own_mountpoint:
+            self.mountpoint.mkdir(exist_ok=True)  # stop() removed it; start() may come again
+        if not self.mountpoint.is_dir():
+            raise DriveSimError(f"mountpoint {self.mountpoint} is not a directory; create it first")
+        if os.path.ismount(self.mountpoint):
+            raise DriveSimError(f"{self.mountpoint} is already a mountpoint; unmount it or pick another")
+        # The child must import this package even when it is not installed (a checkout on sys.path).
+        package_root = str(Path(__file__).resolve().parents[2])
+        child_env = dict(os.environ)
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+        self._stderr = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            self._command(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=child_env,
+            start_new_session=True,  # a terminal's Ctrl-C is for us, not it
+        )
+        try:
+            ready = self._reply(START_TIMEOUT, "mount")
+            if not ready.get("ready") or not _is_mounted(self.mountpoint):
+                raise DriveSimError(f"the Drive simulator did not mount {self.mountpoint}: {ready}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Unmount (lazily when files are still open) and stop the server. Safe to call twice."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if _is_mounted(self.mountpoint) and not _unmount(self.mountpoint):
+                _unmount(self.mountpoint, lazy=True)  # busy: detach now, finish when files close
+            if proc.stdin:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=ORPHAN_GRACE + 5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if _is_mounted(self.mountpoint):  # the server died without unmounting
+                _unmount(self.mountpoint, lazy=True)
+        finally:
+            if proc.stdout:
+                proc.stdout.close()
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+            if self._own_mountpoint:
+                try:
+                    self.mountpoint.rmdir()
+                except OSError:
+                    pass  # still detaching or not empty: leave it
+
+    def _server_errors(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace").strip()[-2000:]
+
+    def _reply(self, timeout: float, what: str) -> dict:
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            raise DriveSimError("the Drive simulator is not running; call start() first")
+        readable, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if readable else ""
+        if not line:
+            if readable:  # end of file: the server is exiting
+                try:
+                    status = f"exited with status {proc.wait(timeout=5)}"
+                except subprocess.TimeoutExpired:
+                    status = "closed its control channel"
+            else:
+                status = f"did not answer within {timeout:g} s"
+            raise DriveSimError(
+                f"the Drive simulator {status} during {what} of {self.mountpoint}; "
+                f"its messages: {self._server_errors() or '(none)'}"
+            )
+        return json.loads(line)
+
+    def _request(self, op: str, **args: Any) -> dict:
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.stdin is None:
+                raise DriveSimError("the Drive simulator is not running; call start() first")
+            try:
+                proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                raise DriveSimError(
+                    f"the Drive simulator exited; its messages: {self._server_errors()}"
+                ) from None
+            reply = self._reply(REPLY_TIMEOUT, op)
+        if not reply.get("ok"):
+            raise DriveSimError(f"the Drive simulator refused {op}: {reply.get('error')}")
+        return reply
+
+    def set(self, **params: Any) -> None:
+        """Change ``open_ms``, ``read_ms``, ``mbps``, ``eio_open`` or ``eio_read`` now (units as in
+        the constructor); requests already sleeping keep their old latency.
+
+        Raises:
+            ValueError: an unknown name or a value out of range.
+        """
+        _check_params(params)
+        if self._proc is not None:
+            self._request("set", params=params)
+        self._params.update(params)
+
+    def disconnect(self, seconds: float) -> None:
+        """Fail every request with ENOTCONN from now for ``seconds`` seconds, as Drive does after hours."""
+        if seconds < 0:
+            raise ValueError(f"disconnect needs seconds >= 0; got {seconds}")
+        self._request("disconnect", seconds=seconds)
+
+    def stats(self) -> dict[str, int]:
+        """Counters since mount or :meth:`reset_stats`: ``opens`` (file opens and creates),
+        ``opendirs``, ``reads`` (read requests), ``bytes_read``, ``writes``, ``bytes_written``,
+        ``eio`` (injected EIO faults) and ``enotconn`` (requests failed by a disconnect window)."""
+        return {k: int(v) for k, v in self._request("stats")["stats"].items()}
+
+    def reset_stats(self) -> None:
+        """Set every counter of :meth:`stats` to 0."""
+        self._request("reset_stats")
+
+
+def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``drivesim`` command's arguments to ``parser`` and return it."""
+    parser.description = (
+        "Mount SRC at MOUNTPOINT as a simulated Google Drive: every open waits, reads share one slow "
+        "link, and faults can be injected. Runs in the foreground; Ctrl-C or SIGTERM unmounts."
+    )
+    parser.add_argument("source", metavar="SRC", help="folder to mirror (reads and writes pass through)")
+    parser.add_argument(
+        "mountpoint", metavar="MOUNTPOINT", help="empty directory to mount on (created if missing)"
+    )
+    parser.add_argument(
+        "--open-ms",
+        type=float,
+        default=LIVE_PARAMS["open_ms"],
+        metavar="MS",
+        help="latency of each open, opendir and create in ms (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--read-ms",
+        type=float,
+        default=LIVE_PARAMS["read_ms"],
+        metavar="MS",
+        help="latency of each read request in ms (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mbps",
+        type=float,
+        default=LIVE_PARAMS["mbps"],
+        metavar="MB_S",
+        help="bandwidth shared by all readers in MB/s, 0 for no cap (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--eio-open",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="probability that a file open fails with EIO (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--eio-read",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="probability that a read request fails with EIO (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--enotconn-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds after mounting when every request starts failing with ENOTCONN",
+    )
+    parser.add_argument(
+        "--enotconn-for",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="how many seconds the ENOTCONN window lasts (default: %(default)s)",
+    )
+    parser.add_argument("--readonly", action="store_true", help="refuse every change with EROFS")
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of the random faults (default: %(default)s)"
+    )
+    parser.add_argument("--control", type=int, default=None, help=argparse.SUPPRESS)  # DriveSim's child
+    return parser
+
+
+def cli(args: argparse.Namespace) -> int:
+    """Run ``colabfast drivesim`` with parsed ``args``; returns the exit status."""
+    ok, why = available()
+    if not ok:
+        print(f"drivesim: {why}", file=sys.stderr)
+        return 1
+    if not os.path.isdir(args.source):
+        print(f"drivesim: {args.source} is not a directory", file=sys.stderr)
+        return 1
+    os.makedirs(args.mountpoint, exist_ok=True)
+    try:
+        code = serve(
+            args.source,
+            args.mountpoint,
+            open_ms=args.open_ms,
+            read_ms=args.read_ms,
+            mbps=args.mbps or None,
+            eio_open=args.eio_open,
+            eio_read=args.eio_read,
+            enotconn_after=args.enotconn_after,
+            enotconn_for=args.enotconn_for,
+            readonly=args.readonly,
+            seed=args.seed,
+            parent=args.control,
+        )
+    except ValueError as e:
+        print(f"drivesim: {e}", file=sys.stderr)
+        return 2
+    if code:
+        print(
+            f"drivesim: mounting {args.mountpoint} failed (libfuse error {code}); see the messages above",
+            file=sys.stderr,
+        )
+    return code
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m colabfast.testing.drivesim SRC MOUNTPOINT [options]``."""
+    parser = build_parser(argparse.ArgumentParser(prog="python -m colabfast.testing.drivesim"))
+    return cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
