@@ -76,7 +76,8 @@ def scan_tree(root: Path, workers: int = 32, retries: int = 5) -> tuple[list[Fil
     """
     files: list[FileEntry] = []
     dirs: list[str] = []
-    seen = {(root.stat().st_dev, root.stat().st_ino)}
+    top = retry(lambda: os.stat(root), retries)
+    seen = {(top.st_dev, top.st_ino)}
 
     def listdir(rel: str) -> tuple[list[FileEntry], list[str]]:
         def attempt() -> tuple[list[FileEntry], list[str]]:

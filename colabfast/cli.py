@@ -1,4 +1,4 @@
-"""The ``colabfast`` command: ``stage``, ``pack``, ``info``, ``demo``, ``doctor``."""
+"""The ``colabfast`` command: ``stage``, ``pack``, ``info``, ``drivesim``, ``demo``, ``doctor``."""
 
 from __future__ import annotations
 
@@ -48,6 +48,12 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drivesim(args: argparse.Namespace) -> int:
+    from colabfast.testing.drivesim import cli
+
+    return cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="colabfast",
@@ -91,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                                       "sizes, completion and skipped files.")
     p.add_argument("mirror")
     p.set_defaults(run=_info)
+
+    from colabfast.testing.drivesim import build_parser as drivesim_parser
+
+    p = drivesim_parser(sub.add_parser("drivesim", help="serve a folder as a simulated Google Drive (FUSE): "
+                                                        "latency, bandwidth, faults"))
+    p.set_defaults(run=_drivesim)
 
     p = sub.add_parser("demo", help="show the Drive bottleneck and the cure, measured on this machine",
                        description="Build 300 ImageNet-style JPEGs, serve them through the Drive simulator "

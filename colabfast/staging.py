@@ -133,15 +133,17 @@ def stage(
     if dst is not None and to != "auto":
         raise ValueError(f"pass dst or to, not both: to={to!r} only picks a default destination")
     src = Path(os.path.abspath(src))
-    if not src.exists():
+    try:
+        st = retry(lambda: os.stat(src), retries)  # Drive may be briefly disconnected even now
+    except FileNotFoundError:
         hint = " Is Drive mounted? Call colabfast.mount() first." if "/drive/" in str(src) else ""
-        raise FileNotFoundError(errno.ENOENT, f"nothing to stage: {src} does not exist.{hint}", str(src))
+        raise FileNotFoundError(errno.ENOENT, f"nothing to stage: {src} does not exist.{hint}", str(src)) from None
     if workers is None:
         workers = 64 if env.is_fuse(src) else 16
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
 
-    if src.is_dir():
+    if stat.S_ISDIR(st.st_mode):
         files, dirs = scan_tree(src, workers, retries)
         target = _destination(src.name, dst, to, sum(f.size for f in files))
         _check_not_nested(src, target)
@@ -149,11 +151,10 @@ def stage(
             _stage_tree(src, target, files, dirs, workers, verify, retries, progress)
         return target
     if archive_suffix(src):
-        target = _destination(strip_archive_suffix(src.name), dst, to, extracted_size(src))
+        target = _destination(strip_archive_suffix(src.name), dst, to, retry(lambda: extracted_size(src), retries))
         _check_not_nested(src, target)
         with _locked(target):
             return _stage_archive(src, target, verify, retries, progress)
-    st = src.stat()
     target = _destination(src.name, dst, to, st.st_size)
     if target.is_dir():
         target = target / src.name
@@ -527,7 +528,7 @@ class _BigFile:
 def _stage_archive(src: Path, dst: Path, verify: str, retries: int, progress: bool) -> Path:
     from tqdm.auto import tqdm
 
-    st = src.stat()
+    st = retry(lambda: os.stat(src), retries)
     identity = [st.st_size, st.st_mtime_ns]
     manifest_path = _manifest_path(dst)
     old = read_json(manifest_path) or {}
@@ -538,7 +539,7 @@ def _stage_archive(src: Path, dst: Path, verify: str, retries: int, progress: bo
     if dst.exists() and not ours and (not dst.is_dir() or any(dst.iterdir())):
         raise ValueError(f"{dst} already exists and was not staged from {src}: remove it or pass another dst")
 
-    check_space(extracted_size(src), dst, src)
+    check_space(retry(lambda: extracted_size(src), retries), dst, src)
     work = partial_path(dst)  # resumable: entries already extracted there unchanged are skipped
     if old.get("archive") not in (None, identity) and work.exists():
         shutil.rmtree(work)  # a different version of the archive: start over

@@ -329,8 +329,12 @@ def test_start_stop_and_given_mountpoint(src, tmp_path):
 
 
 def test_start_errors_name_the_problem(src, tmp_path):
+    (tmp_path / "a-file").write_text("x")
     with pytest.raises(DriveSimError, match="not a directory"):
-        DriveSim(src, tmp_path / "missing", **FAST).start()
+        DriveSim(src, tmp_path / "a-file", **FAST).start()
+    with DriveSim(src, tmp_path / "made" / "mnt", **FAST) as sim:  # a missing mountpoint is made, as the CLI does
+        assert (sim.mountpoint / "tiny.txt").exists()
+    assert not (tmp_path / "made" / "mnt").exists()
     with pytest.raises(ValueError, match="eio_read"):
         DriveSim(src, eio_read=2.0)
     with pytest.raises(ValueError, match="not a directory"):

@@ -14,6 +14,7 @@ from conftest import assert_same_tree
 
 import colabfast.staging as stage_mod
 from colabfast import env, stage
+from colabfast.staging import StageError
 from colabfast.testing.data import make_files
 
 
@@ -175,3 +176,114 @@ def test_drivefs_needs_twice_the_space(tmp_path, monkeypatch):
         stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
     monkeypatch.setattr(env, "drive_kind", lambda path: None)
     stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
+
+
+# --- through the FUSE Drive simulator ---------------------------------------------------------------
+
+
+@pytest.fixture
+def drive(tmp_path):
+    """A folder of 120 files served by the Drive simulator (10 ms per open: quick, yet Drive-shaped)."""
+    from colabfast.testing.drivesim import DriveSim, available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    src = make_files(tmp_path / "drive" / "data", 120, 30_000, per_folder=30, seed=5)
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=10, read_ms=1, mbps=None) as sim:
+        yield sim, src
+
+
+def test_from_drive_identical_and_rerun_opens_nothing(drive, tmp_path):
+    sim, src = drive
+    assert env.drive_kind(sim.mountpoint) == "drivesim"
+    dst = stage(sim.mountpoint / "data", tmp_path / "dst", progress=False)
+    assert_same_tree(src, dst)
+    assert sim.stats()["opens"] == 120
+    sim.reset_stats()
+    stage(sim.mountpoint / "data", dst, progress=False)
+    assert sim.stats()["opens"] == 0 and sim.stats()["bytes_read"] == 0  # listings only
+
+
+def test_transient_faults_are_retried(drive, tmp_path):
+    sim, src = drive
+    sim.set(eio_open=0.02, eio_read=0.02)
+    sim.disconnect(0.6)  # every request fails with ENOTCONN for 0.6 s, starting now
+    dst = stage(sim.mountpoint / "data", tmp_path / "dst", progress=False)
+    assert_same_tree(src, dst)
+    stats = sim.stats()
+    assert stats["enotconn"] > 0 and stats["eio"] > 0  # the faults happened and were survived
+
+
+def test_permanent_failures_are_named_and_the_rest_stays(drive, tmp_path):
+    sim, src = drive
+    sim.set(eio_open=0.3)
+    with pytest.raises(StageError) as err:
+        stage(sim.mountpoint / "data", tmp_path / "dst", retries=0, progress=False)
+    failed = set(err.value.failures)
+    assert 0 < len(failed) < 120
+    assert f"{len(failed)} of 120 files could not be staged" in str(err.value)
+    assert "Input/output error" in str(err.value) and sorted(failed)[0] in str(err.value)
+    staged = {p.relative_to(tmp_path / "dst").as_posix() for p in (tmp_path / "dst").rglob("*.bin")}
+    assert staged == {p.relative_to(src).as_posix() for p in src.rglob("*.bin")} - failed
+    assert not list((tmp_path / "dst").rglob("*colabfast-partial"))
+    sim.set(eio_open=0.0)
+    sim.reset_stats()
+    stage(sim.mountpoint / "data", tmp_path / "dst", progress=False)
+    assert_same_tree(src, tmp_path / "dst")
+    assert sim.stats()["opens"] == len(failed)  # only the missing files were fetched again
+
+
+def test_killed_while_copying_from_drive_resumes(tmp_path):
+    from colabfast.testing.drivesim import DriveSim
+
+    src = make_files(tmp_path / "drive" / "data", 200, 20_000, per_folder=50)
+    dst = tmp_path / "dst"
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=50, read_ms=1, mbps=None) as sim:
+        code = (f"import colabfast as c; c.stage({str(sim.mountpoint / 'data')!r}, {str(dst)!r}, workers=4, "
+                "progress=False)")
+        child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
+        try:
+            for _ in range(400):
+                if dst.is_dir() and len(list(dst.rglob("*.bin"))) >= 20:
+                    break
+                subprocess.run(["sleep", "0.05"])
+        finally:
+            child.kill()
+            child.wait()
+        done = len(list(dst.rglob("*.bin")))
+        assert 0 < done < 200
+        sim.reset_stats()
+        stage(sim.mountpoint / "data", dst, progress=False)
+        assert_same_tree(src, dst)
+        assert not list(dst.rglob("*colabfast-partial"))
+        assert sim.stats()["opens"] <= 200 - done + 4  # what was done stays done (4 were mid-copy)
+
+
+def test_big_file_ranges_from_drive(tmp_path, monkeypatch):
+    from colabfast.testing.drivesim import DriveSim
+
+    monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
+    monkeypatch.setattr(stage_mod, "RANGE", 256 << 10)
+    (tmp_path / "drive").mkdir()
+    big = tmp_path / "drive" / "mirror.h5"
+    big.write_bytes(os.urandom(5_000_000))
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=5, read_ms=1, mbps=None, eio_read=0.05) as sim:
+        (tmp_path / "local").mkdir()
+        out = stage(sim.mountpoint / "mirror.h5", tmp_path / "local", verify="sha256", progress=False)
+        assert out == tmp_path / "local" / "mirror.h5" and out.read_bytes() == big.read_bytes()
+        assert sim.stats()["opens"] >= 20  # one per range: the ranges were read in parallel
+
+
+def test_archive_from_drive(tmp_path):
+    import tarfile
+
+    from colabfast.testing.drivesim import DriveSim
+
+    src = make_files(tmp_path / "data", 50, 20_000, per_folder=10)
+    (tmp_path / "drive").mkdir()
+    with tarfile.open(tmp_path / "drive" / "data.tar.gz", "w:gz") as t:
+        t.add(src, arcname="data")
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=5, read_ms=1, mbps=None, eio_read=0.05) as sim:
+        out = stage(sim.mountpoint / "data.tar.gz", tmp_path / "out", progress=False)
+    assert_same_tree(src, out)

@@ -672,10 +672,11 @@ class DriveSim:
         ok, why = available()
         if not ok:
             raise DriveSimError(f"cannot start the Drive simulator: {why}")
-        if self._own_mountpoint:
-            self.mountpoint.mkdir(exist_ok=True)  # stop() removed it; start() may come again
+        if not self.mountpoint.exists():
+            self.mountpoint.mkdir(parents=True)  # as the CLI does; stop() removes what it made
+            self._own_mountpoint = True
         if not self.mountpoint.is_dir():
-            raise DriveSimError(f"mountpoint {self.mountpoint} is not a directory; create it first")
+            raise DriveSimError(f"mountpoint {self.mountpoint} is not a directory")
         if os.path.ismount(self.mountpoint):
             raise DriveSimError(f"{self.mountpoint} is already a mountpoint; unmount it or pick another")
         # The child must import this package even when it is not installed (a checkout on sys.path).
