@@ -67,7 +67,7 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
         return _collate_images(batch, memory_format)
     if isinstance(elem, (tuple, list)) and elem and _is_image(elem[0]) and _same_length(batch):
         images = _collate_images([sample[0] for sample in batch], memory_format)
-        rest = [collate_value([sample[k] for sample in batch]) for k in range(1, len(elem))]
+        rest = [collate_value(parts) for parts in list(zip(*batch))[1:]]
         if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
             return type(elem)(images, *rest)
         return [images, *rest]  # default_collate also turns tuples into lists
@@ -90,11 +90,11 @@ def collate_value(values: Sequence[Any]) -> Any:
         except TypeError:
             return collated
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
-        return type(elem)(*(collate_value(list(parts)) for parts in zip(*values)))
+        return type(elem)(*(collate_value(parts) for parts in zip(*values)))
     if isinstance(elem, collections.abc.Sequence) and not isinstance(elem, (str, bytes)):
         if not elem or not _same_length(values) or all(isinstance(x, collections.abc.Mapping) for x in elem):
             return list(values)
-        transposed = [collate_value(list(parts)) for parts in zip(*values)]
+        transposed = [collate_value(parts) for parts in zip(*values)]
         if isinstance(elem, tuple):
             return transposed
         try:
@@ -103,7 +103,7 @@ def collate_value(values: Sequence[Any]) -> Any:
             return clone
         except TypeError:
             return transposed
-    return default_collate(list(values))
+    return default_collate(values)
 
 
 def _same_length(values: Sequence[Any]) -> bool:
@@ -310,9 +310,8 @@ class DataLoader(torch.utils.data.DataLoader):
             PREFETCH_FACTOR if workers else None,
             f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers",
         )
-        pin_memory = choose(
-            "pin_memory", pin_memory, cuda, "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU"
-        )
+        pin_why = "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU"
+        pin_memory = choose("pin_memory", pin_memory, cuda, pin_why)
 
         if sampler is None and batch_sampler is None and shuffle and not iterable and is_mirror(dataset):
             block = min(MAX_BLOCK_SIZE, max(1, (batch_size or 0) // BLOCKS_PER_BATCH)) if batch_size else MAX_BLOCK_SIZE
@@ -333,7 +332,7 @@ class DataLoader(torch.utils.data.DataLoader):
             collate_fn = functools.partial(collate, memory_format=layout)
             choices["collate_fn"] = ("colabfast.loading.collate", f"uint8 images batched {_layout_name(layout)}")
         else:
-            choices["collate_fn"] = (collate_fn or "default_convert", "set by caller" if collate_fn else "torch's default")
+            choose("collate_fn", collate_fn, "default_convert", "torch's default without batching")
 
         super().__init__(
             dataset,

@@ -45,9 +45,7 @@ def block_shuffle(num_samples: int, block_size: int, seed: int, epoch: int) -> N
     return np.lexsort((rng.random(num_samples), block_rank[items_block])).astype(np.int64)
 
 
-def replica_share(
-    order: NDArray[np.int64], num_replicas: int, rank: int, drop_last: bool = False
-) -> NDArray[np.int64]:
+def replica_share(order: NDArray[np.int64], num_replicas: int, rank: int, drop_last: bool = False) -> NDArray[np.int64]:
     """The contiguous share of ``order`` that replica ``rank`` of ``num_replicas`` reads.
 
     Like ``torch.utils.data.DistributedSampler``, the order is padded by repeating its start (or,

@@ -76,7 +76,9 @@ def test_default_seed_follows_torch_manual_seed_and_generator():
     c = list(BlockShuffleSampler(range(300), 4))
     assert a == b != c
     g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
-    assert list(BlockShuffleSampler(range(300), 4, generator=g1)) == list(BlockShuffleSampler(range(300), 4, generator=g2))
+    assert list(BlockShuffleSampler(range(300), 4, generator=g1)) == list(
+        BlockShuffleSampler(range(300), 4, generator=g2)
+    )
 
 
 def test_replicas_split_one_global_order():
