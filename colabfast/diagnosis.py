@@ -397,4 +397,3 @@ def _yields_bytes(dataset: Any) -> Optional[bool]:
         if output is not None:
             return output == "bytes"
     return None
-
