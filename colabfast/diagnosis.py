@@ -192,28 +192,30 @@ def _time_steps(
     data_times, step_times, images, sync_count = [], [], 0, 0
     check_syncs = torch.cuda.is_available()
     batches = _batches(loader)
-    for i in range(warmup + steps):
-        if i == warmup and utilization is not None:
-            utilization.start()
-        t0 = time.perf_counter()
-        batch = next(batches)
-        t1 = time.perf_counter()
-        if check_syncs:
-            with _SyncCounter() as counter:
+    try:
+        for i in range(warmup + steps):
+            if i == warmup and utilization is not None:
+                utilization.start()
+            t0 = time.perf_counter()
+            batch = next(batches)
+            t1 = time.perf_counter()
+            if check_syncs:
+                with _SyncCounter() as counter:
+                    step(batch)
+                sync_count += counter.count if i >= warmup else 0
+            else:
                 step(batch)
-            sync_count += counter.count if i >= warmup else 0
-        else:
-            step(batch)
-        if _cuda_in_use():  # the step's GPU work belongs to the step, not to the next data wait
-            torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        if i >= warmup:
-            data_times.append(t1 - t0)
-            step_times.append(t2 - t1)
-            images += _batch_len(batch)
-    batches.close()
-    if utilization is not None:
-        utilization.stop()
+            if _cuda_in_use():  # the step's GPU work belongs to the step, not to the next data wait
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if i >= warmup:
+                data_times.append(t1 - t0)
+                step_times.append(t2 - t1)
+                images += _batch_len(batch)
+    finally:
+        batches.close()
+        if utilization is not None:
+            utilization.stop()
     return data_times, step_times, images, (sync_count / steps if check_syncs else None)
 
 

@@ -153,10 +153,11 @@ class _Prepared(Dataset):
         sample = self.dataset[index]
         image = sample[0] if isinstance(sample, (tuple, list)) else sample
         if is_encoded(image):
-            if self.keep_jpeg and is_jpeg(image):  # decoded in batches on the GPU, errors name the index
-                image = Encoded(image, operator.index(index))
+            key = operator.index(index) if hasattr(index, "__index__") else None
+            if self.keep_jpeg and is_jpeg(image):  # decoded in batches on the GPU; errors name the index
+                image = image if key is None else Encoded(image, key)
             else:
-                image = decode_cpu(image, operator.index(index))
+                image = decode_cpu(image, f"dataset key {index!r}" if key is None else key)
         if self.transform is not None and not isinstance(image, Encoded):
             image = self.transform(image)
         if not isinstance(sample, (tuple, list)):
@@ -201,7 +202,9 @@ class DataLoader(torch.utils.data.DataLoader):
     ``loader.choices`` (name -> ``(value, why)``) and shown by ``repr(loader)``:
 
     - ``num_workers``: the CPUs this process may use (:func:`colabfast.env.cpu_count`; 2 on Colab),
-      or 0 for an ``IterableDataset`` (each worker would replay the whole stream).
+      or 0 for an ``IterableDataset`` (each worker would replay the whole stream), and 0 where workers
+      are spawned (macOS, Windows) and the dataset or a function comes from ``__main__`` (a notebook
+      cell), which spawned workers cannot import.
     - ``persistent_workers``: True with workers (no re-forking, re-importing and re-opening files
       every epoch). Workers then keep the dataset object they started with.
     - ``prefetch_factor``: 4 with workers: 2 workers x 4 = 8 batches queued absorb slow reads (a cold
@@ -293,8 +296,12 @@ class DataLoader(torch.utils.data.DataLoader):
         batching = batch_size is not None or batch_sampler is not None
 
         cpus = env.cpu_count()
+        spawns = multiprocessing_context is None and _spawned()
         if iterable:
             num_workers = choose("num_workers", num_workers, 0, "IterableDataset: every worker would replay the stream")
+        elif spawns and _from_main(dataset, collate_fn, worker_init_fn, transform):
+            why = "workers are spawned here and cannot import what a notebook (__main__) defines"
+            num_workers = choose("num_workers", num_workers, 0, why)
         else:
             num_workers = choose("num_workers", num_workers, cpus, f"{cpus} CPUs (colabfast.env.cpu_count())")
         workers = num_workers > 0
@@ -395,6 +402,8 @@ class DataLoader(torch.utils.data.DataLoader):
                 return
 
     def __repr__(self) -> str:
+        if "choices" not in vars(self):  # __init__ failed
+            return super().__repr__()
         try:
             size = f", {len(self.dataset)} samples"  # type: ignore[arg-type]
         except TypeError:
@@ -404,6 +413,22 @@ class DataLoader(torch.utils.data.DataLoader):
         for name, (value, why) in self.choices.items():
             lines.append(f"  {name:<{width}} = {value!s:<24} # {why}")
         return "\n".join(lines)
+
+
+def _spawned() -> bool:
+    """True when workers start by spawn/forkserver (macOS, Windows), not by fork (Linux, Colab)."""
+    return torch.multiprocessing.get_start_method(allow_none=False) != "fork"
+
+
+def _from_main(dataset: Any, *functions: Any) -> bool:
+    """True if the dataset (or a dataset it wraps) or one of the functions is defined in ``__main__``."""
+    wrapped = []
+    while dataset is not None and len(wrapped) < 16:
+        wrapped.append(dataset)
+        dataset = vars(dataset).get("dataset") if hasattr(dataset, "__dict__") else None
+    return any(getattr(type(d), "__module__", None) == "__main__" for d in wrapped) or any(
+        f is not None and getattr(f, "__module__", None) == "__main__" for f in functions
+    )
 
 
 def _resolve_device(device: Union[str, torch.device]) -> torch.device:

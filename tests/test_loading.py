@@ -270,6 +270,19 @@ def test_iterable_dataset_gets_no_workers():
     assert [b.shape[0] for b in dl] == [2, 2, 1]
 
 
+def test_no_default_workers_when_spawned_workers_cannot_import_a_notebook_dataset(monkeypatch):
+    class NotebookImages(Images):
+        pass
+
+    NotebookImages.__module__ = "__main__"  # as if defined in a notebook cell
+    assert DataLoader(NotebookImages(), 2).num_workers > 0  # fork (Linux): workers inherit __main__
+    monkeypatch.setattr(torch.multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
+    spawned = DataLoader(NotebookImages(), 2)
+    assert spawned.num_workers == 0 and "__main__" in spawned.choices["num_workers"][1]
+    assert DataLoader(Subset(NotebookImages(), [0, 1]), 2).num_workers == 0
+    assert DataLoader(Images(), 2).num_workers > 0
+
+
 def test_epochs_reiterate_with_persistent_workers():
     dl = DataLoader(Images(10), 3, shuffle=True, num_workers=1)
     assert dl.persistent_workers
@@ -366,9 +379,9 @@ def test_cuda_loader_equals_cpu_loader():
     need_cuda()
     ds = Kitti(6)
     kw = dict(mean=MEAN, std=STD, dtype=torch.float16, memory_format=torch.channels_last, num_workers=1)
-    resize = v2.Resize((16, 32), antialias=False)
-    cuda = DataLoader(ds, 3, device="cuda", transform=resize, **kw)
-    cpu = DataLoader(ds, 3, device="cpu", transform=resize, **kw)
+    crop = v2.CenterCrop((16, 32))  # exact on both devices, unlike interpolation
+    cuda = DataLoader(ds, 3, device="cuda", transform=crop, **kw)
+    cpu = DataLoader(ds, 3, device="cpu", transform=crop, **kw)
     assert cuda.pin_memory and cuda.choices["pin_memory"][0] is True
     for _epoch in range(2):
         for (gx, gt), (cx, ct) in zip(cuda, cpu):
