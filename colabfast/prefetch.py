@@ -35,12 +35,13 @@ class ImageList(list):
 
 
 class Normalize:
-    """Convert images to ``dtype``, normalise with ``mean``/``std`` and set ``memory_format``, in one pass.
+    """Convert images to ``dtype``, normalise with ``mean``/``std`` and set ``memory_format``.
 
     Integer images are scaled to 0..1 when converted to a floating ``dtype`` (uint8 by 1/255, as
     torchvision's ``v2.ToDtype(dtype, scale=True)``); floating images are not rescaled. Scaling and
-    normalisation are fused into one multiply-add: ``out = x * (scale / std) - mean / std``, computed
-    in float32 (float64 for float64 output) and rounded once to ``dtype``.
+    normalisation are fused into one multiply-add, ``out = x * (scale / std) - mean / std``, computed
+    in float32 (float64 for float64 output) and rounded once to ``dtype``: on CUDA one kernel that
+    reads the uint8 batch; on the CPU a conversion, then the multiply-add in place (vectorised).
 
     Args:
         dtype: output dtype, e.g. ``torch.float32``, ``torch.float16``, ``torch.bfloat16``. Default:
