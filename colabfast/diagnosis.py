@@ -317,13 +317,14 @@ def _unwrapped(dataset: Any) -> Iterator[Any]:
 
 
 def _data_path(dataset: Any) -> Optional[str]:
-    """Where ``dataset`` reads from: its ``root``/``path``/``filename``, or its first sample's path."""
+    """Where ``dataset`` reads from: its ``root``/``path``/``filename``, or its first sample's path
+    (``samples[0][0]`` as ImageFolder, ``imgs``, ``images`` as torchvision's Kitti)."""
     for d in _unwrapped(dataset):
-        for name in ("root", "path", "filename", "file"):
-            value = vars(d).get(name) if hasattr(d, "__dict__") else None
-            if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
+        for name in ("root", "path", "filename"):
+            value = getattr(d, name, None)
+            if isinstance(value, str) or hasattr(value, "__fspath__"):
                 return str(value)
-        for name in ("samples", "imgs", "images"):
+        for name in ("samples", "imgs", "images"):  # instance lists only: never trigger a lazy property
             items = vars(d).get(name) if hasattr(d, "__dict__") else None
             if isinstance(items, (list, tuple)) and items:
                 first = items[0][0] if isinstance(items[0], (list, tuple)) else items[0]

@@ -404,3 +404,18 @@ def test_gpu_decode_through_the_loader():
     broken = DataLoader(Images(6, output="bytes", broken=(5,)), 3, device="cuda", num_workers=0)
     with pytest.raises(ValueError, match="dataset index 5"):
         list(broken)
+
+
+def test_torchvision_imagefolder_drop_in(tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    from colabfast.testing.data import make_imagefolder
+
+    root = make_imagefolder(tmp_path / "train", classes=2, per_class=3, size=(40, 30), vary=0.2)
+    ds = ImageFolder(root, transform=v2.Compose([v2.ToImage(), v2.Resize((24, 24), antialias=True)]))
+    plain = list(tud.DataLoader(ds, 4))
+    ours = list(DataLoader(ds, 4, num_workers=1, mean=MEAN, std=STD))
+    for (x, y), (px, py) in zip(ours, plain):
+        assert type(x) is torch.Tensor and x.shape == px.shape
+        torch.testing.assert_close(x, manual(px.as_subclass(torch.Tensor)), rtol=0, atol=1e-6)
+        assert torch.equal(y, py)
