@@ -318,9 +318,8 @@ def test_set_epoch_is_forwarded():
     assert dist.epoch == 5
 
 
-def test_device_checks():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+def test_device_checks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert DataLoader(Images(), 2, num_workers=0).device == torch.device("cpu")
     with pytest.raises(RuntimeError, match="no CUDA GPU"):
         DataLoader(Images(), 2, device="cuda")

@@ -135,9 +135,8 @@ def test_converter_decodes_encoded_images_on_the_cpu():
     torch.testing.assert_close(out[2], decode_cpu(files[2]).float() / 255)
 
 
-def test_prefetcher_without_cuda_says_so():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+def test_prefetcher_without_cuda_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="no CUDA GPU"):
         CUDAPrefetcher([], "cuda")
     with pytest.raises(ValueError, match="CUDA device"):
