@@ -77,6 +77,11 @@ class Normalize:
             raise ValueError(f"std must not be zero, got {self.std.tolist()}")
         self._constants: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    @property
+    def changes_images(self) -> bool:
+        """False when every call returns its input unchanged (no dtype, mean, std or memory format)."""
+        return not (self.dtype is None and self.mean is None and self.std is None and self.memory_format is None)
+
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """``images``: ``[B, C, H, W]`` or ``[C, H, W]``; returns a new tensor (or ``images`` if nothing to do)."""
         dtype = self.dtype or images.dtype
@@ -166,10 +171,11 @@ class BatchConverter:
 
     The batch is what a collate returned. Its images are the batch itself when it is a tensor,
     :class:`ImageList` or :class:`~colabfast.gpudecode.EncodedImages`, else its first element (the
-    ``(image, target)`` convention). Images are decoded if encoded (on CUDA by nvJPEG, see
-    :func:`~colabfast.gpudecode.decode_batch`), passed one by one through ``transform``, stacked when
-    their shapes agree (else returned as a list), and normalised. Every other tensor in the batch is
-    moved to ``device`` unchanged; non-tensors (strings, None, KITTI target dicts' floats) pass through.
+    ``(image, target)`` convention); a dict batch has none (``ValueError`` if images should change).
+    Images are decoded if encoded (on CUDA by nvJPEG, see :func:`~colabfast.gpudecode.decode_batch`),
+    passed one by one through ``transform``, stacked when their shapes agree (else returned as a
+    list), and normalised. Every other tensor in the batch is moved to ``device`` unchanged;
+    non-tensors (strings, None, KITTI target dicts' floats) pass through.
 
     Args:
         device: where the batch goes.
@@ -197,6 +203,12 @@ class BatchConverter:
             if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
                 return type(batch)(first, *rest)
             return type(batch)([first, *rest]) if isinstance(batch, tuple) else [first, *rest]
+        if isinstance(batch, collections.abc.Mapping) and (self.normalize.changes_images or self.transform):
+            raise ValueError(
+                f"cannot tell which part of a dict batch (keys {list(batch)}) holds the images for "
+                f"mean/std/dtype/memory_format/transform: return (images, ...) tuples from the dataset "
+                f"or collate_fn, or normalise inside the collate_fn"
+            )
         return self.move(batch)
 
     def images(self, images: Any) -> Any:

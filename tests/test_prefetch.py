@@ -119,6 +119,13 @@ def test_converter_normalises_images_and_keeps_targets():
     assert out[1] is labels and out[2] is targets and out[3] == "name"
 
 
+def test_converter_moves_dict_batches_but_will_not_guess_their_images():
+    batch = {"image": hwc_batch(), "label": torch.arange(4)}
+    assert BatchConverter("cpu", Normalize())(batch) is batch
+    with pytest.raises(ValueError, match="keys \\['image', 'label'\\]"):
+        BatchConverter("cpu", Normalize(None, MEAN, STD))(batch)
+
+
 def test_converter_ragged_images_become_a_list_or_a_batch_after_a_transform():
     ragged = ImageList([hwc_batch(1, 12, 10)[0], hwc_batch(1, 9, 11, seed=1)[0]])
     out = BatchConverter("cpu", Normalize(None, MEAN, STD))((ragged, torch.tensor([0, 1])))
