@@ -408,7 +408,8 @@ class DataLoader(torch.utils.data.DataLoader):
             size = f", {len(self.dataset)} samples"  # type: ignore[arg-type]
         except TypeError:
             size = ""
-        lines = [f"colabfast.DataLoader({type(self.dataset).__name__}{size}, batch_size={self.batch_size})"]
+        inner = self.dataset.dataset if isinstance(self.dataset, _Prepared) else self.dataset
+        lines = [f"colabfast.DataLoader({type(inner).__name__}{size}, batch_size={self.batch_size})"]
         width = max(len(name) for name in self.choices)
         for name, (value, why) in self.choices.items():
             lines.append(f"  {name:<{width}} = {value!s:<24} # {why}")
