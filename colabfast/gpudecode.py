@@ -1,0 +1,186 @@
+"""Decode batches of encoded images (JPEG bytes) on the GPU with nvJPEG, falling back to the CPU.
+
+A 2-vCPU Colab VM decodes about 2k ImageNet-size JPEGs per second at best (FIELD-NOTES); nvJPEG
+through ``torchvision.io.decode_jpeg(list_of_tensors, device="cuda")`` decodes a whole batch in one
+call and leaves the CPUs only reading bytes. Files arrive from the workers packed in one tensor
+(:class:`EncodedImages`): hundreds of small tensors would each cost a shared-memory segment when
+crossing from a worker process.
+
+Decoded images are uint8 ``[3, H, W]``: grayscale and CMYK files are converted to RGB on both the CPU
+and the GPU path, so a batch has one channel count. Decoders differ slightly (chroma upsampling, IDCT):
+GPU and CPU pixels agree within a few levels, not exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+# File signatures of the formats torchvision decodes (decode_image: JPEG, PNG, GIF, WebP).
+JPEG_MAGIC = b"\xff\xd8\xff"
+_MAGICS = (JPEG_MAGIC, b"\x89PNG", b"GIF8", b"RIFF")
+
+
+@dataclasses.dataclass
+class Encoded:
+    """One encoded image file with the dataset index it came from (errors name the index).
+
+    Attributes:
+        data: uint8 tensor ``[num_bytes]``, the file's bytes.
+        index: the dataset index of the sample.
+    """
+
+    data: torch.Tensor
+    index: int
+
+
+@dataclasses.dataclass
+class EncodedImages:
+    """A batch of encoded image files packed into one tensor.
+
+    Attributes:
+        data: uint8 tensor ``[total_bytes]``, the files back to back.
+        lengths: int64 tensor ``[B]``, bytes per file.
+        indices: int64 tensor ``[B]`` of dataset indices, or None when unknown (then errors name the
+            position in the batch).
+    """
+
+    data: torch.Tensor
+    lengths: torch.Tensor
+    indices: Optional[torch.Tensor] = None
+
+    @classmethod
+    def pack(
+        cls, files: Sequence[torch.Tensor], indices: Optional[Sequence[int]] = None, *, shared: bool = False
+    ) -> EncodedImages:
+        """Pack 1-D uint8 tensors into one; ``shared`` allocates it in shared memory (in a worker)."""
+        lengths = torch.tensor([f.numel() for f in files], dtype=torch.int64)
+        data = torch.cat(list(files), out=empty_uint8((int(lengths.sum()),), shared=shared))
+        ids = None if indices is None else torch.tensor([int(i) for i in indices], dtype=torch.int64)
+        return cls(data, lengths, ids)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        """Each file as a 1-D uint8 view into ``data``."""
+        return iter(self.data.split(self.lengths.tolist()))
+
+    def where(self, position: int) -> str:
+        """``"dataset index 17"`` or, without indices, ``"batch position 3"``: for error messages."""
+        if self.indices is None:
+            return f"batch position {position}"
+        return f"dataset index {int(self.indices[position])}"
+
+
+def empty_uint8(shape: Sequence[int], *, shared: bool) -> torch.Tensor:
+    """An uninitialised uint8 tensor; ``shared`` puts it in shared memory, as ``default_collate`` does in
+    a worker so the batch reaches the main process without a copy."""
+    if not shared:
+        return torch.empty(tuple(shape), dtype=torch.uint8)
+    numel = 1
+    for n in shape:
+        numel *= n
+    storage = torch.UntypedStorage._new_shared(numel)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, tuple(shape))
+
+
+def is_encoded(x: object) -> bool:
+    """True for an :class:`Encoded` or a 1-D uint8 tensor starting with a JPEG/PNG/GIF/WebP signature."""
+    if isinstance(x, Encoded):
+        return True
+    if not (isinstance(x, torch.Tensor) and x.dim() == 1 and x.dtype == torch.uint8 and x.numel() >= 4):
+        return False
+    head = bytes(x[:4].tolist())
+    return head.startswith(_MAGICS)
+
+
+def is_jpeg(data: torch.Tensor) -> bool:
+    """True when the 1-D uint8 tensor starts with the JPEG signature."""
+    return data.numel() >= 3 and bytes(data[:3].tolist()) == JPEG_MAGIC
+
+
+@contextlib.contextmanager
+def _quiet_torchvision() -> Iterator[None]:
+    # torchvision 0.29 warns on every decode call that its decoders move to TorchCodec.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torchvision\.io")
+        yield
+
+
+def decode_cpu(data: torch.Tensor, where: Union[str, int] = "") -> torch.Tensor:
+    """Decode one encoded image on the CPU (``torchvision.io.decode_image``, converted to RGB).
+
+    Args:
+        data: uint8 tensor ``[num_bytes]`` of a JPEG, PNG, GIF or WebP file.
+        where: what to call the image in errors: a dataset index, or a phrase.
+
+    Returns:
+        uint8 tensor ``[3, H, W]`` (a CHW view of HWC memory, as torchvision returns it).
+
+    Raises:
+        ValueError: the bytes are not a decodable image; the message names ``where``.
+    """
+    try:
+        with _quiet_torchvision():
+            return decode_image(data, mode=ImageReadMode.RGB)
+    except RuntimeError as exc:
+        label = f"dataset index {where}" if isinstance(where, int) else where or "image"
+        head = bytes(data[:8].tolist())
+        raise ValueError(
+            f"cannot decode the image at {label} ({data.numel()} bytes, starting {head!r}): {str(exc).rstrip('.')}. "
+            f"Re-pack or remove that file."
+        ) from exc
+
+
+def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> list[torch.Tensor]:
+    """Decode a batch of encoded files onto ``device``: JPEGs in one nvJPEG call on CUDA.
+
+    On a CUDA device the JPEGs go to ``torchvision.io.decode_jpeg(list, device=...)`` in one call;
+    if nvJPEG rejects the batch, each JPEG is retried alone and the ones it still rejects (e.g. CMYK or
+    corrupt files) are decoded on the CPU. Other formats (PNG, ...) are decoded on the CPU and copied.
+    On a CPU device everything is decoded on the CPU. Runs on the current CUDA stream.
+
+    Args:
+        images: the packed files.
+        device: where the decoded images go.
+
+    Returns:
+        One uint8 tensor ``[3, H, W]`` per file, in order, on ``device``.
+
+    Raises:
+        ValueError: a file cannot be decoded at all; the message names its dataset index (or batch
+            position when ``images.indices`` is None).
+    """
+    device = torch.device(device)
+    files = list(images)
+    out: list[Optional[torch.Tensor]] = [None] * len(files)
+    jpegs = [i for i, f in enumerate(files) if device.type == "cuda" and is_jpeg(f)]
+    if jpegs:
+        # torchvision allocates the outputs on the current stream but nvJPEG writes them on its own
+        # stream, which does not wait for work still queued on ours: let that work finish first so a
+        # just-freed block cannot be overwritten while a queued kernel still reads it.
+        torch.cuda.current_stream(device).synchronize()
+        with _quiet_torchvision():
+            try:
+                decoded = decode_jpeg([files[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
+            except RuntimeError:  # one bad file fails the whole call: find it
+                decoded = [_decode_one_on_gpu(files[i], device) for i in jpegs]
+        for i, img in zip(jpegs, decoded):
+            out[i] = img
+    for i, f in enumerate(files):
+        if out[i] is None:
+            out[i] = decode_cpu(f, images.where(i)).to(device, non_blocking=True)
+    return out  # type: ignore[return-value]
+
+
+def _decode_one_on_gpu(data: torch.Tensor, device: torch.device) -> Optional[torch.Tensor]:
+    try:
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        return None  # decode_batch decodes it on the CPU, or names it in the error

@@ -1,0 +1,104 @@
+"""colabfast.diagnosis: data-bound vs compute-bound verdicts, wording of fixes, host syncs (CUDA)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.utils.data as tud
+from torch.utils.data import Dataset, Subset
+
+import colabfast.diagnosis as diagnosis
+from colabfast.diagnosis import Report, diagnose
+from colabfast.loading import DataLoader
+
+
+class Sleepy(Dataset):
+    """uint8 images that take ``delay`` seconds each to load; ``root`` says where they 'live'."""
+
+    def __init__(self, n=64, delay=0.0, root="/tmp/sleepy"):
+        self.n, self.delay, self.root = n, delay, root
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.full((3, 8, 8), i % 256, dtype=torch.uint8), i
+
+
+def test_a_slow_dataset_is_data_bound():
+    loader = tud.DataLoader(Sleepy(delay=0.004), batch_size=4)
+    report = diagnose(loader, lambda batch: None, steps=8, warmup=1, verbose=False)
+    assert report.verdict == "data-bound" and report.data_fraction > 0.8
+    assert report.steps == 8 and len(report.data_times) == len(report.step_times) == 8
+    assert report.data_time > 0.012  # 4 samples x 4 ms
+    assert any("num_workers=0" in a for a in report.advice)
+    assert report.headline().startswith("data-bound: ")
+
+
+def test_a_slow_step_is_compute_bound():
+    loader = DataLoader(Sleepy(), 4, num_workers=0)
+    report = diagnose(loader, lambda batch: time.sleep(0.08), steps=5, warmup=1, verbose=False)
+    assert report.verdict == "compute-bound" and report.data_fraction < 0.05
+    assert report.step_time >= 0.08 and report.images_per_s < report.loader_images_per_s
+    assert "a faster loader will not speed training up" in report.advice[0]
+
+
+def test_drive_data_is_worded_as_a_drive_mount(monkeypatch):
+    monkeypatch.setattr(diagnosis.env, "drive_kind", lambda path: "drivefs")
+    ds = Sleepy(delay=0.003, root="/content/drive/MyDrive/imagenet")
+    report = diagnose(tud.DataLoader(Subset(ds, range(40)), 4), lambda b: None, steps=4, warmup=1, verbose=False)
+    assert report.storage == "Google Drive" and report.data_path == "/content/drive/MyDrive/imagenet"
+    assert "/content/drive/MyDrive/imagenet (a Drive mount)" in report.advice[0]
+    assert "stage it" in report.advice[0]
+    assert "Drive mount" in str(report)
+
+
+def test_prints_the_verdict_once_unless_silenced(capsys):
+    loader = DataLoader(Sleepy(16), 4, num_workers=0)
+    report = diagnose(loader, lambda b: None, steps=3, warmup=1)
+    out = capsys.readouterr().out
+    assert out.count("colabfast.diagnose:") == 1 and str(report) in out
+    assert "<pre>" in report._repr_html_()
+    diagnose(loader, steps=3, warmup=1, verbose=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_loader_alone_and_short_epochs():
+    loader = DataLoader(Sleepy(6), 2, num_workers=0)  # 3 batches per epoch
+    report = diagnose(loader, steps=5, warmup=2, verbose=False)
+    assert isinstance(report, Report) and report.verdict == "loader only" and report.loader_images_per_s > 0
+    assert report.headline().startswith("loader only: ")
+    stepped = diagnose(loader, lambda b: None, steps=7, warmup=2, verbose=False)
+    assert stepped.steps == 7  # epochs restart when they run out
+    with pytest.raises(ValueError, match="no batches"):
+        diagnose(tud.DataLoader(Sleepy(0), 2), lambda b: None, steps=2, verbose=False)
+
+
+def test_finds_where_the_data_lives_through_wrappers():
+    class Folder(Dataset):
+        def __init__(self):
+            self.samples = [("/data/train/a/1.jpg", 0)]
+
+    assert diagnosis._data_path(Subset(Subset(Folder(), [0]), [0])) == "/data/train/a/1.jpg"
+    assert diagnosis._data_path(tud.ConcatDataset([Sleepy(root="/x")])) == "/x"
+    assert diagnosis._data_path(object()) is None
+
+
+@pytest.mark.cuda
+def test_cuda_work_counts_as_step_time_and_item_is_flagged():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.ones(1, device="cuda")
+
+    def step(batch):
+        torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time, asynchronous to the host
+        return (x * 2).sum().item()  # a host sync every step
+
+    report = diagnose(DataLoader(Sleepy(), 4, num_workers=0), step, steps=5, warmup=1, verbose=False)
+    assert report.verdict == "compute-bound" and report.step_time > 0.005
+    assert report.host_syncs_per_step is not None and report.host_syncs_per_step >= 1
+    assert any("host syncs" in a for a in report.advice)

@@ -1,0 +1,420 @@
+"""colabfast.loading: the uint8 collate and the drop-in DataLoader (CPU; CUDA tests are marked)."""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+from torch.utils.data import Dataset, IterableDataset, Subset, default_collate
+from torchvision.transforms import v2
+
+import colabfast.loading as loading
+from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu
+from colabfast.loading import DataLoader, collate
+from colabfast.prefetch import ImageList
+from colabfast.sampler import BlockShuffleSampler
+from colabfast.testing.data import KITTI_TYPES, encode, photo
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def hwc_image(h: int, w: int, seed: int) -> torch.Tensor:
+    """uint8 [3, H, W] viewing HWC memory, as torchvision.io.decode_jpeg and H5ImageFolder return."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g).permute(2, 0, 1)
+
+
+class Images(Dataset):
+    """(image, label) like H5ImageFolder: output="tensor" (HWC views) or "bytes" (JPEG files)."""
+
+    classes = ["a", "b"]
+
+    def __init__(self, n=12, size=(12, 10), *, output="tensor", mirror=False, ragged=False, broken=()):
+        self.n, self.size, self.output, self.is_mirror = n, size, output, mirror
+        self.ragged, self.broken = ragged, broken
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        h, w = self.size
+        if self.ragged:
+            h, w = h + i % 3, w + i % 2
+        if self.output == "bytes":
+            if i in self.broken:
+                return torch.tensor([0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3], dtype=torch.uint8), i % 2
+            jpeg = encode(photo(w, h, np.random.default_rng(i)))
+            return torch.frombuffer(bytearray(jpeg), dtype=torch.uint8), i % 2
+        return hwc_image(h, w, i), i % 2
+
+
+class Kitti(Dataset):
+    """KITTI-like: PNG-sized ragged images and a list of object dicts per image (None in the test split)."""
+
+    def __init__(self, n=6, test_split=False):
+        self.n, self.test_split = n, test_split
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.test_split:
+            return hwc_image(20 + i % 2, 60 - i % 3, i), None
+        objects = [
+            {
+                "type": KITTI_TYPES[(i + k) % len(KITTI_TYPES)],
+                "truncated": 0.0,
+                "occluded": k % 3,
+                "alpha": -1.5,
+                "bbox": [10.0 * k, 5.0, 10.0 * k + 8, 15.0],
+                "dimensions": [1.5, 1.6, 3.9],
+                "location": [1.0, 1.7, 10.0 + k],
+                "rotation_y": 0.1 * k,
+            }
+            for k in range(i % 3)  # image 0 has no objects
+        ]
+        return hwc_image(20 + i % 2, 60 - i % 3, i), objects
+
+
+def assert_same(a, b):
+    """Recursive equality of collated batches (tensors by value and dtype)."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+# --- collate ------------------------------------------------------------------------------------------
+
+
+def test_collate_batches_hwc_images_channels_last_with_default_collate_values():
+    samples = [Images()[i] for i in range(4)]
+    images, labels = collate(samples)
+    want_images, want_labels = default_collate(samples)
+    assert images.shape == (4, 3, 12, 10) and images.dtype == torch.uint8
+    assert images.is_contiguous(memory_format=torch.channels_last) and images.permute(0, 2, 3, 1).is_contiguous()
+    assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+    flat, _ = collate(samples, memory_format=torch.contiguous_format)
+    assert flat.is_contiguous() and torch.equal(flat, want_images)
+
+
+def test_collate_bare_image_samples_and_ragged_images():
+    same = collate([hwc_image(5, 6, s) for s in range(3)])
+    assert same.shape == (3, 3, 5, 6)
+    ragged = collate([hwc_image(5, 6, 0), hwc_image(7, 6, 1)])
+    assert isinstance(ragged, ImageList) and [tuple(x.shape) for x in ragged] == [(3, 5, 6), (3, 7, 6)]
+
+
+def test_collate_keeps_kitti_targets_per_sample():
+    ds = Kitti()
+    samples = [ds[i] for i in range(4)]
+    images, targets = collate(samples)
+    assert isinstance(images, ImageList) and len(images) == 4
+    assert targets == [s[1] for s in samples]  # not transposed, nothing lost
+    assert targets[0] == [] and len(targets[2]) == 2
+    _, none = collate([Kitti(test_split=True)[i] for i in range(3)])
+    assert none == [None, None, None]
+    # equal lengths, all dicts: still per sample
+    _, same_len = collate([samples[1], samples[1]])
+    assert same_len == [samples[1][1], samples[1][1]]
+
+
+def test_collate_mirrors_default_collate_elsewhere():
+    Point = collections.namedtuple("Point", "x y")
+    samples = [
+        (hwc_image(4, 4, i), i, 0.5 * i, f"s{i}", {"k": i, "v": [i, i + 1]}, Point(i, 2 * i), np.float32(i))
+        for i in range(3)
+    ]
+    got, want = collate(samples), default_collate(samples)
+    assert_same(got[1:], want[1:])
+    assert torch.equal(got[0], want[0])
+    no_images = [({"a": i, "b": (i, 2.0)}, [i, i]) for i in range(3)]
+    assert_same(collate(no_images), default_collate(no_images))
+    with pytest.raises(TypeError):  # as default_collate: PIL images need a transform
+        collate([(photo(8, 8, np.random.default_rng(0)), 0)] * 2)
+
+
+def test_collate_packs_encoded_files_into_one_tensor():
+    ds = Images(4, output="bytes")
+    samples = [ds[i] for i in range(4)]
+    packed, labels = collate(samples)
+    assert isinstance(packed, EncodedImages) and packed.indices is None and len(packed) == 4
+    assert packed.data.dim() == 1 and packed.lengths.tolist() == [len(s[0]) for s in samples]
+    assert all(torch.equal(f, s[0]) for f, s in zip(packed, samples))
+    tagged = collate([(Encoded(s[0], 10 + k), s[1]) for k, s in enumerate(samples)])
+    assert tagged[0].indices.tolist() == [10, 11, 12, 13] and tagged[0].where(2) == "dataset index 12"
+
+
+def test_collate_uses_shared_memory_in_a_worker(monkeypatch):
+    monkeypatch.setattr(loading, "get_worker_info", lambda: object())
+    images, _ = collate([Images()[i] for i in range(2)])
+    assert images.is_shared()
+    packed, _ = collate([Images(2, output="bytes")[i] for i in range(2)])
+    assert packed.data.is_shared()
+
+
+# --- DataLoader: outputs ------------------------------------------------------------------------------
+
+
+def manual(batch_images: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return v2.Normalize(MEAN, STD)(v2.ToDtype(dtype, scale=True)(batch_images))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_outputs_equal_plain_dataloader_plus_manual_normalisation(workers):
+    ds = Images(10)
+    plain = list(tud.DataLoader(ds, 4, num_workers=workers))
+    ours = list(DataLoader(ds, 4, num_workers=workers, device="cpu", mean=MEAN, std=STD))
+    assert len(ours) == len(plain) == 3
+    for (x, y), (px, py) in zip(ours, plain):
+        assert x.dtype == torch.float32 and x.is_contiguous()
+        torch.testing.assert_close(x, manual(px), rtol=0, atol=1e-6)
+        assert torch.equal(y, py)
+
+
+def test_without_normalisation_the_batches_are_the_plain_ones():
+    ds = Images(10)
+    for ours, plain in zip(DataLoader(ds, 4, num_workers=0), tud.DataLoader(ds, 4)):
+        assert_same(ours, plain)
+        assert ours[0].is_contiguous()
+
+
+def test_dtype_and_channels_last():
+    ds = Images(8)
+    x, _ = next(iter(DataLoader(ds, 8, num_workers=0, dtype=torch.bfloat16)))
+    px, _ = next(iter(tud.DataLoader(ds, 8)))
+    torch.testing.assert_close(x, px.to(torch.bfloat16) / 255)
+    x, _ = next(iter(DataLoader(ds, 8, num_workers=0, mean=MEAN, std=STD, memory_format=torch.channels_last)))
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(x, manual(px))
+
+
+def test_kitti_targets_pass_through_and_a_transform_makes_images_stackable():
+    ds = Kitti(6)
+    images, targets = next(iter(DataLoader(ds, 3, num_workers=0, mean=MEAN, std=STD)))
+    assert type(images) is list and [tuple(i.shape) for i in images] == [tuple(ds[k][0].shape) for k in range(3)]
+    torch.testing.assert_close(images[1], manual(ds[1][0].unsqueeze(0))[0])
+    assert targets == [ds[k][1] for k in range(3)]
+    resized, targets = next(iter(DataLoader(ds, 3, num_workers=1, transform=v2.Resize((16, 32), antialias=True))))
+    assert resized.shape == (3, 3, 16, 32) and resized.dtype == torch.uint8
+    assert targets == [ds[k][1] for k in range(3)]
+    _, none = next(iter(DataLoader(Kitti(4, test_split=True), 2, num_workers=0)))
+    assert none == [None, None]
+
+
+# --- DataLoader: defaults and arguments ---------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_defaults_fill_only_what_is_unset(monkeypatch):
+    monkeypatch.setattr(loading.env, "cpu_count", lambda: 3)
+    dl = DataLoader(Images(), 4, device="cpu")
+    assert (dl.num_workers, dl.persistent_workers, dl.prefetch_factor, dl.pin_memory) == (3, True, 4, False)
+    assert dl.choices["num_workers"] == (3, "3 CPUs (colabfast.env.cpu_count())")
+    assert isinstance(dl, tud.DataLoader) and len(dl) == 3
+    text = repr(dl)
+    assert "num_workers" in text and "3 CPUs" in text and "prefetch_factor" in text
+    mine = DataLoader(Images(), 4, num_workers=1, persistent_workers=False, prefetch_factor=2, pin_memory=False)
+    assert (mine.num_workers, mine.persistent_workers, mine.prefetch_factor, mine.pin_memory) == (1, False, 2, False)
+    assert all(mine.choices[k][1] == "set by caller" for k in ("num_workers", "persistent_workers", "prefetch_factor"))
+    none = DataLoader(Images(), 4, num_workers=0)
+    assert (none.persistent_workers, none.prefetch_factor) == (False, None)
+
+
+def test_every_dataloader_argument_is_forwarded_in_torch_order():
+    ds = Images(9)
+    g = torch.Generator().manual_seed(0)
+
+    def init(worker_id):
+        pass
+
+    def my_collate(batch):
+        return default_collate(batch)
+
+    dl = DataLoader(ds, 2, True, None, None, 1, my_collate, False, True, 5.0, init, "spawn", g, prefetch_factor=3,
+                    persistent_workers=False, in_order=False, pin_memory_device="")  # fmt: skip
+    assert dl.dataset is ds and dl.batch_size == 2 and isinstance(dl.sampler, tud.RandomSampler)
+    assert dl.num_workers == 1 and dl.collate_fn is my_collate and dl.pin_memory is False and dl.drop_last
+    assert dl.timeout == 5.0 and dl.worker_init_fn is init and dl.generator is g
+    assert dl.multiprocessing_context is multiprocessing.get_context("spawn")
+    assert dl.prefetch_factor == 3 and dl.persistent_workers is False and dl.in_order is False
+    assert len(dl) == 4  # drop_last
+    sampler = tud.SequentialSampler(ds)
+    batches = tud.BatchSampler(sampler, 3, False)
+    assert DataLoader(ds, sampler=sampler, num_workers=0).sampler is sampler
+    assert DataLoader(ds, batch_sampler=batches, num_workers=0).batch_sampler is batches
+    with pytest.raises(ValueError, match="mutually exclusive"):  # torch's own checks still apply
+        DataLoader(ds, 2, True, sampler)
+
+
+def test_iterable_dataset_gets_no_workers():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([hwc_image(4, 4, i) for i in range(5)])
+
+    dl = DataLoader(Stream(), 2)
+    assert dl.num_workers == 0 and "IterableDataset" in dl.choices["num_workers"][1]
+    assert [b.shape[0] for b in dl] == [2, 2, 1]
+
+
+def test_no_default_workers_when_spawned_workers_cannot_import_a_notebook_dataset(monkeypatch):
+    class NotebookImages(Images):
+        pass
+
+    NotebookImages.__module__ = "__main__"  # as if defined in a notebook cell
+    assert DataLoader(NotebookImages(), 2).num_workers > 0  # fork (Linux): workers inherit __main__
+    monkeypatch.setattr(torch.multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
+    spawned = DataLoader(NotebookImages(), 2)
+    assert spawned.num_workers == 0 and "__main__" in spawned.choices["num_workers"][1]
+    assert DataLoader(Subset(NotebookImages(), [0, 1]), 2).num_workers == 0
+    assert DataLoader(Images(), 2).num_workers > 0
+
+
+def test_epochs_reiterate_with_persistent_workers():
+    dl = DataLoader(Images(10), 3, shuffle=True, num_workers=1)
+    assert dl.persistent_workers
+    epochs = [torch.cat([y for _, y in dl]) for _ in range(3)]
+    for labels in epochs:
+        assert len(labels) == 10
+    seen = [sorted(torch.cat([x[:, 0, 0, 0] for x, _ in dl]).tolist()) for _ in range(2)]
+    assert seen[0] == seen[1] == sorted(Images(10)[i][0][0, 0, 0].item() for i in range(10))
+
+
+def test_a_shuffled_mirror_gets_a_block_shuffle_sampler_seeded_by_torch():
+    mirror = Images(40, mirror=True)
+    torch.manual_seed(0)
+    dl = DataLoader(mirror, 64, shuffle=True, num_workers=0)
+    assert isinstance(dl.sampler, BlockShuffleSampler) and dl.sampler.block_size == 4
+    assert "h5 mirror" in dl.choices["sampler"][1]
+    torch.manual_seed(0)
+    again = DataLoader(mirror, 64, shuffle=True, num_workers=0)
+    assert list(dl.sampler) == list(again.sampler)
+    subset = DataLoader(Subset(mirror, range(30)), 8, shuffle=True, num_workers=0)
+    assert isinstance(subset.sampler, BlockShuffleSampler)
+    assert isinstance(DataLoader(mirror, 8, num_workers=0).sampler, tud.SequentialSampler)
+    assert isinstance(DataLoader(Images(40), 8, shuffle=True, num_workers=0).sampler, tud.RandomSampler)
+    assert DataLoader(mirror, 4096, shuffle=True, num_workers=0).sampler.block_size == 64
+
+
+def test_set_epoch_is_forwarded():
+    dl = DataLoader(Images(40, mirror=True), 4, shuffle=True, num_workers=0)
+    dl.set_epoch(3)
+    assert dl.sampler.epoch == 3 and list(dl.sampler) == dl.sampler.order(3).tolist()
+    dist = tud.DistributedSampler(Images(8), num_replicas=2, rank=0)
+    DataLoader(Images(8), 2, sampler=dist, num_workers=0).set_epoch(5)
+    assert dist.epoch == 5
+
+
+def test_device_checks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert DataLoader(Images(), 2, num_workers=0).device == torch.device("cpu")
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        DataLoader(Images(), 2, device="cuda")
+    with pytest.raises(ValueError, match="decode='gpu' needs a CUDA device"):
+        DataLoader(Images(output="bytes"), 2, decode="gpu", device="cpu")
+    with pytest.raises(ValueError, match="decode must be"):
+        DataLoader(Images(), 2, decode="nvjpeg")
+
+
+# --- DataLoader: decoding -----------------------------------------------------------------------------
+
+
+def test_bytes_are_decoded_in_the_workers_on_the_cpu():
+    ds = Images(6, output="bytes")
+    dl = DataLoader(ds, 3, num_workers=1, device="cpu", mean=MEAN, std=STD)
+    assert dl.choices["decode"][0] == "cpu"
+    assert dl.dataset.dataset is ds and dl.dataset.classes == ["a", "b"]  # a thin, transparent wrapper
+    x, y = next(iter(dl))
+    want = torch.stack([decode_cpu(ds[i][0]) for i in range(3)])
+    torch.testing.assert_close(x, manual(want), rtol=0, atol=1e-6)
+    assert y.tolist() == [0, 1, 0]
+
+
+def test_undecodable_bytes_name_the_dataset_index():
+    ds = Images(6, output="bytes", broken=(4,))
+    with pytest.raises(ValueError, match="dataset index 4"):
+        list(DataLoader(ds, 3, num_workers=0, device="cpu"))
+    with pytest.raises(ValueError, match="dataset index 4"):  # from a worker process too
+        list(DataLoader(ds, 3, num_workers=1, device="cpu"))
+
+
+def test_undetected_bytes_are_still_decoded():
+    class Anonymous(Dataset):  # yields JPEG bytes but does not say so (no `output`)
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return Images(4, output="bytes")[i]
+
+    dl = DataLoader(Anonymous(), 2, num_workers=0, device="cpu")
+    assert dl.choices["decode"][0] == "auto"
+    x, _ = next(iter(dl))
+    assert x.shape == (2, 3, 12, 10) and x.dtype == torch.uint8
+
+
+# --- CUDA --------------------------------------------------------------------------------------------
+
+
+def need_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+def test_cuda_loader_equals_cpu_loader():
+    need_cuda()
+    ds = Kitti(6)
+    kw = dict(mean=MEAN, std=STD, dtype=torch.float16, memory_format=torch.channels_last, num_workers=1)
+    crop = v2.CenterCrop((16, 32))  # exact on both devices, unlike interpolation
+    cuda = DataLoader(ds, 3, device="cuda", transform=crop, **kw)
+    cpu = DataLoader(ds, 3, device="cpu", transform=crop, **kw)
+    assert cuda.pin_memory and cuda.choices["pin_memory"][0] is True
+    for _epoch in range(2):
+        for (gx, gt), (cx, ct) in zip(cuda, cpu):
+            assert gx.is_cuda and gx.dtype == torch.float16 and gx.is_contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(gx.cpu().float(), cx.float(), rtol=0, atol=2e-2)
+            assert gt == ct
+
+
+@pytest.mark.cuda
+def test_gpu_decode_through_the_loader():
+    need_cuda()
+    ds = Images(8, size=(40, 56), output="bytes", ragged=True)
+    dl = DataLoader(ds, 4, device="cuda", mean=MEAN, std=STD, transform=v2.CenterCrop(32), num_workers=1)
+    assert dl.choices["decode"][0] == "gpu"
+    cpu = DataLoader(ds, 4, device="cpu", mean=MEAN, std=STD, transform=v2.CenterCrop(32), num_workers=1)
+    for (gx, gy), (cx, cy) in zip(dl, cpu):
+        assert gx.is_cuda and gx.shape == cx.shape == (4, 3, 32, 32) and gy.is_cuda
+        assert (gx.cpu() - cx).abs().mean() < 3 / 255 / 0.224  # JPEG decoders differ by a few levels
+        assert torch.equal(gy.cpu(), cy)
+    broken = DataLoader(Images(6, output="bytes", broken=(5,)), 3, device="cuda", num_workers=0)
+    with pytest.raises(ValueError, match="dataset index 5"):
+        list(broken)
+
+
+def test_torchvision_imagefolder_drop_in(tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    from colabfast.testing.data import make_imagefolder
+
+    root = make_imagefolder(tmp_path / "train", classes=2, per_class=3, size=(40, 30), vary=0.2)
+    ds = ImageFolder(root, transform=v2.Compose([v2.ToImage(), v2.Resize((24, 24), antialias=True)]))
+    plain = list(tud.DataLoader(ds, 4))
+    ours = list(DataLoader(ds, 4, num_workers=1, mean=MEAN, std=STD))
+    for (x, y), (px, py) in zip(ours, plain):
+        assert type(x) is torch.Tensor and x.shape == px.shape
+        torch.testing.assert_close(x, manual(px.as_subclass(torch.Tensor)), rtol=0, atol=1e-6)
+        assert torch.equal(y, py)

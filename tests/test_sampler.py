@@ -1,0 +1,99 @@
+"""colabfast.sampler: block shuffle orders, epochs, seeding, replica shares."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from colabfast.sampler import BlockShuffleSampler, block_shuffle, replica_share
+
+
+def blocks_of(order: np.ndarray, block_size: int) -> list[int]:
+    """The block ids in the order they are first visited, checking each block is visited in one run."""
+    ids = order // block_size
+    runs = [int(ids[0])] + [int(b) for a, b in zip(ids[:-1], ids[1:]) if a != b]
+    assert len(runs) == len(set(runs)), "a block was split"
+    return runs
+
+
+def test_order_is_a_permutation_of_whole_shuffled_blocks():
+    order = block_shuffle(1000, 64, seed=3, epoch=0)
+    assert order.dtype == np.int64
+    assert sorted(order.tolist()) == list(range(1000))
+    runs = blocks_of(order, 64)
+    assert sorted(runs) == list(range(16))  # 15 full blocks and a short last one
+    assert runs != sorted(runs)  # blocks are shuffled...
+    first_block = order[:64] if runs[0] != 15 else order[64:128]
+    assert first_block.tolist() != sorted(first_block.tolist())  # ...and so are items inside a block
+
+
+def test_same_seed_and_epoch_same_order_else_different():
+    a = block_shuffle(500, 16, seed=1, epoch=0)
+    assert np.array_equal(a, block_shuffle(500, 16, seed=1, epoch=0))
+    assert not np.array_equal(a, block_shuffle(500, 16, seed=1, epoch=1))
+    assert not np.array_equal(a, block_shuffle(500, 16, seed=2, epoch=0))
+
+
+def test_block_size_one_is_a_full_shuffle():
+    order = block_shuffle(100, 1, seed=0, epoch=0)
+    assert sorted(order.tolist()) == list(range(100))
+    assert order.tolist() != list(range(100))
+
+
+@pytest.mark.parametrize("n", [0, 1, 7])
+def test_small_datasets(n):
+    assert sorted(block_shuffle(n, 4, seed=0, epoch=0).tolist()) == list(range(n))
+
+
+def test_replica_shares_are_contiguous_equal_and_padded_like_distributed_sampler():
+    order = np.arange(10, dtype=np.int64) * 10
+    shares = [replica_share(order, 4, r) for r in range(4)]
+    assert [len(s) for s in shares] == [3, 3, 3, 3]
+    assert np.concatenate(shares).tolist() == order.tolist() + [0, 10]  # padded from the start
+    assert shares[1].tolist() == [30, 40, 50]  # contiguous, not strided
+    dropped = [replica_share(order, 4, r, drop_last=True) for r in range(4)]
+    assert np.concatenate(dropped).tolist() == order[:8].tolist()
+
+
+def test_sampler_reshuffles_each_iteration_until_set_epoch_pins_it():
+    s = BlockShuffleSampler(range(200), 8, seed=5)
+    first, second = list(s), list(s)
+    assert sorted(first) == sorted(second) == list(range(200))
+    assert first != second  # no set_epoch: each iteration is a new epoch
+    assert first == s.order(0).tolist() and second == s.order(1).tolist()
+    s.set_epoch(7)
+    assert list(s) == list(s) == s.order(7).tolist()
+    assert all(isinstance(i, int) for i in s)
+
+
+def test_default_seed_follows_torch_manual_seed_and_generator():
+    torch.manual_seed(0)
+    a = list(BlockShuffleSampler(range(300), 4))
+    torch.manual_seed(0)
+    b = list(BlockShuffleSampler(range(300), 4))
+    torch.manual_seed(1)
+    c = list(BlockShuffleSampler(range(300), 4))
+    assert a == b != c
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    assert list(BlockShuffleSampler(range(300), 4, generator=g1)) == list(
+        BlockShuffleSampler(range(300), 4, generator=g2)
+    )
+
+
+def test_replicas_split_one_global_order():
+    samplers = [BlockShuffleSampler(range(103), 8, seed=2, num_replicas=3, rank=r) for r in range(3)]
+    for s in samplers:
+        s.set_epoch(4)
+    shares = [list(s) for s in samplers]
+    assert [len(s) for s in samplers] == [35, 35, 35] == [len(x) for x in shares]
+    assert set(sum(shares, [])) == set(range(103))
+    assert sum(shares, [])[:103] == block_shuffle(103, 8, 2, 4).tolist()
+    assert len(BlockShuffleSampler(range(103), 8, seed=2, num_replicas=3, drop_last=True)) == 34
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="block_size"):
+        BlockShuffleSampler(range(10), 0)
+    with pytest.raises(ValueError, match="rank"):
+        BlockShuffleSampler(range(10), 2, num_replicas=2, rank=2)
