@@ -1,8 +1,9 @@
 """colabfast: end the data-loading bottleneck of PyTorch training in Google Colab and Jupyter.
 
-The data path, one module each: ``env`` (where we run) -> ``drive`` (mount Google Drive) ->
-``stage`` (copy it to local disk or RAM) -> ``pack`` (HDF5 mirrors) -> ``datasets`` ->
-``loader`` (feed the GPU) -> ``diagnose`` (are we data-bound?).
+The data path, one module each: ``env`` (where we run) -> ``drive`` (mount Google Drive; ``fetching``
+for shared links) -> ``staging`` (copy it to local disk or RAM; ``archive``, ``tmpfs``) -> ``packing``
+(HDF5 mirrors; ``mirror`` is the format, ``sources`` the layouts) -> ``datasets`` -> ``loading`` (feed
+the GPU; ``sampler``, ``prefetch``, ``gpudecode``) -> ``diagnosis`` (are we data-bound?).
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.
 """
@@ -29,6 +30,11 @@ _EXPORTS = {
     "H5ImageFolder": "colabfast.datasets",
     "H5Kitti": "colabfast.datasets",
     "MirrorError": "colabfast.mirror",
+    "BlockShuffleSampler": "colabfast.sampler",
+    "DataLoader": "colabfast.loading",
+    "CUDAPrefetcher": "colabfast.prefetch",
+    "diagnose": "colabfast.diagnosis",
+    "Report": "colabfast.diagnosis",
 }
 
 __all__ = ["env", *_EXPORTS]

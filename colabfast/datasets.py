@@ -164,6 +164,8 @@ class MirrorDataset(VisionDataset):
         self.path = Path(os.path.abspath(path))
         self.output = output
         self.reader = MirrorReader(path, split, in_memory=in_memory)
+        with open_h5(self.path) as f:
+            self.shuffled = bool(f.attrs.get("shuffled", False))  # packed in a seeded random order
         if output == "bytes" and self.reader.store != "encoded":
             raise ValueError(f"output='bytes' needs a mirror of encoded images, and {path} stores raw "
                              "pixels: use output='tensor'")

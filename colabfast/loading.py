@@ -212,8 +212,9 @@ class DataLoader(torch.utils.data.DataLoader):
       shared memory for batches of 256 uint8 images of 224x224.
     - ``pin_memory``: True when batches go to CUDA (required for asynchronous copies).
     - ``sampler``: a :class:`~colabfast.sampler.BlockShuffleSampler` when ``shuffle=True`` and the
-      dataset is an h5 mirror (``dataset.is_mirror``, also through ``Subset``), with blocks of
-      ``min(64, batch_size // 16)`` items, seeded from ``generator`` or torch's global RNG.
+      dataset is an h5 mirror (``dataset.is_mirror``, also through ``Subset``), seeded from
+      ``generator`` or torch's global RNG as ``RandomSampler`` is; blocks of 64 items for a mirror
+      packed with ``shuffle=True``, else of ``min(64, batch_size // 16)`` so batches mix classes.
     - ``collate_fn``: :func:`collate` (uint8 images, batched channels-last for the GPU; contiguous on
       the CPU unless ``memory_format=torch.channels_last``).
 
@@ -321,10 +322,15 @@ class DataLoader(torch.utils.data.DataLoader):
         pin_memory = choose("pin_memory", pin_memory, cuda, pin_why)
 
         if sampler is None and batch_sampler is None and shuffle and not iterable and is_mirror(dataset):
-            block = min(MAX_BLOCK_SIZE, max(1, (batch_size or 0) // BLOCKS_PER_BATCH)) if batch_size else MAX_BLOCK_SIZE
-            sampler = BlockShuffleSampler(dataset, block, generator=generator)
+            if find_attr(dataset, "shuffled", False) or not batch_size:
+                block, why = MAX_BLOCK_SIZE, "a mirror packed in shuffled order: blocks mix classes"
+            else:
+                block = min(MAX_BLOCK_SIZE, max(1, batch_size // BLOCKS_PER_BATCH))
+                why = f"a batch mixes {BLOCKS_PER_BATCH} blocks (pack(shuffle=True) allows {MAX_BLOCK_SIZE})"
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())  # as RandomSampler
+            sampler = BlockShuffleSampler(dataset, block, seed=seed)
             shuffle = None
-            choices["sampler"] = (sampler, f"h5 mirror with shuffle=True: blocks of {block} consecutive items")
+            choices["sampler"] = (sampler, f"h5 mirror, shuffle=True, blocks of {block}: {why}")
         elif sampler is not None or batch_sampler is not None:
             choices["sampler"] = (sampler if sampler is not None else batch_sampler, "set by caller")
         else:

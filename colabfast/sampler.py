@@ -7,8 +7,9 @@ land close together in the file and close together in time. The same idea as FFC
 order and WebDataset's shard shuffle; typed like MosaicML Streaming's ``shuffle/`` functions.
 
 Batches mix about ``batch_size / block_size`` blocks, so on a class-sorted mirror a batch holds at
-most that many classes: keep ``block_size`` well below the batch size (:class:`colabfast.DataLoader`
-picks ``batch_size // 16``, at most 64).
+most that many classes. Either pack the mirror with ``shuffle=True`` (its blocks then mix classes:
+tensorpack's pre-shuffled file plus FFCV's block order), or keep ``block_size`` well below the batch
+size; :class:`colabfast.DataLoader` does one or the other.
 """
 
 from __future__ import annotations
@@ -73,17 +74,21 @@ class BlockShuffleSampler(Sampler[int]):
     Args:
         data_source: the dataset (only its ``len`` is used).
         block_size: consecutive indices per block.
-        seed: fixes every epoch's order together with the epoch. Default: drawn once, here, from
-            ``generator`` or else torch's global RNG, so ``torch.manual_seed`` makes runs repeatable.
+        shuffle: False keeps indices in order (each replica still reads its contiguous share).
+        seed: fixes every epoch's order together with the epoch; every replica must use the same.
         num_replicas: processes sharing the epoch (distributed training); each gets a contiguous,
-            equal share of the global order (see :func:`replica_share`).
-        rank: which share this process reads, ``0 .. num_replicas - 1``.
+            equal share of the global order (see :func:`replica_share`). Default: the world size
+            when ``torch.distributed`` is initialised, else 1.
+        rank: which share this process reads, ``0 .. num_replicas - 1``. Default: this process's
+            rank when ``torch.distributed`` is initialised, else 0.
         drop_last: truncate the order to a multiple of ``num_replicas`` instead of padding it.
-        generator: ``torch.Generator`` to draw the default seed from.
 
     Epochs: :meth:`set_epoch` selects the order (call it before each epoch, as with
     ``DistributedSampler``). If it is never called, each new iteration advances the epoch, so the
     order changes every epoch as with ``RandomSampler``.
+
+    Raises:
+        ValueError: ``block_size < 1``, or ``rank`` outside ``0 .. num_replicas - 1``.
     """
 
     def __init__(
@@ -91,20 +96,24 @@ class BlockShuffleSampler(Sampler[int]):
         data_source: Sized,
         block_size: int = 64,
         *,
-        seed: Optional[int] = None,
-        num_replicas: int = 1,
-        rank: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
         drop_last: bool = False,
-        generator: Optional[torch.Generator] = None,
     ) -> None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if num_replicas is None:
+            num_replicas = torch.distributed.get_world_size() if distributed else 1
+        if rank is None:
+            rank = torch.distributed.get_rank() if distributed else 0
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
         self.data_source = data_source
         self.block_size = block_size
-        if seed is None:
-            seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        self.shuffle = shuffle
         self.seed = seed
         self.num_replicas = num_replicas
         self.rank = rank
@@ -119,7 +128,8 @@ class BlockShuffleSampler(Sampler[int]):
 
     def order(self, epoch: int) -> NDArray[np.int64]:
         """This replica's indices for ``epoch``, as an int64 array."""
-        full = block_shuffle(len(self.data_source), self.block_size, self.seed, epoch)
+        n = len(self.data_source)
+        full = block_shuffle(n, self.block_size, self.seed, epoch) if self.shuffle else np.arange(n, dtype=np.int64)
         return replica_share(full, self.num_replicas, self.rank, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:

@@ -307,6 +307,10 @@ def test_a_shuffled_mirror_gets_a_block_shuffle_sampler_seeded_by_torch():
     assert isinstance(DataLoader(mirror, 8, num_workers=0).sampler, tud.SequentialSampler)
     assert isinstance(DataLoader(Images(40), 8, shuffle=True, num_workers=0).sampler, tud.RandomSampler)
     assert DataLoader(mirror, 4096, shuffle=True, num_workers=0).sampler.block_size == 64
+    torch.manual_seed(1)
+    assert list(DataLoader(mirror, 64, shuffle=True, num_workers=0).sampler) != list(dl.sampler)
+    mirror.shuffled = True  # packed with pack(shuffle=True): its blocks already mix classes
+    assert DataLoader(mirror, 64, shuffle=True, num_workers=0).sampler.block_size == 64
 
 
 def test_set_epoch_is_forwarded():

@@ -67,18 +67,39 @@ def test_sampler_reshuffles_each_iteration_until_set_epoch_pins_it():
     assert all(isinstance(i, int) for i in s)
 
 
-def test_default_seed_follows_torch_manual_seed_and_generator():
+def test_default_seed_is_fixed_like_distributed_sampler():
     torch.manual_seed(0)
     a = list(BlockShuffleSampler(range(300), 4))
-    torch.manual_seed(0)
-    b = list(BlockShuffleSampler(range(300), 4))
     torch.manual_seed(1)
-    c = list(BlockShuffleSampler(range(300), 4))
-    assert a == b != c
-    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
-    assert list(BlockShuffleSampler(range(300), 4, generator=g1)) == list(
-        BlockShuffleSampler(range(300), 4, generator=g2)
-    )
+    assert list(BlockShuffleSampler(range(300), 4)) == a  # every rank must agree: seed 0
+    assert list(BlockShuffleSampler(range(300), 4, seed=1)) != a
+
+
+def test_no_shuffle_keeps_order_and_shares():
+    assert list(BlockShuffleSampler(range(10), 4, shuffle=False)) == list(range(10))
+    shares = [list(BlockShuffleSampler(range(10), 4, shuffle=False, num_replicas=2, rank=r)) for r in range(2)]
+    assert shares == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+
+
+def _rank_share(rank: int, init: str, out: str) -> None:  # runs in a spawned process
+    import json
+
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        s = BlockShuffleSampler(range(51), 8)  # num_replicas and rank come from torch.distributed
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump([s.num_replicas, s.rank, list(s)], f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_replicas_default_from_torch_distributed(tmp_path):
+    import json
+
+    torch.multiprocessing.spawn(_rank_share, args=(f"file://{tmp_path / 'store'}", str(tmp_path / "share")), nprocs=2)
+    (n0, r0, a), (n1, r1, b) = (json.loads((tmp_path / f"share.{r}").read_text()) for r in range(2))
+    assert (n0, r0, n1, r1) == (2, 0, 2, 1)
+    assert len(a) == len(b) == 26 and set(a) | set(b) == set(range(51))
 
 
 def test_replicas_split_one_global_order():
