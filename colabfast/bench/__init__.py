@@ -1,6 +1,11 @@
 """``colabfast bench``: colabfast against what users would do instead, measured in one run.
 
-One module per scenario (``staging``, ...), each a function returning :class:`Result` rows;
-:mod:`colabfast.bench.timing` times things the same way everywhere (median of repeats, min, max),
-and every figure a scenario reports is a ratio against a baseline measured in the same run.
+One module per scenario, each a ``run(size, repeats, ...)`` function returning :class:`Result` rows:
+``staging`` (Drive to local disk), ``epoch`` (images/s of an epoch, local and from Drive),
+``packing`` (pack throughput and mirror size), ``gpufeed`` (data wait of ResNet-18 training, CUDA
+only). ``peers`` holds the alternatives (WebDataset, LitData, MosaicML Streaming, Efficio, FFCV),
+each prepared and read the way its documentation shows. :mod:`colabfast.bench.timing` times things
+the same way everywhere (median of repeats, min, max); :mod:`colabfast.bench.report` turns rows into
+Markdown, JSON and a PNG chart with ratios measured within the run; :mod:`colabfast.bench.cli` is the
+``colabfast bench`` command.
 """

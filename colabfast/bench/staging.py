@@ -39,6 +39,13 @@ def _run(cmd: list[str]) -> Callable[[], None]:
     return lambda: subprocess.run(cmd, check=True, capture_output=True)
 
 
+def _failure(exc: BaseException) -> str:
+    """``failed: <last line of the tool's stderr, or the error>``, short enough for a table cell."""
+    lines = (getattr(exc, "stderr", None) or b"").decode(errors="replace").strip().splitlines()
+    text = lines[-1] if lines else f"{type(exc).__name__}: {exc}"
+    return "failed: " + (text if len(text) <= 160 else text[:157] + "...")
+
+
 def _case(scenario: str, methods: dict[str, Optional[Callable[[], None]]], dst: Path, nbytes: int, nfiles: int,
           limit: float, repeats: dict[str, int]) -> list[Result]:
     rows = []
@@ -46,8 +53,12 @@ def _case(scenario: str, methods: dict[str, Optional[Callable[[], None]]], dst: 
         if fn is None:
             rows.append(Result(scenario, method, None, note="not installed"))
             continue
-        med, low, high = measure(fn, repeats.get(method, repeats["default"]),
-                                 setup=lambda: shutil.rmtree(dst, ignore_errors=True))
+        try:
+            med, low, high = measure(fn, repeats.get(method, repeats["default"]),
+                                     setup=lambda: shutil.rmtree(dst, ignore_errors=True))
+        except (OSError, subprocess.CalledProcessError) as exc:  # e.g. an injected EIO: the row says so
+            rows.append(Result(scenario, method, None, note=_failure(exc)))
+            continue
         rows.append(Result(scenario, method, med, low, high, repeats.get(method, repeats["default"]), {
             "MB/s": nbytes / med / 1e6, "files/s": nfiles / med, "link_fraction": limit / med}))
     return rows
@@ -64,11 +75,23 @@ def run(size: float = 1.0, repeats: int = 3, baseline_repeats: int = 1, drive: O
             files x 0.1 s at 1.0 (``cp -r`` of 2000 files: ~3.5 minutes).
         repeats: repetitions of colabfast's methods (median reported).
         baseline_repeats: repetitions of the slow serial baselines.
-        drive: simulator settings (default :data:`DRIVE`: 100 ms per open, 2 ms per read, 60 MB/s).
+        drive: simulator settings over :data:`DRIVE` (100 ms per open, 2 ms per read, 60 MB/s), e.g.
+            ``{"eio_read": 0.001}`` to inject faults (any :class:`~colabfast.testing.drivesim.DriveSim`
+            parameter); a method that fails under faults gets a row with a note.
         work: where to put the data (default: a temp folder).
         cases: which cases to run.
+
+    Returns:
+        Rows with ``MB/s``, ``files/s`` and ``link_fraction``; without a usable FUSE, one row per case
+        saying why.
     """
-    drive = drive or DRIVE
+    from colabfast.testing.drivesim import available
+
+    ok, why = available()
+    if not ok:
+        return [Result(f"staging/{case}", "every method", None, note=f"Drive simulator unavailable: {why}")
+                for case in cases]
+    drive = {**DRIVE, **(drive or {})}
     bw = drive["mbps"] * 1e6
     reps = {"default": repeats, "cp -r": baseline_repeats, "rsync -a": baseline_repeats,
             "shutil.copytree": baseline_repeats}

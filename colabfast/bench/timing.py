@@ -20,6 +20,8 @@ class Result:
         repeats: how many times it ran.
         metrics: derived figures (``MB/s``, ``files/s``, ``images/s``, ``link_fraction``, ...).
         note: why a method did not run, or a caveat.
+        reference: a yardstick rather than something a user would pick instead (the decode-only
+            ceiling); reports never count it as an alternative.
     """
 
     scenario: str
@@ -30,6 +32,14 @@ class Result:
     repeats: int = 0
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     note: str = ""
+    reference: bool = False
+
+    @property
+    def speed(self) -> Optional[float]:
+        """Higher is faster: ``images/s`` when the row has it, else 1 / seconds; None if it did not run."""
+        if self.seconds is None:
+            return None
+        return self.metrics.get("images/s") or 1.0 / self.seconds
 
 
 def measure(

@@ -1,0 +1,386 @@
+"""The tools a user would pick instead of colabfast, each prepared and read the way its documentation shows.
+
+Every peer turns the same ImageFolder samples into its own format (:attr:`Peer.prepare`, timed by the
+caller, which also records the size on disk) and reads them back (:attr:`Peer.loader`) into the same
+output as every other method of the epoch scenario: batches ``(images, labels)`` with images a uint8
+tensor ``[B, 3, h, w]`` after the same ``transform``, with the same batch size and ``num_workers``.
+Each peer decodes with the decoder its documentation uses (PIL, torchvision.io, FFCV's own), named in
+:attr:`Peer.decoder` so the tables can say what a row measures.
+
+Peers are optional (``pip install colabfast[bench]``): :meth:`Peer.missing` says why one cannot run,
+and the scenario reports that in a note instead of a number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import importlib.util
+import io
+import math
+import multiprocessing
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+Samples = Sequence[tuple[str, int]]  # (image file, class index), in ImageFolder order
+Transform = Callable[[torch.Tensor], torch.Tensor]  # uint8 [3, H, W] -> uint8 [3, h, w]
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """One alternative to colabfast.
+
+    Attributes:
+        name: as the tables show it, e.g. ``"WebDataset"``.
+        module: the import name that must be importable.
+        distribution: the PyPI name (for the version and the install hint).
+        docs: the documentation page followed.
+        decoder: what turns the stored bytes into pixels.
+        prepare: ``prepare(samples, out, image_size, workers)`` writes the peer's format into the
+            folder ``out`` from ``samples``, all of ``image_size`` (width, height) pixels.
+        loader: ``loader(out, transform, batch_size, num_workers, cache)`` returns an iterable over
+            one epoch of shuffled batches ``(uint8 images [B, 3, h, w], labels)``, re-iterable for more
+            epochs. ``cache`` is None for data on local disk; for data on a network drive it is an empty
+            local folder, which peers whose docs copy remote data into a local cache use for that.
+        note: a caveat the tables print beside the figures.
+    """
+
+    name: str
+    module: str
+    distribution: str
+    docs: str
+    decoder: str
+    prepare: Callable[[Samples, Path, tuple[int, int], int], None]
+    loader: Callable[[Path, Transform, int, int, Optional[Path]], Iterable]
+    note: str = ""
+
+    def missing(self) -> str:
+        """``""`` when the peer is installed, else why not and how to install it."""
+        if importlib.util.find_spec(self.module) is None:
+            return f"not installed (pip install {self.distribution}, or colabfast[bench])"
+        return ""
+
+    def version(self) -> str:
+        """The installed version, or ``""``."""
+        try:
+            return importlib.metadata.version(self.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return ""
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class _Mapped(torch.utils.data.Dataset):
+    """``dataset`` with ``transform`` applied to each sample's image; samples become ``(image, label)``."""
+
+    def __init__(self, dataset: Any, transform: Transform, image_key: Any = 0, label_key: Any = 1,
+                 to_tensor: Callable[[Any], torch.Tensor] = _identity) -> None:
+        self.dataset, self.transform = dataset, transform
+        self.image_key, self.label_key, self.to_tensor = image_key, label_key, to_tensor
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        sample = self.dataset[index]
+        return self.transform(self.to_tensor(sample[self.image_key])), int(sample[self.label_key])
+
+
+# --- WebDataset --------------------------------------------------------------------------------------
+
+
+def _wds_prepare(samples: Samples, out: Path, image_size: tuple[int, int], workers: int) -> None:
+    import webdataset as wds
+
+    # At least two shards per worker: WebLoader hands whole shards to workers, and one shard would
+    # leave the other worker idle. 64 MB at most, as the docs' shards are "a few hundred MB" at most.
+    per_shard = max(1, math.ceil(len(samples) / (2 * max(1, workers))))
+    out.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxcount=per_shard, maxsize=64e6, verbose=0) as sink:
+        for i, (path, label) in enumerate(samples):
+            sink.write({"__key__": f"{i:08d}", "jpg": Path(path).read_bytes(), "cls": label})
+
+
+def _wds_loader(out: Path, transform: Transform, batch_size: int, num_workers: int, cache: Optional[Path]) -> Iterable:
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in out.glob("shard-*.tar"))
+    dataset = (
+        wds.WebDataset(urls, shardshuffle=100)
+        .shuffle(1000)
+        .decode("torchrgb8")
+        .to_tuple("jpg", "cls")
+        .map_tuple(transform, _identity)
+        .batched(batch_size)
+    )
+    return wds.WebLoader(dataset, batch_size=None, num_workers=num_workers)
+
+
+WEBDATASET = Peer(
+    name="WebDataset",
+    module="webdataset",
+    distribution="webdataset",
+    docs="https://github.com/webdataset/webdataset#readme (ShardWriter; WebDataset + WebLoader, batching in "
+         "the dataset)",
+    decoder="PIL (decode('torchrgb8'))",
+    prepare=_wds_prepare,
+    loader=_wds_loader,
+    note="sequential tar shards, no random access: shard shuffle + 1000-sample buffer instead of a full permutation",
+)
+
+
+# --- LitData -----------------------------------------------------------------------------------------
+
+
+def _litdata_sample(item: tuple[str, int]) -> dict:
+    from PIL import Image
+
+    path, label = item
+    # An opened JPEG file is stored as its own bytes (litdata's JPEGSerializer), not re-encoded.
+    return {"image": Image.open(path), "class": label}
+
+
+class _LitItem:
+    """LitData's per-item ``transform``: the stored dict to ``(transform(image), label)``."""
+
+    def __init__(self, transform: Transform) -> None:
+        self.transform = transform
+
+    def __call__(self, item: dict) -> tuple[torch.Tensor, int]:
+        return self.transform(item["image"]), item["class"]
+
+
+def _litdata_prepare(samples: Samples, out: Path, image_size: tuple[int, int], workers: int) -> None:
+    import litdata
+
+    # optimize() sets the global multiprocessing start method with force=True: "fork" in notebooks
+    # (Colab), "spawn" elsewhere, where its workers would re-run an unguarded __main__. Use what it uses
+    # in Colab, and put back what was there, or every DataLoader measured after it would change too.
+    method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        litdata.optimize(fn=_litdata_sample, inputs=list(samples), output_dir=str(out), chunk_bytes="64MB",
+                         num_workers=max(1, workers), start_method="fork", verbose=False)
+    finally:
+        multiprocessing.set_start_method(method, force=True)
+
+
+def _litdata_loader(out: Path, transform: Transform, batch_size: int, num_workers: int,
+                    cache: Optional[Path]) -> Iterable:
+    import litdata
+
+    # On a network drive the docs prefix the path with "local:", and LitData copies chunks to a
+    # local cache before reading them ("Optimize loading on networked drives").
+    source = str(out) if cache is None else f"local:{out}"
+    dataset = litdata.StreamingDataset(source, cache_dir=None if cache is None else str(cache), shuffle=True,
+                                       transform=_LitItem(transform))
+    return litdata.StreamingDataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+
+
+LITDATA = Peer(
+    name="LitData",
+    module="litdata",
+    distribution="litdata",
+    docs="https://github.com/Lightning-AI/litData#readme (optimize; StreamingDataset + StreamingDataLoader)",
+    decoder="torchvision.io (litdata's JPEG serializer)",
+    prepare=_litdata_prepare,
+    loader=_litdata_loader,
+    note="64 MB chunks, shuffled, then samples within the chunks a worker holds; from Drive: input_dir "
+         "'local:<path>', chunks copied to a local cache_dir",
+)
+
+
+# --- MosaicML Streaming ------------------------------------------------------------------------------
+
+
+def _mds_prepare(samples: Samples, out: Path, image_size: tuple[int, int], workers: int) -> None:
+    from PIL import Image
+    from streaming import MDSWriter
+
+    # "jpeg" columns keep an opened JPEG file's own bytes; no compression (the writer's default):
+    # JPEG does not compress further.
+    with MDSWriter(out=str(out), columns={"image": "jpeg", "class": "int"}, size_limit="64mb") as writer:
+        for path, label in samples:
+            with Image.open(path) as image:
+                writer.write({"image": image, "class": label})
+
+
+def _pil_to_tensor(image: Any) -> torch.Tensor:
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    return pil_to_tensor(image.convert("RGB"))
+
+
+def _mds_dataset_class() -> type:
+    from streaming import StreamingDataset
+
+    class MDSImages(StreamingDataset):
+        """StreamingDataset whose samples are ``(transform(image), label)`` (the docs subclass it so)."""
+
+        def __init__(self, *, transform: Transform, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.transform = transform
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+            sample = super().__getitem__(index)
+            return self.transform(_pil_to_tensor(sample["image"])), int(sample["class"])
+
+    return MDSImages
+
+
+def _mds_loader(out: Path, transform: Transform, batch_size: int, num_workers: int, cache: Optional[Path]) -> Iterable:
+    from streaming.base.util import clean_stale_shared_memory
+
+    # The docs' advice after an interrupted run (which notebooks have often): stale shared memory
+    # from a previous StreamingDataset otherwise makes the next one fail.
+    clean_stale_shared_memory()
+    # Remote data (a plain path is a remote too) is named by remote= and copied shard by shard into the
+    # local= cache; local data is read in place.
+    where = {"local": str(out)} if cache is None else {"remote": str(out), "local": str(cache)}
+    dataset = _mds_dataset_class()(**where, shuffle=True, batch_size=batch_size, transform=transform)
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+
+
+MOSAICML_STREAMING = Peer(
+    name="MosaicML Streaming",
+    module="streaming",
+    distribution="mosaicml-streaming",
+    docs="https://docs.mosaicml.com/projects/streaming/en/stable/getting_started/quick_start.html "
+         "(MDSWriter; StreamingDataset + DataLoader)",
+    decoder="PIL ('jpeg' column)",
+    prepare=_mds_prepare,
+    loader=_mds_loader,
+    note="64 MB MDS shards, py1e shuffle; from Drive: remote=<path>, shards copied to local=",
+)
+
+
+# --- Efficio -----------------------------------------------------------------------------------------
+
+
+def _efficio_prepare(samples: Samples, out: Path, image_size: tuple[int, int], workers: int) -> None:
+    from efficio import ImageCache
+
+    width, height = image_size
+    # size = the images' own size, so the cache holds the same pixels, not resized ones.
+    ImageCache.build([p for p, _ in samples], [c for _, c in samples], str(out), size=(height, width),
+                     workers=max(1, workers), verbose=False)
+
+
+def _efficio_loader(out: Path, transform: Transform, batch_size: int, num_workers: int,
+                    cache: Optional[Path]) -> Iterable:
+    from efficio import CachedImageDataset
+
+    dataset = _Mapped(CachedImageDataset(str(out)), transform)
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers)
+
+
+EFFICIO = Peer(
+    name="Efficio",
+    module="efficio",
+    distribution="efficio",
+    docs="https://github.com/HuNTer8272/Efficio#large-image-datasets (ImageCache.build; "
+         "DataLoader(CachedImageDataset))",
+    decoder="none: decoded uint8 pixels (ImageCache, one .npy)",
+    prepare=_efficio_prepare,
+    loader=_efficio_loader,
+    note="stores decoded pixels, resized to one fixed size",
+)
+
+
+# --- FFCV --------------------------------------------------------------------------------------------
+
+
+class _PILFiles:
+    """The indexed dataset FFCV's writer reads: ``(PIL RGB image, label)`` per sample."""
+
+    def __init__(self, samples: Samples) -> None:
+        self.samples = list(samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        path, label = self.samples[index]
+        with Image.open(path) as image:
+            return image.convert("RGB"), label
+
+
+def _ffcv_prepare(write_mode: str) -> Callable[[Samples, Path, tuple[int, int], int], None]:
+    def prepare(samples: Samples, out: Path, image_size: tuple[int, int], workers: int) -> None:
+        from ffcv.fields import IntField, RGBImageField
+        from ffcv.writer import DatasetWriter
+
+        out.mkdir(parents=True, exist_ok=True)
+        fields = {"image": RGBImageField(write_mode=write_mode, max_resolution=max(image_size), jpeg_quality=90),
+                  "label": IntField()}
+        with contextlib.redirect_stderr(io.StringIO()):  # its tqdm bar
+            DatasetWriter(str(out / "data.beton"), fields, num_workers=max(1, workers)).from_indexed_dataset(
+                _PILFiles(samples))
+
+    return prepare
+
+
+def _ffcv_loader(out: Path, transform: Transform, batch_size: int, num_workers: int, cache: Optional[Path]) -> Iterable:
+    from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import Squeeze, ToTensor, ToTorchImage
+
+    pipelines = {
+        # FFCV runs torch modules on whole batches: the same crop, applied to [B, 3, H, W].
+        "image": [SimpleRGBImageDecoder(), ToTensor(), ToTorchImage(), transform],
+        "label": [IntDecoder(), ToTensor(), Squeeze()],
+    }
+    # drop_last=False like every other loader here (FFCV's default drops the last partial batch).
+    return Loader(str(out / "data.beton"), batch_size=batch_size, num_workers=max(1, num_workers),
+                  order=OrderOption.RANDOM, pipelines=pipelines, drop_last=False)
+
+
+_FFCV_DOCS = ("https://docs.ffcv.io/writing_datasets.html and https://docs.ffcv.io/making_dataloaders.html "
+              "(DatasetWriter + RGBImageField; Loader with SimpleRGBImageDecoder)")
+
+FFCV_JPG = Peer(
+    name="FFCV (jpg)",
+    module="ffcv",
+    distribution="ffcv",
+    docs=_FFCV_DOCS,
+    decoder="FFCV (libjpeg-turbo, in threads)",
+    prepare=_ffcv_prepare("jpg"),
+    loader=_ffcv_loader,
+    note="re-encodes every image as JPEG (quality 90); num_workers are threads; the first epoch compiles "
+         "the pipeline (numba)",
+)
+
+FFCV_RAW = Peer(
+    name="FFCV (raw)",
+    module="ffcv",
+    distribution="ffcv",
+    docs=_FFCV_DOCS,
+    decoder="none: decoded uint8 pixels",
+    prepare=_ffcv_prepare("raw"),
+    loader=_ffcv_loader,
+    note="num_workers are threads; the first epoch compiles the pipeline (numba)",
+)
+
+PEERS: tuple[Peer, ...] = (WEBDATASET, LITDATA, MOSAICML_STREAMING, EFFICIO, FFCV_JPG, FFCV_RAW)
+
+
+def by_name(names: Sequence[str]) -> list[Peer]:
+    """The peers named (case-insensitive; ``"ffcv"`` selects both FFCV rows), in :data:`PEERS` order.
+
+    Raises:
+        ValueError: a name that is no peer.
+    """
+    wanted = {n.strip().lower() for n in names if n.strip()}
+    known = {p.name.lower() for p in PEERS} | {p.module for p in PEERS} | {p.distribution for p in PEERS}
+    unknown = wanted - known
+    if unknown:
+        raise ValueError(f"unknown peer(s) {', '.join(sorted(unknown))}; known: "
+                         f"{', '.join(p.name for p in PEERS)} (or module names: "
+                         f"{', '.join(sorted({p.module for p in PEERS}))})")
+    return [p for p in PEERS if {p.name.lower(), p.module, p.distribution} & wanted]

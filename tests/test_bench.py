@@ -1,0 +1,216 @@
+"""Tests for colabfast.bench: every scenario runs at a tiny size and returns well-formed rows, and the
+Markdown, JSON and PNG reports and the CLI are written and well-formed. Speed is never asserted here
+(benchmarks/ and ``colabfast bench`` measure it); the simulated Drive runs with small latencies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from colabfast.bench import cli, epoch, gpufeed, packing, peers, report, staging
+from colabfast.bench.timing import Result
+from colabfast.testing.drivesim import available
+
+ROOT = Path(__file__).resolve().parents[1]
+# A quick Drive: the plumbing is what is tested, not the latency.
+QUICK_DRIVE = {"open_ms": 5.0, "read_ms": 0.5, "mbps": 500.0}
+# A peer that is never installed: its rows must carry a note instead of a number.
+ABSENT = peers.Peer(name="Absent", module="colabfast_no_such_module", distribution="colabfast-no-such-dist",
+                    docs="", decoder="", prepare=lambda *a: None, loader=lambda *a: [])
+
+
+@pytest.fixture
+def need_fuse():
+    ok, why = available()
+    if not ok:
+        pytest.skip(why)
+
+
+def check_rows(rows: list[Result], prefix: str) -> None:
+    assert rows, "no rows"
+    for r in rows:
+        assert r.scenario.startswith(prefix) and r.method
+        if r.seconds is None:
+            assert r.note, f"{r.method}: a row without a figure must say why"
+            continue
+        assert r.seconds > 0 and r.low <= r.seconds <= r.high and r.repeats >= 1
+        assert all(math.isfinite(v) and v >= 0 for v in r.metrics.values()), r
+
+
+@pytest.mark.fuse
+def test_staging_scenario(need_fuse, tmp_path):
+    rows = staging.run(size=0.004, repeats=1, drive=QUICK_DRIVE, work=tmp_path)
+    check_rows(rows, "staging/")
+    assert {r.scenario for r in rows} == {f"staging/{c}" for c in ("small-files", "large-file", "zip", "tar.gz",
+                                                                   "rerun")}
+    ours = [r for r in rows if r.method == "colabfast.stage"]
+    assert len(ours) == 4 and all({"MB/s", "files/s", "link_fraction"} <= set(r.metrics) for r in ours)
+    assert "cp -r" in {r.method for r in rows}
+
+
+def test_staging_without_fuse_says_why(monkeypatch):
+    import colabfast.testing.drivesim as drivesim
+
+    monkeypatch.setattr(drivesim, "available", lambda: (False, "no /dev/fuse here"))
+    rows = staging.run(size=0.004, cases=("small-files", "zip"))
+    assert [(r.scenario, r.seconds) for r in rows] == [("staging/small-files", None), ("staging/zip", None)]
+    assert all("no /dev/fuse here" in r.note for r in rows)
+
+
+@pytest.mark.fuse
+def test_epoch_scenario(need_fuse, tmp_path):
+    chosen = [peers.WEBDATASET, ABSENT]
+    rows = epoch.run(size=0.01, repeats=1, image_sizes=("256px",), batch_size=8, num_workers=1, peers=chosen,
+                     drive=QUICK_DRIVE, work=tmp_path)
+    check_rows(rows, "epoch/256px/")
+    by = {(r.scenario, r.method): r for r in rows}
+    for source in ("local", "drive"):
+        for method in ("torchvision ImageFolder", "naive h5 Dataset (vlen, num_workers=0)",
+                       "colabfast encoded mirror", "colabfast raw mirror"):
+            row = by[(f"epoch/256px/{source}", method)]
+            assert row.seconds is not None, row.note
+            # 20 images per epoch, however long it took
+            assert row.metrics["images/s"] == pytest.approx(20 / row.seconds)
+        assert "not installed" in by[(f"epoch/256px/{source}", "Absent")].note
+    local = [r for r in rows if r.scenario == "epoch/256px/local"]
+    ceiling = [r for r in local if r.reference]
+    assert len(ceiling) == 1 and ceiling[0].method.startswith("decode-only ceiling")
+    encoded = by[("epoch/256px/local", "colabfast encoded mirror")]
+    assert {"1st epoch s", "prep s", "disk MB"} <= set(encoded.metrics) and encoded.metrics["disk MB"] > 0
+    staged = by[("epoch/256px/drive", "colabfast encoded mirror, staged first")]
+    assert staged.seconds is not None and staged.metrics["Drive MB"] > 0
+    wds = [r for r in local if r.method.startswith("WebDataset")]
+    assert len(wds) == 1 and (wds[0].seconds is not None or "not installed" in wds[0].note)
+
+
+def test_epoch_rejects_unknown_image_size():
+    with pytest.raises(ValueError, match="unknown image size"):
+        epoch.run(image_sizes=("1024px",))
+
+
+def test_epoch_batches_must_match(tmp_path):
+    good = [(torch.zeros(4, 3, epoch.CROP, epoch.CROP, dtype=torch.uint8), torch.zeros(4))]
+    assert epoch._epoch(good) == 4
+    with pytest.raises(RuntimeError, match="uint8 images"):
+        epoch._epoch([(torch.zeros(4, 3, 256, 256, dtype=torch.uint8), torch.zeros(4))])
+
+
+def test_pack_scenario(tmp_path):
+    rows = packing.run(size=0.01, repeats=1, modes=(("encoded", None), ("raw", 256)), workers=1, work=tmp_path)
+    check_rows(rows, "pack/500x375")
+    encoded, raw = rows
+    assert encoded.method == "colabfast.pack store='encoded'" and raw.method.endswith("image_size=256")
+    # raw pixels of 500x375 shrunk to a 256 px short side: 341x256x3 bytes each, 20 images
+    assert raw.metrics["mirror MB"] == pytest.approx(20 * 341 * 256 * 3 / 1e6, rel=0.05)
+    assert encoded.metrics["x source"] == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the rows written where there is no GPU")
+def test_gpu_scenario_without_cuda_says_so():
+    rows = gpufeed.run(size=0.01)
+    assert [r.method for r in rows] == list(gpufeed.METHODS)
+    assert all(r.seconds is None and "no CUDA GPU" in r.note for r in rows)
+
+
+@pytest.mark.cuda
+def test_gpu_scenario(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rows = gpufeed.run(size=0.05, repeats=1, batch_size=16, steps=3, work=tmp_path)
+    check_rows(rows, "gpu/resnet18")
+    assert all(r.seconds is not None and 0 <= r.metrics["data wait %"] <= 100 for r in rows), rows
+
+
+def test_fast_collate_keeps_uint8():
+    images, labels = gpufeed.fast_collate([(torch.full((3, 4, 4), i, dtype=torch.uint8), i) for i in range(3)])
+    assert images.dtype == torch.uint8 and images.shape == (3, 3, 4, 4) and labels.tolist() == [0, 1, 2]
+
+
+def test_peers_by_name():
+    assert [p.name for p in peers.by_name(["WebDataset", "ffcv"])] == ["WebDataset", "FFCV (jpg)", "FFCV (raw)"]
+    assert peers.by_name(["mosaicml-streaming"]) == [peers.MOSAICML_STREAMING]
+    with pytest.raises(ValueError, match="unknown peer"):
+        peers.by_name(["tfrecord"])
+    assert "pip install colabfast-no-such-dist" in ABSENT.missing()
+
+
+def sample_rows() -> list[Result]:
+    return [
+        Result("epoch/x", "torchvision ImageFolder", 4.0, 3.5, 4.5, 3, {"images/s": 50.0}),
+        Result("epoch/x", "colabfast encoded mirror", 1.0, 0.9, 1.2, 3, {"images/s": 200.0, "disk MB": 1.5},
+               note="a caveat"),
+        Result("epoch/x", "WebDataset", 2.0, 2.0, 2.0, 3, {"images/s": 100.0}),
+        Result("epoch/x", "FFCV", None, note="not installed (pip install ffcv)"),
+        Result("epoch/x", "decode-only ceiling", 0.5, 0.5, 0.5, 3, {"images/s": 400.0}, reference=True),
+        Result("staging/y", "colabfast.stage", 2.0, 2.0, 2.0, 1, {"MB/s": 10.0}),
+        Result("staging/y", "cp -r", 20.0, 20.0, 20.0, 1, {"MB/s": 1.0}),
+        Result("gpu/z", "plain DataLoader", None, note="no CUDA GPU here"),
+    ]
+
+
+def test_markdown_ratios_and_notes():
+    text = report.markdown(sample_rows())
+    assert "| method | seconds (min-max) | images/s | disk MB | colabfast speed-up |" in text
+    assert "| torchvision ImageFolder | 4.00 (3.50-4.50) | 50.0 |  | 4.0x |" in text
+    assert "| FFCV | not installed (pip install ffcv) |" in text
+    assert "decode-only ceiling (reference)" in text
+    # the ceiling is a reference, not the best alternative: WebDataset is
+    assert "vs the best alternative (WebDataset): **2.00x**" in text
+    assert "vs the best alternative (cp -r): **10.00x**" in text
+    assert text.count("a caveat") == 1
+
+
+def test_json_has_every_figure_and_the_machine(tmp_path):
+    path = report.to_json(sample_rows(), tmp_path / "bench.json", settings={"size": 0.01})
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == report.SCHEMA and doc["settings"] == {"size": 0.01}
+    assert doc["machine"]["cpus"] >= 1 and "torch" in doc["machine"]["packages"] and doc["machine"]["describe"]
+    assert len(doc["results"]) == len(sample_rows())
+    row = next(r for r in doc["results"] if r["method"] == "colabfast encoded mirror")
+    assert row["metrics"] == {"images/s": 200.0, "disk MB": 1.5} and row["vs_best_alternative"] == 2.0
+    assert row["low"] == 0.9 and row["high"] == 1.2 and row["repeats"] == 3
+    summary = {s["scenario"]: s for s in doc["summary"]}
+    assert summary["staging/y"]["speedup_vs_best_alternative"] == pytest.approx(10.0)
+    assert summary["gpu/z"]["colabfast"] is None
+
+
+def test_png_chart(tmp_path):
+    import matplotlib.image
+
+    path = report.plot(sample_rows(), tmp_path / "bench.png")
+    pixels = matplotlib.image.imread(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pixels.ndim == 3 and pixels.shape[0] > 300
+
+
+def test_cli_writes_the_reports(tmp_path, capsys):
+    parser = cli.build_parser(argparse.ArgumentParser(prog="colabfast bench"))
+    args = parser.parse_args(["pack", "--size", "0.01", "--repeats", "1", "--workers", "1", "--out",
+                              str(tmp_path / "out"), "--work", str(tmp_path)])
+    assert cli.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "### pack/500x375" in printed and "bench.json" in printed
+    doc = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert doc["settings"]["scenarios"] == ["pack"] and len(doc["results"]) == len(packing.MODES)
+    assert "colabfast bench pack --size 0.01" in (tmp_path / "out" / "bench.md").read_text()
+    assert (tmp_path / "out" / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_rejects_unknown_peer_and_bad_size(tmp_path):
+    parser = cli.build_parser(argparse.ArgumentParser())
+    with pytest.raises(ValueError, match="unknown peer"):
+        cli.run(parser.parse_args(["epoch", "--peers", "tfrecord", "--out", str(tmp_path)]))
+    with pytest.raises(ValueError, match="--size > 0"):
+        cli.run(parser.parse_args(["pack", "--size", "0", "--out", str(tmp_path)]))
+
+
+def test_cli_module_help():
+    done = subprocess.run([sys.executable, "-m", "colabfast.bench.cli", "--help"], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    assert "staging,epoch,pack,gpu,all" in done.stdout and "--size" in done.stdout
