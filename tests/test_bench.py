@@ -210,6 +210,15 @@ def test_cli_rejects_unknown_peer_and_bad_size(tmp_path):
         cli.run(parser.parse_args(["pack", "--size", "0", "--out", str(tmp_path)]))
 
 
+def test_cli_drive_settings():
+    parser = cli.build_parser(argparse.ArgumentParser())
+    args = parser.parse_args(["staging", "--drive", "open_ms=5, eio_read=0.01"])
+    assert args.drive == {"open_ms": 5.0, "eio_read": 0.01}
+    for bad in ("latency=5", "open_ms=fast"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["staging", "--drive", bad])
+
+
 def test_cli_module_help():
     done = subprocess.run([sys.executable, "-m", "colabfast.bench.cli", "--help"], capture_output=True, text=True,
                           cwd=ROOT, check=True)

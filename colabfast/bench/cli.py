@@ -15,9 +15,10 @@ from typing import Callable
 from colabfast.bench.timing import Result
 
 SCENARIOS = ("staging", "epoch", "pack", "gpu")
-# --size's default: every scenario at this scale finishes in a few minutes on a 2-vCPU Colab VM.
-# 1.0 is the full-size run (2000 small files and a 1 GB file to stage, 2000 images per image size).
-DEFAULT_SIZE = 0.2
+# --size's default: all scenarios at this scale take about 5 minutes on 2 vCPU (staging ~1.5, epoch
+# ~3.5: per-file Drive latency and the peers' start-up costs dominate). 1.0 is the full-size run
+# (2000 small files and a 1 GB file to stage, 2000 images per image size): about half an hour.
+DEFAULT_SIZE = 0.1
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -32,7 +33,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("scenario", nargs="?", choices=[*SCENARIOS, "all"], default="all",
                         help="what to measure (default: all)")
     parser.add_argument("--size", type=float, default=DEFAULT_SIZE,
-                        help=f"scale of every scenario's data (default {DEFAULT_SIZE}: a few minutes on 2 vCPU; "
+                        help=f"scale of every scenario's data (default {DEFAULT_SIZE}: about 5 minutes on 2 vCPU; "
                              "1.0: the full-size run, about half an hour)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="repetitions of each measurement; tables show the median and min-max (default 3)")
@@ -42,11 +43,29 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=64, help="images per batch for every loader (default 64)")
     parser.add_argument("--peers", help="comma-separated peers for the epoch scenario, e.g. 'webdataset,ffcv', "
                                         "or 'none' (default: all; those not installed get a note)")
-    parser.add_argument("--eio", type=float, default=0.0,
-                        help="probability that a simulated Drive open or read fails with EIO in the staging "
-                             "scenario (default 0: no faults)")
+    parser.add_argument("--drive", type=_drive_settings, default={}, metavar="KEY=VALUE,...",
+                        help="Drive simulator settings for the staging and epoch scenarios, over the defaults "
+                             "open_ms=100,read_ms=2,mbps=60 (per-open and per-read latency in ms, MB/s); "
+                             "eio_open=P,eio_read=P inject EIO faults with probability P")
     parser.add_argument("--work", help="folder for the generated data (default: a temp folder)")
     return parser
+
+
+def _drive_settings(text: str) -> dict[str, float]:
+    """``"open_ms=100,mbps=60"`` -> ``{"open_ms": 100.0, "mbps": 60.0}`` (DriveSim's live parameters)."""
+    from colabfast.testing.drivesim import LIVE_PARAMS
+
+    settings = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in LIVE_PARAMS:
+            raise argparse.ArgumentTypeError(f"unknown Drive setting {key!r}; known: {', '.join(LIVE_PARAMS)}")
+        try:
+            settings[key] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{key} needs a number, e.g. {key}=100; got {value!r}") from None
+    return settings
 
 
 def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]]:
@@ -54,11 +73,10 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
 
     chosen = None if args.peers is None else [] if args.peers.strip().lower() == "none" else \
         peers.by_name(args.peers.split(","))
-    faults = {"eio_open": args.eio, "eio_read": args.eio} if args.eio else None
     return {
-        "staging": lambda: staging.run(size=args.size, repeats=args.repeats, drive=faults, work=args.work),
+        "staging": lambda: staging.run(size=args.size, repeats=args.repeats, drive=args.drive, work=args.work),
         "epoch": lambda: epoch.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
-                                   num_workers=args.workers, peers=chosen, work=args.work),
+                                   num_workers=args.workers, peers=chosen, drive=args.drive, work=args.work),
         "pack": lambda: packing.run(size=args.size, repeats=args.repeats, workers=args.workers, work=args.work),
         "gpu": lambda: gpufeed.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                    num_workers=args.workers, work=args.work),
@@ -72,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         ValueError: an unknown peer name, or a bad ``--size``/``--repeats``.
     """
     from colabfast.bench import report
+    from colabfast.bench.staging import DRIVE
 
     if args.size <= 0 or args.repeats < 1:
         raise ValueError(f"need --size > 0 and --repeats >= 1, got {args.size} and {args.repeats}")
@@ -80,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
+    machine = report.machine()
+    print(f"colabfast bench on {report.machine_line(machine)}", flush=True)
     started = time.perf_counter()
     for name in names:
         print(f"colabfast bench: {name} (size {args.size}, {args.repeats} repeats) ...", flush=True)
@@ -87,11 +108,13 @@ def run(args: argparse.Namespace) -> int:
         print(report.markdown(rows), flush=True)
         results += rows
     settings = {"scenarios": list(names), "size": args.size, "repeats": args.repeats, "workers": args.workers,
-                "batch_size": args.batch_size, "peers": args.peers, "eio": args.eio,
+                "batch_size": args.batch_size, "peers": args.peers, "drive": {**DRIVE, **args.drive},
                 "seconds": round(time.perf_counter() - started, 1)}
     md = out / "bench.md"
-    md.write_text(f"# colabfast bench\n\n`{_command(args)}`\n\n" + report.markdown(results), encoding="utf-8")
-    written = [md, report.to_json(results, out / "bench.json", settings=settings)]
+    md.write_text(f"# colabfast bench\n\n`{_command(args)}` on {report.machine_line(machine)}\n\n"
+                  + report.markdown(results), encoding="utf-8")
+    written = [md, report.to_json(results, out / "bench.json", settings=settings, command=_command(args),
+                                  machine_info=machine)]
     try:
         written.append(report.plot(results, out / "bench.png", title=f"colabfast bench ({_command(args)})"))
     except ModuleNotFoundError as exc:
@@ -108,8 +131,8 @@ def _command(args: argparse.Namespace) -> str:
         parts.append(f"--batch-size {args.batch_size}")
     if args.peers is not None:
         parts.append(f"--peers {args.peers}")
-    if args.eio:
-        parts.append(f"--eio {args.eio:g}")
+    if args.drive:
+        parts.append("--drive " + ",".join(f"{k}={v:g}" for k, v in args.drive.items()))
     return " ".join(parts)
 
 

@@ -40,6 +40,7 @@ from PIL import Image
 
 from colabfast import env
 from colabfast.bench import peers as peer_module
+from colabfast.bench.staging import DRIVE
 from colabfast.bench.timing import Result
 from colabfast.testing import data
 
@@ -47,7 +48,6 @@ from colabfast.testing import data
 IMAGE_SIZES = {"256px": (256, 256), "500x375": (500, 375)}
 CROP = 224
 CLASSES = 10
-DRIVE = {"open_ms": 100.0, "read_ms": 2.0, "mbps": 60.0}
 
 
 def transform() -> torch.nn.Module:
@@ -116,6 +116,7 @@ class _Method:
             on local disk with ``cache`` None, or on the simulated Drive with ``cache`` an empty local
             folder the method may fill (staging, the peers' local caches).
         prepare: ``prepare(root)`` writes the method's format under ``root``; None: nothing to prepare.
+        load: imports what the method needs, run untimed before ``prepare``.
         data: the file or folder under ``root`` that holds what it reads (its size is ``disk MB``).
         note: the caveat the tables print.
         missing: why it cannot run here (a peer not installed), or ``""``.
@@ -129,6 +130,7 @@ class _Method:
     name: str
     open_loader: Callable[[Path, Optional[Path]], Iterable]
     prepare: Optional[Callable[[Path], None]] = None
+    load: Optional[Callable[[], None]] = None
     data: str = ""
     note: str = ""
     missing: str = ""
@@ -194,8 +196,9 @@ def _methods(samples: list[tuple[str, int]], image_size: tuple[int, int], batch_
             peer.prepare(samples, out / _slug(peer.name), image_size, workers)
 
         version = peer.version()
-        methods.append(_Method(f"{peer.name} {version}".strip(), open_peer, prepare=prepare_peer, data=_slug(peer.name),
-                               note=f"{peer.note}; decode: {peer.decoder}", missing=peer.missing()))
+        methods.append(_Method(f"{peer.name} {version}".strip(), open_peer, prepare=prepare_peer, load=peer.load,
+                               data=_slug(peer.name), note=f"{peer.note}; decode: {peer.decoder}",
+                               missing=peer.missing()))
     methods.append(_Method("decode-only ceiling (torchvision.io, JPEGs in RAM)",
                            lambda root, cache: ours(EncodedInRAM(samples, crop)), reference=True, drive=False,
                            note="the same decoder on the same bytes already in RAM: no I/O"))
@@ -233,15 +236,17 @@ def _prepare(methods: list[_Method], out: Path) -> None:
     for m in methods:
         if m.missing:
             continue
-        start = time.perf_counter()
         try:
+            if m.load is not None:
+                m.load()
+            start = time.perf_counter()
             if m.prepare is not None:
                 with contextlib.redirect_stdout(io.StringIO()):  # peers print progress
                     m.prepare(out)
         except Exception as exc:  # a peer's failure is a row's note, not the end of the suite
             m.failed = _failed(exc)
             continue
-        m.prepared = {"prep s": time.perf_counter() - start}
+        m.prepared = {} if m.reference else {"prep s": time.perf_counter() - start}
         if m.data:
             m.prepared["disk MB"] = _tree_bytes(out / m.data) / 1e6
 
@@ -349,7 +354,7 @@ def run(
             as on Colab: 2); also the processes each method's preparation may use.
         peers: the peers to run (default: all of :data:`colabfast.bench.peers.PEERS`; those not
             installed get a row with a note).
-        drive: simulator settings (default :data:`DRIVE`: 100 ms per open, 2 ms per read, 60 MB/s).
+        drive: simulator settings over :data:`DRIVE` (100 ms per open, 2 ms per read, 60 MB/s).
         work: where to put the data (default: a temp folder).
 
     Returns:
@@ -391,7 +396,7 @@ def run(
             if not ok:
                 return rows + [Result(f"epoch/{key}/drive", "every method", None,
                                       note=f"Drive simulator unavailable: {why}") for key in prepared]
-            with DriveSim(tmp / "data", tmp / "mnt", **(drive or DRIVE)) as sim:
+            with DriveSim(tmp / "data", tmp / "mnt", **{**DRIVE, **(drive or {})}) as sim:
                 for key, methods in prepared.items():
                     rows += _drive(f"epoch/{key}/drive", methods, sim, sim.mountpoint / key, repeats,
                                    baseline_repeats, tmp / "cache")

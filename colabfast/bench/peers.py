@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import importlib.metadata
 import importlib.util
 import io
@@ -46,6 +47,9 @@ class Peer:
             epochs. ``cache`` is None for data on local disk; for data on a network drive it is an empty
             local folder, which peers whose docs copy remote data into a local cache use for that.
         note: a caveat the tables print beside the figures.
+        imports: modules :meth:`load` imports, so that import time (seconds for some peers) is not
+            counted as preparation or reading time.
+        install: how to install it, when ``pip install <distribution>`` is not enough.
     """
 
     name: str
@@ -56,11 +60,18 @@ class Peer:
     prepare: Callable[[Samples, Path, tuple[int, int], int], None]
     loader: Callable[[Path, Transform, int, int, Optional[Path]], Iterable]
     note: str = ""
+    imports: tuple[str, ...] = ()
+    install: str = ""
+
+    def load(self) -> None:
+        """Import the peer's modules now (its ``module`` and ``imports``)."""
+        for name in (self.module, *self.imports):
+            importlib.import_module(name)
 
     def missing(self) -> str:
         """``""`` when the peer is installed, else why not and how to install it."""
         if importlib.util.find_spec(self.module) is None:
-            return f"not installed (pip install {self.distribution}, or colabfast[bench])"
+            return f"not installed ({self.install or f'pip install {self.distribution}, or colabfast[bench]'})"
         return ""
 
     def version(self) -> str:
@@ -254,6 +265,7 @@ MOSAICML_STREAMING = Peer(
     decoder="PIL ('jpeg' column)",
     prepare=_mds_prepare,
     loader=_mds_loader,
+    imports=("streaming.base.util",),
     note="64 MB MDS shards, py1e shuffle; from Drive: remote=<path>, shards copied to local=",
 )
 
@@ -341,6 +353,9 @@ def _ffcv_loader(out: Path, transform: Transform, batch_size: int, num_workers: 
                   order=OrderOption.RANDOM, pipelines=pipelines, drop_last=False)
 
 
+# FFCV compiles a C extension at install time; pip alone fails without these (Colab lacks them).
+_FFCV_INSTALL = "apt-get install libopencv-dev libturbojpeg0-dev pkg-config, then pip install ffcv"
+_FFCV_IMPORTS = ("ffcv.writer", "ffcv.fields", "ffcv.fields.decoders", "ffcv.loader", "ffcv.transforms")
 _FFCV_DOCS = ("https://docs.ffcv.io/writing_datasets.html and https://docs.ffcv.io/making_dataloaders.html "
               "(DatasetWriter + RGBImageField; Loader with SimpleRGBImageDecoder)")
 
@@ -352,6 +367,8 @@ FFCV_JPG = Peer(
     decoder="FFCV (libjpeg-turbo, in threads)",
     prepare=_ffcv_prepare("jpg"),
     loader=_ffcv_loader,
+    imports=_FFCV_IMPORTS,
+    install=_FFCV_INSTALL,
     note="re-encodes every image as JPEG (quality 90); num_workers are threads; the first epoch compiles "
          "the pipeline (numba)",
 )
@@ -364,6 +381,8 @@ FFCV_RAW = Peer(
     decoder="none: decoded uint8 pixels",
     prepare=_ffcv_prepare("raw"),
     loader=_ffcv_loader,
+    imports=_FFCV_IMPORTS,
+    install=_FFCV_INSTALL,
     note="num_workers are threads; the first epoch compiles the pipeline (numba)",
 )
 

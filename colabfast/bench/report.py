@@ -129,6 +129,14 @@ def machine() -> dict[str, Any]:
     }
 
 
+def machine_line(info: dict[str, Any]) -> str:
+    """One line for headers, e.g. ``2 CPUs (Intel Xeon ...), 25.3 GB RAM, no GPU, colab, torch 2.14.1``."""
+    gpu = info["gpu"]["name"] if info.get("gpu") else "no GPU"
+    torch_version = info.get("packages", {}).get("torch", "?")
+    return (f"{info['cpus']} CPUs ({info['cpu']}), {info['ram_bytes'] / 1e9:.1f} GB RAM, {gpu}, "
+            f"{info['platform']}, torch {torch_version}")
+
+
 def summary(results: Sequence[Result]) -> list[dict[str, Any]]:
     """Per scenario: colabfast's best row, the best alternative, and the speed ratio between them."""
     out = []
@@ -141,10 +149,11 @@ def summary(results: Sequence[Result]) -> list[dict[str, Any]]:
 
 
 def to_json(results: Sequence[Result], path: str | Path, *, settings: Optional[dict] = None,
-            machine_info: Optional[dict] = None) -> Path:
+            command: Optional[str] = None, machine_info: Optional[dict] = None) -> Path:
     """Write every figure to ``path`` as JSON and return the path.
 
-    Layout: ``{"schema", "created" (UTC, ISO 8601), "command", "settings", "machine" (see
+    Layout: ``{"schema", "created" (UTC, ISO 8601), "command" (default: this process's command
+    line), "settings", "machine" (see
     :func:`machine`), "summary" (see :func:`summary`), "results": [every :class:`Result` field plus
     "speed" (images/s, else 1/seconds) and "vs_best_alternative" (its speed / the best alternative's)]}``.
     """
@@ -159,7 +168,7 @@ def to_json(results: Sequence[Result], path: str | Path, *, settings: Optional[d
     doc = {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
+        "command": command if command is not None else " ".join(sys.argv),
         "settings": settings or {},
         "machine": machine_info if machine_info is not None else machine(),
         "summary": summary(results),
