@@ -184,8 +184,8 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "colabfast be
 
     Bars show images/s where the scenario measures images (higher is better), else seconds (lower
     is better; a log scale when they span more than 50x). On each bar: its value and its speed as a
-    multiple of the best alternative's (``3.2x``: 3.2 times as fast as the best alternative, which
-    each panel's title names). colabfast's bars are orange, the
+    multiple of the best alternative's (``3.2x``: 3.2 times as fast as the best alternative, the
+    fastest grey bar). colabfast's bars are orange, the
     alternatives grey, references light blue; rows that did not run show their note instead of a bar,
     and scenarios where nothing ran are named under the title with the reason.
 
@@ -199,9 +199,10 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "colabfast be
 
     panels = [(s, rows) for s, rows in scenarios(results) if any(r.seconds is not None for r in rows)]
     not_run = [f"{s}: {rows[0].note}" for s, rows in scenarios(results) if all(r.seconds is None for r in rows)]
-    title = "\n".join([title, *(f"not run: {line}" for line in not_run)])
+    legend = "Nx on a bar: its speed / the best alternative's (the fastest grey bar, 1.0x); orange: colabfast"
+    title = "\n".join([title, legend, *(f"not run: {line}" for line in not_run)])
     heights = [0.9 + 0.32 * len(rows) for _, rows in panels] or [1.0]
-    fig, axes = plt.subplots(len(heights), 1, figsize=(11, sum(heights) + 0.4 + 0.2 * len(not_run)),
+    fig, axes = plt.subplots(len(heights), 1, figsize=(11, sum(heights) + 0.6 + 0.2 * len(not_run)),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     for ax, (scenario, rows) in zip(axes[:, 0], panels):
         rate = any("images/s" in r.metrics for r in rows)
@@ -213,8 +214,7 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "colabfast be
         ax.barh(y, values, color=colours)
         ax.set_yticks(y, names, fontsize=8)
         what = "images/s (higher is better)" if rate else "seconds (lower is better)"
-        vs = f"; Nx = speed vs the best alternative, {best.method}" if best else ""
-        ax.set_title(f"{scenario}: {what}{vs}", fontsize=9, loc="left")
+        ax.set_title(f"{scenario}: {what}", fontsize=9, loc="left")
         top = max(values) or 1.0
         log = not rate and top / max(min(v for v in values if v > 0), 1e-9) > 50
         if log:
@@ -233,7 +233,7 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "colabfast be
             ax.text(v, yi, label, va="center", fontsize=7, fontweight="bold" if is_ours(r) else "normal")
         ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 1 - (0.3 + 0.2 * len(not_run)) / fig.get_figheight()))
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.5 + 0.2 * len(not_run)) / fig.get_figheight()))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
