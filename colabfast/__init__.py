@@ -11,6 +11,7 @@ Public names load on first use, so ``import colabfast`` and the CLI start fast.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -41,12 +42,12 @@ __all__ = ["env", *_EXPORTS]
 
 
 def __getattr__(name: str):
-    if name == "env":
-        return importlib.import_module("colabfast.env")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
+    if importlib.util.find_spec(f"colabfast.{name}") is not None:  # a module: cf.env, cf.drive, ...
+        return importlib.import_module(f"colabfast.{name}")
     raise AttributeError(f"module 'colabfast' has no attribute {name!r}")
 
 

@@ -12,7 +12,11 @@ tar.gz on Google Drive extracts at the link's bandwidth.
 
 from __future__ import annotations
 
+import bz2
+import contextlib
+import gzip
 import io
+import lzma
 import os
 import posixpath
 import shutil
@@ -145,7 +149,9 @@ def _extract_tar(archive: Path, f: io.BufferedReader, dst: Path, report: Callabl
             f"extracting {archive} safely needs tarfile's extraction filters (PEP 706): "
             "Python 3.9.17+, 3.10.12+, 3.11.4+ or 3.12+"
         )
-    with tarfile.open(fileobj=f, mode="r|*", bufsize=1 << 20) as tar:
+    # tarfile's own stream mode re-slices its buffer on every read (1.5x slower here); a
+    # decompressing file object read strictly forwards in "r:" mode is the same single pass.
+    with _decompressed(f) as stream, tarfile.open(fileobj=stream, mode="r:") as tar:
         tar.errorlevel = 2  # raise on every extraction problem, not only fatal ones
         for member in tar:
             _checked_name(archive, member.name)  # the data filter would strip a leading "/"; refuse
@@ -156,6 +162,18 @@ def _extract_tar(archive: Path, f: io.BufferedReader, dst: Path, report: Callabl
             except tarfile.FilterError as exc:
                 raise UnsafeArchiveError(archive, member.name, _filter_reason(exc)) from exc
             report()
+
+
+def _decompressed(f: io.BufferedReader) -> io.IOBase:
+    """A file object of the tar inside ``f``, by the compression's magic bytes (gzip, bzip2, xz)."""
+    head = f.peek(6)[:6]
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    if head.startswith(b"BZh"):
+        return bz2.BZ2File(f)
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(f)
+    return contextlib.nullcontext(f)
 
 
 def _filter_reason(exc: tarfile.FilterError) -> str:

@@ -14,7 +14,7 @@ import json
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import h5py
 import numpy as np
@@ -28,6 +28,7 @@ from colabfast.mirror import KITTI_CALIB_KEYS, MirrorError, check, json_attr, op
 
 PathLike = Union[str, os.PathLike]
 OUTPUTS = ("pil", "tensor", "bytes")
+MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
 
 
 class MirrorReader:
@@ -113,6 +114,32 @@ class MirrorReader:
         self._read_into(out.numpy(), a)
         return out
 
+    def read_many(self, indices: Sequence[int]) -> list[torch.Tensor]:
+        """The stored bytes of several samples, reading each run of consecutive indices at once.
+
+        A batch drawn by :class:`colabfast.BlockShuffleSampler` is a few runs of consecutive samples,
+        so it costs a few large reads instead of one small read per sample: what makes cold storage
+        (a mirror on Drive, a cold disk) fast. Returns uint8 tensors ``[nbytes]`` in ``indices``
+        order; those of one run are views into one buffer.
+        """
+        if self.blob is not None:
+            return [self.read(i) for i in indices]
+        out: dict[int, torch.Tensor] = {}
+        ordered = sorted(set(int(i) for i in indices))
+        start = 0
+        for k in range(1, len(ordered) + 1):
+            run_ends = k == len(ordered) or ordered[k] != ordered[k - 1] + 1
+            too_big = k < len(ordered) and self.offsets[ordered[k] + 1] - self.offsets[ordered[start]] > MAX_READ
+            if run_ends or too_big:
+                first, last = ordered[start], ordered[k - 1]
+                base = int(self.offsets[first])
+                buf = torch.empty(int(self.offsets[last + 1]) - base, dtype=torch.uint8)
+                self._read_into(buf.numpy(), base)
+                for i in ordered[start:k]:
+                    out[i] = buf[int(self.offsets[i]) - base : int(self.offsets[i + 1]) - base]
+                start = k
+        return [out[int(i)] for i in indices]
+
     def view(self, index: int) -> torch.Tensor:
         """Like :meth:`read`, but a read-only view into the shared in-memory data when loaded."""
         if self.blob is None:
@@ -177,16 +204,33 @@ class MirrorDataset(VisionDataset):
         """Sample ``index``'s image per ``output``: a PIL RGB image; a uint8 tensor [3, H, W] (a
         channels-last view, as ``torchvision.io.decode_image`` returns); or the encoded file's bytes
         as a uint8 tensor [nbytes]."""
+        stored = self.reader.view(index) if self.output != "bytes" else self.reader.read(index)
+        return self._decode(index, stored)
+
+    def _decode(self, index: int, stored: torch.Tensor) -> Any:
         if self.reader.store == "raw":
             h, w, c = (int(v) for v in self.reader.shapes[index])
-            hwc = self.reader.read(index).view(h, w, c)
+            hwc = stored.view(h, w, c)
             return Image.fromarray(hwc.numpy()) if self.output == "pil" else hwc.permute(2, 0, 1)
         if self.output == "tensor":
-            return decode_image(self.reader.view(index), mode=ImageReadMode.RGB)
+            return decode_image(stored, mode=ImageReadMode.RGB)
         if self.output == "bytes":
-            return self.reader.read(index)
-        with Image.open(io.BytesIO(self.reader.view(index).numpy().tobytes())) as img:
+            return stored
+        with Image.open(io.BytesIO(stored.numpy().tobytes())) as img:
             return img.convert("RGB")
+
+    def sample(self, index: int, image: Any) -> Any:
+        """The dataset item for ``index`` given its image (targets and transforms added)."""
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> Any:
+        return self.sample(index, self.image(index))
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """Items for a whole batch (torch's DataLoader calls this when it exists): runs of
+        consecutive indices are read with one read each (see :meth:`MirrorReader.read_many`)."""
+        stored = self.reader.read_many(indices)
+        return [self.sample(i, self._decode(i, data)) for i, data in zip(indices, stored)]
 
     @cached_property
     def source_paths(self) -> list[str]:
@@ -259,8 +303,8 @@ class H5ImageFolder(MirrorDataset):
 
     imgs = samples
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        image, target = self.image(index), int(self._targets[index])
+    def sample(self, index: int, image: Any) -> tuple[Any, int]:
+        target = int(self._targets[index])
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:
@@ -361,8 +405,8 @@ class H5Kitti(MirrorDataset):
             return {k: g["calib"][k][index].reshape(3, 3 if k == "R0_rect" else 4) for k in KITTI_CALIB_KEYS
                     if k in g["calib"]}
 
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        image, target = self.image(index), self.target(index)
+    def sample(self, index: int, image: Any) -> tuple[Any, Any]:
+        target = self.target(index)
         if self.transforms:
             image, target = self.transforms(image, target)
         return image, target

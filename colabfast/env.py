@@ -357,18 +357,29 @@ def gpu() -> Optional[dict]:
     if torch is not None and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return {"name": props.name, "memory": props.total_memory}
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    pynvml, handle = nvml
+    try:
+        name = pynvml.nvmlDeviceGetName(handle)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+    except Exception:  # NVML raises its own error types for "no driver", "no device", ...
+        return None
+    return {"name": name.decode() if isinstance(name, bytes) else name, "memory": int(memory)}
+
+
+def _nvml() -> Optional[tuple]:
+    """``(pynvml, handle of GPU 0)`` when ``nvidia-ml-py`` is installed and finds a GPU, else None."""
     try:
         import pynvml
     except ImportError:
         return None
     try:
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        name = pynvml.nvmlDeviceGetName(handle)
-        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
     except Exception:  # NVML raises its own error types for "no driver", "no device", ...
         return None
-    return {"name": name.decode() if isinstance(name, bytes) else name, "memory": int(memory)}
 
 
 def gpu_decode_available() -> bool:
@@ -388,15 +399,13 @@ def gpu_decode_available() -> bool:
 
 def gpu_utilization() -> Optional[float]:
     """Current utilisation of GPU 0 in percent from NVML (``nvidia-ml-py``), or None without it."""
-    try:
-        import pynvml
-    except ImportError:
+    nvml = _nvml()
+    if nvml is None:
         return None
+    pynvml, handle = nvml
     try:
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    except Exception:  # NVML raises its own error types for "no driver", "no device", ...
+    except Exception:  # NVML raises its own error types
         return None
 
 

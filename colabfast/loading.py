@@ -150,7 +150,15 @@ class _Prepared(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: Any) -> Any:
-        sample = self.dataset[index]
+        return self._prepare(index, self.dataset[index])
+
+    def __getitems__(self, indices: list) -> list:
+        # Keep the wrapped dataset's batched reads (a mirror reads runs of consecutive samples at once).
+        if callable(getattr(self.dataset, "__getitems__", None)):
+            return [self._prepare(i, s) for i, s in zip(indices, self.dataset.__getitems__(indices))]
+        return [self[i] for i in indices]
+
+    def _prepare(self, index: Any, sample: Any) -> Any:
         image = sample[0] if isinstance(sample, (tuple, list)) else sample
         if is_encoded(image):
             key = operator.index(index) if hasattr(index, "__index__") else None

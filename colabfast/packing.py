@@ -133,6 +133,7 @@ def pack(
 
     work = _work_dir(dst)
     work.mkdir(parents=True, exist_ok=True)
+    _preflight(source, work, store, image_size)
     parts = _make_parts(source, orders, options, work, workers, progress)
     failures = [(f"{s.root / s.files[i].rel}", err) for s in source.splits for i, err in parts.errors[s.name]]
     if failures and on_error == "raise":
@@ -159,6 +160,25 @@ def pack(
     _publish(build, dst)
     shutil.rmtree(work, ignore_errors=True)
     return dst
+
+
+def _preflight(source: Source, work: Path, store: str, image_size) -> None:
+    """Raise ENOSPC before any work when the local disk cannot hold what packing will write there.
+
+    Kept encoded images make parts and then a mirror of about the source's size each; reading the
+    source from DriveFS also fills Drive's local cache with it (FIELD-NOTES). Resized or raw stores
+    have no size before decoding; :func:`_assemble` checks again once it is known.
+    """
+    src_bytes = sum(f.size for s in source.splits for f in s.files)
+    output = 2 * src_bytes if store == "encoded" and image_size is None else 0
+    cache = src_bytes if env.drive_kind(source.root) == "drivefs" else 0
+    free = env.disk_free(work)
+    if output + cache > free:
+        parts = [f"2 x {human_bytes(src_bytes)} for the parts and the mirror"] if output else []
+        parts += [f"{human_bytes(cache)} for Drive's cache of what is read"] if cache else []
+        raise OSError(28, f"not enough free space on {work.parent} to pack {source.root}: need "
+                          f"{human_bytes(output + cache)} ({' + '.join(parts)}), have {human_bytes(free)}. "
+                          "Free space, pack a resized mirror (image_size=...), or stage the source first.")
 
 
 def _check_size(image_size) -> Union[int, list[int], None]:

@@ -20,7 +20,7 @@ import stat
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 from colabfast import env
 from colabfast._fileio import (
@@ -74,7 +74,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def stage(
-    src: PathLike,
+    src: Union[PathLike, Sequence[PathLike]],
     dst: Optional[PathLike] = None,
     *,
     to: str = "auto",
@@ -96,7 +96,9 @@ def stage(
         src: a folder (copied recursively, following symlinks), a single file, or an archive
             (``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``),
             which is extracted while it is read, with no intermediate copy (see
-            :mod:`colabfast.archive` for what is refused as unsafe).
+            :mod:`colabfast.archive` for what is refused as unsafe); or a list of archives that
+            together make one dataset, extracted into one folder (KITTI's
+            ``data_object_image_2.zip``, ``data_object_label_2.zip`` and ``data_object_calib.zip``).
         dst: where to put it. For a folder or an archive, the folder to create; for a file, the
             file path (or an existing folder to put it in). Default: ``/content/<name>`` in Colab,
             ``<tempdir>/colabfast/<name>`` elsewhere, or ``<ramdisk>/<name>`` per ``to``; an
@@ -132,6 +134,17 @@ def stage(
         raise ValueError(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     if dst is not None and to != "auto":
         raise ValueError(f"pass dst or to, not both: to={to!r} only picks a default destination")
+    if isinstance(src, (list, tuple)):
+        archives = [Path(os.path.abspath(a)) for a in src]
+        if not archives or not all(archive_suffix(a) for a in archives):
+            raise ValueError("a list of sources must be archives (.zip, .tar, .tar.gz, ...), extracted into one folder")
+        for a in archives:
+            if not a.is_file():
+                raise FileNotFoundError(errno.ENOENT, f"nothing to stage: {a} does not exist", str(a))
+        size = sum(retry(lambda a=a: extracted_size(a), retries) for a in archives)
+        target = _destination(strip_archive_suffix(archives[0].name), dst, to, size)
+        with _locked(target):
+            return _stage_archive(archives, target, verify, retries, progress)
     src = Path(os.path.abspath(src))
     try:
         st = retry(lambda: os.stat(src), retries)  # Drive may be briefly disconnected even now
@@ -154,7 +167,7 @@ def stage(
         target = _destination(strip_archive_suffix(src.name), dst, to, retry(lambda: extracted_size(src), retries))
         _check_not_nested(src, target)
         with _locked(target):
-            return _stage_archive(src, target, verify, retries, progress)
+            return _stage_archive([src], target, verify, retries, progress)
     target = _destination(src.name, dst, to, st.st_size)
     if target.is_dir():
         target = target / src.name
@@ -255,9 +268,9 @@ def _locked(dst: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _new_manifest(src: Path, complete: bool, **extra) -> dict:
-    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "source": str(src),
-            "complete": complete, **extra}
+def _new_manifest(src: Union[Path, str, list], complete: bool, **extra) -> dict:
+    source = src if isinstance(src, list) else str(src)
+    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "source": source, "complete": complete, **extra}
 
 
 # --- folders and single files ----------------------------------------------------------------------
@@ -317,7 +330,8 @@ def _stage_tree(
     if old and not old.get("complete"):
         _remove_partials(dst)
     copier = _Copier(src, target_of, verify, retries)
-    failures = copier.run(todo, workers, progress, desc=f"stage {dst.name}")
+    name = next(iter(rename.values())) if rename else dst.name
+    failures = copier.run(todo, workers, progress, desc=f"stage {name}")
     hashes.update(copier.hashes)
     write_json_atomic(manifest_path, _new_manifest(src, not failures, sha256=hashes or None))
     if failures:
@@ -525,41 +539,47 @@ class _BigFile:
 # --- archives --------------------------------------------------------------------------------------
 
 
-def _stage_archive(src: Path, dst: Path, verify: str, retries: int, progress: bool) -> Path:
+def _stage_archive(archives: list[Path], dst: Path, verify: str, retries: int, progress: bool) -> Path:
+    """Extract ``archives`` (one, or several that together make one dataset) into the folder ``dst``."""
     from tqdm.auto import tqdm
 
-    st = retry(lambda: os.stat(src), retries)
-    identity = [st.st_size, st.st_mtime_ns]
+    stats = [retry(lambda a=a: os.stat(a), retries) for a in archives]
+    identity = [[str(a), st.st_size, st.st_mtime_ns] for a, st in zip(archives, stats)]
+    source = str(archives[0]) if len(archives) == 1 else [str(a) for a in archives]
+    names = ", ".join(a.name for a in archives)
     manifest_path = _manifest_path(dst)
     old = read_json(manifest_path) or {}
-    ours = old.get("format") == MANIFEST_FORMAT and old.get("source") == str(src)
+    ours = old.get("format") == MANIFEST_FORMAT and old.get("source") == source
     if ours and old.get("complete") and old.get("archive") == identity and dst.is_dir():
         if verify != "sha256" or _hashes_match(dst, old.get("sha256") or {}):
             return _single_top_folder(dst)
     if dst.exists() and not ours and (not dst.is_dir() or any(dst.iterdir())):
-        raise ValueError(f"{dst} already exists and was not staged from {src}: remove it or pass another dst")
+        raise ValueError(f"{dst} already exists and was not staged from {names}: remove it or pass another dst")
 
-    check_space(retry(lambda: extracted_size(src), retries), dst, src)
+    check_space(sum(retry(lambda a=a: extracted_size(a), retries) for a in archives), dst, archives[0])
     work = partial_path(dst)  # resumable: entries already extracted there unchanged are skipped
     if old.get("archive") not in (None, identity) and work.exists():
-        shutil.rmtree(work)  # a different version of the archive: start over
-    write_json_atomic(manifest_path, _new_manifest(src, False, archive=identity))
-    with tqdm(total=st.st_size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"extract {src.name}",
-              disable=not progress) as bar:
-        try:
-            extract(src, work, retries=retries, on_progress=lambda n: bar.update(n - bar.n))
-        except ValueError:  # UnsafeArchiveError: keep nothing an attacker chose
-            shutil.rmtree(work, ignore_errors=True)
-            manifest_path.unlink()
-            raise
+        shutil.rmtree(work)  # other archives, or another version of them: start over
+    write_json_atomic(manifest_path, _new_manifest(source, False, archive=identity))
+    done = 0
+    with tqdm(total=sum(st.st_size for st in stats), unit="B", unit_scale=True, unit_divisor=1024,
+              desc=f"extract {names}", disable=not progress) as bar:
+        for archive, st in zip(archives, stats):
+            try:
+                extract(archive, work, retries=retries, on_progress=lambda n, done=done: bar.update(done + n - bar.n))
+            except ValueError:  # UnsafeArchiveError: keep nothing an attacker chose
+                shutil.rmtree(work, ignore_errors=True)
+                manifest_path.unlink()
+                raise
+            done += st.st_size
     hashes = None
     if verify == "sha256":
         hashes = {str(p.relative_to(work)): _sha256_of(p) for p in sorted(work.rglob("*"))
                   if p.is_file() and not p.is_symlink()}
     if dst.exists():
-        shutil.rmtree(dst)  # an older staged version of this archive
+        shutil.rmtree(dst)  # an older staged version of these archives
     os.replace(work, dst)
-    write_json_atomic(manifest_path, _new_manifest(src, True, archive=identity, sha256=hashes))
+    write_json_atomic(manifest_path, _new_manifest(source, True, archive=identity, sha256=hashes))
     return _single_top_folder(dst)
 
 

@@ -168,3 +168,25 @@ def test_links_inside_the_archive_are_kept(tmp_path):
             t.addfile(info, io.BytesIO(data) if data is not None else None)
     out = stage(archive, tmp_path / "dst", progress=False)
     assert (out / "alias.txt").is_symlink() and (out / "alias.txt").read_bytes() == b"data"
+
+
+def test_several_archives_make_one_folder(tmp_path):
+    """KITTI ships images, labels and calibration as three zips that unpack into one tree."""
+    from colabfast.testing.data import make_kitti
+
+    kitti = make_kitti(tmp_path / "kitti", train=3, test=2, size=(60, 20))
+    zips = []
+    for part, folders in {"image_2": ["training/image_2", "testing/image_2"], "label_2": ["training/label_2"],
+                          "calib": ["training/calib", "testing/calib"]}.items():
+        path = tmp_path / f"data_object_{part}.zip"
+        with zipfile.ZipFile(path, "w") as z:
+            for folder in folders:
+                for p in sorted((kitti / folder).iterdir()):
+                    z.write(p, p.relative_to(kitti).as_posix())
+        zips.append(path)
+    out = stage(zips, tmp_path / "staged", progress=False)
+    assert out == tmp_path / "staged"
+    assert_same_tree(kitti, out)
+    assert stage(zips, tmp_path / "staged", progress=False) == out  # unchanged: nothing to do
+    with pytest.raises(ValueError, match="must be archives"):
+        stage([zips[0], kitti], tmp_path / "x", progress=False)

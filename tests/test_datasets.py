@@ -213,3 +213,26 @@ def test_refuses_bad_files_with_clear_errors(mirrors, tmp_path):
         H5ImageFolder(text)
     with pytest.raises(FileNotFoundError, match="colabfast.pack"):
         H5ImageFolder(tmp_path / "missing.h5")
+
+
+@pytest.mark.parametrize("store", ["encoded", "raw"])
+def test_batched_reads_coalesce_runs_and_equal_single_reads(mirrors, store, monkeypatch):
+    ds = H5ImageFolder(mirrors[store], output="tensor")
+    indices = [5, 6, 7, 2, 3, 9, 5, 21]
+    reads = []
+    real = ds.reader._read_into
+    monkeypatch.setattr(ds.reader, "_read_into", lambda out, start: (reads.append(len(out)), real(out, start)))
+    batch = ds.__getitems__(indices)
+    assert len(reads) == 4  # runs 2-3, 5-7, 9, 21: one read each, duplicates read once
+    for i, (image, target) in zip(indices, batch):
+        assert target == ds.targets[i] and torch.equal(image, ds[i][0])
+    subset = torch.utils.data.Subset(ds, [3, 4, 5])
+    reads.clear()
+    assert [t for _, t in subset.__getitems__([0, 1, 2])] == ds.targets[3:6]
+    assert len(reads) == 1  # Subset forwards batches to the mirror
+
+
+def test_kitti_batched_reads(kitti):
+    ds = H5Kitti(kitti[1], output="tensor")
+    for (a, ta), (b, tb) in zip(ds.__getitems__([0, 1, 2, 4]), [ds[i] for i in (0, 1, 2, 4)]):
+        assert ta == tb and torch.equal(a, b)
