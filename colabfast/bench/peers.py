@@ -21,8 +21,10 @@ import importlib.util
 import io
 import math
 import multiprocessing
+import os
+import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -80,6 +82,21 @@ class Peer:
             return importlib.metadata.version(self.distribution)
         except importlib.metadata.PackageNotFoundError:
             return ""
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the duration of a ``with`` block (forked workers inherit them)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _identity(x: Any) -> Any:
@@ -173,11 +190,17 @@ def _litdata_prepare(samples: Samples, out: Path, image_size: tuple[int, int], w
     # (Colab), "spawn" elsewhere, where its workers would re-run an unguarded __main__. Use what it uses
     # in Colab, and put back what was there, or every DataLoader measured after it would change too.
     method = multiprocessing.get_start_method(allow_none=True)
+    # Its working folders (default: chunks/ and data/ in the system temp folder, left behind) go
+    # beside the output instead, and are removed with it.
+    work = out.parent / f".{out.name}-optimize"
     try:
-        litdata.optimize(fn=_litdata_sample, inputs=list(samples), output_dir=str(out), chunk_bytes="64MB",
-                         num_workers=max(1, workers), start_method="fork", verbose=False)
+        with _environ(DATA_OPTIMIZER_CACHE_FOLDER=str(work / "chunks"),
+                      DATA_OPTIMIZER_DATA_CACHE_FOLDER=str(work / "data")):
+            litdata.optimize(fn=_litdata_sample, inputs=list(samples), output_dir=str(out), chunk_bytes="64MB",
+                             num_workers=max(1, workers), start_method="fork", verbose=False)
     finally:
         multiprocessing.set_start_method(method, force=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _litdata_loader(out: Path, transform: Transform, batch_size: int, num_workers: int,
