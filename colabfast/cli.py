@@ -1,4 +1,4 @@
-"""The ``colabfast`` command: ``stage``, ``pack``, ``info``, ``drivesim``, ``demo``, ``doctor``."""
+"""The ``colabfast`` command: ``stage``, ``pack``, ``info``, ``drivesim``, ``demo``, ``bench``, ``doctor``."""
 
 from __future__ import annotations
 
@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(FUSE), and time an epoch from Drive, staging, an epoch from local disk, "
                                    "packing, and an epoch from the mirror. About a minute.")
     p.set_defaults(run=_demo)
+
+    from colabfast.bench import cli as bench_cli
+
+    p = bench_cli.build_parser(sub.add_parser("bench", help="benchmark colabfast against what users would pick "
+                                                            "instead: tables, JSON and a plot"))
+    p.set_defaults(run=bench_cli.run)
 
     p = sub.add_parser("doctor", help="describe this machine (Colab, Drive, RAM, disk, GPU) and how to feed its GPU",
                        description="Describe this machine (Colab or not, Drive, RAM, disk, GPU) and give advice "

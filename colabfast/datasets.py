@@ -23,6 +23,7 @@ from PIL import Image
 from torchvision.datasets import VisionDataset
 from torchvision.io import ImageReadMode, decode_image
 
+from colabfast import env
 from colabfast._fileio import human_bytes
 from colabfast.mirror import KITTI_CALIB_KEYS, MirrorError, check, json_attr, open_h5, utf8_table
 
@@ -50,7 +51,11 @@ class MirrorReader:
     def __init__(self, path: PathLike, split: str = "", in_memory: bool = False):
         self.path, self.split = Path(os.path.abspath(path)), split
         self._load_metadata()
-        self.blob: Optional[torch.Tensor] = self._load_all() if in_memory else None
+        self.blob: Optional[torch.Tensor] = None
+        if in_memory:
+            self.blob = self._load_all()
+            os.close(self._fd)  # the loading handles: the blob makes their memory map redundant
+            self._fd, self._map, self._pid = None, None, -1
 
     def _load_metadata(self) -> None:
         with open_h5(self.path) as f:
@@ -88,6 +93,13 @@ class MirrorReader:
         if self._pid != os.getpid():  # first use in this process (a fresh worker, or after a fork)
             self._fd = os.open(self.path, os.O_RDONLY)
             self._h5 = None
+            self._map = None
+            nbytes = int(self.offsets[-1])
+            # On a local disk or tmpfs, map the image data: samples become views of the page cache, and
+            # a transform (a crop) runs before anything is copied. Copy-on-write, so writes stay private.
+            # On FUSE (Drive) pread instead: one large read per run of samples beats page faults there.
+            if self.blob is None and self.data_offset is not None and nbytes and not env.is_fuse(self.path):
+                self._map = torch.from_numpy(np.memmap(self.path, np.uint8, "c", self.data_offset, (nbytes,)))
             self._pid = os.getpid()
 
     def _read_into(self, out: np.ndarray, start: int) -> None:
@@ -106,24 +118,22 @@ class MirrorReader:
             pos += n
 
     def read(self, index: int) -> torch.Tensor:
-        """The stored bytes of sample ``index`` as a new uint8 tensor ``[nbytes]``."""
-        a, b = int(self.offsets[index]), int(self.offsets[index + 1])
-        if self.blob is not None:
-            return self.blob[a:b].clone()
-        out = torch.empty(b - a, dtype=torch.uint8)
-        self._read_into(out.numpy(), a)
-        return out
+        """The stored bytes of sample ``index`` as a new uint8 tensor ``[nbytes]`` of its own."""
+        return self.views([index])[0].clone()
 
-    def read_many(self, indices: Sequence[int]) -> list[torch.Tensor]:
-        """The stored bytes of several samples, reading each run of consecutive indices at once.
+    def views(self, indices: Sequence[int]) -> list[torch.Tensor]:
+        """The stored bytes of several samples as uint8 tensors ``[nbytes]``, in ``indices`` order.
 
-        A batch drawn by :class:`colabfast.BlockShuffleSampler` is a few runs of consecutive samples,
-        so it costs a few large reads instead of one small read per sample: what makes cold storage
-        (a mirror on Drive, a cold disk) fast. Returns uint8 tensors ``[nbytes]`` in ``indices``
-        order; those of one run are views into one buffer.
+        They view a larger buffer: the in-memory data, the file's memory map (local files), or one
+        read per run of consecutive indices (FUSE). On a FUSE mount such as Drive a batch drawn by
+        :class:`colabfast.BlockShuffleSampler` is then a few large reads instead of one small read per
+        sample, which is what makes cold storage fast. Pass them through :func:`compact` before
+        they leave the process: pickling a view copies its whole buffer.
         """
-        if self.blob is not None:
-            return [self.read(i) for i in indices]
+        self._handles()
+        buffer = self.blob if self.blob is not None else self._map
+        if buffer is not None:
+            return [buffer[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in indices]
         out: dict[int, torch.Tensor] = {}
         ordered = sorted(set(int(i) for i in indices))
         start = 0
@@ -140,12 +150,6 @@ class MirrorReader:
                 start = k
         return [out[int(i)] for i in indices]
 
-    def view(self, index: int) -> torch.Tensor:
-        """Like :meth:`read`, but a read-only view into the shared in-memory data when loaded."""
-        if self.blob is None:
-            return self.read(index)
-        return self.blob[int(self.offsets[index]) : int(self.offsets[index + 1])]
-
     def _load_all(self) -> torch.Tensor:
         nbytes = int(self.offsets[-1])
         free = _shm_free()
@@ -158,6 +162,19 @@ class MirrorReader:
         for start in range(0, nbytes, step):
             self._read_into(blob[start : start + step].numpy(), start)
         return blob
+
+
+def compact(x: Any) -> Any:
+    """``x``, or a copy of it if it is a tensor viewing a larger buffer (a memory map, a read buffer).
+
+    A view pickled to a DataLoader's main process would take its whole buffer along. The copy keeps
+    the memory layout of an image (a CHW view of HWC memory stays HWC underneath).
+    """
+    if not isinstance(x, torch.Tensor) or x.untyped_storage().nbytes() <= x.numel() * x.element_size():
+        return x
+    if x.dim() == 3 and x.stride(0) == 1:  # CHW over HWC memory, as decoders and raw mirrors give
+        return x.permute(1, 2, 0).clone(memory_format=torch.contiguous_format).permute(2, 0, 1)
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def _shm_free() -> int:
@@ -204,8 +221,7 @@ class MirrorDataset(VisionDataset):
         """Sample ``index``'s image per ``output``: a PIL RGB image; a uint8 tensor [3, H, W] (a
         channels-last view, as ``torchvision.io.decode_image`` returns); or the encoded file's bytes
         as a uint8 tensor [nbytes]."""
-        stored = self.reader.view(index) if self.output != "bytes" else self.reader.read(index)
-        return self._decode(index, stored)
+        return compact(self._decode(index, self.reader.views([index])[0]))
 
     def _decode(self, index: int, stored: torch.Tensor) -> Any:
         if self.reader.store == "raw":
@@ -224,13 +240,17 @@ class MirrorDataset(VisionDataset):
         raise NotImplementedError
 
     def __getitem__(self, index: int) -> Any:
-        return self.sample(index, self.image(index))
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        """Items for a whole batch (torch's DataLoader calls this when it exists): runs of
-        consecutive indices are read with one read each (see :meth:`MirrorReader.read_many`)."""
-        stored = self.reader.read_many(indices)
-        return [self.sample(i, self._decode(i, data)) for i, data in zip(indices, stored)]
+        """Items for a whole batch (torch's DataLoader calls this when it exists): the stored images
+        are views (see :meth:`MirrorReader.views`; on Drive, one read per run of consecutive
+        indices), transformed before anything is copied (a crop of a raw image copies only the crop)."""
+        items = []
+        for i, data in zip(indices, self.reader.views(indices)):
+            item = self.sample(i, self._decode(i, data))
+            items.append(tuple(compact(x) for x in item) if isinstance(item, tuple) else compact(item))
+        return items
 
     @cached_property
     def source_paths(self) -> list[str]:

@@ -17,7 +17,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_help_lists_every_command():
     out = run("--help")
     assert out.returncode == 0
-    for command in ("stage", "pack", "info", "drivesim", "demo", "doctor"):
+    for command in ("stage", "pack", "info", "drivesim", "demo", "bench", "doctor"):
         assert command in out.stdout
     assert "--verify" in run("stage", "--help").stdout
     assert "--image-size" in run("pack", "--help").stdout

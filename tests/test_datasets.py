@@ -217,6 +217,9 @@ def test_refuses_bad_files_with_clear_errors(mirrors, tmp_path):
 
 @pytest.mark.parametrize("store", ["encoded", "raw"])
 def test_batched_reads_coalesce_runs_and_equal_single_reads(mirrors, store, monkeypatch):
+    from colabfast import datasets
+
+    monkeypatch.setattr(datasets.env, "is_fuse", lambda path: True)  # read as from Drive: pread, no mmap
     ds = H5ImageFolder(mirrors[store], output="tensor")
     indices = [5, 6, 7, 2, 3, 9, 5, 21]
     reads = []
@@ -236,3 +239,23 @@ def test_kitti_batched_reads(kitti):
     ds = H5Kitti(kitti[1], output="tensor")
     for (a, ta), (b, tb) in zip(ds.__getitems__([0, 1, 2, 4]), [ds[i] for i in (0, 1, 2, 4)]):
         assert ta == tb and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("output", ["tensor", "bytes", "pil"])
+@pytest.mark.parametrize("store", ["encoded", "raw"])
+def test_items_own_their_memory(mirrors, store, output):
+    """Items are views of a memory map or read buffer until they leave the dataset: then they must
+    be compact, or pickling one to the main process would copy the whole buffer."""
+    if store == "raw" and output == "bytes":
+        return
+    from torchvision.transforms import v2
+
+    crop = v2.CenterCrop(16) if output == "tensor" else None
+    for in_memory in (False, True):
+        ds = H5ImageFolder(mirrors[store], transform=crop, output=output, in_memory=in_memory)
+        for image, _ in [ds[3], *ds.__getitems__([0, 1, 2, 7])]:
+            if isinstance(image, torch.Tensor):
+                assert image.untyped_storage().nbytes() == image.numel(), (store, output, in_memory)
+        if crop is not None:
+            image = ds[5][0]
+            assert image.shape == (3, 16, 16) and image.stride(0) == 1  # still HWC memory underneath

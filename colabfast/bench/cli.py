@@ -1,4 +1,4 @@
-"""``colabfast bench [staging|epoch|pack|gpu|all]``: run scenarios, print the tables, write Markdown,
+"""``colabfast bench [staging|epoch|coldreads|pack|loader|gpu|all]``: run scenarios, print the tables, write Markdown,
 JSON and a PNG chart into ``--out``.
 
 The top-level CLI mounts this module as its ``bench`` subcommand: ``build_parser(parser)`` adds the
@@ -14,7 +14,7 @@ from typing import Callable
 
 from colabfast.bench.timing import Result
 
-SCENARIOS = ("staging", "epoch", "pack", "gpu")
+SCENARIOS = ("staging", "epoch", "coldreads", "pack", "loader", "gpu")
 # --size's default: all scenarios at this scale take about 5 minutes on 2 vCPU (staging ~1.5, epoch
 # ~3.5: per-file Drive latency and the peers' start-up costs dominate). 1.0 is the full-size run
 # (2000 small files and a 1 GB file to stage, 2000 images per image size): about half an hour.
@@ -69,7 +69,7 @@ def _drive_settings(text: str) -> dict[str, float]:
 
 
 def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]]:
-    from colabfast.bench import epoch, gpufeed, packing, peers, staging
+    from colabfast.bench import coldreads, epoch, gpufeed, loader, packing, peers, staging
 
     chosen = None if args.peers is None else [] if args.peers.strip().lower() == "none" else \
         peers.by_name(args.peers.split(","))
@@ -77,7 +77,12 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
         "staging": lambda: staging.run(size=args.size, repeats=args.repeats, drive=args.drive, work=args.work),
         "epoch": lambda: epoch.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                    num_workers=args.workers, peers=chosen, drive=args.drive, work=args.work),
+        "coldreads": lambda: coldreads.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
+                                           workers=args.workers or 2, drive={**coldreads.DRIVE, **args.drive},
+                                           work=args.work),
         "pack": lambda: packing.run(size=args.size, repeats=args.repeats, workers=args.workers, work=args.work),
+        "loader": lambda: loader.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
+                                     num_workers=args.workers, work=args.work),
         "gpu": lambda: gpufeed.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                    num_workers=args.workers, work=args.work),
     }

@@ -106,6 +106,29 @@ class EncodedInRAM(torch.utils.data.Dataset):
         return self.transform(decode_image(self.files[index], mode=ImageReadMode.RGB)), self.labels[index]
 
 
+class PixelsInRAM(torch.utils.data.Dataset):
+    """The raw-pixel ceiling: every image decoded once into one uint8 tensor ``[N, H, W, 3]`` in RAM
+    (what a ``TensorDataset`` of the images holds), served as CHW views with the same transform, so
+    nothing but indexing, the transform and batching costs."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable) -> None:
+        from torchvision.io import ImageReadMode, decode_image
+
+        first = decode_image(torch.frombuffer(bytearray(Path(samples[0][0]).read_bytes()), dtype=torch.uint8))
+        self.pixels = torch.empty((len(samples), first.shape[1], first.shape[2], 3), dtype=torch.uint8)
+        for i, (p, _) in enumerate(samples):
+            data = torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8)
+            self.pixels[i] = decode_image(data, mode=ImageReadMode.RGB).permute(1, 2, 0)
+        self.labels = [label for _, label in samples]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.pixels[index].permute(2, 0, 1)), self.labels[index]
+
+
 @dataclasses.dataclass
 class _Method:
     """One way to read the tree.
@@ -202,6 +225,9 @@ def _methods(samples: list[tuple[str, int]], image_size: tuple[int, int], batch_
     methods.append(_Method("decode-only ceiling (torchvision.io, JPEGs in RAM)",
                            lambda root, cache: ours(EncodedInRAM(samples, crop)), reference=True, drive=False,
                            note="the same decoder on the same bytes already in RAM: no I/O"))
+    methods.append(_Method("decoded pixels in RAM (TensorDataset-like)",
+                           lambda root, cache: ours(PixelsInRAM(samples, crop)), reference=True, drive=False,
+                           note="every image decoded into one uint8 tensor in RAM: the ceiling for a raw mirror"))
     return methods
 
 
