@@ -163,22 +163,27 @@ def pack(
 
 
 def _preflight(source: Source, work: Path, store: str, image_size) -> None:
-    """Raise ENOSPC before any work when the local disk cannot hold what packing will write there.
+    """Check before any work that the local disk can hold what packing writes there.
 
-    Kept encoded images make parts and then a mirror of about the source's size each; reading the
-    source from DriveFS also fills Drive's local cache with it (FIELD-NOTES). Resized or raw stores
-    have no size before decoding; :func:`_assemble` checks again once it is known.
+    Kept encoded images make parts and then a mirror of about the source's size each: not enough
+    space for those raises ENOSPC. Reading the source from DriveFS also fills Drive's local cache
+    with it (FIELD-NOTES); when that will not fit, this warns with the way through (packing resumes,
+    and :func:`colabfast.refresh_drive` empties the cache) instead of refusing: ImageNet (150 GB) is
+    packed from Drive that way on a 70 GB Colab disk. Resized or raw stores have no size before
+    decoding; :func:`_assemble` checks again once it is known.
     """
     src_bytes = sum(f.size for s in source.splits for f in s.files)
     output = 2 * src_bytes if store == "encoded" and image_size is None else 0
-    cache = src_bytes if env.drive_kind(source.root) == "drivefs" else 0
     free = env.disk_free(work)
-    if output + cache > free:
-        parts = [f"2 x {human_bytes(src_bytes)} for the parts and the mirror"] if output else []
-        parts += [f"{human_bytes(cache)} for Drive's cache of what is read"] if cache else []
-        raise OSError(28, f"not enough free space on {work.parent} to pack {source.root}: need "
-                          f"{human_bytes(output + cache)} ({' + '.join(parts)}), have {human_bytes(free)}. "
-                          "Free space, pack a resized mirror (image_size=...), or stage the source first.")
+    if output > free:
+        raise OSError(28, f"not enough free space on {work.parent} to pack {source.root}: need {human_bytes(output)} "
+                          f"(2 x {human_bytes(src_bytes)} for the parts and the mirror), have {human_bytes(free)}. "
+                          "Free space, or pack a resized mirror (image_size=...).")
+    if env.drive_kind(source.root) == "drivefs" and output + src_bytes > free:
+        warnings.warn(f"pack: reading {human_bytes(src_bytes)} from Drive also fills Drive's local cache, and "
+                      f"{work.parent} has {human_bytes(free)} free. If the disk fills up, run "
+                      "colabfast.refresh_drive() to empty the cache, then pack() again: it resumes from the "
+                      "parts it finished.", stacklevel=3)
 
 
 def _check_size(image_size) -> Union[int, list[int], None]:

@@ -170,14 +170,17 @@ def test_bad_arguments(inet, tmp_path):
         pack(tmp_path / "missing", tmp_path / "m.h5")
 
 
-def test_space_preflight_counts_parts_mirror_and_drive_cache(inet, tmp_path, monkeypatch):
+def test_space_preflight_counts_parts_and_mirror_and_warns_about_drive_cache(inet, tmp_path, monkeypatch):
     from colabfast import env
     from colabfast.sources import is_image
 
     src_bytes = sum(p.stat().st_size for p in inet.rglob("*") if is_image(p.relative_to(inet).as_posix()))
+    monkeypatch.setattr(env, "disk_free", lambda path: int(1.5 * src_bytes))
+    with pytest.raises(OSError, match=r"need .* \(2 x .* for the parts and the mirror\), have"):
+        pack(inet, tmp_path / "full.h5", progress=False)
+    assert not (tmp_path / "full.h5").exists()
     monkeypatch.setattr(env, "disk_free", lambda path: int(2.5 * src_bytes))
     pack(inet, tmp_path / "fits.h5", progress=False)  # 2x for parts + mirror fits
     monkeypatch.setattr(env, "drive_kind", lambda path: "drivefs")  # only Colab has DriveFS
-    with pytest.raises(OSError, match=r"need .* \(2 x .* for the parts and the mirror \+ .* for Drive's cache"):
-        pack(inet, tmp_path / "full.h5", progress=False)
-    assert not (tmp_path / "full.h5").exists()
+    with pytest.warns(UserWarning, match=r"fills Drive's local cache.*refresh_drive\(\).*resumes"):
+        pack(inet, tmp_path / "from-drive.h5", progress=False)

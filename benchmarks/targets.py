@@ -1,0 +1,87 @@
+"""Check the issues' speed targets against one run of ``colabfast bench``.
+
+    colabfast bench all --size 1 --out results/
+    python benchmarks/targets.py results/bench.json
+
+Every ratio compares two methods measured in that same run, on the same data and machine. Nothing
+is asserted: the script prints each target, the measured ratio, and whether it was met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Callable, Optional
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("bench_json", help="bench.json written by colabfast bench")
+    rows = json.load(open(parser.parse_args().bench_json, encoding="utf-8"))["results"]
+
+    def row(scenario: str, method: str) -> Optional[dict]:
+        return next((r for r in rows if r["scenario"] == scenario and r["method"].startswith(method)
+                     and r["seconds"] is not None), None)
+
+    def ratio(scenario: str, ours: str, other: str) -> Optional[float]:
+        a, b = row(scenario, ours), row(scenario, other)
+        return a["speed"] / b["speed"] if a and b else None
+
+    def check(issue: str, what: str, value: Optional[float], ok: Callable[[float], bool], unit: str = "x") -> None:
+        if value is None:
+            print(f"  {issue}: {what}: not measured in this run")
+        else:
+            print(f"  {issue}: {what}: {value:.2f}{unit} {'(met)' if ok(value) else '(NOT met)'}")
+
+    def metric(scenario: str, method: str, key: str) -> Optional[float]:
+        r = row(scenario, method)
+        return r["metrics"].get(key) if r else None
+
+    print("Issue 2, staging from the simulated Drive (100 ms per open, 2 ms per read, 60 MB/s):")
+    check("2", "2000 x 100 kB files, colabfast.stage vs cp -r (target >= 40x)",
+          ratio("staging/small-files", "colabfast.stage", "cp -r"), lambda v: v >= 40)
+    check("2", "2000 x 100 kB files, fraction of the link limit (target >= 0.67, within 1.5x)",
+          metric("staging/small-files", "colabfast.stage", "link_fraction"), lambda v: v >= 1 / 1.5, "")
+    for case, target in (("large-file", 0.9), ("zip", 0.8), ("tar.gz", 0.8)):
+        check("2", f"{case}: fraction of the bandwidth (target >= {target})",
+              metric(f"staging/{case}", "colabfast.stage", "link_fraction"), lambda v, t=target: v >= t, "")
+    rerun = row("staging/rerun", "colabfast.stage")
+    print(f"  2: re-run of a completed stage of 10k files: {rerun['seconds']:.2f} s" if rerun else
+          "  2: re-run: not measured in this run")
+
+    print("Issue 3, HDF5 mirrors (same images, same DataLoader workers and batch):")
+    for size in sorted({r["scenario"].split("/")[1] for r in rows if r["scenario"].startswith("epoch/")}):
+        local, drive = f"epoch/{size}/local", f"epoch/{size}/drive"
+        check("3", f"{size}: encoded mirror vs the decode-only ceiling (target >= 0.9)",
+              ratio(local, "colabfast encoded mirror", "decode-only ceiling"), lambda v: v >= 0.9)
+        check("3", f"{size}: raw mirror vs decoded pixels in RAM, TensorDataset-like (target >= 0.8)",
+              ratio(local, "colabfast raw mirror", "decoded pixels in RAM"), lambda v: v >= 0.8)
+        for other in ("torchvision ImageFolder", "naive h5 Dataset"):
+            check("3", f"{size}: encoded mirror vs {other}", ratio(local, "colabfast encoded mirror", other),
+                  lambda v: v >= 1)
+            check("3", f"{size}: raw mirror vs {other}", ratio(local, "colabfast raw mirror", other), lambda v: v >= 1)
+        check("3", f"{size}: from Drive, stage the mirror then read vs ImageFolder straight from the mount",
+              ratio(drive, "colabfast encoded mirror, staged first", "torchvision ImageFolder"), lambda v: v >= 1)
+    for output in ("bytes", "tensor"):
+        check("3", f"cold reads from Drive ({output}): BlockShuffleSampler vs a random sampler",
+              ratio(f"cold-reads/{output}", "colabfast.BlockShuffleSampler", "torch RandomSampler"),
+              lambda v: v >= 1)
+    for r in rows:
+        if r["scenario"].startswith("pack/") and r["seconds"] is not None:
+            print(f"  3: {r['scenario']} {r['method']}: {r['metrics'].get('images/s', 0):.0f} images/s")
+
+    print("Issue 4, feeding the GPU:")
+    check("4", "CPU loader, colabfast.DataLoader vs a hand-tuned torch DataLoader (target: no slower, >= 1.0)",
+          ratio("loader/cpu", "colabfast.DataLoader", "torch DataLoader, hand-tuned"), lambda v: v >= 1.0)
+    check("4", "CPU loader, colabfast.DataLoader vs the default torch DataLoader",
+          ratio("loader/cpu", "colabfast.DataLoader", "torch DataLoader, defaults"), lambda v: v >= 1)
+    gpu = [r for r in rows if r["scenario"].startswith("gpu/")]
+    if not any(r["seconds"] for r in gpu):
+        print("  4: GPU rows: not measured (no CUDA GPU in this run)")
+    for r in gpu:
+        if r["seconds"] is not None:
+            print(f"  4: {r['method']}: {r['metrics']}")
+
+
+if __name__ == "__main__":
+    main()
