@@ -20,7 +20,8 @@ import torch
 import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Subset, default_collate, get_worker_info
 
-from colabfast import env
+from colabfast import datasets, env
+from colabfast.datasets import compact
 from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu, empty_uint8, is_encoded, is_jpeg
 from colabfast.prefetch import BatchConverter, Floats, ImageList, Normalize, cuda_device, prefetch
 from colabfast.sampler import BlockShuffleSampler
@@ -62,6 +63,10 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
     Returns:
         The batch, structured like one sample.
     """
+    if get_worker_info() is not None:
+        # This collate copies what it batches, so mirror datasets in this worker may hand it views
+        # (set in the worker only: processes forked later from the main one must not inherit it).
+        datasets.COLLATE_COPIES = True
     elem = batch[0]
     if _is_image(elem):
         return _collate_images(batch, memory_format)
@@ -121,10 +126,10 @@ def _collate_images(images: Sequence[Any], memory_format: torch.memory_format) -
         indices = [x.index for x in images] if all(isinstance(x, Encoded) for x in images) else None
         return EncodedImages.pack(files, indices, shared=get_worker_info() is not None)
     if any(encoded) or not all(isinstance(x, torch.Tensor) and x.dim() == 3 for x in images):
-        return ImageList(images)  # some decoded in the worker, some left for the GPU
+        return ImageList([compact(x) for x in images])  # some decoded in the worker, some left for the GPU
     first = images[0]
     if any(x.shape != first.shape or x.dtype != first.dtype for x in images):
-        return ImageList(images)
+        return ImageList([compact(x) for x in images])  # passed on as they are: they must own their memory
     if first.dtype != torch.uint8 or memory_format != torch.channels_last:
         return default_collate(list(images))
     c, h, w = first.shape

@@ -35,6 +35,15 @@ def _copytree_threads(src: Path, dst: Path, workers: int = CONCURRENCY) -> None:
         list(pool.map(lambda p: shutil.copyfile(p, dst / p.relative_to(src)), files))
 
 
+def _fresh(dst: Path) -> None:
+    """Remove the last copy (a folder or a file) and flush dirty pages, so each repeat starts alike."""
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    elif dst.exists():
+        dst.unlink()
+    os.sync()  # earlier cases' writes must not be written back during this one
+
+
 def _run(cmd: list[str]) -> Callable[[], None]:
     return lambda: subprocess.run(cmd, check=True, capture_output=True)
 
@@ -54,8 +63,7 @@ def _case(scenario: str, methods: dict[str, Optional[Callable[[], None]]], dst: 
             rows.append(Result(scenario, method, None, note="not installed"))
             continue
         try:
-            med, low, high = measure(fn, repeats.get(method, repeats["default"]),
-                                     setup=lambda: shutil.rmtree(dst, ignore_errors=True))
+            med, low, high = measure(fn, repeats.get(method, repeats["default"]), setup=lambda: _fresh(dst))
         except (OSError, subprocess.CalledProcessError) as exc:  # e.g. an injected EIO: the row says so
             rows.append(Result(scenario, method, None, note=_failure(exc)))
             continue
