@@ -10,6 +10,8 @@ verified, and moved into place atomically (copied there first when the destinati
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import hashlib
 import io
@@ -17,6 +19,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import warnings
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -413,11 +416,27 @@ def _process_pool(workers: int) -> Executor:
     if workers <= 0:
         return _InlineExecutor()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_die_with_parent,
+                               initargs=(os.getpid(),))
     with warnings.catch_warnings():  # Python 3.12 warns about fork in any multi-threaded process
         warnings.simplefilter("ignore", DeprecationWarning)
         pool.submit(int).result()  # with fork, the first submit starts every worker
     return pool
+
+
+def _die_with_parent(parent: int) -> None:
+    """Worker start-up: end this worker when the packing process dies (a killed notebook kernel).
+
+    Forked workers hold both ends of their work queue's pipe, so they never see it close and would
+    wait forever; Linux can signal them instead (prctl PR_SET_PDEATHSIG).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: no such call
+        return
+    if os.getppid() != parent:  # it died before the call above took effect
+        os._exit(1)
 
 
 class _InlineExecutor(Executor):

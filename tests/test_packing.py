@@ -8,6 +8,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import psutil
 import pytest
 from PIL import Image
 from torchvision import transforms
@@ -147,9 +148,13 @@ def test_killed_pack_resumes(tmp_path):
             if len(list(work.glob("*.npz"))) >= 3:
                 break
             subprocess.run(["sleep", "0.05"])
+        workers = psutil.Process(child.pid).children(recursive=True)
     finally:
         child.kill()
         child.wait()
+    assert workers  # the decoding processes
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"pack workers outlived the killed pack: {alive}"
     assert not dst.exists() or info(dst).complete
     pack(src, dst, progress=False)
     ds = H5ImageFolder(dst, output="tensor")
