@@ -99,7 +99,7 @@ def scan_tree(root: Path, workers: int = 32, retries: int = 5) -> tuple[list[Fil
 
         return retry(attempt, retries)
 
-    with ThreadPoolExecutor(min(workers, 32), thread_name_prefix="colabfast-scan") as pool:
+    with ThreadPoolExecutor(workers, thread_name_prefix="colabfast-scan") as pool:
         pending = {pool.submit(listdir, "")}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)

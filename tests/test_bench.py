@@ -53,6 +53,8 @@ def test_staging_scenario(need_fuse, tmp_path):
     ours = [r for r in rows if r.method == "colabfast.stage"]
     assert len(ours) == 4 and all({"MB/s", "files/s", "link_fraction"} <= set(r.metrics) for r in ours)
     assert "cp -r" in {r.method for r in rows}
+    assert [r.method for r in rows if r.scenario == "staging/rerun"] == [
+        "colabfast.stage, nothing to copy", "colabfast.stage, nothing to copy, source on local disk"]
 
 
 def test_staging_without_fuse_says_why(monkeypatch):

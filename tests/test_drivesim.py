@@ -103,6 +103,30 @@ def test_bytes_identical_through_the_mount(src):
         assert os.statvfs(sim.mountpoint).f_bsize == os.statvfs(src).f_bsize
 
 
+def test_listings_carry_the_same_attributes_as_stat(src):
+    """READDIRPLUS hands the kernel every entry's attributes with the listing (cached, so a wrong
+    field would be served to every later stat): they must equal the source's, symlinks unfollowed,
+    in a folder bigger than one kernel readdir buffer."""
+    many = src / "many"
+    many.mkdir()
+    for i in range(300):
+        (many / f"f{i:03d}").write_bytes(b"x" * i)
+        os.utime(many / f"f{i:03d}", ns=(1_600_000_000_123_456_789 + i, 1_600_000_000_987_654_321 + i))
+
+    def listing(root: Path) -> dict[str, tuple]:
+        out = {}
+        for folder in (root, root / "sub", root / "many"):
+            with os.scandir(folder) as it:
+                for e in it:
+                    st = e.stat(follow_symlinks=False)
+                    out[os.path.relpath(e.path, root)] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_nlink)
+        return out
+
+    with DriveSim(src, **FAST) as sim:
+        assert listing(sim.mountpoint) == listing(src)
+        assert len(listing(sim.mountpoint)) == 300 + 9
+
+
 def test_mount_table_and_drive_kind(src):
     with DriveSim(src, **FAST) as sim:
         m = env.mount_of(sim.mountpoint)
