@@ -17,7 +17,7 @@ from colabfast.bench.timing import Result
 SCENARIOS = ("staging", "epoch", "coldreads", "pack", "loader", "gpu")
 # --size's default: all scenarios at this scale take about 5 minutes on 2 vCPU (staging ~1.5, epoch
 # ~3.5: per-file Drive latency and the peers' start-up costs dominate). 1.0 is the full-size run
-# (2000 small files and a 1 GB file to stage, 2000 images per image size): about half an hour.
+# (2000 small files and a 1 GB file to stage, 2000 images per image size): about 50 minutes.
 DEFAULT_SIZE = 0.1
 
 
@@ -34,7 +34,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="what to measure (default: all)")
     parser.add_argument("--size", type=float, default=DEFAULT_SIZE,
                         help=f"scale of every scenario's data (default {DEFAULT_SIZE}: about 5 minutes on 2 vCPU; "
-                             "1.0: the full-size run, about half an hour)")
+                             "1.0: the full-size run, about 50 minutes)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="repetitions of each measurement; tables show the median and min-max (default 3)")
     parser.add_argument("--out", default="colabfast-bench", help="folder for bench.md, bench.json, bench.png "
