@@ -28,6 +28,7 @@ _EXPORTS = {
     "ramdisk": "colabfast.tmpfs",
     "pack": "colabfast.packing",
     "PackError": "colabfast.packing",
+    "ArchiveReadError": "colabfast.archivesource",
     "H5ImageFolder": "colabfast.datasets",
     "H5Kitti": "colabfast.datasets",
     "MirrorError": "colabfast.mirror",

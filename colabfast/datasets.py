@@ -316,7 +316,11 @@ class H5ImageFolder(MirrorDataset):
         with open_h5(self.path) as f:
             self.classes: list[str] = json_attr(f, "classes") or []
             self._targets: np.ndarray = f["targets"][:]
+            self.labels_from = str(f.attrs.get("labels", ""))  # archive packs: the devkit, Kaggle's CSV, ...
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f"\nLabels from: {self.labels_from}" if self.labels_from else "")
 
     @property
     def targets(self) -> list[int]:

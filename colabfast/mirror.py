@@ -134,6 +134,7 @@ class MirrorInfo:
     source: str
     created: str
     colabfast_version: str
+    labels: str = ""  # where the labels came from, for a mirror packed from an archive
 
     def __str__(self) -> str:
         lines = [
@@ -153,6 +154,8 @@ class MirrorInfo:
             shown = ", ".join(self.classes[:8]) + (", ..." if len(self.classes) > 8 else "")
             lines.append(f"  {len(self.classes)} classes: {shown}")
         lines.append(f"  packed from {self.source} on {self.created} by colabfast {self.colabfast_version}")
+        if self.labels:
+            lines.append(f"  labels from {self.labels}")
         if self.skipped:
             lines.append(f"  {len(self.skipped)} source files were skipped as unreadable:")
             lines += [f"    {s['path']}: {s['error']}" for s in self.skipped[:20]]
@@ -188,4 +191,5 @@ def info(path: PathLike) -> MirrorInfo:
             quality=None if quality is None else int(quality), shuffled=bool(f.attrs.get("shuffled", False)),
             skipped=json_attr(f, "skipped", []), source=str(f.attrs.get("source", "")),
             created=str(f.attrs.get("created", "")), colabfast_version=str(f.attrs.get("colabfast_version", "")),
+            labels=str(f.attrs.get("labels", "")),
         )
