@@ -30,7 +30,7 @@ from typing import Callable, Iterator, NamedTuple, Optional, Union
 
 import numpy as np
 
-from colabfast._fileio import ReadaheadFile
+from colabfast._fileio import ReadaheadFile, retry
 from colabfast.archive import _checked_name, _decompressed, archive_suffix
 from colabfast.imagenet import KAGGLE_SYNSETS, KAGGLE_VAL_SOLUTION, ImageNetLabels, read_devkit, read_kaggle_labels
 from colabfast.sources import is_image
@@ -111,13 +111,16 @@ class ArchiveSource:
         raw = ReadaheadFile(self.path, retries=self.retries)
         return raw, io.BufferedReader(raw, 1 << 20)
 
+    def _open_plain(self) -> io.BufferedReader:
+        """For a look at the start or the end: no readahead (it would fetch 32 MB of what comes next)."""
+        return retry(lambda: open(self.path, "rb"), self.retries)
+
     def _inspect_tar(self, layout: str) -> str:
         if layout in ("kaggle-train", "kaggle-val"):
             raise ValueError(f"layout {layout!r} is Kaggle's zip; {self.path} is a tar")
         if layout != "auto":
             return layout
-        raw, f = self._open()
-        with raw, f, _decompressed(f) as stream:
+        with self._open_plain() as f, _decompressed(f) as stream:
             try:
                 tar = tarfile.open(fileobj=stream, mode="r:")
                 first = next((m for m in tar if m.isfile()), None)
@@ -130,8 +133,7 @@ class ArchiveSource:
         return "imagenet-val" if self.labels is not None else "imagefolder"
 
     def _inspect_zip(self, layout: str, split: Optional[str]) -> str:
-        raw, f = self._open()
-        with raw, f:
+        with self._open_plain() as f:
             try:
                 zf = zipfile.ZipFile(f)
             except zipfile.BadZipFile as exc:

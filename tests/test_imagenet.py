@@ -255,3 +255,35 @@ def test_resume_enters_a_plain_tar_at_the_member_reached(official, tmp_path, mon
         second = tar.getmembers()[1]
     assert seen == [(second.offset, 7)]  # two parts were finished: all 7 images of the second class tar
     assert len(H5ImageFolder(tmp_path / "m.h5")) == 28
+
+
+def test_killed_archive_pack_resumes_from_its_last_part(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from colabfast.testing.imagenet_archives import make_train_tar
+
+    archive = make_train_tar(tmp_path / "ILSVRC2012_img_train.tar", classes=4, per_class=60, size=(64, 48))
+    dst = tmp_path / "m.h5"
+    code = ("import colabfast.packing as p\np.CHUNK = 8\n"
+            f"p.pack({str(archive)!r}, {str(dst)!r}, image_size=32, workers=1, progress=False)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
+    log = tmp_path / ".m.h5.colabfast-pack" / "stream.jsonl"
+    try:
+        for _ in range(1200):
+            if log.exists() and len(log.read_text().splitlines()) >= 4:  # the key and 3 parts
+                break
+            subprocess.run(["sleep", "0.05"])
+    finally:
+        child.kill()
+        child.wait()
+    done = len(log.read_text().splitlines()) - 1
+    assert 3 <= done < 30 and not dst.exists()
+    real = packing._encode_chunk
+    encoded = []
+    monkeypatch.setattr(packing, "CHUNK", 8)
+    monkeypatch.setattr(packing, "_encode_chunk", lambda items, *a: (encoded.append(len(items)), real(items, *a))[1])
+    pack(archive, dst, image_size=32, workers=0, progress=False)
+    assert sum(encoded) <= 240 - 8 * done  # the finished parts were not decoded again
+    mirror = H5ImageFolder(dst)
+    assert len(mirror) == 240 and sorted(mirror.targets) == [c for c in range(4) for _ in range(60)]

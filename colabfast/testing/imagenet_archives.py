@@ -55,6 +55,27 @@ def _class_words(wnid: str) -> str:
     return f"class {wnid}, {wnid[-3:]} thing"
 
 
+def make_train_tar(path: PathLike, *, classes: int = 4, per_class: int = 6, size: tuple[int, int] = (500, 375),
+                   vary: float = 0.2, seed: int = 0) -> Path:
+    """Write only ``ILSVRC2012_img_train.tar``'s layout (a tar of per-class tars) to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_train_tar(path, classes, per_class, size, vary, np.random.default_rng(seed))
+    return path
+
+
+def _write_train_tar(path: Path, classes: int, per_class: int, size: tuple[int, int], vary: float,
+                     rng: np.random.Generator) -> None:
+    train = _images(classes, per_class, size, vary, rng)
+    with open(path, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for wnid in WNIDS[:classes]:  # one class tar in memory at a time
+            perm = rng.permutation(per_class)
+            inner = _tar_bytes([(f"{wnid}_{i}.JPEG", train[wnid][i]) for i in perm])
+            info = tarfile.TarInfo(f"{wnid}.tar")
+            info.size, info.mtime = len(inner), 1_300_000_000
+            tar.addfile(info, io.BytesIO(inner))
+
+
 def make_imagenet_archives(folder: PathLike, *, classes: int = 4, train_per_class: int = 6, val_per_class: int = 2,
                            size: tuple[int, int] = (160, 120), vary: float = 0.2, seed: int = 0) -> dict[str, Path]:
     """Write the three official ILSVRC2012 archives (tiny) into ``folder``.
@@ -68,15 +89,9 @@ def make_imagenet_archives(folder: PathLike, *, classes: int = 4, train_per_clas
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     wnids = list(WNIDS[:classes])
-    train = _images(classes, train_per_class, size, vary, rng)
-    outer = []
-    for wnid in wnids:
-        names = [f"{wnid}_{n}.JPEG" for n in range(train_per_class)]
-        perm = rng.permutation(len(names))
-        outer.append((f"{wnid}.tar", _tar_bytes([(names[i], train[wnid][i]) for i in perm])))
     paths = {"train": folder / "ILSVRC2012_img_train.tar", "val": folder / "ILSVRC2012_img_val.tar",
              "devkit": folder / "ILSVRC2012_devkit_t12.tar.gz"}
-    paths["train"].write_bytes(_tar_bytes(outer))
+    _write_train_tar(paths["train"], classes, train_per_class, size, vary, rng)
 
     ids = {w: int(i) + 1 for w, i in zip(wnids, rng.permutation(classes))}  # ILSVRC ids: not wnid order
     val = _images(classes, val_per_class, size, vary, rng)
