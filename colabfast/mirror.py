@@ -47,6 +47,7 @@ sample count before it is read. Any problem is one :class:`MirrorError` naming t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -57,7 +58,7 @@ import sys
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import h5py
 import numpy as np
@@ -81,6 +82,7 @@ MAX_OBJECTS = 10_000  # groups and datasets: a mirror has about 20
 VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
 PathLike = Union[str, os.PathLike]
+T = TypeVar("T")
 
 
 class MirrorError(ValueError):
@@ -90,6 +92,30 @@ class MirrorError(ValueError):
 def _bad(path: PathLike, what: str) -> MirrorError:
     return MirrorError(f"{path} is not a valid colabfast mirror: {what}. The file is corrupt or was not "
                        "written by colabfast.pack: copy it again, or pack it again.")
+
+
+def _as_mirror_error(fn: Callable[..., T]) -> Callable[..., T]:
+    """Turn what h5py raises on a corrupt file (KeyError, OSError without errno, TypeError, ...) into
+    MirrorError naming the file; a real I/O error (EIO on a mount) stays an OSError."""
+
+    @functools.wraps(fn)
+    def wrapper(f_or_path: Any, *args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(f_or_path, *args, **kwargs)
+        except (MirrorError, FileNotFoundError):
+            raise
+        except OSError as exc:
+            if exc.errno is not None:
+                raise
+            raise _bad(_name(f_or_path), f"HDF5 cannot read it ({exc})") from exc
+        except (KeyError, ValueError, TypeError, RuntimeError, IndexError, OverflowError) as exc:
+            raise _bad(_name(f_or_path), f"HDF5 cannot read it ({type(exc).__name__}: {exc})") from exc
+
+    return wrapper
+
+
+def _name(f_or_path: Any) -> str:
+    return f_or_path.filename if isinstance(f_or_path, h5py.File) else str(f_or_path)
 
 
 # --- opening: a child process walks the metadata first ---------------------------------------------
@@ -279,10 +305,10 @@ def _check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
         what = "a virtual dataset (its data comes from other datasets or files)"
     elif dcpl.get_external_count():
         what = "stored in external files"
-    elif dcpl.get_layout() != h5py.h5d.CONTIGUOUS:
-        what = "chunked or compact, not contiguous"
     elif dcpl.get_nfilters():
         what = "filtered (compressed)"
+    elif dcpl.get_layout() != h5py.h5d.CONTIGUOUS:
+        what = "chunked or compact, not contiguous"
     elif ds.dtype.kind not in "uif" or ds.dtype.names is not None or h5py.check_vlen_dtype(ds.dtype) is not None:
         what = f"of type {ds.dtype}, not plain numbers"
     if what is not None:
@@ -397,6 +423,7 @@ def _skipped(v: Any) -> bool:
                                        and isinstance(s.get("error"), str) for s in v)
 
 
+@_as_mirror_error
 def header(f: h5py.File, path: PathLike, complete: bool = True) -> Header:
     """Check and parse a mirror's root attributes.
 
@@ -535,6 +562,7 @@ class Index:
                                   "corrupt (flipped bytes on disk or in a copy). Copy it again, or pack it again.")
 
 
+@_as_mirror_error
 def load_index(path: PathLike, split: str = "") -> Index:
     """Read and check the sample table of ``split`` (``""``, or ``"training"``/``"testing"`` for KITTI).
 
@@ -549,16 +577,7 @@ def load_index(path: PathLike, split: str = "") -> Index:
     """
     path = Path(path)
     with open_h5(path) as f:
-        try:
-            return _load_index(f, path, split)
-        except (MirrorError, FileNotFoundError):
-            raise
-        except OSError as exc:
-            if exc.errno is not None:  # a real I/O error (EIO on a mount): not the file's fault
-                raise
-            raise _bad(path, f"HDF5 cannot read it ({exc})") from exc
-        except (KeyError, ValueError, TypeError, RuntimeError, IndexError, OverflowError) as exc:
-            raise _bad(path, f"HDF5 cannot read it ({type(exc).__name__}: {exc})") from exc
+        return _load_index(f, path, split)
 
 
 def _group(f: h5py.File, path: Path, split: str, head: Header) -> h5py.Group:
@@ -623,6 +642,7 @@ def _kitti_objects(g: h5py.Group, path: Path, index: Index) -> None:
     index.object_offsets, index.objects, index.type_names = object_offsets, objects, names
 
 
+@_as_mirror_error
 def read_paths(path: PathLike, split: str = "") -> list[str]:
     """Each sample's source path, relative to the mirror's ``source`` attribute, checked: UTF-8,
     relative, no ``..``.
@@ -649,6 +669,7 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
     return out
 
 
+@_as_mirror_error
 def verify(path: PathLike, progress: bool = False) -> int:
     """Check every stored image of a version 2 mirror against its checksum, and its paths and order.
 
@@ -765,6 +786,7 @@ class MirrorInfo:
         return "\n".join(lines)
 
 
+@_as_mirror_error
 def info(path: PathLike) -> MirrorInfo:
     """Describe a mirror (also one whose packing was interrupted). ``colabfast info`` prints this.
 
