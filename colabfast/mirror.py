@@ -51,7 +51,6 @@ import functools
 import hashlib
 import json
 import os
-import posixpath
 import stat
 import subprocess
 import sys
@@ -657,16 +656,24 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
         offsets = _array(g, "path_offsets", path, "<i8", (None,), head.version)
         blob = _array(g, "paths", path, "u1", (None,), head.version).tobytes()
     _offsets(offsets, len(blob), "path_offsets", path)
-    out = []
-    for i in range(len(offsets) - 1):
+    out, ends = [], offsets.tolist()
+    for i, (a, b) in enumerate(zip(ends, ends[1:])):
         try:
-            rel = blob[offsets[i] : offsets[i + 1]].decode("utf-8")
+            out.append(blob[a:b].decode("utf-8"))
         except UnicodeDecodeError:
             raise _bad(path, f"path {i} is not UTF-8") from None
-        if not rel or rel.startswith("/") or "\0" in rel or ".." in rel.split("/") or rel != posixpath.normpath(rel):
-            raise _bad(path, f"path {i} ({rel[:80]!r}) is not a plain relative path")
-        out.append(rel)
+    # All paths joined by NUL, which no path may hold: one scan instead of 1.28M (ImageNet) checks.
+    if b"\0" in blob or _not_plain("\0" + "\0".join(out) + "\0"):
+        i = next(i for i, rel in enumerate(out) if "\0" in rel or _not_plain(f"\0{rel}\0"))
+        raise _bad(path, f"path {i} ({out[i][:80]!r}) is not a plain relative path")
     return out
+
+
+def _not_plain(joined: str) -> bool:
+    """True if NUL-separated paths hold an empty one, a leading "/", or an empty, "." or ".." component
+    (substring scans: a regex took 1 s on ImageNet's 1.28M paths)."""
+    dots = (f"{a}{d}{b}" for d in (".", "..") for a in "/\0" for b in "/\0")
+    return any(bad in joined for bad in ("\0\0", "\0/", "//", "/\0", *dots))
 
 
 @_as_mirror_error
