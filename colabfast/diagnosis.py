@@ -14,7 +14,7 @@ import dataclasses
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Generator, Iterable, Iterator, Optional
 
 import torch
 from torch.utils.data import ConcatDataset
@@ -173,7 +173,7 @@ def diagnose(
 # --- measuring ---------------------------------------------------------------------------------------
 
 
-def _batches(loader: Iterable) -> Iterator:
+def _batches(loader: Iterable) -> Generator[Any, None, None]:
     """The loader's batches, starting a new epoch when one ends."""
     while True:
         empty = True

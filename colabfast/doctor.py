@@ -104,7 +104,7 @@ def _machine_rows(
     return rows
 
 
-def _tree_size(path: PathLike, budget_s: float = LISTING_BUDGET) -> tuple[Optional[int], int]:
+def _tree_size(path: str, budget_s: float = LISTING_BUDGET) -> tuple[Optional[int], int]:
     """(bytes, files) under ``path``; bytes is None when listing takes over ``budget_s`` seconds."""
     if os.path.isfile(path):
         return os.path.getsize(path), 1
@@ -149,7 +149,7 @@ def _where(data: str, size: Optional[int]) -> list[str]:
             try:  # stage()'s own preflight: twice the size when DriveFS caches what it reads
                 check_space(size, env.work_dir() / os.path.basename(data), Path(data))
             except OSError as e:
-                advice.append(e.strerror)
+                advice.append(e.strerror or str(e))
         return advice
     if where == "standin":
         return [

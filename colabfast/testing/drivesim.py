@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Optional, Union
+from typing import IO, Any, Callable, ClassVar, Iterator, Optional, Union
 
 from colabfast import env
 from colabfast._fileio import PathLike
@@ -190,7 +190,7 @@ class DriveSimParams:
         Raises:
             ValueError: a value out of range.
         """
-        values = {}
+        values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             value = getattr(args, field.name)
             values[field.name] = None if value == 0 and field.metadata.get("zero_is_none") else value
@@ -550,8 +550,8 @@ class _DriveFS:
             return 0
         st, now = os.lstat(real), time.time_ns()
         old = (st.st_atime_ns, st.st_mtime_ns)
-        ns = tuple(now if t == UTIME_NOW else was if t == UTIME_OMIT else t for t, was in zip(times, old))
-        os.utime(real, ns=ns, follow_symlinks=False)
+        atime, mtime = (now if t == UTIME_NOW else was if t == UTIME_OMIT else t for t, was in zip(times, old))
+        os.utime(real, ns=(atime, mtime), follow_symlinks=False)
         return 0
 
 
@@ -714,7 +714,7 @@ class DriveSim:
             tempfile.mkdtemp(prefix="colabfast-drivesim-") if mountpoint is None else mountpoint
         ).absolute()
         self._proc: Optional[subprocess.Popen] = None
-        self._stderr = None
+        self._stderr: Optional[IO[bytes]] = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
