@@ -25,8 +25,7 @@ COLAB_CONTENT = "/content"
 # Where notebooks written for Colab expect Drive; colabfast.mount() puts the stand-in there too.
 DEFAULT_MOUNTPOINT = "/content/drive"
 MOUNTINFO = "/proc/self/mountinfo"
-# The mount source the Drive simulator (colabfast.testing.drivesim) mounts with; defined here, the one
-# place that tells mounts apart, and passed to libfuse from there.
+# The Drive simulator's mount source: colabfast.testing.drivesim mounts with it, drive_kind knows it by it.
 DRIVESIM_SOURCE = "colabfast-drivesim"
 # In the stand-in root: the mountpoints where colabfast.mount() exposed it (a folder of symlinks does
 # not show in the mount table).

@@ -64,7 +64,6 @@ MB = 1e6  # bytes; `mbps` is in megabytes (not mebibytes) per second
 # libfuse3 runs at most 10 worker threads unless told otherwise (see the module docstring).
 MAX_THREADS = 512
 
-
 STATS = ("opens", "opendirs", "reads", "bytes_read", "writes", "bytes_written", "eio", "enotconn")
 
 # utimensat(2) special values, which libfuse passes in tv_nsec with tv_sec = 0.
