@@ -9,11 +9,12 @@ lock; per sample the dataset holds a few integers (offsets, shape, label), not P
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -23,10 +24,9 @@ from torchvision.datasets import VisionDataset
 from torchvision.io import ImageReadMode, decode_image
 
 from colabfast import env
-from colabfast._fileio import human_bytes
+from colabfast._fileio import PathLike, human_bytes
 from colabfast.mirror import Index, MirrorError, header, load_index, open_h5, read_paths
 
-PathLike = Union[str, os.PathLike]
 OUTPUTS = ("pil", "tensor", "bytes")
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
 
@@ -138,7 +138,7 @@ class MirrorReader:
         nbytes = int(self.offsets[-1])
         free = _shm_free()
         if nbytes > free:
-            raise OSError(28, f"in_memory=True needs {human_bytes(nbytes)} of shared memory (/dev/shm) for "
+            raise OSError(errno.ENOSPC, f"in_memory=True needs {human_bytes(nbytes)} of shared memory (/dev/shm) for "
                               f"{self.path}, which has {human_bytes(free)} free. Stage the mirror to a RAM "
                               f"disk instead (colabfast.stage(path, to='ram')): reading it is as fast.")
         blob = torch.empty(nbytes, dtype=torch.uint8).share_memory_()

@@ -62,7 +62,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 import h5py
 import numpy as np
 
-from colabfast._fileio import human_bytes
+from colabfast._fileio import PathLike, human_bytes
 
 FORMAT = "colabfast-mirror"
 FORMAT_VERSION = 2  # what pack writes
@@ -80,7 +80,6 @@ MAX_ATTR_BYTES = 64 << 20  # a larger attribute is not one pack writes
 MAX_OBJECTS = 10_000  # groups and datasets: a mirror has about 20
 VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
-PathLike = Union[str, os.PathLike]
 T = TypeVar("T")
 
 
