@@ -54,6 +54,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -81,6 +82,8 @@ MAX_OBJECTS = 10_000  # groups and datasets: a mirror has about 20
 VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
 T = TypeVar("T")
+__all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index", "read_paths", "open_h5", "vet",
+           "trust", "write_array", "header", "header_crc32", "attrs_crc32"]
 
 
 class MirrorError(ValueError):
@@ -177,8 +180,6 @@ def _cached() -> dict[str, float]:
 def _remember(key: str) -> None:
     """Record a passed file in this process and in the cache file that later processes read (spawned
     DataLoader workers, the next session); keeps the newest 1000. A lost race only costs a re-vet."""
-    import time
-
     _vetted.add(key)
     cache = _cached()
     cache[key] = time.time()
