@@ -463,8 +463,8 @@ def header(f: h5py.File, path: PathLike, complete: bool = True) -> Header:
         classes=_json(attrs, "classes", path, lambda v: v is None or _str_list(v)),
         image_size=_json(attrs, "image_size", path, _image_size), quality=quality,
         shuffled=_flag(attrs, "shuffled", path), skipped=_json(attrs, "skipped", path, _skipped, []),
-        source=_text(attrs, "source", path, ""), created=_text(attrs, "created", path, ""),
-        colabfast_version=_text(attrs, "colabfast_version", path, ""),
+        source=_text(attrs, "source", path) or "", created=_text(attrs, "created", path) or "",
+        colabfast_version=_text(attrs, "colabfast_version", path) or "",
     )
 
 
@@ -490,7 +490,7 @@ def write_array(g: h5py.Group, name: str, data: np.ndarray, **attrs: Any) -> h5p
     ds = g.create_dataset(name, data=data)
     for key, value in attrs.items():
         ds.attrs[key] = value
-    ds.attrs["crc32"] = np.uint32(attrs_crc32(attrs, zlib.crc32(data)))
+    ds.attrs["crc32"] = np.uint32(attrs_crc32(attrs, zlib.crc32(data.data)))
     return ds
 
 
@@ -515,7 +515,7 @@ def _array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, v
     data = ds[()] if ds.size else np.zeros(ds.shape, ds.dtype)
     if version >= 2:
         attrs = {k: ds.attrs[k] for k in ds.attrs}
-        if _int(attrs, "crc32", path) != attrs_crc32(attrs, zlib.crc32(np.ascontiguousarray(data))):
+        if _int(attrs, "crc32", path) != attrs_crc32(attrs, zlib.crc32(np.ascontiguousarray(data).data)):
             raise _bad(path, f"{ds.name} does not match its checksum (flipped bytes?)")
     return data
 
