@@ -2,7 +2,8 @@
 
 The data path, one module each: ``env`` (where we run) -> ``drive`` (mount Google Drive; ``fetching``
 for shared links) -> ``staging`` (copy it to local disk or RAM; ``archive``, ``tmpfs``) -> ``packing``
-(HDF5 mirrors; ``mirror`` is the format, ``sources`` the layouts) -> ``datasets`` -> ``loading`` (feed
+(HDF5 mirrors; ``mirror`` is the format, ``sources`` the layouts, ``archivesource`` archives read as
+one stream, ``imagenet`` ImageNet's labels) -> ``datasets`` -> ``loading`` (feed
 the GPU; ``sampler``, ``prefetch``, ``gpudecode``) -> ``diagnosis`` (are we data-bound?). ``doctor``
 (``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
 
