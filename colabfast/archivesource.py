@@ -323,7 +323,8 @@ def _check_end(tar: tarfile.TarFile, stream) -> None:
     """tarfile takes a stream cut at a member boundary for a complete archive; a real one ends in a zero
     block, which tarfile has just read when it stopped (so the stream is a block past the last member)."""
     if stream.tell() < tar.offset + tarfile.BLOCKSIZE:
-        last = tar.members[-1].name if tar.members else "(none)"
+        members = tar.getmembers()  # all read by now: the iteration has ended
+        last = members[-1].name if members else "(none)"
         raise tarfile.ReadError(f"the archive ends without its end-of-archive block, after {last!r}")
 
 

@@ -165,7 +165,11 @@ def pack(
     dst = Path(os.path.abspath(dst))
     workers = env.cpu_count() if workers is None else workers
     options = {"store": store, "image_size": image_size, "quality": quality if image_size else None}
-    streamed = isinstance(src, (str, os.PathLike)) and archive_suffix(src) is not None and os.path.isfile(src)
+    path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
+    streamed = archive_suffix(path) is not None and not os.path.isdir(path)
+    if streamed and not os.path.isfile(path):
+        raise FileNotFoundError(f"no archive at {os.path.abspath(path)}: check the path (on Drive: "
+                                "/content/drive/MyDrive/...)")
     if streamed and shuffle:
         raise ValueError("shuffle=True is not available when packing from an archive: the mirror keeps the "
                          "archive's order (a loader's random sampler shuffles it)")
@@ -176,7 +180,7 @@ def pack(
     work.parent.mkdir(parents=True, exist_ok=True)
     with _locked(work, dst, progress):
         if streamed:
-            archive = ArchiveSource(src, layout, split, labels, retries)
+            archive = ArchiveSource(path, layout, split, labels, retries)
             if progress:
                 print(f"pack: {archive.path}: {archive.describe()}")
             fingerprint = _archive_fingerprint(archive, labels, options)

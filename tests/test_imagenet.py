@@ -99,6 +99,11 @@ def test_info_says_where_labels_came_from(official, tmp_path):
     assert f"Labels from: {official['devkit']} (data/meta.mat" in repr(H5ImageFolder(dst))
 
 
+def test_a_missing_archive_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no archive at .*ILSVRC2012_img_train.tar"):
+        pack(tmp_path / "ILSVRC2012_img_train.tar", tmp_path / "m.h5", progress=False)
+
+
 def test_val_archive_without_devkit_says_what_to_pass(official, tmp_path):
     with pytest.raises(FileNotFoundError, match="labels=devkit"):
         pack(official["val"], tmp_path / "val.h5", progress=False)

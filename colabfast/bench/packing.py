@@ -60,8 +60,8 @@ def run(size: float = 1.0, repeats: int = 3, modes: Sequence[tuple[str, Optional
     n = per_class * CLASSES
     scenario = f"pack/{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}"
     rows = []
-    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as name:
+        tmp = Path(name)
         src = data.make_imagefolder(tmp / "imagefolder", classes=CLASSES, per_class=per_class, size=IMAGE_SIZE)
         source_bytes = _bytes(src)
         out = tmp / "out"
@@ -123,8 +123,8 @@ def run_archive(size: float = 1.0, repeats: int = 3, workers: int = 2, image_siz
         return [Result(scenario, "colabfast.pack", None, note=f"Drive simulator unavailable: {why}")]
     drive = DriveSimParams()  # Drive's figures: 100 ms per open, 60 MB/s
     per_class = max(2, round(200 * size))
-    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as name:
+        tmp = Path(name)
         archive = make_train_tar(tmp / "drive" / "ILSVRC2012_img_train.tar", classes=CLASSES, per_class=per_class,
                                  size=IMAGE_SIZE)
         nbytes = archive.stat().st_size
