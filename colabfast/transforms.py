@@ -362,7 +362,8 @@ def render(images: Images, geometry: Geometry) -> Union[torch.Tensor, list[torch
         boxes = boxes.pin_memory().to(device, non_blocking=True)
     sizes = torch.stack([geometry.height, geometry.width], dim=1)
     outs: list[Optional[torch.Tensor]] = [None] * n
-    groups = torch.unique(sizes, dim=0)
+    one_size = bool((sizes == sizes[0]).all())
+    groups = sizes[:1] if one_size else torch.unique(sizes, dim=0)
     for size in groups.tolist():
         chosen = (sizes == torch.tensor(size)).all(dim=1)
         rows = None if len(groups) == 1 else chosen.nonzero()[:, 0]
