@@ -253,10 +253,13 @@ class DataLoader(torch.utils.data.DataLoader):
             (``dataset.output == "bytes"``) and batches go to CUDA, ``"cpu"`` when they stay on the
             CPU. Decoded images are RGB uint8 ``[3, H, W]``. An undecodable file raises ``ValueError``
             naming its dataset index.
-        transform: callable applied to each image (uint8 ``[C, H, W]``, after decoding) before
-            batching: on the GPU when ``device`` is CUDA, in the workers otherwise. Use it to bring
-            images of different sizes to one size (``v2.RandomResizedCrop(224)``) on the GPU. It sees
-            the image only: transforms that must also move boxes belong in the dataset.
+        transform: applied to the images (uint8 ``[C, H, W]``, after decoding) before batching: on
+            the GPU in the feeder thread when ``device`` is CUDA, per image in the workers otherwise.
+            A :mod:`colabfast.transforms` transform (``Compose([RandomResizedCrop(224),
+            RandomHorizontalFlip()])``) transforms each batch at once; any other callable, e.g. a
+            torchvision v2 transform, is called per image (slower on the GPU: ``loader.choices`` says
+            which). Use it to bring images of different sizes to one size. It sees the image only:
+            transforms that must also move boxes belong in the dataset.
 
     Raises:
         ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, or any error

@@ -29,9 +29,10 @@ import torch
 from colabfast.gpudecode import Encoded, EncodedImages, decode_batch, is_encoded
 
 Floats = Union[float, Sequence[float], torch.Tensor]
-# Batches converted ahead of the training loop. Measured on an H100 pinned to 2 CPUs (ResNet-50,
-# batch 128): 2 reached 0.91 of the data-on-GPU ceiling, 4 no more (0.89) for twice the memory.
-FEED_DEPTH = 2
+# Batches converted ahead of the training loop. On an H100 pinned to 2 CPUs (ResNet-50, batch 128,
+# `colabfast bench gpu`), 3 gave 0.78-0.80 of the data-on-GPU ceiling, 2 gave 0.74-0.77, 4 no more
+# than 3 (0.76-0.79) for more memory; benchmarks/README.md.
+FEED_DEPTH = 3
 
 
 class ImageList(list):

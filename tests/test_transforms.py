@@ -114,3 +114,29 @@ def test_bad_input_is_refused_with_the_reason():
         T.Compose([v2.RandomResizedCrop(8)])
     with pytest.raises(ValueError, match="scale and ratio"):
         T.RandomResizedCrop(8, scale=(1.0, 0.5))
+
+
+class Same(torch.utils.data.Dataset):
+    """The same photo at every index: any difference between outputs is the random crop."""
+
+    def __init__(self, n=8):
+        self.n, self.image = n, photos(1, low=(120, 90), high=(121, 91))[0]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.image, i
+
+
+def test_dataloader_takes_batched_transforms_and_workers_draw_different_crops():
+    from colabfast.loading import DataLoader
+
+    torch.manual_seed(0)
+    t = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()])
+    loader = DataLoader(Same(8), 4, device="cpu", num_workers=2, transform=t)
+    assert "per image in the workers" in repr(loader)
+    (a, _), (b, _) = list(loader)  # one batch from each worker
+    assert a.shape == b.shape == (4, 3, 24, 24)
+    crops = torch.cat([a, b])
+    assert len({bytes(c.flatten().tolist()) for c in crops}) == 8  # no worker repeats the other's crops
