@@ -26,6 +26,7 @@ from colabfast import env
 from colabfast._fileio import (
     PARTIAL_SUFFIX,
     FileEntry,
+    PathLike,
     human_bytes,
     partial_path,
     read_json,
@@ -34,8 +35,6 @@ from colabfast._fileio import (
     write_json_atomic,
 )
 from colabfast.archive import archive_suffix, extract, extracted_size, strip_archive_suffix
-
-PathLike = Union[str, os.PathLike]
 
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
@@ -374,7 +373,7 @@ class _Copier:
         pending: dict[Future, FileEntry] = {}
         finished, full = 0, False
         pool = ThreadPoolExecutor(workers, thread_name_prefix="colabfast-stage")
-        bar = tqdm(total=sum(f.size for f in todo), unit="B", unit_scale=True, unit_divisor=1024,
+        bar = tqdm(total=sum(f.size for f in todo), unit="B", unit_scale=True,
                    desc=desc, disable=not progress)
         try:
             while True:
@@ -562,7 +561,7 @@ def _stage_archive(archives: list[Path], dst: Path, verify: str, retries: int, p
         shutil.rmtree(work)  # other archives, or another version of them: start over
     write_json_atomic(manifest_path, _new_manifest(source, False, archive=identity))
     done = 0
-    with tqdm(total=sum(st.st_size for st in stats), unit="B", unit_scale=True, unit_divisor=1024,
+    with tqdm(total=sum(st.st_size for st in stats), unit="B", unit_scale=True,
               desc=f"extract {names}", disable=not progress) as bar:
         for archive, st in zip(archives, stats):
             try:

@@ -3,10 +3,11 @@
 
 torchvision's transforms take one image at a time: on a GPU each image costs several kernel launches
 and a few hundred microseconds of Python, so a batch of 128 spends more time on the host than the GPU
-spends on the pixels (about 35 ms of the 47 ms per batch of ``v2.RandomResizedCrop(224)`` after
-nvJPEG, measured on an H100; see benchmarks/README.md). These transforms take a whole batch (a list of
-ragged uint8 ``[C, H, W]`` images, as nvJPEG decodes them, or a stacked ``[B, C, H, W]`` tensor) and
-do their work in a number of kernel launches that does not grow with the batch:
+spends on the pixels: 38-48 ms per batch for ``v2.RandomResizedCrop(224)`` + flip on an H100, against
+1.8-3.4 ms for this module's batched version and 7 ms for nvJPEG's decode (benchmarks/README.md).
+These transforms take a whole batch (a list of ragged uint8 ``[C, H, W]`` images, as nvJPEG decodes
+them, or a stacked ``[B, C, H, W]`` tensor) and do their work in a number of kernel launches that
+does not grow with the batch:
 
 1. each transform only *plans*: it updates, for every image, a box in source pixels, the size the
    image has at that point and a flip flag; random parameters for the whole batch are drawn in one
