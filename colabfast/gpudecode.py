@@ -1,6 +1,7 @@
 """Decode batches of encoded images (JPEG bytes) on the GPU with nvJPEG, falling back to the CPU.
 
-A 2-vCPU Colab VM decodes about 2k ImageNet-size JPEGs per second at best (FIELD-NOTES); nvJPEG
+A 2-vCPU Colab VM decodes about 2k ImageNet-size JPEGs per second at best (``colabfast bench loader``,
+benchmarks/README.md); nvJPEG
 through ``torchvision.io.decode_jpeg(list_of_tensors, device="cuda")`` decodes a whole batch in one
 call and leaves the CPUs only reading bytes. Files arrive from the workers packed in one tensor
 (:class:`EncodedImages`): hundreds of small tensors would each cost a shared-memory segment when
@@ -165,7 +166,11 @@ def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> lis
         # torchvision allocates the outputs on the current stream but nvJPEG writes them on its own
         # stream, which does not wait for work still queued on ours: let that work finish first so a
         # just-freed block cannot be overwritten while a queued kernel still reads it.
-        torch.cuda.current_stream(device).synchronize()
+        # A blocking event rather than stream.synchronize(): the wait sleeps instead of spinning a CPU,
+        # which on 2 CPUs the training thread and the DataLoader workers need.
+        done = torch.cuda.Event(blocking=True)
+        done.record(torch.cuda.current_stream(device))
+        done.synchronize()
         with _quiet_torchvision():
             try:
                 decoded = decode_jpeg([files[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)

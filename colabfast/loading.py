@@ -2,8 +2,8 @@
 
 Change ``torch.utils.data.DataLoader`` to ``colabfast.DataLoader`` and the loader picks tuned defaults
 for the machine (workers, pinned memory, persistent workers, prefetch depth, a block-shuffling sampler
-for h5 mirrors), batches images as uint8, and, on a GPU, copies and normalises them one batch ahead on
-a side CUDA stream (:mod:`colabfast.prefetch`), decoding JPEG bytes with nvJPEG
+for h5 mirrors), batches images as uint8, and, on a GPU, copies and normalises them ahead on
+a side CUDA stream in a feeder thread (:mod:`colabfast.prefetch`), decoding JPEG bytes with nvJPEG
 (:mod:`colabfast.gpudecode`). Every choice is listed in ``loader.choices`` and ``repr(loader)``;
 nothing overrides an argument the caller passed.
 """
@@ -14,6 +14,7 @@ import collections.abc
 import copy
 import functools
 import operator
+import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -23,7 +24,7 @@ from torch.utils.data import Dataset, IterableDataset, Subset, default_collate, 
 from colabfast import datasets, env
 from colabfast.datasets import compact
 from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu, empty_uint8, is_encoded, is_jpeg
-from colabfast.prefetch import BatchConverter, Floats, ImageList, Normalize, cuda_device, prefetch
+from colabfast.prefetch import FEED_DEPTH, BatchConverter, Floats, ImageList, Normalize, cuda_device, restart
 from colabfast.sampler import BlockShuffleSampler
 
 PREFETCH_FACTOR = 4
@@ -236,8 +237,8 @@ class DataLoader(torch.utils.data.DataLoader):
             drop_last, timeout, worker_init_fn, multiprocessing_context, generator, prefetch_factor,
             persistent_workers, **kwargs: as ``torch.utils.data.DataLoader`` (defaults above).
         device: where batches arrive: ``"auto"`` (CUDA if torch sees a GPU, else CPU), ``"cpu"``,
-            ``"cuda"``, ``"cuda:1"`` or a ``torch.device``. On CUDA, batches are copied one ahead on a
-            side stream (:class:`~colabfast.prefetch.CUDAPrefetcher`) and every tensor arrives there.
+            ``"cuda"``, ``"cuda:1"`` or a ``torch.device``. On CUDA, batches are converted ahead by a feeder
+            thread on a side stream (:class:`~colabfast.prefetch.CUDAPrefetcher`) and every tensor arrives there.
         mean: per-channel mean in 0..1 units (torchvision ``Normalize`` convention, ImageNet:
             ``(0.485, 0.456, 0.406)``); uint8 images are scaled by 1/255 first. Default: none.
         std: per-channel standard deviation in 0..1 units (ImageNet: ``(0.229, 0.224, 0.225)``).
@@ -252,10 +253,13 @@ class DataLoader(torch.utils.data.DataLoader):
             (``dataset.output == "bytes"``) and batches go to CUDA, ``"cpu"`` when they stay on the
             CPU. Decoded images are RGB uint8 ``[3, H, W]``. An undecodable file raises ``ValueError``
             naming its dataset index.
-        transform: callable applied to each image (uint8 ``[C, H, W]``, after decoding) before
-            batching: on the GPU when ``device`` is CUDA, in the workers otherwise. Use it to bring
-            images of different sizes to one size (``v2.RandomResizedCrop(224)``) on the GPU. It sees
-            the image only: transforms that must also move boxes belong in the dataset.
+        transform: applied to the images (uint8 ``[C, H, W]``, after decoding) before batching: on
+            the GPU in the feeder thread when ``device`` is CUDA, per image in the workers otherwise.
+            A :mod:`colabfast.transforms` transform (``Compose([RandomResizedCrop(224),
+            RandomHorizontalFlip()])``) transforms each batch at once; any other callable, e.g. a
+            torchvision v2 transform, is called per image (slower on the GPU: ``loader.choices`` says
+            which). Use it to bring images of different sizes to one size. It sees the image only:
+            transforms that must also move boxes belong in the dataset.
 
     Raises:
         ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, or any error
@@ -383,11 +387,18 @@ class DataLoader(torch.utils.data.DataLoader):
         self.transform = transform
         choices["normalize"] = (self.normalize, "from dtype, mean, std, memory_format")
         if transform is not None:
-            choices["transform"] = (transform, "per image on the GPU" if cuda else "per image in the workers")
+            if not cuda:
+                why = "per image in the workers"
+            elif getattr(transform, "batched", False):
+                why = "whole batches on the GPU, in the feeder thread"
+            else:
+                why = "per image on the GPU, in the feeder thread (fallback: colabfast.transforms batch)"
+            choices["transform"] = (transform, why)
         self.choices = choices
         self._convert = BatchConverter(target, self.normalize, transform if cuda else None, non_blocking=cuda)
         # One side stream per loader, made here and never per epoch (timm#2781).
         self._stream = torch.cuda.Stream(device=target) if cuda else None
+        self._feeder: Any = None  # weakref to this epoch's feeder thread (colabfast.prefetch.Feeder)
 
     @staticmethod
     def _choose_decode(decode: str, dataset: Any, cuda: bool, batching: bool, choices: dict) -> str:
@@ -408,10 +419,11 @@ class DataLoader(torch.utils.data.DataLoader):
         return "cpu"
 
     def __iter__(self) -> Iterator:
-        batches = super().__iter__()
         if self._stream is None:
-            return map(self._convert, batches)
-        return prefetch(batches, self._stream, self._convert)
+            return map(self._convert, super().__iter__())
+        feeder = restart(self._feeder, super().__iter__, self._convert, self._stream, FEED_DEPTH)
+        self._feeder = weakref.ref(feeder)
+        return feeder
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the sampler (and batch sampler) that have ``set_epoch``, e.g. for DDP."""

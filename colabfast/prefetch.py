@@ -5,17 +5,23 @@ end: decoded if they are still encoded, transformed, converted to ``dtype``, nor
 ``memory_format``. :class:`BatchConverter` does that on the CPU or, inside :class:`CUDAPrefetcher`,
 on the GPU; both use the same :class:`Normalize`, so the CPU and CUDA paths agree.
 
-The prefetcher follows NVIDIA apex's ``data_prefetcher`` and timm's ``PrefetchLoader``: copies from
-pinned memory with ``non_blocking=True`` on a side CUDA stream while the model runs on the current
-stream, which waits for the side stream before a batch is handed out; every handed-out tensor is
-``record_stream``-ed so its memory is not reused while the model still reads it. Unlike timm before
-the fix for timm#2781, the side stream is created once per prefetcher, not once per epoch (a new
-stream per epoch grew reserved GPU memory).
+On CUDA a :class:`Feeder` thread does that conversion off the training thread, on a side CUDA stream,
+and hands each batch over with a CUDA event (NVIDIA DALI's and FFCV's hand-over): the host work of
+decoding and transforming overlaps with the model's step instead of adding to it. Copies come from
+pinned memory with ``non_blocking=True``, as in NVIDIA apex's ``data_prefetcher`` and timm's
+``PrefetchLoader``; every handed-out tensor is ``record_stream``-ed so its memory is not reused while
+the model still reads it. Unlike timm before the fix for timm#2781, the side stream is created once per
+prefetcher, not once per epoch (a new stream per epoch grew reserved GPU memory).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections.abc
+import contextlib
+import queue
+import threading
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -23,6 +29,10 @@ import torch
 from colabfast.gpudecode import Encoded, EncodedImages, decode_batch, is_encoded
 
 Floats = Union[float, Sequence[float], torch.Tensor]
+# Batches converted ahead of the training loop. On an H100 pinned to 2 CPUs (ResNet-50, batch 128,
+# `colabfast bench gpu`), 3 gave 0.78-0.80 of the data-on-GPU ceiling, 2 gave 0.74-0.77, 4 no more
+# than 3 (0.76-0.79) for more memory; benchmarks/README.md.
+FEED_DEPTH = 3
 
 
 class ImageList(list):
@@ -173,15 +183,18 @@ class BatchConverter:
     :class:`ImageList` or :class:`~colabfast.gpudecode.EncodedImages`, else its first element (the
     ``(image, target)`` convention); a dict batch has none (``ValueError`` if images should change).
     Images are decoded if encoded (on CUDA by nvJPEG, see :func:`~colabfast.gpudecode.decode_batch`),
-    passed one by one through ``transform``, stacked when their shapes agree (else returned as a
-    list), and normalised. Every other tensor in the batch is moved to ``device`` unchanged;
+    transformed (a batched :mod:`colabfast.transforms` transform takes the whole batch at once; any
+    other callable, e.g. a torchvision v2 transform, is called per image), stacked when their shapes
+    agree (else returned as a list), and normalised. Every other tensor in the batch is moved to ``device`` unchanged;
     non-tensors (strings, None, KITTI target dicts' floats) pass through.
 
     Args:
         device: where the batch goes.
         normalize: the :class:`Normalize` applied to the images.
-        transform: callable applied to each image (uint8 ``[C, H, W]`` on ``device``), e.g.
-            ``torchvision.transforms.v2.RandomResizedCrop(224)``; None for none.
+        transform: a batched transform (``transform.batched`` is True, e.g.
+            ``colabfast.transforms.RandomResizedCrop(224)``), called once with the batch's images (a list
+            of uint8 ``[C, H, W]`` or a ``[B, C, H, W]`` tensor on ``device``); or a callable applied to
+            each image, e.g. ``torchvision.transforms.v2.RandomResizedCrop(224)``; None for none.
         non_blocking: copy with ``non_blocking=True`` (asynchronous from pinned memory).
     """
 
@@ -213,10 +226,13 @@ class BatchConverter:
 
     def images(self, images: Any) -> Any:
         """Decode, transform, stack and normalise one batch's images; other types go to :meth:`move`."""
+        batched = getattr(self.transform, "batched", False)
         if isinstance(images, torch.Tensor):
             images = images.to(self.device, non_blocking=self.non_blocking)
             if self.transform is None:
                 return self.normalize(images)
+            if batched and images.dim() == 4:
+                return self.normalize(self.transform(images))
             images = list(images.unbind(0)) if images.dim() == 4 else [images]
         elif isinstance(images, EncodedImages):
             images = decode_batch(images, self.device)
@@ -224,7 +240,11 @@ class BatchConverter:
             images = self._decode_mixed(images)
         else:
             return self.move(images)
-        if self.transform is not None:
+        if batched:
+            images = self.transform(images)
+            if isinstance(images, torch.Tensor):
+                return self.normalize(images)
+        elif self.transform is not None:
             images = [self.transform(i) for i in images]
         if _same_shape(images):
             return self.normalize(torch.stack(images))
@@ -273,43 +293,174 @@ def tensors(x: Any) -> Iterator[torch.Tensor]:
             yield from tensors(v)
 
 
-def prefetch(batches: Iterator, stream: torch.cuda.Stream, convert: BatchConverter) -> Iterator:
-    """Yield ``convert(batch)`` for each host batch, running the conversion one batch ahead on ``stream``.
+class Feeder:
+    """Convert host batches in a background thread and hand them out in order: an iterator.
 
-    The next batch's copies and conversion are issued on the side ``stream`` before the current batch
-    is yielded, so they overlap with the model's work on the current stream. The current stream waits
-    for the side stream before it receives a batch, and every handed-out CUDA tensor is
-    ``record_stream``-ed on it.
+    A feeder thread takes host batches from ``batches``, runs ``convert`` on each (on the side
+    ``stream`` when given: decode, transform, stack, dtype, normalisation, memory format) and puts the
+    result into a queue of ``depth`` batches together with a CUDA event recorded after its work. The
+    consumer waits on that event (its stream waits for this batch's work only, never for the whole
+    side stream) and ``record_stream``-s every CUDA tensor it receives, so memory freed by the consumer
+    is not reused while its kernels still read it. The host-side work (nvJPEG calls, the per-image
+    Python of a torchvision transform, launching kernels) thus leaves the training thread: on an H100
+    pinned to 2 CPUs, ResNet-50 fed with nvJPEG and torchvision's per-image transforms went from 0.45
+    to 0.56-0.79 of the data-on-GPU ceiling, and to 0.72-0.80 with :mod:`colabfast.transforms`
+    (``colabfast bench gpu``, benchmarks/README.md). NVIDIA DALI and FFCV hand batches over
+    the same way, with an event per batch.
+
+    Behaviour:
+
+    - An exception in ``batches`` or ``convert`` is raised in the consumer at the batch where it
+      happened, after the batches before it; the feeder then stops.
+    - Order is the order of ``batches``; one thread draws every random number in it, so a seeded run
+      repeats.
+    - At most ``depth`` converted batches wait in the queue, plus one being converted: GPU memory is
+      bounded by ``depth``.
+    - :meth:`close` (called when the iterator is exhausted, garbage-collected after a ``break``, or by
+      the owner at a new epoch, and at interpreter exit) stops the thread and joins it; the thread
+      closes ``batches`` (a DataLoader iterator shuts its workers down).
+
+    Args:
+        batches: iterator of host batches, consumed in the feeder thread only.
+        convert: host batch -> converted batch (e.g. :class:`BatchConverter`).
+        stream: the side CUDA stream to convert on; None converts on the CPU (no events).
+        depth: converted batches that may wait for the consumer (>= 1).
+
+    Raises:
+        ValueError: ``depth`` < 1.
     """
-    device = stream.device
 
-    def issue(batch: Any) -> Any:
-        with torch.cuda.device(device), torch.cuda.stream(stream):
-            return convert(batch)
+    def __init__(
+        self, batches: Iterator, convert: Callable[[Any], Any], stream: Optional[torch.cuda.Stream] = None,
+        depth: int = 2,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1 (batches queued ahead), got {depth}")
+        self.stream = stream
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        # The thread gets no reference to self: dropping the iterator (a `break`) lets __del__ stop it.
+        self._thread = threading.Thread(
+            target=_feed, args=(batches, convert, stream, self._queue, self._stop), name="colabfast-feeder",
+            daemon=True,
+        )
+        self._thread.start()
+        _LIVE.add(self)
 
-    def hand_out(batch: Any) -> Any:
-        consumer = torch.cuda.current_stream(device)
-        for t in tensors(batch):
-            if t.is_cuda:
-                t.record_stream(consumer)
+    def __iter__(self) -> Feeder:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():  # died without a word: never
+                    self.close()
+                    raise RuntimeError("the colabfast feeder thread ended without handing over a batch") from None
+        if item is _END:
+            self.close()
+            raise StopIteration
+        batch, event, error = item
+        if error is not None:
+            self.close()
+            raise error
+        if event is not None:
+            consumer = torch.cuda.current_stream(self.stream.device)
+            consumer.wait_event(event)
+            for t in tensors(batch):
+                if t.is_cuda:
+                    t.record_stream(consumer)
         return batch
 
+    def close(self) -> None:
+        """Stop the feeder thread and wait for it; idempotent. Queued batches are dropped."""
+        self._done = True
+        self._stop.set()
+        while True:  # unblock a put() waiting on a full queue
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        _LIVE.discard(self)
+
+    def __del__(self) -> None:
+        if "_thread" in vars(self):
+            self.close()
+
+
+_END = object()
+_LIVE: weakref.WeakSet[Feeder] = weakref.WeakSet()
+
+
+def _feed(batches: Iterator, convert: Callable, stream: Optional[torch.cuda.Stream], out: queue.Queue,
+          stop: threading.Event) -> None:
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    context = (lambda: torch.cuda.stream(stream)) if stream is not None else contextlib.nullcontext
     try:
-        current = issue(next(batches))
-    except StopIteration:
-        return
-    torch.cuda.current_stream(device).wait_stream(stream)
-    for host_batch in batches:
-        upcoming = issue(host_batch)
-        yield hand_out(current)
-        # The side stream holds only `upcoming` now: the model's next step waits for its copies.
-        torch.cuda.current_stream(device).wait_stream(stream)
-        current = upcoming
-    yield hand_out(current)
+        with torch.cuda.device(stream.device) if stream is not None else contextlib.nullcontext():
+            while not stop.is_set():
+                try:
+                    with context():
+                        batch = next(batches)
+                        converted = convert(batch)
+                        del batch  # the pinned host buffer goes back once its copy is done
+                        event = None
+                        if stream is not None:
+                            event = torch.cuda.Event()
+                            event.record(stream)
+                except StopIteration:
+                    put(_END)
+                    return
+                except BaseException as exc:  # raised in the consumer, at this batch
+                    put((None, None, exc))
+                    return
+                if not put((converted, event, None)):
+                    return
+                del converted
+    finally:
+        close = getattr(batches, "close", None)
+        if callable(close):
+            close()  # a generator must be closed in the thread that runs it
+
+
+@atexit.register
+def _close_all() -> None:
+    # Daemon threads are frozen mid-call at interpreter exit (inside a CUDA call, say); stop them first.
+    for feeder in list(_LIVE):
+        feeder.close()
+
+
+def restart(previous: Optional[Callable[[], Optional[Feeder]]], batches: Callable[[], Iterator],
+            convert: Callable[[Any], Any], stream: Optional[torch.cuda.Stream], depth: int) -> Feeder:
+    """A new epoch's :class:`Feeder`, after closing the previous one if it is still running.
+
+    Two feeders must never read one DataLoader iterator at once (persistent workers reuse it), so the
+    previous epoch's thread is stopped before ``batches()`` makes the next iterator. ``previous`` is a
+    ``weakref`` to the last feeder (or None); hold the returned feeder's weakref the same way.
+    """
+    feeder = previous() if previous is not None else None
+    if feeder is not None:
+        feeder.close()
+    return Feeder(batches(), convert, stream, depth)
 
 
 class CUDAPrefetcher:
-    """Wrap any DataLoader so its batches arrive on the GPU, converted, one batch ahead.
+    """Wrap any DataLoader so its batches arrive on the GPU, converted ahead by a feeder thread.
 
     For users who keep their own ``torch.utils.data.DataLoader`` (``colabfast.DataLoader`` does this
     itself). Give that loader ``pin_memory=True``, or the copies cannot overlap with compute, and a
@@ -319,8 +470,10 @@ class CUDAPrefetcher:
         loader: any iterable of batches (re-iterable for several epochs).
         device: the CUDA device, e.g. ``"cuda"`` or ``"cuda:1"``.
         mean, std, dtype, memory_format: as :class:`Normalize` (``mean``/``std`` in 0..1 units).
-        transform: applied on the GPU to each image (uint8 ``[C, H, W]``) before stacking; see
-            :class:`BatchConverter`.
+        transform: applied on the GPU before stacking: a :mod:`colabfast.transforms` transform to the
+            whole batch, any other callable to each image (uint8 ``[C, H, W]``); see :class:`BatchConverter`.
+        depth: converted batches queued ahead of the training loop (:class:`Feeder`); GPU memory for
+            that many batches stays allocated.
 
     Iterating yields the loader's batches with images converted and all tensors on ``device``;
     ``len()`` is the loader's.
@@ -340,14 +493,18 @@ class CUDAPrefetcher:
         dtype: Optional[torch.dtype] = None,
         memory_format: Optional[torch.memory_format] = None,
         transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        depth: int = FEED_DEPTH,
     ) -> None:
-        self.loader = loader
+        self.loader, self.depth = loader, depth
         self.device = cuda_device(device)
         self.stream = torch.cuda.Stream(device=self.device)  # once per prefetcher (timm#2781)
         self.convert = BatchConverter(self.device, Normalize(dtype, mean, std, memory_format), transform, True)
+        self._feeder: Optional[weakref.ref] = None
 
     def __iter__(self) -> Iterator:
-        return prefetch(iter(self.loader), self.stream, self.convert)
+        feeder = restart(self._feeder, lambda: iter(self.loader), self.convert, self.stream, self.depth)
+        self._feeder = weakref.ref(feeder)
+        return feeder
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]

@@ -1,5 +1,16 @@
-"""GPU feed: does training wait for data? ResNet-18 training steps (AMP, channels-last, SGD) fed from
-one encoded mirror of 256 px JPEGs, centre-cropped to 224 and ImageNet-normalised, by
+"""GPU feed: does training wait for data? Two cases, the process pinned to 2 CPUs as a Colab VM.
+
+``gpu/resnet50-imagenet``: ImageNet-style training, ResNet-50 (bf16 autocast, channels-last, SGD),
+batch 128, photo-like JPEGs of about 500x375, ``RandomResizedCrop(224)`` + horizontal flip +
+normalisation. Rows: the data-on-GPU ceiling (one batch already on the GPU, the step alone);
+``colabfast.DataLoader`` with nvJPEG and :mod:`colabfast.transforms`; the same with torchvision's
+per-image v2 transforms; NVIDIA DALI where it is installed (``pip install nvidia-dali-cuda130``; its
+ResNet-50 example's pipeline: ``external_source`` over the same mirror's bytes,
+``fn.decoders.image_random_crop(device="mixed")``, ``fn.resize``, ``fn.crop_mirror_normalize``).
+Each row gives images/s, the data wait share, the loader alone and the fraction of the ceiling.
+
+``gpu/resnet18``: ResNet-18 training steps (AMP, channels-last, SGD) fed from one encoded mirror of
+256 px JPEGs, centre-cropped to 224 and ImageNet-normalised, by
 
 - a plain ``torch.utils.data.DataLoader`` (torchvision's reference recipe: float conversion and
   normalisation in the workers, ``pin_memory=True``, ``.to(device, non_blocking=True)`` in the loop);
@@ -15,6 +26,9 @@ Runs only where torch sees a CUDA GPU; elsewhere each row says so.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -31,6 +45,13 @@ IMAGE_SIZE = (256, 256)
 CROP = 224
 CLASSES = 10
 SCENARIO = "gpu/resnet18"
+IMAGENET = "gpu/resnet50-imagenet"
+IMAGENET_METHODS = (
+    "batch already on the GPU (ceiling)",
+    "colabfast.DataLoader (GPU decode, colabfast.transforms)",
+    "colabfast.DataLoader (GPU decode, torchvision v2 per image)",
+    "NVIDIA DALI (mixed decode + random crop)",
+)
 METHODS = (
     "plain DataLoader (normalise in workers)",
     "apex-style prefetcher (uint8, side stream)",
@@ -99,6 +120,7 @@ class _ToCuda:
 def _loaders(mirror: Path, batch_size: int, workers: int) -> dict[str, Callable[[], Iterable]]:
     from torchvision.transforms import v2
 
+    from colabfast import transforms
     from colabfast.datasets import H5ImageFolder
     from colabfast.loading import DataLoader
 
@@ -113,20 +135,21 @@ def _loaders(mirror: Path, batch_size: int, workers: int) -> dict[str, Callable[
             H5ImageFolder(mirror, transform=crop, output="tensor"), collate_fn=fast_collate, pin_memory=True,
             **common)),
         METHODS[2]: lambda: DataLoader(H5ImageFolder(mirror, transform=crop, output="tensor"), **ours),
-        METHODS[3]: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), decode="gpu", transform=crop, **ours),
+        METHODS[3]: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), decode="gpu",
+                                       transform=transforms.CenterCrop(CROP), **ours),
     }
 
 
-def _train_step() -> Callable[[Any], None]:
+def _train_step(arch: str = "resnet18", dtype: torch.dtype = torch.float16) -> Callable[[Any], None]:
     import torchvision
 
-    model = torchvision.models.resnet18(num_classes=CLASSES).cuda().to(memory_format=torch.channels_last)
+    model = getattr(torchvision.models, arch)(num_classes=CLASSES).cuda().to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step(batch: Any) -> None:
         x, y = batch
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=dtype):
             loss = loss_fn(model(x.contiguous(memory_format=torch.channels_last)), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -136,8 +159,8 @@ def _train_step() -> Callable[[Any], None]:
 
 
 def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, num_workers: Optional[int] = None,
-        steps: Optional[int] = None, work: Optional[Union[str, Path]] = None) -> list[Result]:
-    """Measure the GPU feed; one scenario ``gpu/resnet18``.
+        steps: Optional[int] = None, work: Optional[Union[str, Path]] = None, cpus: int = 2) -> list[Result]:
+    """Measure the GPU feed: ``gpu/resnet50-imagenet`` (batch 128), then ``gpu/resnet18``.
 
     Args:
         size: scale: 1.0 is 2560 JPEGs of 256x256 and 60 measured steps per repeat.
@@ -146,6 +169,8 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, num_workers: 
         num_workers: loader workers for every loader (default: the CPU count, as on Colab: 2).
         steps: measured training steps per repeat, after 5 warm-up steps (default: from ``size``).
         work: where to put the data (default: a temp folder).
+        cpus: pin the process to this many CPUs while measuring (``os.sched_setaffinity``; Colab has 2);
+            0 leaves the affinity alone.
 
     Returns:
         One row per loader with ``images/s`` (training), ``data wait %`` (share of each step spent
@@ -154,37 +179,163 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, num_workers: 
     """
     if not torch.cuda.is_available():
         why = "no CUDA GPU here (torch.cuda.is_available() is False); this scenario runs only where one is"
-        return [Result(SCENARIO, m, None, note=why) for m in METHODS]
+        return [Result(IMAGENET, m, None, note=why) for m in IMAGENET_METHODS] + \
+            [Result(SCENARIO, m, None, note=why) for m in METHODS]
+    with _pinned(cpus):
+        workers = env.cpu_count() if num_workers is None else num_workers
+        return _imagenet(size, repeats, workers, steps, work) + _resnet18(size, repeats, batch_size, workers,
+                                                                           steps, work)
+
+
+@contextlib.contextmanager
+def _pinned(cpus: int) -> Iterator[None]:
+    """Run the block on the first ``cpus`` CPUs this process may use (Linux), as a Colab VM has 2."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(before)[:cpus])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _measure(scenario: str, method: str, make: Callable[[], Iterable], step: Callable[[Any], None], repeats: int,
+             steps: int, note: str, ceiling: Optional[float] = None) -> Result:
+    """Train ``steps`` steps ``repeats`` times through :func:`colabfast.diagnose`; a failure is the note."""
     from colabfast.diagnosis import diagnose
+
+    seconds, rates, waits, alone = [], [], [], []
+    try:
+        loader = make()
+        for _ in range(repeats):
+            report = diagnose(loader, step, steps=steps, warmup=5, verbose=False)
+            seconds.append(sum(report.data_times) + sum(report.step_times))
+            rates.append(report.images_per_s)
+            waits.append(report.data_fraction * 100)
+            alone.append(report.loader_images_per_s)
+    except Exception as exc:  # one loader's failure is its row's note
+        return Result(scenario, method, None, note=f"failed: {type(exc).__name__}: {exc}"[:200])
+    finally:
+        loader = None
+    metrics = {"images/s": statistics.median(rates), "data wait %": statistics.median(waits),
+               "loader images/s": statistics.median(alone)}
+    if ceiling:
+        metrics["of ceiling"] = statistics.median(rates) / ceiling
+    return Result(scenario, method, statistics.median(seconds), min(seconds), max(seconds), repeats, metrics,
+                  note=note)
+
+
+def _imagenet(size: float, repeats: int, workers: int, steps: Optional[int],
+              work: Optional[Union[str, Path]]) -> list[Result]:
+    from torchvision.transforms import v2
+
+    from colabfast import transforms
+    from colabfast.datasets import H5ImageFolder
+    from colabfast.loading import DataLoader
     from colabfast.packing import pack
 
-    workers = env.cpu_count() if num_workers is None else num_workers
+    batch, crop = 128, 224
+    steps = steps or max(10, round(40 * size))
+    per_class = max(2, round(3000 * size / CLASSES))
+    gpu = (env.gpu() or {}).get("name", "CUDA GPU")
+    note = f"{gpu}; batch {batch}, {workers} workers, {steps} steps per repeat, {len(os.sched_getaffinity(0))} CPUs"
+    ours = {"batch_size": batch, "shuffle": True, "num_workers": workers, "device": "cuda", "mean": MEAN,
+            "std": STD, "dtype": torch.bfloat16, "memory_format": torch.channels_last, "decode": "gpu",
+            "drop_last": True}
+    batched = transforms.Compose([transforms.RandomResizedCrop(crop), transforms.RandomHorizontalFlip()])
+    per_image = v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as tmp:
+        tmp = Path(tmp)
+        tree = data.make_imagefolder(tmp / "imagefolder", classes=CLASSES, per_class=per_class, size=(500, 375),
+                                     vary=0.15)
+        mirror = pack(tree, tmp / "mirror.h5", workers=workers, progress=False)
+        step = _train_step("resnet50", torch.bfloat16)
+        x = torch.randn(batch, 3, crop, crop, device="cuda").to(torch.bfloat16, memory_format=torch.channels_last)
+        y = torch.randint(0, CLASSES, (batch,), device="cuda")
+        on_gpu = [(x, y)] * (steps + 5)
+        top = _measure(IMAGENET, IMAGENET_METHODS[0], lambda: on_gpu, step, repeats, steps, note)
+        top = dataclasses.replace(top, reference=True)
+        rows.append(top)
+        ceiling = top.metrics.get("images/s") if top.metrics else None
+        if ceiling:
+            top.metrics["of ceiling"] = 1.0
+        makers = {
+            IMAGENET_METHODS[1]: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=batched, **ours),
+            IMAGENET_METHODS[2]: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=per_image,
+                                                    **ours),
+        }
+        for method, make in makers.items():
+            rows.append(_measure(IMAGENET, method, make, step, repeats, steps, note, ceiling))
+        dali = _dali(mirror, batch, crop, workers)
+        if isinstance(dali, str):
+            rows.append(Result(IMAGENET, IMAGENET_METHODS[3], None, note=dali))
+        else:
+            rows.append(_measure(IMAGENET, IMAGENET_METHODS[3], dali, step, repeats, steps, note, ceiling))
+    return rows
+
+
+def _dali(mirror: Path, batch: int, crop: int, threads: int) -> Union[str, Callable[[], Iterable]]:
+    """A maker of DALI's ResNet-50 training pipeline over the mirror's bytes, or why there is none."""
+    try:
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+    except ImportError:
+        return "NVIDIA DALI is not installed (pip install nvidia-dali-cuda130); not measured"
+    import numpy as np
+
+    from colabfast.datasets import H5ImageFolder
+
+    dataset = H5ImageFolder(mirror, output="bytes")
+
+    def source(info: Any) -> tuple[np.ndarray, np.ndarray]:
+        order = np.random.default_rng(info.epoch_idx).permutation(len(dataset))
+        if (info.iteration + 1) * batch > len(order):
+            raise StopIteration
+        picked = order[info.iteration * batch:(info.iteration + 1) * batch]
+        items = [dataset[int(i)] for i in picked]
+        return [np.frombuffer(bytes(f.numpy()), dtype=np.uint8) for f, _ in items], \
+            [np.array([label], dtype=np.int64) for _, label in items]
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device())
+    def pipe():  # type: ignore[no-untyped-def]
+        files, labels = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8,
+                                                                                           types.INT64])
+        images = fn.decoders.image_random_crop(files, device="mixed", output_type=types.RGB)
+        images = fn.resize(images, resize_x=crop, resize_y=crop)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", crop=(crop, crop),
+                                          mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD],
+                                          mirror=fn.random.coin_flip())
+        return images, labels.gpu()
+
+    class Loader:
+        dataset = None
+
+        def __init__(self) -> None:
+            self.pipe = pipe()
+            self.pipe.build()
+
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            for out in DALIGenericIterator([self.pipe], ["x", "y"], auto_reset=True):
+                yield out[0]["x"].contiguous(memory_format=torch.channels_last), out[0]["y"].view(-1)
+
+    return Loader
+
+
+def _resnet18(size: float, repeats: int, batch_size: int, workers: int, steps: Optional[int],
+              work: Optional[Union[str, Path]]) -> list[Result]:
+    from colabfast.packing import pack
+
     steps = steps or max(10, round(60 * size))
     per_class = max(2, round(2560 * size / CLASSES))
-    rows = []
     gpu = (env.gpu() or {}).get("name", "CUDA GPU")
+    note = f"{gpu}; batch {batch_size}, {workers} workers, {steps} steps per repeat"
     with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as tmp:
         tmp = Path(tmp)
         tree = data.make_imagefolder(tmp / "imagefolder", classes=CLASSES, per_class=per_class, size=IMAGE_SIZE)
         mirror = pack(tree, tmp / "mirror.h5", workers=workers, progress=False)
         step = _train_step()
-        for method, make in _loaders(mirror, batch_size, workers).items():
-            seconds, rates, waits, alone = [], [], [], []
-            try:
-                loader = make()
-                for _ in range(repeats):
-                    report = diagnose(loader, step, steps=steps, warmup=5, verbose=False)
-                    seconds.append(sum(report.data_times) + sum(report.step_times))
-                    rates.append(report.images_per_s)
-                    waits.append(report.data_fraction * 100)
-                    alone.append(report.loader_images_per_s)
-            except Exception as exc:  # one loader's failure is its row's note
-                rows.append(Result(SCENARIO, method, None, note=f"failed: {type(exc).__name__}: {exc}"[:200]))
-                continue
-            finally:
-                loader = None
-            rows.append(Result(SCENARIO, method, statistics.median(seconds), min(seconds), max(seconds), repeats, {
-                "images/s": statistics.median(rates), "data wait %": statistics.median(waits),
-                "loader images/s": statistics.median(alone),
-            }, note=f"{gpu}; batch {batch_size}, {workers} workers, {steps} steps per repeat"))
-    return rows
+        return [_measure(SCENARIO, method, make, step, repeats, steps, note)
+                for method, make in _loaders(mirror, batch_size, workers).items()]
