@@ -591,6 +591,11 @@ def _preflight_archive(path: Path, work: Path, store: str, image_size) -> None:
                                     f"{human_bytes(2 * size)} (2 x {human_bytes(size)} for the parts and the mirror), "
                                     f"have {human_bytes(free)}. Pack a resized mirror (image_size=...): only the "
                                     "mirror is written locally, never the archive.")
+    if env.drive_kind(path) == "drivefs" and size > free:
+        warnings.warn(f"pack: DriveFS keeps a copy of what it reads on this disk, and {path} ({human_bytes(size)}) "
+                      f"is larger than the {human_bytes(free)} free on {work.parent}. If the disk fills up, run "
+                      "colabfast.refresh_drive() to empty that cache, then pack() again: it continues from the "
+                      "archive member its last finished part reached.", stacklevel=4)
 
 
 def _stream_log(work: Path, key: str) -> list[dict]:

@@ -292,3 +292,11 @@ def test_killed_archive_pack_resumes_from_its_last_part(tmp_path, monkeypatch):
     assert sum(encoded) <= 240 - 8 * done  # the finished parts were not decoded again
     mirror = H5ImageFolder(dst)
     assert len(mirror) == 240 and sorted(mirror.targets) == [c for c in range(4) for _ in range(60)]
+
+
+def test_an_archive_larger_than_the_disk_on_drivefs_warns_about_its_cache(official, tmp_path, monkeypatch):
+    monkeypatch.setattr(packing.env, "drive_kind", lambda path: "drivefs")
+    monkeypatch.setattr(packing.env, "disk_free", lambda path: 1000)  # bytes: less than the archive
+    with pytest.warns(UserWarning, match=r"refresh_drive\(\).*continues from the archive member"):
+        with pytest.raises(OSError):  # and the mirror cannot be built in 1000 bytes either
+            pack(official["train"], tmp_path / "m.h5", image_size=24, workers=0, progress=False)
