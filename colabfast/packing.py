@@ -631,7 +631,9 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
     The main thread reads (with parallel readahead) while worker processes decode and resize the
     previous parts. A run resumes after the last part a previous run logged: a plain ``.tar`` is
     entered at that member's offset without reading what came before; a compressed one is read
-    through to it.
+    through to it. The log is keyed by the archive's name, layout, labels and options, not its size
+    or time, so that a truncated upload completed later resumes; the finished mirror's fingerprint
+    does include size and time.
     """
     from tqdm.auto import tqdm
 
