@@ -158,6 +158,7 @@ def scan_tree(
                     if unreadable is None or not rel:
                         raise
                     unreadable[rel] = exc
+                    dirs.remove(rel)
                     continue
                 files.extend(found)
                 for name, key in subdirs:

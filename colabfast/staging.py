@@ -321,7 +321,11 @@ def _key(dst: Path) -> str:
 def _record_path(dst: Path, single: bool) -> Path:
     """Where the record of a stage to ``dst`` lives: inside a staged folder (it travels and goes with
     the data), and in colabfast's cache folder for a single file (nothing beside it in your folder)."""
-    return env.cache_dir() / "stage" / f"{_key(dst)}.json" if single else dst / RECORD
+    if not single:
+        return dst / RECORD
+    folder = env.cache_dir() / "stage"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{_key(dst)}.json"
 
 
 def _manifest_path(dst: Path) -> Path:
@@ -582,6 +586,7 @@ class _Copier:
         self.abort = threading.Event()  # set when the run is interrupted
         self._queue: collections.deque = collections.deque()  # (FileEntry, attempt) still to start
         self._ranges: collections.deque = collections.deque()  # (FileEntry, task) ranges of started big files
+        self._big: list[_BigFile] = []
 
     def _check_abort(self) -> None:
         if self.abort.is_set():
@@ -624,6 +629,10 @@ class _Copier:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             bar.close()
+            for big in self._big:  # ranges never run (a full disk, an interrupt): drop the partial file
+                if big.left > 0:
+                    with contextlib.suppress(OSError):
+                        os.unlink(big.tmp)
         if full:
             raise OSError(errno.ENOSPC, f"the destination filled up while staging ({desc}); nothing incomplete "
                           "was kept: free space and run stage() again to copy the rest")
@@ -638,6 +647,7 @@ class _Copier:
         if f.size < BIG_FILE:
             return f, (lambda: retry(lambda: self._copy_small(f), self.retries))
         big = _BigFile(self, f, attempt)
+        self._big.append(big)
         self._ranges.extend((f, (lambda start=start: big.copy_range(start))) for start in range(0, f.size, RANGE))
         return self._ranges.popleft()
 
@@ -725,7 +735,7 @@ class _BigFile:
     def _start(self) -> None:
         """Note the source's identity and allocate the partial file (once, by the first range)."""
         st = retry(lambda: os.stat(self.path), self.copier.retries)
-        if (st.st_size, st.st_mtime_ns) != (self.f.size, self.f.mtime_ns):
+        if st.st_size != self.f.size:  # the ranges were cut for another size
             raise _SourceChanged(self.path)
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
@@ -775,14 +785,18 @@ class _BigFile:
         try:
             assert self.identity is not None
             if not src.same_as(self.identity):
-                raise _SourceChanged(self.path)
+                exc = _SourceChanged(self.path)
+                exc.attempts = 1  # type: ignore[attr-defined]  # not retried per range: the file is
+                raise exc
             fd_out = os.open(self.tmp, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 while done < length:
                     self.copier._check_abort()
                     chunk = src.pread(min(4 * CHUNK, length - done), start + done)
-                    if not chunk:
-                        raise _SourceChanged(self.path)  # it ended early
+                    if not chunk:  # it ended early
+                        exc = _SourceChanged(self.path)
+                        exc.attempts = 1  # type: ignore[attr-defined]
+                        raise exc
                     write_all(fd_out, chunk, start + done)
                     if h is not None:
                         h.update(chunk)
@@ -810,13 +824,15 @@ class _BigFile:
                     exc.attempts = self.attempt + 1  # type: ignore[attr-defined]
                     raise exc
                 self.copier._add(-self.written)
-                self.copier.requeue(self.f, self.attempt + 1)
+                st = retry(lambda: os.stat(self.path), self.copier.retries)
+                self.copier.requeue(FileEntry(self.f.rel, st.st_size, st.st_mtime_ns), self.attempt + 1)
                 return
             if self.written != self.f.size or os.path.getsize(self.tmp) != self.f.size:
                 raise OSError(errno.EIO, f"{self.tmp} has the wrong size after copying")
             if self.copier.verify == "sha256":
                 self.copier._verify_hash(self.tmp, self.ranges, self.f)
-            os.utime(self.tmp, ns=(self.f.mtime_ns, self.f.mtime_ns))
+            mtime_ns = self.identity.st_mtime_ns  # type: ignore[union-attr]
+            os.utime(self.tmp, ns=(mtime_ns, mtime_ns))
             os.replace(self.tmp, self.target)
         except BaseException:
             with contextlib.suppress(OSError):

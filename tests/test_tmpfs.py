@@ -13,6 +13,10 @@ from colabfast.testing.data import make_files
 from colabfast.tmpfs import default_path, parse_size
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))  # stage locks and records go there
+
 @pytest.fixture
 def unmount_after():
     mounted = []
