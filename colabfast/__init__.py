@@ -3,7 +3,8 @@
 The data path, one module each: ``env`` (where we run) -> ``drive`` (mount Google Drive; ``fetching``
 for shared links) -> ``staging`` (copy it to local disk or RAM; ``archive``, ``tmpfs``) -> ``packing``
 (HDF5 mirrors; ``mirror`` is the format, ``sources`` the layouts) -> ``datasets`` -> ``loading`` (feed
-the GPU; ``sampler``, ``prefetch``, ``gpudecode``) -> ``diagnosis`` (are we data-bound?).
+the GPU; ``sampler``, ``prefetch``, ``gpudecode``) -> ``diagnosis`` (are we data-bound?). ``doctor``
+(``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.
 """

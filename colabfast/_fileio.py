@@ -17,11 +17,14 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Optional, TypeVar
+from typing import Callable, Iterator, NamedTuple, Optional, TypeVar, Union
 
 import filelock
 
 T = TypeVar("T")
+
+# What every path argument in colabfast accepts: a str or anything os.fspath takes (pathlib.Path...).
+PathLike = Union[str, os.PathLike]
 
 # What Google Drive's FUSE clients return for trouble that passes: a failed fetch (EIO), a client
 # restart ("Transport endpoint is not connected"), a timeout, throttling.
@@ -174,7 +177,13 @@ def scan_tree(
 
 
 def human_bytes(n: float) -> str:
-    """``n`` bytes for people: ``"812 kB"``, ``"14.2 MB"``, ``"7.1 GB"`` (powers of 1000, as disks are sold)."""
+    """``n`` bytes for people: ``"812 kB"``, ``"14.2 MB"``, ``"7.1 GB"``.
+
+    colabfast's one byte unit is decimal (SI: 1 kB = 1000 bytes, 1 GB = 10**9), as disks are sold, as
+    tqdm's progress bars count by default, and as the Drive simulator's ``mbps`` (1e6 bytes/s) reads;
+    every message and progress bar uses it. Only sizes typed for a RAM disk (``"8G"``) are binary,
+    as ``mount -o size=8G`` reads them.
+    """
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"

@@ -43,7 +43,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from colabfast.env import describe
+    from colabfast.doctor import describe
 
     print(describe(args.data))
     return 0

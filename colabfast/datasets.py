@@ -9,12 +9,13 @@ lock; per sample the dataset holds a few integers (offsets, shape, label), not P
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import h5py
 import numpy as np
@@ -25,10 +26,9 @@ from torchvision.datasets import VisionDataset
 from torchvision.io import ImageReadMode, decode_image
 
 from colabfast import env
-from colabfast._fileio import human_bytes
+from colabfast._fileio import PathLike, human_bytes
 from colabfast.mirror import KITTI_CALIB_KEYS, MirrorError, check, json_attr, open_h5, utf8_table
 
-PathLike = Union[str, os.PathLike]
 OUTPUTS = ("pil", "tensor", "bytes")
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
 
@@ -157,7 +157,7 @@ class MirrorReader:
         nbytes = int(self.offsets[-1])
         free = _shm_free()
         if nbytes > free:
-            raise OSError(28, f"in_memory=True needs {human_bytes(nbytes)} of shared memory (/dev/shm) for "
+            raise OSError(errno.ENOSPC, f"in_memory=True needs {human_bytes(nbytes)} of shared memory (/dev/shm) for "
                               f"{self.path}, which has {human_bytes(free)} free. Stage the mirror to a RAM "
                               f"disk instead (colabfast.stage(path, to='ram')): reading it is as fast.")
         blob = torch.empty(nbytes, dtype=torch.uint8).share_memory_()

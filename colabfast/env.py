@@ -11,13 +11,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional
 
 import psutil
 
-from colabfast._fileio import human_bytes
+from colabfast._fileio import PathLike
 
 # What Colab's own drive module checks (google/colab/drive.py). `import google.colab` is no proof:
 # the package installs anywhere, and colabfast's stand-in injects a module of that name.
@@ -26,7 +25,7 @@ COLAB_CONTENT = "/content"
 # Where notebooks written for Colab expect Drive; colabfast.mount() puts the stand-in there too.
 DEFAULT_MOUNTPOINT = "/content/drive"
 MOUNTINFO = "/proc/self/mountinfo"
-# The simulator's mount source (colabfast.testing.drivesim).
+# The Drive simulator's mount source: colabfast.testing.drivesim mounts with it, drive_kind knows it by it.
 DRIVESIM_SOURCE = "colabfast-drivesim"
 # In the stand-in root: the mountpoints where colabfast.mount() exposed it (a folder of symlinks does
 # not show in the mount table).
@@ -100,7 +99,7 @@ def mounts() -> list[Mount]:
     return table
 
 
-def mount_of(path: str | os.PathLike) -> Optional[Mount]:
+def mount_of(path: PathLike) -> Optional[Mount]:
     """The mount that holds ``path`` (the longest mountpoint prefix of its real path), or None."""
     real = os.path.realpath(path)
     best: Optional[Mount] = None
@@ -125,7 +124,7 @@ def _client(m: Mount) -> Optional[str]:
 
 def _is_standin_bind(m: Mount) -> bool:
     """True if ``m`` is a bind mount of the stand-in root (its top is the stand-in root's inode)."""
-    if m.fstype == "fuse" or m.fstype.startswith("fuse."):
+    if _on_fuse(m):
         return False  # never stat a FUSE mount here: a dead one hangs or fails
     try:
         root = os.stat(standin_root())
@@ -136,13 +135,13 @@ def _is_standin_bind(m: Mount) -> bool:
         return False
 
 
-def _is_standin_links(folder: str | os.PathLike) -> bool:
+def _is_standin_links(folder: PathLike) -> bool:
     """True if ``folder`` exposes the stand-in as a folder of symlinks (``folder/MyDrive`` links to it)."""
     link = os.path.join(folder, "MyDrive")
     return os.path.islink(link) and os.path.realpath(link) == os.path.realpath(standin_root() / "MyDrive")
 
 
-def standin_form(mountpoint: str | os.PathLike) -> Optional[str]:
+def standin_form(mountpoint: PathLike) -> Optional[str]:
     """How ``mountpoint`` itself exposes Drive locally: ``"bind"`` (a bind mount of the stand-in root),
     ``"links"`` (a folder of symlinks into it), ``"drivesim"`` (the simulator is mounted there), or
     None (nothing of colabfast's; a symlink ``mountpoint`` is never followed)."""
@@ -158,7 +157,7 @@ def standin_form(mountpoint: str | os.PathLike) -> Optional[str]:
     return "links" if _is_standin_links(real) else None
 
 
-def drive_kind(path: str | os.PathLike) -> Optional[str]:
+def drive_kind(path: PathLike) -> Optional[str]:
     """Which Google Drive client serves ``path``, if any.
 
     Returns:
@@ -248,16 +247,38 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "colabfast"
 
 
-def is_ram(path: str | os.PathLike) -> bool:
-    """True if ``path`` lives in RAM (a ``tmpfs`` or ``ramfs`` mount, e.g. ``/dev/shm``)."""
-    m = mount_of(path)
+def _in_ram(m: Optional[Mount]) -> bool:
     return m is not None and m.fstype in ("tmpfs", "ramfs")
 
 
-def is_fuse(path: str | os.PathLike) -> bool:
-    """True if ``path`` is on a FUSE filesystem (Drive, the simulator, sshfs, ...)."""
-    m = mount_of(path)
+def _on_fuse(m: Optional[Mount]) -> bool:
     return m is not None and (m.fstype == "fuse" or m.fstype.startswith("fuse."))
+
+
+def is_ram(path: PathLike) -> bool:
+    """True if ``path`` lives in RAM (a ``tmpfs`` or ``ramfs`` mount, e.g. ``/dev/shm``)."""
+    return _in_ram(mount_of(path))
+
+
+def is_fuse(path: PathLike) -> bool:
+    """True if ``path`` is on a FUSE filesystem (Drive, the simulator, sshfs, ...)."""
+    return _on_fuse(mount_of(path))
+
+
+def storage(path: PathLike) -> str:
+    """Where ``path`` lives, from the mount table: the one classification that ``colabfast doctor``
+    and :func:`colabfast.diagnose` word their advice from.
+
+    Returns:
+        A Drive kind from :func:`drive_kind` (``"drivefs"``, ``"ocamlfuse"``, ``"drivesim"``,
+        ``"standin"``), else ``"fuse"`` (another FUSE mount: sshfs, rclone...), ``"ram"`` (tmpfs,
+        ramfs) or ``"disk"`` (anything else, including an unknown mount table).
+    """
+    kind = drive_kind(path)
+    if kind is not None:
+        return kind
+    m = mount_of(path)
+    return "fuse" if _on_fuse(m) else "ram" if _in_ram(m) else "disk"
 
 
 def cpu_count() -> int:
@@ -283,7 +304,7 @@ def ram_headroom() -> int:
     return max(2 * GiB, ram_total() // 4)
 
 
-def disk_free(path: str | os.PathLike) -> int:
+def disk_free(path: PathLike) -> int:
     """Free bytes on the filesystem holding ``path`` (the nearest existing ancestor of it)."""
     p = Path(path).absolute()
     while not p.exists() and p != p.parent:
@@ -407,184 +428,3 @@ def gpu_utilization() -> Optional[float]:
         return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except Exception:  # NVML raises its own error types
         return None
-
-
-def _tree_size(path: str | os.PathLike, budget_s: float = 5.0) -> tuple[Optional[int], int]:
-    """(bytes, files) under ``path``; bytes is None when listing takes over ``budget_s`` seconds (a
-    big folder on Drive lists slowly)."""
-    if os.path.isfile(path):
-        return os.path.getsize(path), 1
-    deadline = time.monotonic() + budget_s
-    total = files = 0
-    for folder, _, names in os.walk(path):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(folder, name)).st_size
-            except OSError:
-                continue
-            files += 1
-        if time.monotonic() > deadline:
-            return None, files
-    return total, files
-
-
-_KIND_NAMES = {
-    "drivefs": "Google Drive (DriveFS)",
-    "ocamlfuse": "Google Drive (google-drive-ocamlfuse)",
-    "drivesim": "the Drive simulator",
-    "standin": "colabfast's local stand-in for Drive",
-}
-
-
-def _where(data: str, size: Optional[int]) -> list[str]:
-    """Advice on where ``data`` lives and where it should be staged."""
-    kind = drive_kind(data)
-    m = mount_of(data)
-    advice = []
-    if kind in ("drivefs", "ocamlfuse", "drivesim"):
-        advice.append(
-            f"your data is under {m.mountpoint if m else data} ({_KIND_NAMES[kind]}): every file open is a "
-            f"network round trip, so training would wait on Drive; stage it to local disk first: "
-            f"colabfast.stage({data!r})"
-        )
-    elif kind == "standin":
-        advice.append(
-            f"your data is in {_KIND_NAMES[kind]} ({standin_root()}): local-disk speed here, Drive speed "
-            f"in Colab; colabfast.stage({data!r}) works the same in both"
-        )
-    elif is_ram(data):
-        advice.append(f"your data is in RAM ({m.fstype} at {m.mountpoint}): nothing reads faster")
-    elif is_fuse(data):
-        advice.append(
-            f"your data is on a FUSE mount ({m.fstype} at {m.mountpoint}): network file systems are slow "
-            f"per file; stage it to local disk: colabfast.stage({data!r})"
-        )
-    else:
-        advice.append(f"your data is on local disk ({m.fstype if m else 'unknown file system'}): fine to train from")
-    if size is not None and kind in ("drivefs", "ocamlfuse", "drivesim"):
-        from colabfast.staging import check_space  # stage()'s own preflight, 2x from DriveFS
-
-        try:
-            check_space(size, work_dir() / os.path.basename(data), Path(data))
-        except OSError as e:
-            advice.append(e.strerror)
-    return advice
-
-
-def _ram_room() -> tuple[int, str]:
-    """Bytes a RAM disk may take, and how that was worked out."""
-    avail, keep = ram_available(), ram_headroom()
-    room = max(0, avail - keep)
-    how = f"{human_bytes(avail)} available, {human_bytes(keep)} kept for training"
-    shm = shm_size()
-    if not can_mount() and shm is not None and disk_free("/dev/shm") < room:
-        room = disk_free("/dev/shm")
-        how += f", and /dev/shm (free {human_bytes(room)}) is the only RAM disk without mount rights"
-    return room, how
-
-
-def describe(data: Optional[str | os.PathLike] = None) -> str:
-    """The environment and concrete advice for feeding a GPU from it, as text (``colabfast doctor``).
-
-    Args:
-        data: your dataset folder or file, if any: the advice then says where it lives (Drive, RAM,
-            local disk), whether it fits on a RAM disk and whether the disk can hold a staged copy.
-            Its size is summed by listing it for at most 5 seconds.
-
-    Returns:
-        Lines ``name  value`` for platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive and GPU,
-        then an ``advice`` list.
-    """
-    work = work_dir()
-    shm = shm_size()
-    gpu_info = gpu()
-    drives = drive_mounts()
-    platform_notes = {
-        "colab": "Google Colab",
-        "kaggle": "Kaggle",
-        "jupyter": "Jupyter kernel (not Colab)",
-        "python": "plain Python (not Colab, Kaggle or Jupyter)",
-    }
-    rows = [
-        ("platform", platform_notes[platform()]),
-        ("CPUs", str(cpu_count())),
-        ("RAM", f"{human_bytes(ram_total())} total, {human_bytes(ram_available())} available"),
-        ("disk", f"{human_bytes(disk_free(work))} free on {work}"),
-        ("/dev/shm", "absent" if shm is None else f"{human_bytes(shm)}, {human_bytes(disk_free('/dev/shm'))} free"),
-        ("mounting", f"tmpfs/bind: {'yes' if can_mount() else 'no'}, FUSE: {'yes' if has_fuse() else 'no'}"),
-        ("Drive", "; ".join(f"{_KIND_NAMES[d.kind]} at {d.mountpoint}" for d in drives) or "not mounted"),
-    ]
-    decode = False
-    if gpu_info is None:
-        rows.append(("GPU", "none"))
-    else:
-        decode = gpu_decode_available()
-        on_gpu = "yes" if decode else "no"
-        rows.append(("GPU", f"{gpu_info['name']}, {human_bytes(gpu_info['memory'])}; JPEG decode on GPU: {on_gpu}"))
-
-    advice = []
-    size = None
-    if data is not None:
-        data = os.path.abspath(os.path.expanduser(os.fspath(data)))
-        if not os.path.exists(data):
-            advice.append(
-                f"{data} does not exist: check the path (in Colab, Drive files are under "
-                f"{DEFAULT_MOUNTPOINT}/MyDrive after colabfast.mount())"
-            )
-        else:
-            size, files = _tree_size(data)
-            shown = (
-                f"{human_bytes(size)} in {files:,} files"
-                if size is not None
-                else f"over {files:,} files (listing slow)"
-            )
-            rows.append(("data", f"{data}: {shown}"))
-            advice += _where(data, size)
-    else:
-        for d in drives:
-            advice.append(
-                f"Drive is mounted at {d.mountpoint} ({_KIND_NAMES[d.kind]}): do not train from it, stage "
-                f"your data to local disk first: colabfast.stage('{d.mountpoint}/MyDrive/<your data>')"
-            )
-        if not drives and in_colab():
-            advice.append(f"Drive is not mounted: colabfast.mount() mounts it at {DEFAULT_MOUNTPOINT}")
-        advice.append("run `colabfast doctor PATH` with your data folder for advice on that data")
-
-    room, how = _ram_room()
-    if size is None:
-        advice.append(f"a RAM disk can hold up to {human_bytes(room)} ({how})")
-    else:
-        from colabfast.staging import RAM_FRACTION
-
-        if size <= RAM_FRACTION * room:
-            where = "colabfast.stage() puts it on a RAM disk"
-        elif size <= room:
-            where = "it fits on a RAM disk but leaves little RAM spare: colabfast.stage() puts it on local disk"
-        else:
-            where = (
-                f"too big for a RAM disk: colabfast.stage() puts it on local disk ({human_bytes(disk_free(work))} free)"
-            )
-        advice.append(f"your data takes {human_bytes(size)}, RAM has room for {human_bytes(room)} ({how}): {where}")
-
-    n = recommended_num_workers()
-    line = f"DataLoader(num_workers={n}): one worker per CPU this process may use"
-    if n <= 2:
-        line += (
-            f"; with {n} CPUs JPEG decoding caps near 2k images/s at ImageNet size: store pre-resized "
-            "images or decode on the GPU"
-        )
-    advice.append(line)
-    if gpu_info is None:
-        advice.append("no CUDA GPU" + (": Runtime > Change runtime type > GPU" if in_colab() else ""))
-    elif decode:
-        advice.append(
-            "the GPU decodes JPEGs (nvJPEG): torchvision.io.decode_jpeg(data, device='cuda') "
-            "takes decoding off the CPUs"
-        )
-    else:
-        advice.append("this torchvision cannot decode JPEGs on the GPU: decoding stays on the CPU workers")
-
-    width = max(len(name) for name, _ in rows)
-    text = [f"{name:<{width}}  {value}" for name, value in rows]
-    text += ["", "advice:"] + [f"- {a}" for a in advice]
-    return "\n".join(text)

@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import h5py
 import numpy as np
 
-from colabfast._fileio import human_bytes
+from colabfast._fileio import PathLike, human_bytes
 
 FORMAT = "colabfast-mirror"
 FORMAT_VERSION = 1
@@ -51,7 +50,6 @@ STORES = ("encoded", "raw")
 KITTI_SPLITS = ("training", "testing")
 KITTI_CALIB_KEYS = ("P0", "P1", "P2", "P3", "R0_rect", "Tr_velo_to_cam", "Tr_imu_to_velo")
 
-PathLike = Union[str, os.PathLike]
 
 
 class MirrorError(ValueError):

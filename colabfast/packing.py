@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import errno
 import hashlib
 import io
 import json
@@ -32,11 +33,10 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from colabfast import env
-from colabfast._fileio import human_bytes, partial_path, retry
+from colabfast._fileio import PathLike, human_bytes, partial_path, retry
 from colabfast.mirror import FORMAT, FORMAT_VERSION, STORES, MirrorError, check, open_h5
 from colabfast.sources import Source, Split, read_source
 
-PathLike = Union[str, os.PathLike]
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 
 
@@ -179,7 +179,8 @@ def _preflight(source: Source, work: Path, store: str, image_size) -> None:
     output = 2 * src_bytes if store == "encoded" and image_size is None else 0
     free = env.disk_free(work)
     if output > free:
-        raise OSError(28, f"not enough free space on {work.parent} to pack {source.root}: need {human_bytes(output)} "
+        raise OSError(errno.ENOSPC, f"not enough free space on {work.parent} to pack {source.root}: "
+                          f"need {human_bytes(output)} "
                           f"(2 x {human_bytes(src_bytes)} for the parts and the mirror), have {human_bytes(free)}. "
                           "Free space, or pack a resized mirror (image_size=...).")
     if env.drive_kind(source.root) == "drivefs" and output + src_bytes > free:
@@ -463,7 +464,7 @@ def _assemble(build: Path, source: Source, orders: dict[str, np.ndarray], parts:
             sizes += int(z["offsets"][-1])
     free = env.disk_free(build.parent)
     if sizes * 1.02 > free:
-        raise OSError(28, f"not enough free space on {build.parent} to build the mirror: need "
+        raise OSError(errno.ENOSPC, f"not enough free space on {build.parent} to build the mirror: need "
                           f"{human_bytes(sizes * 1.02)}, have {human_bytes(free)}")
     with h5py.File(build, "w", locking=False) as f:
         for key, value in attrs.items():
@@ -552,7 +553,7 @@ def _publish(build: Path, dst: Path) -> None:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         if tmp.stat().st_size != build.stat().st_size:
-            raise OSError(5, f"copying the mirror to {tmp} wrote {tmp.stat().st_size} bytes, expected "
+            raise OSError(errno.EIO, f"copying the mirror to {tmp} wrote {tmp.stat().st_size} bytes, expected "
                              f"{build.stat().st_size}; run pack() again")
         _verify_attrs(tmp)
         build.unlink()

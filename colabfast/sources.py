@@ -18,13 +18,12 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from colabfast._fileio import FileEntry, retry, scan_tree
+from colabfast._fileio import FileEntry, PathLike, retry, scan_tree
 from colabfast.mirror import KITTI_CALIB_KEYS, KITTI_SPLITS
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively as torchvision does.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
-PathLike = Union[str, os.PathLike]
 
 
 def is_image(rel: str) -> bool:

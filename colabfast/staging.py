@@ -30,6 +30,7 @@ from colabfast._fileio import (
     PARTIAL_SUFFIX,
     STATE_PREFIX,
     FileEntry,
+    PathLike,
     human_bytes,
     locked,
     partial_path,
@@ -42,8 +43,6 @@ from colabfast._fileio import (
     write_json_atomic,
 )
 from colabfast.archive import UnsafeArchiveError, archive_suffix, extract, extracted_size, strip_archive_suffix
-
-PathLike = Union[str, os.PathLike]
 
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
@@ -605,7 +604,7 @@ class _Copier:
         pending: dict[Future, FileEntry] = {}
         finished, full = 0, False
         pool = ThreadPoolExecutor(workers, thread_name_prefix="colabfast-stage")
-        bar = tqdm(total=sum(f.size for f in todo), unit="B", unit_scale=True, unit_divisor=1024,
+        bar = tqdm(total=sum(f.size for f in todo), unit="B", unit_scale=True,
                    desc=desc, disable=not progress)
         try:
             while True:
@@ -877,7 +876,7 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(progress_record, _new_manifest(source, False, archive=identity))
     done = 0
-    with tqdm(total=sum(st.st_size for st in stats), unit="B", unit_scale=True, unit_divisor=1024,
+    with tqdm(total=sum(st.st_size for st in stats), unit="B", unit_scale=True,
               desc=f"extract {', '.join(a.name for a in archives)}", disable=not opts.progress) as bar:
         for archive, st in zip(archives, stats):
             try:

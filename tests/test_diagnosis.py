@@ -57,6 +57,16 @@ def test_drive_data_is_worded_as_a_drive_mount(monkeypatch):
     assert "Drive mount" in str(report)
 
 
+@pytest.mark.parametrize(
+    "where, words",
+    [("drivefs", "Google Drive"), ("drivesim", "Google Drive"), ("standin", "Google Drive"), ("fuse", "FUSE"),
+     ("ram", "RAM"), ("disk", "local disk")],
+)
+def test_storage_is_worded_from_env_storage(monkeypatch, where, words):
+    monkeypatch.setattr(diagnosis.env, "storage", lambda path: where)
+    assert diagnosis._storage("/data") == words
+
+
 def test_prints_the_verdict_once_unless_silenced(capsys):
     loader = DataLoader(Sleepy(16), 4, num_workers=0)
     report = diagnose(loader, lambda b: None, steps=3, warmup=1)

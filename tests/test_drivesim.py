@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import errno
 import os
 import random
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from colabfast import env
-from colabfast.testing.drivesim import DriveSim, DriveSimError, available
+from colabfast.testing.drivesim import DriveSim, DriveSimError, DriveSimParams, available, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.fuse
@@ -192,6 +194,7 @@ def test_latency_and_bandwidth_lower_bounds(src):
             assert time.monotonic() - t >= 0.1
 
         sim.set(read_ms=0, mbps=2.0)  # 300 kB at 2 MB/s: at least 0.15 s
+        assert (sim.params.open_ms, sim.params.read_ms, sim.params.mbps) == (0, 0, 2.0)
         t = time.monotonic()
         assert (sim.mountpoint / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
         assert time.monotonic() - t >= 0.15
@@ -363,6 +366,36 @@ def test_start_errors_name_the_problem(src, tmp_path):
         DriveSim(src, eio_read=2.0)
     with pytest.raises(ValueError, match="not a directory"):
         DriveSim(tmp_path / "nothing-here")
+
+
+def parse(argv: list[str]) -> DriveSimParams:
+    return DriveSimParams.from_args(build_parser(argparse.ArgumentParser()).parse_args(["SRC", "MNT", *argv]))
+
+
+def test_params_round_trip_the_command_line():
+    assert parse([]) == DriveSimParams()  # the CLI's defaults are the dataclass's
+    odd = DriveSimParams(open_ms=7.5, read_ms=0.0, mbps=None, eio_open=0.25, eio_read=1e-4, enotconn_after=1.5,
+                         enotconn_for=2.0, readonly=True, seed=3)
+    for params in (DriveSimParams(), odd, dataclasses.replace(odd, mbps=0.1, enotconn_after=None, readonly=False)):
+        assert parse(params.argv()) == params
+    assert parse(["--mbps", "0"]).mbps is None  # 0 on the command line: no cap
+    assert odd.live() == {"open_ms": 7.5, "read_ms": 0.0, "mbps": None, "eio_open": 0.25, "eio_read": 1e-4}
+
+
+def test_params_are_checked(src):
+    for bad, field in [({"open_ms": -1}, "open_ms"), ({"mbps": 0}, "mbps"), ({"eio_open": 1.5}, "eio_open"),
+                       ({"enotconn_for": -1}, "enotconn_for")]:
+        with pytest.raises(ValueError, match=field):
+            DriveSimParams(**bad)
+    with pytest.raises(ValueError, match="live parameters: open_ms, read_ms, mbps, eio_open, eio_read"):
+        DriveSimParams().with_live(seed=1)  # fixed once mounted
+    assert DriveSimParams().with_live(mbps=None).mbps is None
+    with pytest.raises(TypeError, match="latency"):
+        DriveSim(src, latency=3)
+    sim = DriveSim(src, params=DriveSimParams(open_ms=5, seed=9), read_ms=0)  # keywords over the params
+    assert sim.params == DriveSimParams(open_ms=5, read_ms=0, seed=9)
+    assert sim._command()[-2:] == ["--control", str(os.getpid())]
+    assert sim._command()[5:-2] == sim.params.argv()
 
 
 def test_server_exits_and_unmounts_when_parent_is_killed(src):

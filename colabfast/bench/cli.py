@@ -53,14 +53,15 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _drive_settings(text: str) -> dict[str, float]:
     """``"open_ms=100,mbps=60"`` -> ``{"open_ms": 100.0, "mbps": 60.0}`` (DriveSim's live parameters)."""
-    from colabfast.testing.drivesim import LIVE_PARAMS
+    from colabfast.testing.drivesim import DriveSimParams
 
+    live = DriveSimParams.LIVE
     settings = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, value = item.partition("=")
         key = key.strip()
-        if key not in LIVE_PARAMS:
-            raise argparse.ArgumentTypeError(f"unknown Drive setting {key!r}; known: {', '.join(LIVE_PARAMS)}")
+        if key not in live:
+            raise argparse.ArgumentTypeError(f"unknown Drive setting {key!r}; known: {', '.join(live)}")
         try:
             settings[key] = float(value)
         except ValueError:
@@ -78,8 +79,7 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
         "epoch": lambda: epoch.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                    num_workers=args.workers, peers=chosen, drive=args.drive, work=args.work),
         "coldreads": lambda: coldreads.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
-                                           workers=args.workers or 2, drive={**coldreads.DRIVE, **args.drive},
-                                           work=args.work),
+                                           workers=args.workers or 2, drive=args.drive, work=args.work),
         "pack": lambda: packing.run(size=args.size, repeats=args.repeats, workers=args.workers, work=args.work),
         "loader": lambda: loader.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                      num_workers=args.workers, work=args.work),
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         ValueError: an unknown peer name, or a bad ``--size``/``--repeats``.
     """
     from colabfast.bench import report
-    from colabfast.bench.staging import DRIVE
+    from colabfast.testing.drivesim import DriveSimParams
 
     if args.size <= 0 or args.repeats < 1:
         raise ValueError(f"need --size > 0 and --repeats >= 1, got {args.size} and {args.repeats}")
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         print(report.markdown(rows), flush=True)
         results += rows
     settings = {"scenarios": list(names), "size": args.size, "repeats": args.repeats, "workers": args.workers,
-                "batch_size": args.batch_size, "peers": args.peers, "drive": {**DRIVE, **args.drive},
+                "batch_size": args.batch_size, "peers": args.peers, "drive": DriveSimParams(**args.drive).live(),
                 "seconds": round(time.perf_counter() - started, 1)}
     md = out / "bench.md"
     md.write_text(f"# colabfast bench\n\n`{_command(args)}` on {report.machine_line(machine)}\n\n"

@@ -23,8 +23,6 @@ from colabfast.sampler import BlockShuffleSampler
 from colabfast.testing import data
 from colabfast.testing.drivesim import DriveSim
 
-DRIVE = {"open_ms": 100.0, "read_ms": 2.0, "mbps": 60.0}
-
 
 def _as_lists(batch: list) -> tuple:
     return tuple(zip(*batch))
@@ -39,9 +37,9 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, workers: int 
         repeats: epochs per sampler (median reported), each with fresh workers.
         batch_size, workers: the DataLoader's.
         image_size: short side the mirror is packed at (ImageNet is commonly packed at 128-256).
-        drive: simulator settings (default: 100 ms per open, 2 ms per read request, 60 MB/s).
+        drive: simulator settings over :class:`~colabfast.testing.drivesim.DriveSimParams`' defaults
+            (100 ms per open, 2 ms per read request, 60 MB/s).
     """
-    drive = drive or DRIVE
     rows = []
     with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as tmp:
         tmp = Path(tmp)
@@ -50,7 +48,7 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, workers: int 
         (tmp / "drive").mkdir()
         mirror = pack(src, tmp / "drive" / "mirror.h5", image_size=image_size, shuffle=True, progress=False)
         nbytes = mirror.stat().st_size
-        with DriveSim(tmp / "drive", tmp / "mnt", **drive) as sim:
+        with DriveSim(tmp / "drive", tmp / "mnt", **(drive or {})) as sim:
             for output in ("bytes", "tensor"):
                 ds = H5ImageFolder(sim.mountpoint / "mirror.h5", output=output)
                 samplers = {"torch RandomSampler": lambda ds=ds: RandomSampler(ds),

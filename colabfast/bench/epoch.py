@@ -40,7 +40,6 @@ from PIL import Image
 
 from colabfast import env
 from colabfast.bench import peers as peer_module
-from colabfast.bench.staging import DRIVE
 from colabfast.bench.timing import Result
 from colabfast.testing import data
 
@@ -380,7 +379,8 @@ def run(
             as on Colab: 2); also the processes each method's preparation may use.
         peers: the peers to run (default: all of :data:`colabfast.bench.peers.PEERS`; those not
             installed get a row with a note).
-        drive: simulator settings over :data:`DRIVE` (100 ms per open, 2 ms per read, 60 MB/s).
+        drive: simulator settings over :class:`~colabfast.testing.drivesim.DriveSimParams`' defaults
+            (100 ms per open, 2 ms per read, 60 MB/s).
         work: where to put the data (default: a temp folder).
 
     Returns:
@@ -422,7 +422,7 @@ def run(
             if not ok:
                 return rows + [Result(f"epoch/{key}/drive", "every method", None,
                                       note=f"Drive simulator unavailable: {why}") for key in prepared]
-            with DriveSim(tmp / "data", tmp / "mnt", **{**DRIVE, **(drive or {})}) as sim:
+            with DriveSim(tmp / "data", tmp / "mnt", **(drive or {})) as sim:
                 for key, methods in prepared.items():
                     rows += _drive(f"epoch/{key}/drive", methods, sim, sim.mountpoint / key, repeats,
                                    baseline_repeats, tmp / "cache")

@@ -113,8 +113,9 @@ def _cpu_model() -> str:
 
 def machine() -> dict[str, Any]:
     """This machine as recorded in every report: platform, CPU, RAM, GPU, package versions, and
-    :func:`colabfast.env.describe`'s text."""
+    :func:`colabfast.doctor.describe`'s text."""
     from colabfast import env
+    from colabfast.doctor import describe
 
     return {
         "platform": env.platform(),
@@ -125,7 +126,7 @@ def machine() -> dict[str, Any]:
         "ram_bytes": env.ram_total(),
         "gpu": env.gpu(),
         "packages": {d: v for d in PACKAGES if (v := _version(d)) is not None},
-        "describe": env.describe(),
+        "describe": describe(),
     }
 
 

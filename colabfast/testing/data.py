@@ -8,14 +8,13 @@ sizes and decode costs resemble photos) and deterministic for a given seed.
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 from typing import Sequence, Union
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-PathLike = Union[str, os.PathLike]
+from colabfast._fileio import PathLike
 
 # Real ImageNet class ids (wnids), so trees look like ILSVRC2012 train/ and val/.
 WNIDS = (

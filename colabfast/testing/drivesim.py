@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes.util
+import dataclasses
 import errno
 import importlib.util
 import json
@@ -51,19 +52,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import IO, Any, Callable, ClassVar, Iterator, Optional, Union
 
-PathLike = Union[str, os.PathLike]
+from colabfast import env
+from colabfast._fileio import PathLike
 
-FSNAME = "colabfast-drivesim"  # the mount source colabfast.env.drive_kind looks for
+FSNAME = env.DRIVESIM_SOURCE  # the mount source, by which colabfast.env.drive_kind knows the simulator
 SUBTYPE = "drivesim"  # the mount type becomes fuse.drivesim
 MB = 1e6  # bytes; `mbps` is in megabytes (not mebibytes) per second
 
 # libfuse3 runs at most 10 worker threads unless told otherwise (see the module docstring).
 MAX_THREADS = 512
-
-# Parameters DriveSim.set() may change while mounted, with their defaults.
-LIVE_PARAMS = {"open_ms": 100.0, "read_ms": 2.0, "mbps": 60.0, "eio_open": 0.0, "eio_read": 0.0}
 
 STATS = ("opens", "opendirs", "reads", "bytes_read", "writes", "bytes_written", "eio", "enotconn")
 
@@ -79,6 +78,122 @@ ORPHAN_GRACE = 2.0  # seconds a server left alone waits for open files to close 
 
 class DriveSimError(RuntimeError):
     """The simulator could not start, stop or answer (FUSE unusable, mount failed, server died)."""
+
+
+def _param(default: Any, text: str, metavar: Optional[str] = None, *, kind: Callable[[str], Any] = float,
+           **meta: Any) -> Any:
+    """A :class:`DriveSimParams` field: its default, and its command-line option's help text, metavar and
+    argparse ``type``."""
+    return dataclasses.field(default=default, metadata={"help": text, "metavar": metavar, "type": kind, **meta})
+
+
+@dataclasses.dataclass(frozen=True)
+class DriveSimParams:
+    """How the simulated Drive behaves: latencies, bandwidth, faults. The one list of the simulator's
+    parameters: :class:`DriveSim` takes them, :meth:`argv` and :meth:`add_arguments` /
+    :meth:`from_args` carry them over the server's command line.
+
+    The defaults are Drive as measured from Colab: about 100 ms per file open, a few ms per read
+    request, tens of MB/s.
+
+    Attributes:
+        open_ms: latency of each open, opendir and create, in milliseconds.
+        read_ms: latency of each read request (the kernel sends at most 128 KiB per request), in
+            milliseconds.
+        mbps: bandwidth shared by all readers, in megabytes (1e6 bytes) per second; None for no cap
+            (0 on the command line). Writes are never capped.
+        eio_open: probability that opening a file fails with EIO (after the open latency).
+        eio_read: probability that a read request fails with EIO.
+        enotconn_after: seconds after mounting when an ENOTCONN window starts; None for none.
+        enotconn_for: length of that window in seconds.
+        readonly: refuse every change with EROFS.
+        seed: seed of the random faults.
+
+    Raises:
+        ValueError: a value out of range.
+    """
+
+    open_ms: float = _param(100.0, "latency of each open, opendir and create in ms", "MS")
+    read_ms: float = _param(2.0, "latency of each read request in ms", "MS")
+    mbps: Optional[float] = _param(60.0, "bandwidth shared by all readers in MB/s, 0 for no cap", "MB_S",
+                                   zero_is_none=True)
+    eio_open: float = _param(0.0, "probability that a file open fails with EIO", "P")
+    eio_read: float = _param(0.0, "probability that a read request fails with EIO", "P")
+    enotconn_after: Optional[float] = _param(
+        None, "seconds after mounting when every request starts failing with ENOTCONN", "S"
+    )
+    enotconn_for: float = _param(0.0, "how many seconds the ENOTCONN window lasts", "S")
+    readonly: bool = _param(False, "refuse every change with EROFS", kind=bool)
+    seed: int = _param(0, "seed of the random faults", "N", kind=int)
+
+    # What DriveSim.set() may change while mounted.
+    LIVE: ClassVar[tuple[str, ...]] = ("open_ms", "read_ms", "mbps", "eio_open", "eio_read")
+
+    def __post_init__(self) -> None:
+        if self.mbps is not None and not self.mbps > 0:
+            raise ValueError(f"mbps must be > 0 MB/s, or None for no cap; got {self.mbps!r}")
+        for name in ("eio_open", "eio_read"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} is a probability in [0, 1]; got {getattr(self, name)!r}")
+        for name in ("open_ms", "read_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 ms; got {getattr(self, name)!r}")
+        after, length = self.enotconn_after, self.enotconn_for
+        if (after is not None and not after >= 0) or not length >= 0:
+            raise ValueError(f"enotconn_after and enotconn_for are >= 0 s; got {after}, {length}")
+
+    def live(self) -> dict[str, Any]:
+        """The parameters :meth:`DriveSim.set` may change, by name."""
+        return {name: getattr(self, name) for name in self.LIVE}
+
+    def with_live(self, **changes: Any) -> DriveSimParams:
+        """A copy with some live parameters changed.
+
+        Raises:
+            ValueError: a name that is not live, or a value out of range.
+        """
+        for name in changes:
+            if name not in self.LIVE:
+                raise ValueError(f"unknown DriveSim parameter {name!r}; live parameters: {', '.join(self.LIVE)}")
+        return dataclasses.replace(self, **changes)
+
+    def argv(self) -> list[str]:
+        """These parameters as options of ``python -m colabfast.testing.drivesim`` (see :meth:`from_args`)."""
+        args = []
+        for field in dataclasses.fields(self):
+            value, flag = getattr(self, field.name), "--" + field.name.replace("_", "-")
+            if field.metadata["type"] is bool:
+                args += [flag] if value else []
+            elif value is None and field.metadata.get("zero_is_none"):
+                args += [flag, "0"]
+            elif value is not None:
+                args += [flag, repr(value)]
+        return args
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one option per parameter to ``parser``, named as the field with dashes (``--open-ms``)."""
+        for field in dataclasses.fields(cls):
+            flag, help = "--" + field.name.replace("_", "-"), field.metadata["help"]
+            if field.metadata["type"] is bool:
+                parser.add_argument(flag, action="store_true", help=help)
+            else:
+                suffix = "" if field.default is None else " (default: %(default)s)"
+                parser.add_argument(flag, type=field.metadata["type"], default=field.default,
+                                    metavar=field.metadata["metavar"], help=help + suffix)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DriveSimParams:
+        """The parameters in ``args``, parsed by a parser given :meth:`add_arguments`.
+
+        Raises:
+            ValueError: a value out of range.
+        """
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            value = getattr(args, field.name)
+            values[field.name] = None if value == 0 and field.metadata.get("zero_is_none") else value
+        return cls(**values)
 
 
 def available() -> tuple[bool, str]:
@@ -104,27 +219,6 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-def _check_params(params: dict[str, Any]) -> None:
-    for name, value in params.items():
-        if name not in LIVE_PARAMS:
-            raise ValueError(
-                f"unknown DriveSim parameter {name!r}; live parameters: {', '.join(LIVE_PARAMS)}"
-            )
-        if name == "mbps":
-            if value is not None and not value > 0:
-                raise ValueError(f"mbps must be > 0 MB/s, or None for no cap; got {value!r}")
-        elif name.startswith("eio_"):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} is a probability in [0, 1]; got {value!r}")
-        elif not value >= 0:
-            raise ValueError(f"{name} must be >= 0 ms; got {value!r}")
-
-
-def _check_window(enotconn_after: Optional[float], enotconn_for: float) -> None:
-    if (enotconn_after is not None and not enotconn_after >= 0) or not enotconn_for >= 0:
-        raise ValueError(f"enotconn_after and enotconn_for are >= 0 s; got {enotconn_after}, {enotconn_for}")
-
-
 def _unmount(mountpoint: PathLike, lazy: bool = False) -> bool:
     """``fusermount3 -u`` (``-uz`` when ``lazy``) ``mountpoint``; True when it succeeded."""
     flags = "-uz" if lazy else "-u"
@@ -134,8 +228,6 @@ def _unmount(mountpoint: PathLike, lazy: bool = False) -> bool:
 
 def _is_mounted(mountpoint: PathLike) -> bool:
     """True when ``mountpoint`` carries a simulator mount (read from the mount table, no FUSE call)."""
-    from colabfast import env
-
     target = os.path.realpath(mountpoint)
     return any(m.mountpoint == target and m.source == FSNAME for m in env.mounts())
 
@@ -225,40 +317,28 @@ class _DriveFS:
 
     use_ns = True  # times as integer nanoseconds, as os.stat gives them
 
-    def __init__(
-        self,
-        source: str,
-        params: dict[str, Any],
-        enotconn_after: Optional[float],
-        enotconn_for: float,
-        readonly: bool,
-        seed: int,
-        on_mount=None,
-    ) -> None:
+    def __init__(self, source: PathLike, params: DriveSimParams, on_mount=None) -> None:
         self._source = os.path.realpath(source)
-        self._params = dict(params)
-        self._readonly = readonly
-        self._rng = random.Random(seed)
+        self._params = params  # replaced whole by configure(): a request reads one consistent set
+        self._readonly = params.readonly
+        self._rng = random.Random(params.seed)
         self._link = _Link()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(STATS, 0)
-        self._enotconn_after = enotconn_after
-        self._enotconn_for = enotconn_for
         self._down = (0.0, 0.0)  # [from, until) in time.monotonic(), when every request fails
         self._on_mount = on_mount
 
     # -- the simulated Drive ------------------------------------------------------------------
 
     def init(self, path: str) -> None:
-        if self._enotconn_after is not None:
-            start = time.monotonic() + self._enotconn_after
-            self._down = (start, start + self._enotconn_for)
+        if self._params.enotconn_after is not None:
+            start = time.monotonic() + self._params.enotconn_after
+            self._down = (start, start + self._params.enotconn_for)
         if self._on_mount is not None:
             self._on_mount()
 
     def configure(self, params: dict[str, Any]) -> None:
-        _check_params(params)
-        self._params.update(params)
+        self._params = self._params.with_live(**params)
 
     def disconnect(self, seconds: float) -> None:
         now = time.monotonic()
@@ -294,8 +374,8 @@ class _DriveFS:
             raise _Fault(errno.EROFS)
 
     def _open_latency(self) -> None:
-        if self._params["open_ms"] > 0:
-            time.sleep(self._params["open_ms"] / 1000)
+        if self._params.open_ms > 0:
+            time.sleep(self._params.open_ms / 1000)
 
     def _real(self, path: str) -> str:
         return os.path.join(self._source, path.lstrip("/"))
@@ -308,7 +388,7 @@ class _DriveFS:
         if self._readonly and (flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC):
             raise _Fault(errno.EROFS)
         self._open_latency()
-        self._maybe_eio(self._params["eio_open"])
+        self._maybe_eio(self._params.eio_open)
         # O_DIRECT is the kernel's business on the FUSE side; the source may not support it.
         return os.open(self._real(path), flags & ~os.O_DIRECT)
 
@@ -328,11 +408,12 @@ class _DriveFS:
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         self._gate()
-        arrival = time.monotonic() + self._params["read_ms"] / 1000
+        params = self._params
+        arrival = time.monotonic() + params.read_ms / 1000
         self._count("reads")
-        self._maybe_eio(self._params["eio_read"])
+        self._maybe_eio(params.eio_read)
         data = os.pread(fh, size, offset)
-        mbps = self._params["mbps"]
+        mbps = params.mbps
         done = self._link.finish(len(data), mbps * MB, arrival) if mbps else arrival
         self._count("bytes_read", len(data))
         delay = done - time.monotonic()
@@ -468,32 +549,23 @@ class _DriveFS:
             return 0
         st, now = os.lstat(real), time.time_ns()
         old = (st.st_atime_ns, st.st_mtime_ns)
-        ns = tuple(now if t == UTIME_NOW else was if t == UTIME_OMIT else t for t, was in zip(times, old))
-        os.utime(real, ns=ns, follow_symlinks=False)
+        atime, mtime = (now if t == UTIME_NOW else was if t == UTIME_OMIT else t for t, was in zip(times, old))
+        os.utime(real, ns=(atime, mtime), follow_symlinks=False)
         return 0
 
 
 def serve(
-    source: PathLike,
-    mountpoint: PathLike,
-    *,
-    open_ms: float = 100.0,
-    read_ms: float = 2.0,
-    mbps: Optional[float] = 60.0,
-    eio_open: float = 0.0,
-    eio_read: float = 0.0,
-    enotconn_after: Optional[float] = None,
-    enotconn_for: float = 0.0,
-    readonly: bool = False,
-    seed: int = 0,
-    parent: Optional[int] = None,
+    source: PathLike, mountpoint: PathLike, params: Optional[DriveSimParams] = None, *, parent: Optional[int] = None
 ) -> int:
     """Mount the simulator and serve requests in this thread until it is unmounted or signalled.
 
-    Most callers want :class:`DriveSim`, which runs this in a child process. Parameters as there.
-    SIGINT, SIGTERM and SIGHUP end the loop and unmount (libfuse's own handlers).
+    Most callers want :class:`DriveSim`, which runs this in a child process. SIGINT, SIGTERM and
+    SIGHUP end the loop and unmount (libfuse's own handlers).
 
     Args:
+        source: the folder to mirror.
+        mountpoint: an existing empty directory.
+        params: how the simulated Drive behaves (default: :class:`DriveSimParams`'s defaults).
         parent: when given, the pid of the controlling :class:`DriveSim`: commands come as JSON lines
             on stdin and answers go to stdout; the server unmounts and exits when stdin closes or
             that process dies.
@@ -506,15 +578,7 @@ def serve(
     import mfusepy
 
     mountpoint = os.path.realpath(mountpoint)
-    params = {
-        "open_ms": open_ms,
-        "read_ms": read_ms,
-        "mbps": mbps,
-        "eio_open": eio_open,
-        "eio_read": eio_read,
-    }
-    _check_params(params)
-    _check_window(enotconn_after, enotconn_for)
+    params = params or DriveSimParams()
 
     channel = None
     if parent is not None:
@@ -531,13 +595,14 @@ def serve(
             _send(channel, {"ready": True, "pid": os.getpid()})
         else:
             print(
-                f"drivesim: {source} mounted at {mountpoint} (open {open_ms:g} ms, read {read_ms:g} ms, "
-                f"{'uncapped' if not mbps else f'{mbps:g} MB/s'}); Ctrl-C or SIGTERM unmounts",
+                f"drivesim: {source} mounted at {mountpoint} (open {params.open_ms:g} ms, read "
+                f"{params.read_ms:g} ms, {'uncapped' if not params.mbps else f'{params.mbps:g} MB/s'}); "
+                "Ctrl-C or SIGTERM unmounts",
                 file=sys.stderr,
                 flush=True,
             )
 
-    ops = _DriveFS(source, params, enotconn_after, enotconn_for, readonly, seed, on_mount)
+    ops = _DriveFS(source, params, on_mount)
     if parent is not None:
         threading.Thread(target=_control, args=(ops, channel, mountpoint), daemon=True).start()
         threading.Thread(target=_watch_parent, args=(parent, mountpoint), daemon=True).start()
@@ -616,24 +681,19 @@ class DriveSim:
     Args:
         source: the folder to mirror; reads and writes pass through to it.
         mountpoint: an existing empty directory, or None for a fresh temporary one (removed on stop).
-        open_ms: latency of each open, opendir and create, in milliseconds.
-        read_ms: latency of each read request (the kernel sends at most 128 KiB per request), in
-            milliseconds.
-        mbps: bandwidth shared by all readers, in megabytes (1e6 bytes) per second; None for no cap.
-            Writes are never capped.
-        eio_open: probability that opening a file fails with EIO (after the open latency).
-        eio_read: probability that a read request fails with EIO.
-        enotconn_after: seconds after mounting when an ENOTCONN window starts; None for none.
-        enotconn_for: length of that window in seconds.
-        readonly: refuse every change with EROFS.
-        seed: seed of the random faults.
+        params: how the simulated Drive behaves (default: :class:`DriveSimParams`'s defaults, 100 ms
+            per open, 2 ms per read request, 60 MB/s, no faults).
+        **changes: :class:`DriveSimParams` fields by name, over ``params``, e.g.
+            ``DriveSim(src, open_ms=5, mbps=None, eio_read=0.01)``.
 
     Attributes:
         mountpoint: where the simulated Drive is mounted (absolute).
         source: the mirrored folder (absolute).
+        params: the :class:`DriveSimParams` in force (:meth:`set` replaces it).
 
     Raises:
-        ValueError: a parameter out of range.
+        TypeError: a name in ``changes`` that is not a :class:`DriveSimParams` field.
+        ValueError: a parameter out of range, or ``source`` not a directory.
         DriveSimError: from :meth:`start` when FUSE is unusable or the mount fails.
     """
 
@@ -641,43 +701,24 @@ class DriveSim:
         self,
         source: PathLike,
         mountpoint: Optional[PathLike] = None,
-        *,
-        open_ms: float = 100.0,
-        read_ms: float = 2.0,
-        mbps: Optional[float] = 60.0,
-        eio_open: float = 0.0,
-        eio_read: float = 0.0,
-        enotconn_after: Optional[float] = None,
-        enotconn_for: float = 0.0,
-        readonly: bool = False,
-        seed: int = 0,
+        params: Optional[DriveSimParams] = None,
+        **changes: Any,
     ) -> None:
         self.source = Path(source).resolve()
         if not self.source.is_dir():
             raise ValueError(f"DriveSim source {self.source} is not a directory")
-        self._params = {
-            "open_ms": open_ms,
-            "read_ms": read_ms,
-            "mbps": mbps,
-            "eio_open": eio_open,
-            "eio_read": eio_read,
-        }
-        _check_params(self._params)
-        _check_window(enotconn_after, enotconn_for)
-        self._enotconn = (enotconn_after, enotconn_for)
-        self._readonly = readonly
-        self._seed = int(seed)
+        self.params = dataclasses.replace(params or DriveSimParams(), **changes)
         self._own_mountpoint = mountpoint is None
         self.mountpoint = Path(
             tempfile.mkdtemp(prefix="colabfast-drivesim-") if mountpoint is None else mountpoint
         ).absolute()
         self._proc: Optional[subprocess.Popen] = None
-        self._stderr = None
+        self._stderr: Optional[IO[bytes]] = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         state = "mounted" if self._proc is not None else "stopped"
-        return f"DriveSim({str(self.source)!r} at {str(self.mountpoint)!r}, {state}, {self._params})"
+        return f"DriveSim({str(self.source)!r} at {str(self.mountpoint)!r}, {state}, {self.params})"
 
     def __enter__(self) -> DriveSim:
         return self.start()
@@ -687,24 +728,8 @@ class DriveSim:
 
     def _command(self) -> list[str]:
         """The server's command line: this module's CLI plus the hidden ``--control`` flag."""
-        p = self._params
-        after, length = self._enotconn
-        options = {
-            "--open-ms": p["open_ms"],
-            "--read-ms": p["read_ms"],
-            "--mbps": p["mbps"] or 0,
-            "--eio-open": p["eio_open"],
-            "--eio-read": p["eio_read"],
-            "--enotconn-for": length,
-            "--seed": self._seed,
-            "--control": os.getpid(),
-        }
-        if after is not None:
-            options["--enotconn-after"] = after
-        cmd = [sys.executable, "-m", "colabfast.testing.drivesim", str(self.source), str(self.mountpoint)]
-        for flag, value in options.items():
-            cmd += [flag, repr(value)]
-        return cmd + (["--readonly"] if self._readonly else [])
+        module = [sys.executable, "-m", "colabfast.testing.drivesim", str(self.source), str(self.mountpoint)]
+        return [*module, *self.params.argv(), "--control", str(os.getpid())]
 
     def start(self) -> DriveSim:
         """Mount and return once the mount is live.
@@ -827,10 +852,10 @@ class DriveSim:
         Raises:
             ValueError: an unknown name or a value out of range.
         """
-        _check_params(params)
+        new = self.params.with_live(**params)
         if self._proc is not None:
             self._request("set", params=params)
-        self._params.update(params)
+        self.params = new
 
     def disconnect(self, seconds: float) -> None:
         """Fail every request with ENOTCONN from now for ``seconds`` seconds, as Drive does after hours."""
@@ -859,59 +884,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "mountpoint", metavar="MOUNTPOINT", help="empty directory to mount on (created if missing)"
     )
-    parser.add_argument(
-        "--open-ms",
-        type=float,
-        default=LIVE_PARAMS["open_ms"],
-        metavar="MS",
-        help="latency of each open, opendir and create in ms (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--read-ms",
-        type=float,
-        default=LIVE_PARAMS["read_ms"],
-        metavar="MS",
-        help="latency of each read request in ms (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--mbps",
-        type=float,
-        default=LIVE_PARAMS["mbps"],
-        metavar="MB_S",
-        help="bandwidth shared by all readers in MB/s, 0 for no cap (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--eio-open",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="probability that a file open fails with EIO (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--eio-read",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="probability that a read request fails with EIO (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--enotconn-after",
-        type=float,
-        default=None,
-        metavar="S",
-        help="seconds after mounting when every request starts failing with ENOTCONN",
-    )
-    parser.add_argument(
-        "--enotconn-for",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="how many seconds the ENOTCONN window lasts (default: %(default)s)",
-    )
-    parser.add_argument("--readonly", action="store_true", help="refuse every change with EROFS")
-    parser.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="seed of the random faults (default: %(default)s)"
-    )
+    DriveSimParams.add_arguments(parser)
     parser.add_argument("--control", type=int, default=None, help=argparse.SUPPRESS)  # DriveSim's child
     return parser
 
@@ -925,25 +898,13 @@ def cli(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.source):
         print(f"drivesim: {args.source} is not a directory", file=sys.stderr)
         return 1
-    os.makedirs(args.mountpoint, exist_ok=True)
     try:
-        code = serve(
-            args.source,
-            args.mountpoint,
-            open_ms=args.open_ms,
-            read_ms=args.read_ms,
-            mbps=args.mbps or None,
-            eio_open=args.eio_open,
-            eio_read=args.eio_read,
-            enotconn_after=args.enotconn_after,
-            enotconn_for=args.enotconn_for,
-            readonly=args.readonly,
-            seed=args.seed,
-            parent=args.control,
-        )
+        params = DriveSimParams.from_args(args)
     except ValueError as e:
         print(f"drivesim: {e}", file=sys.stderr)
         return 2
+    os.makedirs(args.mountpoint, exist_ok=True)
+    code = serve(args.source, args.mountpoint, params, parent=args.control)
     if code:
         print(
             f"drivesim: mounting {args.mountpoint} failed (libfuse error {code}); see the messages above",

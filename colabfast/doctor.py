@@ -1,0 +1,213 @@
+"""``colabfast doctor``: this machine, where your data lives, and how to feed the GPU from here.
+
+:func:`describe` turns what :mod:`colabfast.env` probes (platform, CPUs, RAM, disk, mounts, GPU) into a
+report with advice, worded with the rules :func:`colabfast.stage` applies (its free-space preflight and
+its RAM share), so the advice matches what staging will do.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+from colabfast import env
+from colabfast._fileio import PathLike, human_bytes
+from colabfast.staging import RAM_FRACTION, check_space
+
+__all__ = ["describe"]
+
+LISTING_BUDGET = 5.0  # seconds spent summing the data's size; a big folder on Drive lists slowly
+
+_PLATFORM_NAMES = {
+    "colab": "Google Colab",
+    "kaggle": "Kaggle",
+    "jupyter": "Jupyter kernel (not Colab)",
+    "python": "plain Python (not Colab, Kaggle or Jupyter)",
+}
+_KIND_NAMES = {
+    "drivefs": "Google Drive (DriveFS)",
+    "ocamlfuse": "Google Drive (google-drive-ocamlfuse)",
+    "drivesim": "the Drive simulator",
+    "standin": "colabfast's local stand-in for Drive",
+}
+_REMOTE = ("drivefs", "ocamlfuse", "drivesim")  # Drive kinds where every open is a network round trip
+
+
+def describe(data: Optional[PathLike] = None) -> str:
+    """The environment and concrete advice for feeding a GPU from it, as text (``colabfast doctor``).
+
+    Args:
+        data: your dataset folder or file, if any: the advice then says where it lives (Drive, RAM,
+            local disk), whether it fits on a RAM disk and whether the disk can hold a staged copy.
+            Its size is summed by listing it for at most 5 seconds.
+
+    Returns:
+        Lines ``name  value`` for platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive and GPU,
+        then an ``advice`` list.
+    """
+    work = env.work_dir()
+    gpu_info = env.gpu()
+    decode = gpu_info is not None and env.gpu_decode_available()
+    drives = env.drive_mounts()
+    rows = _machine_rows(work, gpu_info, decode, drives)
+
+    advice = []
+    size = None
+    if data is None:
+        advice += _drive_advice(drives)
+    else:
+        path = os.path.abspath(os.path.expanduser(os.fspath(data)))
+        if not os.path.exists(path):
+            advice.append(
+                f"{path} does not exist: check the path (in Colab, Drive files are under "
+                f"{env.DEFAULT_MOUNTPOINT}/MyDrive after colabfast.mount())"
+            )
+        else:
+            size, files = _tree_size(path)
+            if size is None:
+                rows.append(("data", f"{path}: over {files:,} files (listing slow)"))
+            else:
+                rows.append(("data", f"{path}: {human_bytes(size)} in {files:,} files"))
+            advice += _where(path, size)
+    advice.append(_ram_advice(size, work))
+    advice += _compute_advice(gpu_info, decode)
+
+    width = max(len(name) for name, _ in rows)
+    text = [f"{name:<{width}}  {value}" for name, value in rows]
+    text += ["", "advice:"] + [f"- {a}" for a in advice]
+    return "\n".join(text)
+
+
+def _machine_rows(
+    work: Path, gpu_info: Optional[dict], decode: bool, drives: list[env.DriveMount]
+) -> list[tuple[str, str]]:
+    """The report's ``name  value`` rows about the machine."""
+    shm = env.shm_size()
+    can_mount = "yes" if env.can_mount() else "no"
+    has_fuse = "yes" if env.has_fuse() else "no"
+    rows = [
+        ("platform", _PLATFORM_NAMES[env.platform()]),
+        ("CPUs", str(env.cpu_count())),
+        ("RAM", f"{human_bytes(env.ram_total())} total, {human_bytes(env.ram_available())} available"),
+        ("disk", f"{human_bytes(env.disk_free(work))} free on {work}"),
+        ("/dev/shm", "absent" if shm is None else f"{human_bytes(shm)}, {human_bytes(env.disk_free('/dev/shm'))} free"),
+        ("mounting", f"tmpfs/bind: {can_mount}, FUSE: {has_fuse}"),
+        ("Drive", "; ".join(f"{_KIND_NAMES[d.kind]} at {d.mountpoint}" for d in drives) or "not mounted"),
+    ]
+    if gpu_info is None:
+        rows.append(("GPU", "none"))
+    else:
+        on_gpu = "yes" if decode else "no"
+        rows.append(("GPU", f"{gpu_info['name']}, {human_bytes(gpu_info['memory'])}; JPEG decode on GPU: {on_gpu}"))
+    return rows
+
+
+def _tree_size(path: str, budget_s: float = LISTING_BUDGET) -> tuple[Optional[int], int]:
+    """(bytes, files) under ``path``; bytes is None when listing takes over ``budget_s`` seconds."""
+    if os.path.isfile(path):
+        return os.path.getsize(path), 1
+    deadline = time.monotonic() + budget_s
+    total = files = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+            files += 1
+        if time.monotonic() > deadline:
+            return None, files
+    return total, files
+
+
+def _drive_advice(drives: list[env.DriveMount]) -> list[str]:
+    """Advice without a data path: do not train from a Drive mount; mount Drive in Colab."""
+    advice = [
+        f"Drive is mounted at {d.mountpoint} ({_KIND_NAMES[d.kind]}): do not train from it, stage "
+        f"your data to local disk first: colabfast.stage('{d.mountpoint}/MyDrive/<your data>')"
+        for d in drives
+    ]
+    if not drives and env.in_colab():
+        advice.append(f"Drive is not mounted: colabfast.mount() mounts it at {env.DEFAULT_MOUNTPOINT}")
+    advice.append("run `colabfast doctor PATH` with your data folder for advice on that data")
+    return advice
+
+
+def _where(data: str, size: Optional[int]) -> list[str]:
+    """Advice on where ``data`` lives and where it should be staged."""
+    where = env.storage(data)
+    m = env.mount_of(data)
+    if where in _REMOTE:
+        advice = [
+            f"your data is under {m.mountpoint if m else data} ({_KIND_NAMES[where]}): every file open is a "
+            f"network round trip, so training would wait on Drive; stage it to local disk first: "
+            f"colabfast.stage({data!r})"
+        ]
+        if size is not None:
+            try:  # stage()'s own preflight: twice the size when DriveFS caches what it reads
+                check_space(size, env.work_dir() / os.path.basename(data), Path(data))
+            except OSError as e:
+                advice.append(e.strerror or str(e))
+        return advice
+    if where == "standin":
+        return [
+            f"your data is in {_KIND_NAMES[where]} ({env.standin_root()}): local-disk speed here, Drive speed "
+            f"in Colab; colabfast.stage({data!r}) works the same in both"
+        ]
+    fstype, mountpoint = (m.fstype, m.mountpoint) if m else ("unknown file system", "?")
+    if where == "ram":
+        return [f"your data is in RAM ({fstype} at {mountpoint}): nothing reads faster"]
+    if where == "fuse":
+        return [
+            f"your data is on a FUSE mount ({fstype} at {mountpoint}): network file systems are slow "
+            f"per file; stage it to local disk: colabfast.stage({data!r})"
+        ]
+    return [f"your data is on local disk ({fstype}): fine to train from"]
+
+
+def _ram_room() -> tuple[int, str]:
+    """Bytes a RAM disk may take, and how that was worked out."""
+    avail, keep = env.ram_available(), env.ram_headroom()
+    room = max(0, avail - keep)
+    how = f"{human_bytes(avail)} available, {human_bytes(keep)} kept for training"
+    if not env.can_mount() and env.shm_size() is not None and env.disk_free("/dev/shm") < room:
+        room = env.disk_free("/dev/shm")
+        how += f", and /dev/shm (free {human_bytes(room)}) is the only RAM disk without mount rights"
+    return room, how
+
+
+def _ram_advice(size: Optional[int], work: Path) -> str:
+    """Whether data of ``size`` bytes (None: unknown) goes on a RAM disk, by stage()'s rule."""
+    room, how = _ram_room()
+    if size is None:
+        return f"a RAM disk can hold up to {human_bytes(room)} ({how})"
+    if size <= RAM_FRACTION * room:
+        where = "colabfast.stage() puts it on a RAM disk"
+    elif size <= room:
+        where = "it fits on a RAM disk but leaves little RAM spare: colabfast.stage() puts it on local disk"
+    else:
+        free = human_bytes(env.disk_free(work))
+        where = f"too big for a RAM disk: colabfast.stage() puts it on local disk ({free} free)"
+    return f"your data takes {human_bytes(size)}, RAM has room for {human_bytes(room)} ({how}): {where}"
+
+
+def _compute_advice(gpu_info: Optional[dict], decode: bool) -> list[str]:
+    """DataLoader workers, and where JPEGs should be decoded."""
+    n = env.recommended_num_workers()
+    line = f"DataLoader(num_workers={n}): one worker per CPU this process may use"
+    if n <= 2:
+        line += (
+            f"; with {n} CPUs JPEG decoding caps near 2k images/s at ImageNet size: store pre-resized "
+            "images or decode on the GPU"
+        )
+    if gpu_info is None:
+        return [line, "no CUDA GPU" + (": Runtime > Change runtime type > GPU" if env.in_colab() else "")]
+    if decode:
+        return [
+            line,
+            "the GPU decodes JPEGs (nvJPEG): torchvision.io.decode_jpeg(data, device='cuda') "
+            "takes decoding off the CPUs",
+        ]
+    return [line, "this torchvision cannot decode JPEGs on the GPU: decoding stays on the CPU workers"]

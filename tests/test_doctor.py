@@ -1,0 +1,96 @@
+"""colabfast.doctor: the report and its advice for data on Drive, in RAM and on local disk, with and
+without a GPU, on a machine whose slow probes (GPU, Colab marker, RAM) are faked."""
+
+from __future__ import annotations
+
+import pytest
+
+from colabfast import doctor, env
+from colabfast.env import Mount
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """A private stand-in root for Drive."""
+    root = tmp_path / "standin"
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
+    (root / "MyDrive").mkdir(parents=True)
+    return root
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch, tmp_path):
+    """No GPU, no Colab, known RAM: describe() without slow probes."""
+    monkeypatch.setattr(env, "gpu", lambda: None)
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "absent"))
+    monkeypatch.setattr(env, "ram_available", lambda: 20 * 10**9)
+    monkeypatch.setattr(env, "ram_headroom", lambda: 4 * 10**9)
+    monkeypatch.setattr(env, "can_mount", lambda: True)
+
+
+def fake_drive(monkeypatch, mountpoint, fstype="fuse.drive", source="drive"):
+    real = env.mounts()
+    monkeypatch.setattr(env, "mounts", lambda: [*real, Mount(str(mountpoint), fstype, source, "0:99")])
+
+
+def test_describe_says_to_stage_data_on_drive(quiet_machine, monkeypatch, tmp_path, standin):
+    mp = tmp_path / "drive"
+    data = mp / "MyDrive" / "kitti"
+    data.mkdir(parents=True)
+    (data / "000000.png").write_bytes(b"x" * 5000)
+    fake_drive(monkeypatch, mp)
+    text = doctor.describe(data)
+    assert f"your data is under {mp} (Google Drive (DriveFS))" in text
+    assert f"colabfast.stage('{data}')" in text
+    assert f"Google Drive (DriveFS) at {mp}" in text  # the Drive row
+    assert "5.0 kB in 1 files" in text
+    assert "colabfast.stage() puts it on a RAM disk" in text
+
+
+def test_describe_warns_when_the_disk_cannot_hold_two_copies(quiet_machine, monkeypatch, tmp_path, standin):
+    mp = tmp_path / "drive"
+    data = mp / "MyDrive" / "big"
+    data.mkdir(parents=True)
+    (data / "a.bin").write_bytes(b"x" * 6000)
+    fake_drive(monkeypatch, mp)
+    monkeypatch.setenv("HOME", str(tmp_path))  # DriveFS's cache on the same disk as /tmp, as in Colab
+    monkeypatch.setattr(env, "disk_free", lambda path: 10_000)
+    text = doctor.describe(data)
+    assert "need 12.0 kB (2 x 6.0 kB: Drive caches what it reads), have 10.0 kB" in text
+
+
+def test_describe_ram_and_local_data(quiet_machine, monkeypatch, tmp_path):
+    (tmp_path / "x.bin").write_bytes(b"x" * 100)
+    text = doctor.describe(tmp_path)
+    assert "your data is on local disk" in text
+    monkeypatch.setattr(doctor, "_tree_size", lambda path: (17 * 10**9, 1000))
+    assert "too big for a RAM disk: colabfast.stage() puts it on local disk" in doctor.describe(tmp_path)
+    monkeypatch.setattr(doctor, "_tree_size", lambda path: (12 * 10**9, 1000))
+    assert "leaves little RAM spare" in doctor.describe(tmp_path)
+    if env.is_ram("/dev/shm"):
+        assert "your data is in RAM (tmpfs at /dev/shm)" in doctor.describe("/dev/shm")
+
+
+def test_describe_without_data(quiet_machine, monkeypatch, tmp_path, standin):
+    fake_drive(monkeypatch, tmp_path / "drive")
+    text = doctor.describe()
+    assert f"Drive is mounted at {tmp_path / 'drive'} (Google Drive (DriveFS)): do not train from it" in text
+    assert "colabfast doctor PATH" in text
+    assert "a RAM disk can hold up to 16.0 GB (20.0 GB available, 4.0 GB kept for training)" in text
+    assert f"DataLoader(num_workers={env.cpu_count()})" in text
+    assert "no CUDA GPU" in text
+    assert "does not exist" in doctor.describe(tmp_path / "missing")
+
+
+def test_describe_in_colab_with_a_gpu(quiet_machine, monkeypatch, tmp_path, standin):
+    marker = tmp_path / "hostname"
+    marker.write_text("vm")
+    monkeypatch.setattr(env, "COLAB_MARKER", str(marker))
+    monkeypatch.setattr(env, "gpu", lambda: {"name": "Tesla T4", "memory": 15_000_000_000})
+    monkeypatch.setattr(env, "gpu_decode_available", lambda: True)
+    monkeypatch.setattr(env, "drive_mounts", lambda: [])
+    text = doctor.describe()
+    assert text.startswith("platform  Google Colab")
+    assert "Tesla T4, 15.0 GB; JPEG decode on GPU: yes" in text
+    assert "Drive is not mounted: colabfast.mount() mounts it" in text
+    assert "torchvision.io.decode_jpeg(data, device='cuda')" in text

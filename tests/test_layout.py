@@ -1,0 +1,75 @@
+"""The package's shape: the library's modules import each other without cycles, lazy imports included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import colabfast
+
+PACKAGE = Path(colabfast.__file__).parent
+# Tools built on the library, not part of its data path: they may import anything below them.
+TOOLS = ("colabfast.testing", "colabfast.bench", "colabfast.cli", "colabfast.demo")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The colabfast modules ``path`` imports anywhere in its body (at import time or inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from colabfast import env` names a module; `from colabfast.env import gpu` a name in one.
+            found |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
+    return {name for name in found if name in known}
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    known = set(files) - {"colabfast"}
+    return {name: imports(path, known) - {name} for name, path in files.items() if name in known}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One import cycle in ``edges`` as a path that returns to its start, or [] when there is none."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        stack.pop()
+        return []
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_the_graph_is_read_from_the_source():
+    edges = graph()
+    assert "colabfast.env" in edges["colabfast.doctor"] and "colabfast.staging" in edges["colabfast.doctor"]
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_library_has_no_import_cycles():
+    library = {name: deps for name, deps in graph().items() if not name.startswith(TOOLS)}
+    assert cycle({name: {d for d in deps if d in library} for name, deps in library.items()}) == []
+
+
+def test_env_probes_only():
+    """env sits at the bottom: everything asks it about the machine, and it asks no other module."""
+    assert graph()["colabfast.env"] <= {"colabfast._fileio"}
