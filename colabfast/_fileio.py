@@ -128,9 +128,12 @@ def scan_tree(
     top = retry(lambda: os.stat(root), retries)
     seen = {(top.st_dev, top.st_ino)}
 
-    def listdir(rel: str) -> tuple[list[FileEntry], list[str]]:
-        def attempt() -> tuple[list[FileEntry], list[str]]:
-            found, subdirs = [], []
+    Listing = tuple[list[FileEntry], list[tuple[str, tuple[int, int]]]]  # files, (folder, its device+inode)
+
+    def listdir(rel: str) -> Listing:
+        def attempt() -> Listing:
+            found: list[FileEntry] = []
+            subdirs: list[tuple[str, tuple[int, int]]] = []
             with os.scandir(root / rel if rel else root) as it:
                 for entry in it:
                     name = f"{rel}/{entry.name}" if rel else entry.name

@@ -33,7 +33,7 @@ import tarfile
 import time
 import zipfile
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import IO, Any, Callable, Optional
 
 from colabfast._fileio import ReadaheadFile, human_bytes, partial_name, unchanged, write_all
 
@@ -192,7 +192,7 @@ def extract(
         report()
 
 
-def _extract_tar(out: _Extraction, f: io.BufferedReader, report: Callable[[], None]) -> None:
+def _extract_tar(out: _Extraction, f: io.BufferedReader[Any], report: Callable[[], None]) -> None:
     # tarfile's own stream mode re-slices its buffer on every read (1.5x slower here); a
     # decompressing file object read strictly forwards in "r:" mode is the same single pass.
     with _decompressed(f) as stream, tarfile.open(fileobj=stream, mode="r:") as tar:
@@ -216,7 +216,7 @@ def _ns(seconds: float) -> int:
     return whole * 1_000_000_000 + round((seconds - whole) * 1e9)
 
 
-def _decompressed(f: io.BufferedReader) -> io.IOBase:
+def _decompressed(f: io.BufferedReader[Any]) -> contextlib.AbstractContextManager[Any]:
     """A file object of the tar inside ``f``, by the compression's magic bytes (gzip, bzip2, xz)."""
     head = f.peek(6)[:6]
     if head.startswith(b"\x1f\x8b"):
@@ -250,7 +250,7 @@ def _zip_entry(archive: Path, info: zipfile.ZipInfo, allow_links: bool) -> tuple
     return kind, name
 
 
-def _extract_zip(out: _Extraction, f: io.BufferedReader, report: Callable[[], None]) -> None:
+def _extract_zip(out: _Extraction, f: IO[bytes], report: Callable[[], None]) -> None:
     with zipfile.ZipFile(f) as zf:
         # Check every entry before writing anything; then read in file order so reads stay sequential.
         plan = [(info, *_zip_entry(out.archive, info, out.allow_links)) for info in zf.infolist()]
@@ -342,7 +342,7 @@ class _Extraction:
 
     # --- files ---
 
-    def file(self, rel: str, src: BinaryIO, size: int, mtime_ns: int, mode: int) -> None:
+    def file(self, rel: str, src: IO[bytes], size: int, mtime_ns: int, mode: int) -> None:
         """Write ``size`` bytes from ``src`` to ``rel`` under a temporary name, then rename it."""
         dfd, name = self._parent(rel)
         if rel not in self.written:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import threading
 import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence, TextIO, Union, cast
 
 from colabfast import env
 from colabfast._fileio import (
@@ -74,7 +75,7 @@ class StageError(OSError):
         )
 
     def __str__(self) -> str:
-        return self.strerror
+        return str(self.strerror)
 
 
 def _describe(exc: BaseException) -> str:
@@ -171,11 +172,11 @@ def stage(
         for a in archives:
             if not a.is_file():
                 raise _not_found(a)
-        size = sum(retry(lambda a=a: extracted_size(a), retries) for a in archives)
+        size = sum(retry(functools.partial(extracted_size, a), retries) for a in archives)
         target = _destination(strip_archive_suffix(archives[0].name), dst, to, size, single=False)
         with _locked(target):
             return _stage_archive(archives, target, opts)
-    src = Path(os.path.abspath(src))
+    src = Path(os.path.abspath(cast(PathLike, src)))
     try:
         st = retry(lambda: os.stat(src), retries)  # Drive may be briefly disconnected even now
     except FileNotFoundError:
@@ -213,10 +214,14 @@ def stage(
     return target
 
 
-class _Options:
-    def __init__(self, verify: str, retries: int, progress: bool, overwrite: bool, allow_links: bool):
-        self.verify, self.retries, self.progress = verify, retries, progress
-        self.overwrite, self.allow_links = overwrite, allow_links
+class _Options(NamedTuple):
+    """stage()'s keyword arguments that reach the copy and the extraction."""
+
+    verify: str
+    retries: int
+    progress: bool
+    overwrite: bool
+    allow_links: bool
 
 
 def _not_found(path: Path) -> FileNotFoundError:
@@ -343,8 +348,8 @@ def _new_manifest(src: Union[Path, str, list], complete: bool, **extra) -> dict:
     return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "source": source, "complete": complete, **extra}
 
 
-def _ours(record: Optional[dict]) -> bool:
-    return bool(record) and record.get("format") == MANIFEST_FORMAT
+def _ours(record: dict) -> bool:
+    return record.get("format") == MANIFEST_FORMAT
 
 
 def _adopt_legacy_record(dst: Path) -> None:
@@ -357,7 +362,7 @@ def _adopt_legacy_record(dst: Path) -> None:
             old.unlink()
 
 
-def _refuse_or_clear(dst: Path, source: str, record: Optional[dict], opts: _Options) -> None:
+def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> None:
     """Refuse to stage into a folder holding files that are not a stage of ``source`` (or, with
     ``overwrite``, empty it first). Nothing is written before this check."""
     if not dst.exists():
@@ -391,14 +396,14 @@ def _refuse_or_clear(dst: Path, source: str, record: Optional[dict], opts: _Opti
 
 def _prepare_folder(dst: Path, source: str, opts: _Options) -> None:
     _adopt_legacy_record(dst)
-    _refuse_or_clear(dst, source, read_json(_manifest_path(dst)), opts)
+    _refuse_or_clear(dst, source, read_json(_manifest_path(dst)) or {}, opts)
 
 
 def _prepare_file(target: Path, src: Path, entry: FileEntry, opts: _Options) -> None:
     """A single file may replace only a file colabfast staged from ``src``, or an identical copy."""
     legacy = target.with_name(f".{target.name}.colabfast-stage.json")
-    record = read_json(_record_path(target, single=True))
-    if record is None and (record := read_json(legacy)) is not None:  # kept beside it by colabfast 0.1
+    record = read_json(_record_path(target, single=True)) or {}
+    if not record and (record := read_json(legacy) or {}):  # kept beside it by colabfast 0.1
         write_json_atomic(_record_path(target, single=True), record)
     _adopt_legacy_record(target)
     if not target.exists() and not target.is_symlink():
@@ -427,7 +432,7 @@ class _Hashes:
                         rel, digest = json.loads(line)
                         self.digests[rel] = digest
         self._lock = threading.Lock()
-        self._file = None
+        self._file: Optional[TextIO] = None
 
     def add(self, rel: str, digest: str) -> None:
         with self._lock:
@@ -469,11 +474,15 @@ def _stage_tree(
     unreadable: Optional[dict[str, OSError]] = None,
 ) -> None:
     """Copy ``files`` (relative to ``src``) to ``dst``, skipping unchanged ones."""
-    single = bool(rename)
-    record_path = _record_path(dst / next(iter(rename.values())), True) if rename else _manifest_path(dst)
+    names = rename or {}
+    single = bool(names)
+    record_path = _record_path(dst / next(iter(names.values())), True) if single else _manifest_path(dst)
     old = read_json(record_path) or {}
     hashes = _Hashes(record_path, old, keep=opts.verify == "sha256")
-    target_of = (lambda rel: dst / rename.get(rel, rel)) if rename else (lambda rel: dst / rel)
+
+    def target_of(rel: str) -> Path:
+        return dst / names.get(rel, rel)
+
 
     def stat_or_none(path: Path) -> Optional[os.stat_result]:
         try:
@@ -509,7 +518,7 @@ def _stage_tree(
     if old and not old.get("complete"):
         _remove_partials(dst if not single else None, [target_of(f.rel) for f in todo])
     copier = _Copier(src, target_of, opts.verify, opts.retries, hashes)
-    name = next(iter(rename.values())) if rename else dst.name
+    name = next(iter(names.values())) if single else dst.name
     try:
         failures.update(copier.run(todo, workers, opts.progress, desc=f"stage {name}"))
     finally:
@@ -856,7 +865,7 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     from tqdm.auto import tqdm
 
     retries = opts.retries
-    stats = [retry(lambda a=a: os.stat(a), retries) for a in archives]
+    stats = [retry(functools.partial(os.stat, a), retries) for a in archives]
     identity = [[str(a), st.st_size, st.st_mtime_ns] for a, st in zip(archives, stats)]
     source = str(archives[0]) if len(archives) == 1 else [str(a) for a in archives]
     _adopt_legacy_record(dst)
@@ -868,7 +877,7 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     if not ours:
         _refuse_or_clear_archive(dst, source, old, opts)
 
-    check_space(sum(retry(lambda a=a: extracted_size(a), retries) for a in archives), dst, archives[0])
+    check_space(sum(retry(functools.partial(extracted_size, a), retries) for a in archives), dst, archives[0])
     work = partial_path(dst)
     progress_record = work / RECORD  # what the partial extraction holds
     if work.exists() and (read_json(progress_record) or {}).get("archive") != identity:
@@ -878,10 +887,13 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     done = 0
     with tqdm(total=sum(st.st_size for st in stats), unit="B", unit_scale=True,
               desc=f"extract {', '.join(a.name for a in archives)}", disable=not opts.progress) as bar:
+        def advance(base: int, n: int) -> None:  # n bytes read of the archive that starts at base
+            bar.update(base + n - bar.n)
+
         for archive, st in zip(archives, stats):
             try:
                 extract(archive, work, allow_links=opts.allow_links, retries=retries,
-                        on_progress=lambda n, done=done: bar.update(done + n - bar.n))
+                        on_progress=functools.partial(advance, done))
             except (UnsafeArchiveError, OSError) as exc:
                 # Keep nothing an attacker chose, nor a bomb's output; a read error may resume.
                 if isinstance(exc, UnsafeArchiveError) or exc.errno == errno.ENOSPC:
