@@ -213,6 +213,19 @@ def test_zip_symlink_chain_cannot_write_outside(tmp_path, allow_links):
     assert not dst.exists() and not [p for p in tmp_path.rglob("*") if p.is_symlink()]
 
 
+def test_link_made_to_lead_outside_by_later_links_is_refused(tmp_path):
+    """Issue 14, attack 1 without the write: with allow_links, a link that was inside when made but
+    leads outside once the later links exist is caught when every link is resolved again at the end."""
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        _zip_link(z, "up", "a/b/../..")
+        _zip_link(z, "a", ".")
+        _zip_link(z, "b", ".")
+    with pytest.raises(UnsafeArchiveError, match="'up' is a link to 'a/b/../..', which with the links after it"):
+        stage(archive, tmp_path / "dst", allow_links=True, progress=False)
+    assert not (tmp_path / "dst").exists() and not [p for p in tmp_path.rglob("*") if p.is_symlink()]
+
+
 @pytest.mark.parametrize("allow_links", [False, True])
 def test_tar_realpath_limit_attack(tmp_path, allow_links):
     """Issue 14, attack 2: CVE-2025-4517, the realpath-limit attack on tarfile's 'data' filter
