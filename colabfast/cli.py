@@ -30,9 +30,12 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from colabfast.mirror import info
+    from colabfast.mirror import info, verify
 
     print(info(args.mirror))
+    if args.verify:
+        n = verify(args.mirror, progress=True)
+        print(f"  verified: the {n} stored images match their checksums")
     return 0
 
 
@@ -116,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="describe a mirror", description="Print a mirror's layout, counts, classes, "
                                                                       "sizes, completion and skipped files.")
     p.add_argument("mirror")
+    p.add_argument("--verify", action="store_true",
+                   help="also read every stored image and check its checksum (format version 2)")
     p.set_defaults(run=_info)
 
     from colabfast.testing.drivesim import build_parser as drivesim_parser

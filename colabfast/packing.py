@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import warnings
+import zlib
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -34,7 +35,17 @@ from PIL import Image, UnidentifiedImageError
 
 from colabfast import env
 from colabfast._fileio import PathLike, human_bytes, partial_path, retry
-from colabfast.mirror import FORMAT, FORMAT_VERSION, STORES, MirrorError, check, open_h5
+from colabfast.mirror import (
+    FORMAT,
+    FORMAT_VERSION,
+    STORES,
+    MirrorError,
+    check,
+    header_crc32,
+    open_h5,
+    trust,
+    write_array,
+)
 from colabfast.sources import Source, Split, read_source
 
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
@@ -156,11 +167,13 @@ def pack(
     }
     if options["quality"] is not None:
         attrs["quality"] = quality
+    attrs["header_crc32"] = header_crc32(attrs)
     _assemble(build, source, orders, parts, attrs)
     _verify(build, {s.name: len(orders[s.name]) - len(parts.errors[s.name]) for s in source.splits})
     for p in parts.paths:
         p.unlink()
     _publish(build, dst)
+    trust(dst)  # opening what we just wrote needs no check in a child process
     shutil.rmtree(work, ignore_errors=True)
     return dst
 
@@ -476,6 +489,7 @@ def _assemble(build: Path, source: Source, orders: dict[str, np.ndarray], parts:
         f.attrs["complete"] = True
     with open(build, "rb+") as f:
         os.fsync(f.fileno())
+    trust(build)
 
 
 def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Path], bad: set[int]) -> None:
@@ -485,7 +499,7 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
         with np.load(p, allow_pickle=False) as z:
             total += int(z["offsets"][-1])
     images = g.create_dataset("images", shape=(total,), dtype=np.uint8)  # contiguous, unfiltered
-    offsets, shapes, kept, pos = [np.zeros(1, np.int64)], [], [], 0
+    offsets, shapes, kept, crcs, pos = [np.zeros(1, np.int64)], [], [], [], 0
     for k, path in enumerate(part_paths):
         part = _load_part(path)
         idx = order[k * CHUNK : (k + 1) * CHUNK]
@@ -495,24 +509,27 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
             images[pos : pos + len(blob)] = blob
         offsets.append(pos + part["offsets"][1:][keep])
         shapes.append(part["shapes"][keep])
+        ends = part["offsets"]
+        crcs += [zlib.crc32(blob[ends[i] : ends[i + 1]]) for i in np.flatnonzero(keep)]
         kept.append(idx[keep])
         pos += len(blob)
     kept_idx = np.concatenate(kept) if kept else np.zeros(0, np.int64)
-    g.create_dataset("image_offsets", data=np.concatenate(offsets).astype(np.int64))
-    g.create_dataset("image_shapes", data=np.concatenate(shapes).astype(np.int32).reshape(-1, 3)
-                     if shapes else np.zeros((0, 3), np.int32))
-    g.create_dataset("order", data=kept_idx)
+    write_array(g, "image_offsets", np.concatenate(offsets).astype(np.int64))
+    write_array(g, "image_shapes", np.concatenate(shapes).astype(np.int32).reshape(-1, 3)
+                if shapes else np.zeros((0, 3), np.int32))
+    write_array(g, "image_crc32", np.array(crcs, dtype=np.uint32))
+    write_array(g, "order", kept_idx)
     paths = [s.files[i].rel.encode("utf-8") for i in kept_idx]
-    g.create_dataset("paths", data=np.frombuffer(b"".join(paths), dtype=np.uint8))
-    g.create_dataset("path_offsets", data=np.concatenate([[0], np.cumsum([len(p) for p in paths])]).astype(np.int64))
+    write_array(g, "paths", np.frombuffer(b"".join(paths), dtype=np.uint8))
+    write_array(g, "path_offsets", np.concatenate([[0], np.cumsum([len(p) for p in paths])]).astype(np.int64))
     if s.targets is not None:
-        g.create_dataset("targets", data=s.targets[kept_idx])
+        write_array(g, "targets", s.targets[kept_idx])
     if s.objects is not None:
         _write_objects(g, s, kept_idx)
     if s.calib is not None:
         calib = g.create_group("calib")
         for key, rows in s.calib.items():
-            calib.create_dataset(key, data=rows[kept_idx])
+            write_array(calib, key, rows[kept_idx])
 
 
 def _write_objects(g: h5py.Group, s: Split, kept: np.ndarray) -> None:
@@ -520,14 +537,13 @@ def _write_objects(g: h5py.Group, s: Split, kept: np.ndarray) -> None:
     rows = [np.arange(o.offsets[i], o.offsets[i + 1]) for i in kept]
     sel = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     counts = np.array([len(r) for r in rows], dtype=np.int64)
-    g.create_dataset("object_offsets", data=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+    write_array(g, "object_offsets", np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
     names = sorted(set(o.type))
     code = {n: i for i, n in enumerate(names)}
     objects = g.create_group("objects")
-    types = objects.create_dataset("type", data=np.array([code[o.type[i]] for i in sel], dtype=np.uint8))
-    types.attrs["names"] = json.dumps(names)
+    write_array(objects, "type", np.array([code[o.type[i]] for i in sel], dtype=np.uint8), names=json.dumps(names))
     for column in ("truncated", "occluded", "alpha", "bbox", "dimensions", "location", "rotation_y"):
-        objects.create_dataset(column, data=getattr(o, column)[sel])
+        write_array(objects, column, getattr(o, column)[sel])
 
 
 def _verify(path: Path, expected: dict[str, int]) -> None:

@@ -189,3 +189,23 @@ def test_space_preflight_counts_parts_and_mirror_and_warns_about_drive_cache(ine
     monkeypatch.setattr(env, "drive_kind", lambda path: "drivefs")  # only Colab has DriveFS
     with pytest.warns(UserWarning, match=r"fills Drive's local cache.*refresh_drive\(\).*resumes"):
         pack(inet, tmp_path / "from-drive.h5", progress=False)
+
+
+def test_mirror_is_format_version_2_with_checksums(inet, tmp_path):
+    """Every dataset but `images` carries the CRC-32 of its bytes, each image its own, and the root
+    attributes theirs: what load_index and verify check."""
+    import zlib
+
+    from colabfast.mirror import FORMAT_VERSION, attrs_crc32, header_crc32, verify
+
+    dst = pack(inet, tmp_path / "m.h5", progress=False)
+    with h5py.File(dst, "r") as f:
+        assert f.attrs["format_version"] == FORMAT_VERSION == 2
+        assert f.attrs["header_crc32"] == header_crc32(dict(f.attrs))
+        offsets, blob = f["image_offsets"][()], f["images"][()]
+        assert f["image_crc32"][()].tolist() == [zlib.crc32(blob[a:b]) for a, b in zip(offsets, offsets[1:])]
+        for name, ds in f.items():
+            if name != "images":
+                attrs = dict(ds.attrs)
+                assert attrs["crc32"] == attrs_crc32(attrs, zlib.crc32(ds[()])), name
+    assert verify(dst) == len(offsets) - 1
