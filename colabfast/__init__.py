@@ -28,6 +28,7 @@ _EXPORTS = {
     "stage": "colabfast.staging",
     "StageError": "colabfast.staging",
     "ramdisk": "colabfast.tmpfs",
+    "RamDisk": "colabfast.tmpfs",
     "pack": "colabfast.packing",
     "PackError": "colabfast.packing",
     "ArchiveReadError": "colabfast.archivesource",

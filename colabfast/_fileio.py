@@ -5,7 +5,9 @@ Private helpers shared by :mod:`colabfast.staging`, :mod:`colabfast.archive` and
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
@@ -15,7 +17,9 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, NamedTuple, TypeVar, Union
+from typing import Callable, Iterator, NamedTuple, Optional, TypeVar, Union
+
+import filelock
 
 T = TypeVar("T")
 
@@ -30,6 +34,7 @@ TRANSIENT_ERRNOS = frozenset(
 
 BACKOFF_BASE = 0.25  # seconds before the first retry; doubles each time
 BACKOFF_CAP = 8.0  # seconds, the longest single wait
+MIN_READ = 128 << 10  # bytes: the smallest read request after errors (FUSE's usual max_read)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -51,12 +56,46 @@ def retry(fn: Callable[[], T], retries: int) -> T:
         try:
             return fn()
         except OSError as exc:
+            # An error that already carries ``attempts`` was retried below (a read, per range): done.
+            if not is_transient(exc) or attempt >= retries or hasattr(exc, "attempts"):
+                if not hasattr(exc, "attempts"):
+                    exc.attempts = attempt + 1  # type: ignore[attr-defined]
+                raise
+        time.sleep(backoff(attempt))
+        attempt += 1
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry number ``attempt + 1``: ``BACKOFF_BASE * 2**attempt``, capped at
+    ``BACKOFF_CAP`` and jittered by +-50% so many threads do not retry in lockstep."""
+    return min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.5)
+
+
+def pread_retrying(
+    pread: Callable[[int, int], bytes], n: int, offset: int, retries: int, reopen: Optional[Callable[[], None]] = None
+) -> bytes:
+    """``pread(n, offset)``, retrying transient errors at that offset with backoff.
+
+    A large read crosses many of the mount's read requests (FUSE sends at most 128 KiB each), any of
+    which may fail: after a failure the request shrinks (down to ``MIN_READ``), so a flaky mount
+    costs a retry of a small range, never of the whole file. The caller loops on short reads.
+
+    Raises:
+        OSError: the last error once ``retries`` retries at one offset failed, with ``attempts`` set.
+    """
+    attempt = 0
+    while True:
+        try:
+            return pread(n, offset)
+        except OSError as exc:
             if not is_transient(exc) or attempt >= retries:
                 exc.attempts = attempt + 1  # type: ignore[attr-defined]
                 raise
-            delay = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.5)
-            attempt += 1
-            time.sleep(delay)
+        time.sleep(backoff(attempt))
+        attempt += 1
+        n = max(MIN_READ, n // 4)
+        if reopen is not None:
+            reopen()
 
 
 class FileEntry(NamedTuple):
@@ -67,12 +106,19 @@ class FileEntry(NamedTuple):
     mtime_ns: int
 
 
-def scan_tree(root: Path, workers: int = 32, retries: int = 5) -> tuple[list[FileEntry], list[str]]:
+def scan_tree(
+    root: Path, workers: int = 32, retries: int = 5, unreadable: Optional[dict[str, OSError]] = None
+) -> tuple[list[FileEntry], list[str]]:
     """All regular files under ``root`` (following symlinks) and all folders, sorted, listed in parallel.
 
     On Drive each folder listing is a round trip, so folders are listed by a thread pool. A folder
     reached twice (a symlink loop, or two links to it) is listed once; dangling symlinks and
-    colabfast's partial files are left out.
+    colabfast's own files (partial files, stage records) are left out.
+
+    Args:
+        unreadable: if given, a sub-folder that cannot be listed (after the retries) is recorded
+            here (relative path -> error) and left out, as ``cp -r`` goes on past it; if None, the
+            error is raised.
 
     Returns:
         (files, folders), with paths relative to ``root`` in POSIX form.
@@ -82,13 +128,16 @@ def scan_tree(root: Path, workers: int = 32, retries: int = 5) -> tuple[list[Fil
     top = retry(lambda: os.stat(root), retries)
     seen = {(top.st_dev, top.st_ino)}
 
-    def listdir(rel: str) -> tuple[list[FileEntry], list[str]]:
-        def attempt() -> tuple[list[FileEntry], list[str]]:
-            found, subdirs = [], []
+    Listing = tuple[list[FileEntry], list[tuple[str, tuple[int, int]]]]  # files, (folder, its device+inode)
+
+    def listdir(rel: str) -> Listing:
+        def attempt() -> Listing:
+            found: list[FileEntry] = []
+            subdirs: list[tuple[str, tuple[int, int]]] = []
             with os.scandir(root / rel if rel else root) as it:
                 for entry in it:
                     name = f"{rel}/{entry.name}" if rel else entry.name
-                    if entry.name.endswith(PARTIAL_SUFFIX):
+                    if entry.name.endswith(PARTIAL_SUFFIX) or entry.name.startswith(STATE_PREFIX):
                         continue
                     try:
                         st = entry.stat()  # follows symlinks
@@ -103,21 +152,31 @@ def scan_tree(root: Path, workers: int = 32, retries: int = 5) -> tuple[list[Fil
         return retry(attempt, retries)
 
     with ThreadPoolExecutor(workers, thread_name_prefix="colabfast-scan") as pool:
-        pending = {pool.submit(listdir, "")}
+        first = pool.submit(listdir, "")
+        pending, listing = {first}, {first: ""}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
-                found, subdirs = fut.result()
+                try:
+                    found, subdirs = fut.result()
+                except OSError as exc:
+                    rel = listing[fut]
+                    if unreadable is None or not rel:
+                        raise
+                    unreadable[rel] = exc
+                    dirs.remove(rel)
+                    continue
                 files.extend(found)
                 for name, key in subdirs:
                     if key not in seen:  # a symlink loop or a second link to a folder
                         seen.add(key)
                         dirs.append(name)
-                        pending.add(pool.submit(listdir, name))
+                        fut = pool.submit(listdir, name)
+                        pending.add(fut)
+                        listing[fut] = name
     files.sort()
     dirs.sort()
     return files, dirs
-
 
 
 def human_bytes(n: float) -> str:
@@ -134,12 +193,67 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def partial_path(path: Path) -> Path:
-    """The temporary name a file is written under before it is complete: ``.NAME.colabfast-partial``."""
-    return path.with_name(f".{path.name}.colabfast-partial")
-
-
 PARTIAL_SUFFIX = ".colabfast-partial"
+STATE_PREFIX = ".colabfast-"  # colabfast's own records inside a folder it staged (never copied on)
+NAME_MAX = 255  # bytes in one file name on Linux filesystems (ext4, tmpfs, FUSE)
+
+
+def partial_name(name: str) -> str:
+    """The temporary name a file ``name`` is written under: ``.NAME.colabfast-partial``, or, where that
+    would pass NAME_MAX bytes (names of 237 bytes and more), ``.HASH.colabfast-partial``."""
+    tmp = f".{name}{PARTIAL_SUFFIX}"
+    if len(os.fsencode(tmp)) <= NAME_MAX:
+        return tmp
+    return f".{hashlib.sha256(os.fsencode(name)).hexdigest()[:32]}{PARTIAL_SUFFIX}"
+
+
+def partial_path(path: Path) -> Path:
+    """``path`` under its temporary name (see :func:`partial_name`), in the same folder."""
+    return path.with_name(partial_name(path.name))
+
+
+def unchanged(st: Optional[os.stat_result], size: int, mtime_ns: int) -> bool:
+    """True if ``st`` is a regular file of ``size`` bytes modified at ``mtime_ns``: rsync's quick check
+    that a copy made earlier (and given its source's time) is still that copy."""
+    return st is not None and stat.S_ISREG(st.st_mode) and st.st_size == size and st.st_mtime_ns == mtime_ns
+
+
+def write_all(fd: int, data: bytes | memoryview, offset: Optional[int] = None) -> None:
+    """Write all of ``data`` to ``fd`` (at ``offset`` with pwrite, else at the file position).
+
+    ``write(2)`` may write less than asked when the disk is nearly full; the rest is written by
+    further calls, and a call that writes nothing raises ``ENOSPC`` rather than leave a hole.
+    """
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+        if offset is not None:
+            offset += n
+
+
+@contextlib.contextmanager
+def locked(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on the lock file ``path`` (created with its folder) while the block runs.
+
+    A second process (or thread) wanting the same lock waits; after 2 s a line says what it waits
+    for. Uses the ``filelock`` package (flock on Linux, released by the kernel if the holder dies).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(path)
+    try:
+        lock.acquire(timeout=2)
+    except filelock.Timeout:
+        import sys
+
+        print(f"colabfast: waiting for another process {what} ({path})", file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def write_json_atomic(path: Path, obj: object) -> None:
@@ -195,7 +309,7 @@ class ReadaheadFile(io.RawIOBase):
         length = min(self._block, self.size - offset)
         chunks, done = [], 0
         while done < length:
-            chunk = retry(lambda done=done: self._pread(length - done, offset + done), self._retries)
+            chunk = pread_retrying(self._pread, length - done, offset + done, self._retries)
             if not chunk:
                 raise OSError(errno.EIO, f"{self._path} ended at byte {offset + done}, expected {self.size}")
             chunks.append(chunk)

@@ -1,10 +1,17 @@
 """Safe, streaming extraction of ``.zip`` and ``.tar[.gz|.bz2|.xz]`` archives.
 
-Archives are untrusted input. Every entry must land inside the destination: names that are absolute
-or climb out with ``..``, links that point outside, and device files or pipes are refused with
-:class:`UnsafeArchiveError`. Tar members go through the standard library's ``data`` extraction
-filter (PEP 706), which also drops ownership and dangerous mode bits; zip has no such filter, so its
-entries get the same checks here.
+Archives are untrusted input, and datasets do not need links. So every entry must be a folder or a
+regular file whose name stays inside the destination: absolute names, names that climb out with
+``..``, device files and pipes are refused with :class:`UnsafeArchiveError`, and so are symbolic and
+hard links unless ``allow_links=True``. Every file is written through folders opened one component
+at a time with ``O_NOFOLLOW`` under the destination, so no entry can write through a link, whatever
+links earlier entries made. The standard library's tar ``data`` filter is not relied on: on Python
+releases without the fix for CVE-2025-4517 (before 3.9.23, 3.10.18, 3.11.13, 3.12.11, 3.13.4) a tar
+whose link chain outgrows ``realpath``'s limit gets past it.
+
+Bytes are counted as they are written: an archive that expands beyond the destination's free space
+(a decompression bomb, or a forged gzip size) stops with ``ENOSPC`` and a clear message before the
+disk is full.
 
 Archives are read while they are extracted, with parallel readahead (no intermediate copy), so a
 tar.gz on Google Drive extracts at the link's bandwidth.
@@ -14,40 +21,48 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import errno
 import gzip
 import io
 import lzma
 import os
 import posixpath
-import shutil
+import re
 import stat
 import tarfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import IO, Any, Callable, Optional
 
-from colabfast._fileio import ReadaheadFile
+from colabfast._fileio import ReadaheadFile, human_bytes, partial_name, unchanged, write_all
 
 # Longest first, so "x.tar.gz" is not taken for ".gz".
 ARCHIVE_SUFFIXES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", ".tar", ".zip")
 
+CHUNK = 1 << 20  # bytes per write
+SPACE_MARGIN = (1 << 20, 256 << 20)  # bytes left free on the destination: 2% of its size, within these
+LINK_HOPS = 40  # links followed while resolving one link target (Linux's own limit, MAXSYMLINKS)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_UNSAFE_FIX = ("The archive is unsafe (or was made with absolute paths); nothing outside the destination "
+               "was written. Re-create it with relative paths inside one folder.")
+_LINK_FIX = ("Datasets do not need links, so colabfast refuses them by default; nothing outside the "
+             "destination was written. If you trust this archive, pass allow_links=True: links that "
+             "stay inside the destination are then extracted.")
+
 
 class UnsafeArchiveError(ValueError):
-    """An archive entry would land outside the destination, or is a device file.
+    """An archive entry would land outside the destination, is a link, or is a device file.
 
     Attributes:
         archive: the archive's path.
         member: the offending entry's name.
     """
 
-    def __init__(self, archive: os.PathLike | str, member: str, why: str):
+    def __init__(self, archive: os.PathLike | str, member: str, why: str, fix: str = _UNSAFE_FIX):
         self.archive, self.member = str(archive), member
-        super().__init__(
-            f"refusing to extract {archive}: entry {member!r} {why}. The archive is unsafe (or was made "
-            f"with absolute paths); nothing outside the destination was written. Re-create it with "
-            f"relative paths inside one folder."
-        )
+        super().__init__(f"refusing to extract {archive}: entry {member!r} {why}. {fix}")
 
 
 def archive_suffix(path: os.PathLike | str) -> Optional[str]:
@@ -63,12 +78,13 @@ def strip_archive_suffix(name: str) -> str:
 
 
 def extracted_size(path: os.PathLike | str) -> int:
-    """Bytes the archive will take once extracted: exact for zip, an estimate for tar.
+    """Bytes the archive will take once extracted, as the archive declares it: a first estimate.
 
-    A ``.tar`` is about its own size. For ``.tar.gz`` the gzip trailer holds the size modulo 2**32
-    (RFC 1952, ISIZE); wrapping is undone by assuming the tar is at least 90% of the compressed size,
-    which holds for images and other compressed media. bz2 and xz record no size: their archive
-    size is the estimate.
+    Exact for zip (its directory lists every size). A ``.tar`` is about its own size. For ``.tar.gz``
+    the gzip trailer holds the size modulo 2**32 (RFC 1952, ISIZE); wrapping is undone by assuming
+    the tar is at least 90% of the compressed size, which holds for images and other compressed
+    media. bz2 and xz record no size: their archive size is the estimate. A hostile archive can lie
+    here; :func:`extract` counts the bytes it really writes.
     """
     path = os.fspath(path)
     size = os.path.getsize(path)
@@ -86,32 +102,54 @@ def extracted_size(path: os.PathLike | str) -> int:
     return size
 
 
-def _checked_name(archive: Path, name: str) -> str:
-    """The normalised relative path of an archive entry, or UnsafeArchiveError."""
+def safe_relpath(archive: os.PathLike | str, name: str, *, backslash_separators: bool = False) -> str:
+    """The normalised relative POSIX path of the entry ``name`` (``""`` for the archive's root).
+
+    Backslashes are ordinary characters in a POSIX file name, as tar and Info-ZIP ``unzip`` treat
+    them; ``backslash_separators=True`` reads them as folder separators (``unzip`` does so for zip
+    entries made on MS-DOS/FAT that contain no ``/``).
+
+    Raises:
+        UnsafeArchiveError: the name has a NUL byte, is absolute (``/x``, ``C:\\x``), or climbs out
+            of the destination with ``..``.
+    """
     if "\x00" in name:
         raise UnsafeArchiveError(archive, name, "contains a NUL byte")
-    unixy = name.replace("\\", "/")
-    if unixy.startswith("/") or (len(unixy) > 1 and unixy[1] == ":"):
+    path = name.replace("\\", "/") if backslash_separators else name
+    if path.startswith("/") or re.match(r"[A-Za-z]:[/\\]", path):
         raise UnsafeArchiveError(archive, name, "has an absolute path")
-    norm = posixpath.normpath(unixy)
+    norm = posixpath.normpath(path) if path else "."
     if norm == ".." or norm.startswith("../"):
         raise UnsafeArchiveError(archive, name, "would land outside the destination ('..')")
-    return norm
+    return "" if norm == "." else norm
 
 
-def _unchanged(target: Path, size: int, mtime: float) -> bool:
-    """True if ``target`` was already extracted: same size and mtime (resuming an extraction)."""
-    try:
-        st = target.lstat()
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == size and int(st.st_mtime) == int(mtime)
+def check_tar_member(archive: os.PathLike | str, member: tarfile.TarInfo, *, allow_links: bool = False) -> str:
+    """The safe relative path of a tar ``member`` (see :func:`safe_relpath`), checking its type.
+
+    Folders and regular files pass; links pass only with ``allow_links`` (their targets are checked
+    when extracted, against the extracted tree).
+
+    Raises:
+        UnsafeArchiveError: an unsafe name, a device file, pipe or other special file, or a link.
+    """
+    name = safe_relpath(archive, member.name)
+    if member.issym() or member.islnk():
+        if not allow_links:
+            kind = "symbolic" if member.issym() else "hard"
+            raise UnsafeArchiveError(archive, member.name, f"is a {kind} link (to {member.linkname!r})", _LINK_FIX)
+    elif not (member.isfile() or member.isdir()):
+        raise UnsafeArchiveError(archive, member.name, "is a device file, pipe or other special file")
+    if not name and not member.isdir():
+        raise UnsafeArchiveError(archive, member.name, "has no name")
+    return name
 
 
 def extract(
     archive: os.PathLike | str,
     dst: os.PathLike | str,
     *,
+    allow_links: bool = False,
     retries: int = 5,
     on_progress: Optional[Callable[[int], None]] = None,
 ) -> None:
@@ -121,50 +159,64 @@ def extract(
         archive: a ``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2`` or
             ``.tar.xz``/``.txz`` file (the format is read from the content for tar).
         dst: destination folder, created if missing. Entries already there with the same size and
-            modification time are skipped, so an interrupted extraction resumes.
+            modification time are skipped, so an interrupted extraction resumes. An entry that
+            appears twice is written twice: the last one wins, as with ``tar`` and ``unzip``.
+        allow_links: extract symbolic and hard links instead of refusing them. Each link's target
+            is resolved, link by link, in the tree extracted so far (and all links again at the end,
+            since a later link can change where an earlier one leads); one that leads outside
+            ``dst`` is refused. Files are never written through a link either way.
         retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...).
         on_progress: called with the number of archive bytes read so far.
 
     Raises:
-        UnsafeArchiveError: an entry is absolute, climbs out with ``..``, is a link pointing outside
-            ``dst``, or is a device file or pipe. Zip names are all checked before anything is
-            written; tar is a stream, so entries before the bad one may already be in ``dst``.
-        tarfile.TarError, zipfile.BadZipFile: the archive is corrupt (CRC or format errors).
-        OSError: reading failed after the retries, or writing failed (e.g. ENOSPC).
+        UnsafeArchiveError: an entry is absolute, climbs out with ``..``, is a link (or, with
+            ``allow_links``, a link leading outside ``dst``), goes through a link, or is a device
+            file or pipe. Zip entries are all checked before anything is written; tar is a stream,
+            so entries before the bad one may already be in ``dst`` (:func:`colabfast.stage`
+            removes its partial extraction).
+        OSError: ``errno.ENOSPC`` when the entries would leave less than a margin (2% of the disk,
+            1 MiB to 256 MiB) free on ``dst``, counted as they are written; reading failed after
+            the retries; or another write error.
+        tarfile.TarError, zipfile.BadZipFile, EOFError: the archive is corrupt or truncated.
     """
     archive, dst = Path(archive), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
-    with ReadaheadFile(archive, retries=retries) as raw, io.BufferedReader(raw, 1 << 20) as f:
+    with ReadaheadFile(archive, retries=retries) as raw, io.BufferedReader(raw, 1 << 20) as f, \
+            _Extraction(archive, dst, allow_links) as out:
         report = (lambda: on_progress(raw.tell())) if on_progress else (lambda: None)
         if archive_suffix(archive) == ".zip":
-            _extract_zip(archive, f, dst, report)
+            _extract_zip(out, f, report)
         else:
-            _extract_tar(archive, f, dst, report)
+            _extract_tar(out, f, report)
+        out.check_links()
         report()
 
 
-def _extract_tar(archive: Path, f: io.BufferedReader, dst: Path, report: Callable[[], None]) -> None:
-    if not hasattr(tarfile, "data_filter"):
-        raise RuntimeError(
-            f"extracting {archive} safely needs tarfile's extraction filters (PEP 706): "
-            "Python 3.9.17+, 3.10.12+, 3.11.4+ or 3.12+"
-        )
+def _extract_tar(out: _Extraction, f: io.BufferedReader[Any], report: Callable[[], None]) -> None:
     # tarfile's own stream mode re-slices its buffer on every read (1.5x slower here); a
     # decompressing file object read strictly forwards in "r:" mode is the same single pass.
     with _decompressed(f) as stream, tarfile.open(fileobj=stream, mode="r:") as tar:
-        tar.errorlevel = 2  # raise on every extraction problem, not only fatal ones
         for member in tar:
-            _checked_name(archive, member.name)  # the data filter would strip a leading "/"; refuse
-            if member.isfile() and _unchanged(dst / member.name, member.size, member.mtime):
-                continue
-            try:
-                tar.extract(member, dst, filter="data")
-            except tarfile.FilterError as exc:
-                raise UnsafeArchiveError(archive, member.name, _filter_reason(exc)) from exc
+            name = check_tar_member(out.archive, member, allow_links=out.allow_links)
+            if member.isdir():
+                out.directory(name)
+            elif member.issym():
+                out.symlink(name, member.linkname)
+            elif member.islnk():
+                out.hardlink(name, safe_relpath(out.archive, member.linkname))
+            else:
+                src = tar.extractfile(member)
+                assert src is not None  # a regular file always has a reader
+                out.file(name, src, member.size, _ns(member.mtime), member.mode)
             report()
 
 
-def _decompressed(f: io.BufferedReader) -> io.IOBase:
+def _ns(seconds: float) -> int:
+    whole = int(seconds)
+    return whole * 1_000_000_000 + round((seconds - whole) * 1e9)
+
+
+def _decompressed(f: io.BufferedReader[Any]) -> contextlib.AbstractContextManager[Any]:
     """A file object of the tar inside ``f``, by the compression's magic bytes (gzip, bzip2, xz)."""
     head = f.peek(6)[:6]
     if head.startswith(b"\x1f\x8b"):
@@ -176,47 +228,275 @@ def _decompressed(f: io.BufferedReader) -> io.IOBase:
     return contextlib.nullcontext(f)
 
 
-def _filter_reason(exc: tarfile.FilterError) -> str:
-    reasons = {
-        "AbsolutePathError": "has an absolute path",
-        "OutsideDestinationError": "would land outside the destination",
-        "SpecialFileError": "is a device file, pipe or other special file",
-        "AbsoluteLinkError": "is a link to an absolute path",
-        "LinkOutsideDestinationError": "is a link pointing outside the destination",
-    }
-    return reasons.get(type(exc).__name__, str(exc))
+def _zip_entry(archive: Path, info: zipfile.ZipInfo, allow_links: bool) -> tuple[str, str]:
+    """(kind, safe relative path) of a zip entry; kind is "dir", "file" or "link"."""
+    # Info-ZIP unzip reads backslashes as separators only in names made on MS-DOS/FAT (host 0) that
+    # have no "/" (unzip 6.0, extract.c); elsewhere they are part of the name.
+    dos = info.create_system == 0 and "/" not in info.filename
+    name = safe_relpath(archive, info.filename, backslash_separators=dos)
+    mode = info.external_attr >> 16 if info.create_system == 3 else 0
+    if (dos and info.filename.endswith("\\")) or info.filename.endswith("/") or stat.S_ISDIR(mode):
+        return "dir", name
+    if stat.S_ISLNK(mode):
+        if not allow_links:
+            raise UnsafeArchiveError(archive, info.filename, "is a symbolic link", _LINK_FIX)
+        kind = "link"
+    elif stat.S_IFMT(mode) in (0, stat.S_IFREG):  # no type bits (zipfile.writestr's 0o600): a file
+        kind = "file"
+    else:
+        raise UnsafeArchiveError(archive, info.filename, "is a device file, pipe or other special file")
+    if not name:
+        raise UnsafeArchiveError(archive, info.filename, "has no name")
+    return kind, name
 
 
-def _extract_zip(archive: Path, f: io.BufferedReader, dst: Path, report: Callable[[], None]) -> None:
+def _extract_zip(out: _Extraction, f: IO[bytes], report: Callable[[], None]) -> None:
     with zipfile.ZipFile(f) as zf:
-        # Check every name before writing anything; then read in file order so reads stay sequential.
-        plan = [(info, _checked_name(archive, info.filename)) for info in zf.infolist()]
-        for info, _ in plan:
-            mode = info.external_attr >> 16 if info.create_system == 3 else 0
-            if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
-                raise UnsafeArchiveError(archive, info.filename, "is a device file, pipe or other special file")
-        plan.sort(key=lambda item: item[0].header_offset)
-        root = os.path.realpath(dst)
-        for info, name in plan:
-            target = dst / name
-            mode = info.external_attr >> 16 if info.create_system == 3 else 0
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
+        # Check every entry before writing anything; then read in file order so reads stay sequential.
+        plan = [(info, *_zip_entry(out.archive, info, out.allow_links)) for info in zf.infolist()]
+        plan.sort(key=lambda item: item[0].header_offset)  # stable: a repeated name keeps its order
+        for info, kind, name in plan:
+            if kind == "dir":
+                out.directory(name)
+            elif kind == "link":
+                out.symlink(name, zf.read(info).decode("utf-8", "surrogateescape"))
+            else:
+                mtime_ns = int(time.mktime(info.date_time + (0, 0, -1))) * 1_000_000_000
+                mode = info.external_attr >> 16 if info.create_system == 3 else 0
+                with zf.open(info) as src:
+                    out.file(name, src, info.file_size, mtime_ns, mode or 0o644)
+                report()
+
+
+class _Extraction:
+    """Writes entries under ``dst`` without ever following a link, counting the bytes written.
+
+    Every folder is opened component by component with ``O_NOFOLLOW`` from a descriptor of ``dst``,
+    and every file is created relative to its folder's descriptor, so an entry that names a path
+    through a link fails instead of writing where the link points.
+    """
+
+    def __init__(self, archive: Path, dst: Path, allow_links: bool):
+        self.archive, self.dst, self.allow_links = archive, dst, allow_links
+        self.root = os.open(dst, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.written: set[str] = set()  # entries written by this run: a repeat is written again
+        self.links: list[str] = []
+        self.extracted = 0  # bytes
+        self._dir: tuple[str, int] = ("", self.root)  # the last folder opened: entries come in order
+        st = os.fstatvfs(self.root)
+        self.margin = min(SPACE_MARGIN[1], max(SPACE_MARGIN[0], st.f_blocks * st.f_frsize // 50))
+        self._free = st.f_bavail * st.f_frsize
+        self._since_check = 0
+
+    def __enter__(self) -> _Extraction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._dir[1] != self.root:
+            os.close(self._dir[1])
+        os.close(self.root)
+
+    # --- folders ---
+
+    def _walk(self, rel: str, create: bool) -> int:
+        """A new descriptor of the folder ``rel`` (creating missing folders), never through a link."""
+        fd = os.dup(self.root)
+        done: list[str] = []
+        try:
+            for part in rel.split("/") if rel else []:
+                try:
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    what = "a link" if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode) \
+                        else "a file"
+                    raise UnsafeArchiveError(self.archive, rel, f"goes through {'/'.join(done + [part])!r}, "
+                                                                f"which is {what}, not a folder") from None
+                os.close(fd)
+                fd = nfd
+                done.append(part)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _parent(self, rel: str) -> tuple[int, str]:
+        """(descriptor of the folder holding ``rel``, ``rel``'s own name); the descriptor is cached."""
+        folder, _, name = rel.rpartition("/")
+        if folder != self._dir[0]:
+            fd = self._walk(folder, create=True)
+            if self._dir[1] != self.root:
+                os.close(self._dir[1])
+            self._dir = (folder, fd)
+        return self._dir[1], name
+
+    def directory(self, rel: str) -> None:
+        if rel:
+            os.close(self._walk(rel, create=True))
+
+    # --- files ---
+
+    def file(self, rel: str, src: IO[bytes], size: int, mtime_ns: int, mode: int) -> None:
+        """Write ``size`` bytes from ``src`` to ``rel`` under a temporary name, then rename it."""
+        dfd, name = self._parent(rel)
+        if rel not in self.written:
+            try:
+                st: Optional[os.stat_result] = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if unchanged(st, size, mtime_ns):  # extracted by an earlier, interrupted run
+                self.written.add(rel)
+                return
+        self._need(rel, size)
+        tmp = partial_name(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dfd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     (mode & 0o755) | 0o600, dir_fd=dfd)
+        try:
+            written = 0
+            while chunk := src.read(CHUNK):
+                written += len(chunk)
+                if written > size:
+                    raise UnsafeArchiveError(self.archive, rel, f"holds more than the {size} bytes it declares")
+                self._count(rel, len(chunk))
+                try:
+                    write_all(fd, chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    self._refresh()
+                    self._no_space(rel, len(chunk))
+            if written != size or os.fstat(fd).st_size != size:
+                raise OSError(errno.EIO, f"{self.archive}: entry {rel!r} gave {written} of its {size} bytes "
+                                         f"(a truncated or corrupt archive?)")
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.close(fd)
+        try:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # replaces a file or link, not a folder
+        except IsADirectoryError:
+            os.unlink(tmp, dir_fd=dfd)
+            raise UnsafeArchiveError(self.archive, rel, "is a file, but the archive also has a folder "
+                                                        "of that name") from None
+        self.written.add(rel)
+
+    def _need(self, rel: str, nbytes: int) -> None:
+        if nbytes > self._free - self.margin:
+            self._refresh()
+            if nbytes > self._free - self.margin:
+                self._no_space(rel, nbytes)
+
+    def _count(self, rel: str, nbytes: int) -> None:
+        self.extracted += nbytes
+        self._free -= nbytes
+        self._since_check += nbytes
+        if self._free < self.margin or self._since_check >= 64 << 20:  # others may write there too
+            self._refresh()
+            if self._free < self.margin:
+                self._no_space(rel, nbytes)
+
+    def _refresh(self) -> None:
+        st = os.fstatvfs(self.root)
+        self._free = st.f_bavail * st.f_frsize
+        self._since_check = 0
+
+    def _no_space(self, rel: str, nbytes: int) -> None:
+        raise OSError(errno.ENOSPC, f"{self.archive} does not fit in {self.dst}: entry {rel!r} needs "
+                                    f"{human_bytes(nbytes)} more, {human_bytes(max(self._free, 0))} is free and "
+                                    f"{human_bytes(self.margin)} is kept spare ({human_bytes(self.extracted)} "
+                                    f"extracted so far). The archive expands beyond the free space (a "
+                                    f"decompression bomb, or a disk too small): free space or extract elsewhere.")
+
+    # --- links ---
+
+    def _replace(self, dfd: int, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dfd)  # a file or link of that name (a folder raises: left alone)
+
+    def symlink(self, rel: str, target: str) -> None:
+        if self.resolve(posixpath.dirname(rel), target) is None:
+            raise UnsafeArchiveError(self.archive, rel, f"is a link to {target!r}, outside the destination")
+        dfd, name = self._parent(rel)
+        self._replace(dfd, name)
+        os.symlink(target, name, dir_fd=dfd)
+        self.links.append(rel)
+        self.written.add(rel)
+
+    def hardlink(self, rel: str, target: str) -> None:
+        """A hard link to ``target``, a regular file extracted earlier (tar names it from the root)."""
+        folder, _, tname = target.rpartition("/")
+        try:
+            tfd = self._walk(folder, create=False)
+        except FileNotFoundError:
+            tfd = None
+        try:
+            st = os.stat(tname, dir_fd=tfd, follow_symlinks=False) if tfd is not None else None
+            if st is None or not stat.S_ISREG(st.st_mode):
+                raise UnsafeArchiveError(self.archive, rel, f"is a hard link to {target!r}, which is not a file "
+                                                            f"extracted before it")
+            dfd, name = self._parent(rel)
+            self._replace(dfd, name)
+            os.link(tname, name, src_dir_fd=tfd, dst_dir_fd=dfd, follow_symlinks=False)
+        finally:
+            if tfd is not None:
+                os.close(tfd)
+        self.written.add(rel)
+
+    def resolve(self, folder: str, target: str) -> Optional[str]:
+        """Where the link ``target`` in ``folder`` leads, relative to ``dst``, following the links
+        extracted so far one at a time; None if it leaves ``dst`` (or cannot be resolved).
+
+        Unlike ``os.path.realpath`` (CVE-2025-4517) it never gives up quietly: any error but a
+        missing entry, or more than LINK_HOPS links, counts as leaving.
+        """
+        if not target or target.startswith("/"):
+            return None
+        parts: list[str] = []
+        todo = list(reversed(f"{folder}/{target}".split("/")))  # the link's own folder may hold links too
+        hops = 0
+        while todo:
+            part = todo.pop()
+            if part in ("", "."):
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            mtime = time.mktime(info.date_time + (0, 0, -1))
-            if stat.S_ISLNK(mode):
-                link = zf.read(info).decode("utf-8")
-                resolved = os.path.realpath(os.path.join(os.path.dirname(target), link))
-                if os.path.isabs(link) or not (resolved == root or resolved.startswith(root + os.sep)):
-                    raise UnsafeArchiveError(archive, info.filename, "is a link pointing outside the destination")
-                if target.is_symlink() or target.exists():
-                    target.unlink()
-                os.symlink(link, target)
+            if part == "..":
+                if not parts:
+                    return None
+                parts.pop()
                 continue
-            if _unchanged(target, info.file_size, mtime):
+            path = os.path.join(self.dst, *parts, part)
+            try:
+                st = os.lstat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                parts.append(part)  # not there (yet): read it as a name
                 continue
-            with zf.open(info) as src, open(target, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-            os.utime(target, (mtime, mtime))
-            report()
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                hops += 1
+                link = os.readlink(path)
+                if hops > LINK_HOPS or link.startswith("/"):
+                    return None
+                todo.extend(reversed(link.split("/")))
+            else:
+                parts.append(part)
+        return "/".join(parts)
+
+    def check_links(self) -> None:
+        """Resolve every link again now that all are in place: a later link (say ``a -> .``) can
+        change where an earlier one (``up -> a/b/../..``) leads."""
+        for rel in self.links:
+            dfd, name = self._parent(rel)
+            target = os.readlink(name, dir_fd=dfd)
+            if self.resolve(posixpath.dirname(rel), target) is None:
+                raise UnsafeArchiveError(self.archive, rel, f"is a link to {target!r}, which with the links "
+                                                            f"after it leads outside the destination")

@@ -12,9 +12,9 @@ Layouts:
 - ``imagefolder``: a tar (optionally compressed) or zip of an ImageFolder tree.
 
 Labels and sample order are torchvision's (``datasets.ImageNet`` / ``datasets.ImageFolder``). Member
-names are only ever used as labels and paths: every name is checked as :func:`colabfast.archive.extract`
-checks it (absolute or ``..`` names are refused), links and special files are never read, inner tars
-are opened one level deep only, and no member larger than :data:`MAX_IMAGE` is read into memory.
+names are only ever used as labels and paths: each is checked by :func:`colabfast.archive.safe_relpath`
+(absolute or ``..`` names are refused), links and special files are never read, inner tars are opened
+one level deep only, and no member larger than :data:`MAX_IMAGE` is read into memory.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Callable, Iterator, NamedTuple, Optional, Union
 import numpy as np
 
 from colabfast._fileio import ReadaheadFile, retry
-from colabfast.archive import _checked_name, _decompressed, archive_suffix
+from colabfast.archive import _decompressed, archive_suffix, safe_relpath
 from colabfast.imagenet import KAGGLE_SYNSETS, KAGGLE_VAL_SOLUTION, ImageNetLabels, read_devkit, read_kaggle_labels
 from colabfast.sources import is_image
 
@@ -141,7 +141,7 @@ class ArchiveSource:
             with zf:
                 infos = zf.infolist()
                 for info in infos:
-                    _checked_name(self.path, info.filename)
+                    safe_relpath(self.path, info.filename)
                 names = {i.filename: i for i in infos}
                 kaggle = KAGGLE_SYNSETS in names
                 if layout == "auto":
@@ -228,7 +228,7 @@ class ArchiveSource:
                 tar = tarfile.open(fileobj=stream, mode="r:")
                 for member in tar:
                     current = member.name
-                    name = _checked_name(self.path, member.name)
+                    name = safe_relpath(self.path, member.name)
                     if member.offset < start.member or not member.isfile():
                         continue  # done before (compressed: passed over by reading), or a link, folder, device
                     skip = start.done if member.offset == start.member else 0
@@ -252,7 +252,7 @@ class ArchiveSource:
                 done = 0
                 for m in inner:
                     current = f"{name}/{m.name}"
-                    inner_name = _checked_name(self.path, current)[len(name) + 1:]
+                    inner_name = safe_relpath(self.path, current)[len(name) + 1:]
                     if not (m.isfile() and is_image(inner_name)):
                         continue  # never a nested tar: one level deep only
                     done += 1

@@ -1,4 +1,5 @@
-"""The ``colabfast`` command: ``stage``, ``pack``, ``info``, ``drivesim``, ``demo``, ``bench``, ``doctor``."""
+"""The ``colabfast`` command: ``stage``, ``ramdisk``, ``pack``, ``info``, ``drivesim``, ``demo``, ``bench``,
+``doctor``."""
 
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ramdisk(args: argparse.Namespace) -> int:
+    from colabfast.tmpfs import ramdisk, release_ramdisk
+
+    if args.release:
+        where = args.path or "the default RAM disk"
+        print(f"released {where}" if release_ramdisk(args.path) else f"no RAM disk to release at {where}")
+    else:
+        print(ramdisk(args.size, args.path))
+    return 0
+
+
 def _drivesim(args: argparse.Namespace) -> int:
     from colabfast.testing.drivesim import cli
 
@@ -77,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=5, help="retries per file for transient errors (default 5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_stage)
+
+    p = sub.add_parser("ramdisk", help="mount a tmpfs RAM disk to stage into, or release one",
+                       description="Mount a tmpfs RAM disk (or reuse the one mounted) and print its path; "
+                                   "with --release, unmount it, deleting what is on it, to free its RAM.")
+    p.add_argument("size", nargs="?", help="most it may hold, e.g. 8G (default: the RAM colabfast may use)")
+    p.add_argument("--path", help="mount point (default: /content/ramdisk in Colab, else a temp folder)")
+    p.add_argument("--release", action="store_true", help="unmount the RAM disk, deleting what is on it")
+    p.set_defaults(run=_ramdisk)
 
     p = sub.add_parser("pack", help="pack an image dataset into one HDF5 mirror file",
                        description="Pack an ImageFolder, KITTI or plain folder of images into one HDF5 "

@@ -9,9 +9,7 @@ quiet=, use_cookies=)``. Hashing, caching and the final rename are done here, th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import os
 import re
@@ -19,10 +17,10 @@ import shutil
 import tempfile
 import urllib.parse
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 from colabfast import env
-from colabfast._fileio import read_json, write_json_atomic
+from colabfast._fileio import locked, read_json, write_json_atomic
 from colabfast.archive import ARCHIVE_SUFFIXES, archive_suffix, strip_archive_suffix
 
 DRIVE_HOSTS = ("drive.google.com", "docs.google.com", "drive.usercontent.google.com")
@@ -139,7 +137,7 @@ def fetch(
     folder, name = _destination(dst, link)
     state = folder / STATE
     state.mkdir(parents=True, exist_ok=True)
-    with _locked(state / f"{link.id}.lock"):
+    with locked(state / f"{link.id}.lock", f"fetching {link.id} into {folder}"):  # two fetches wait in turn
         record = _Record.load(state, link.id)
         path = _cached(folder, name, record, want, link)
         if path is None:
@@ -159,17 +157,6 @@ def fetch(
 
         return stage(path, path.parent / strip_archive_suffix(path.name), progress=not quiet)
     return path
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path``: two fetches of one link into one folder wait in turn."""
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @dataclasses.dataclass

@@ -27,15 +27,14 @@ from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import h5py
 import numpy as np
-from filelock import FileLock, Timeout
 from PIL import Image, UnidentifiedImageError
 
 from colabfast import env
-from colabfast._fileio import FileEntry, PathLike, human_bytes, partial_path, retry
+from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry
 from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
 from colabfast.mirror import (
@@ -178,7 +177,9 @@ def pack(
 
     work = _work_dir(dst)
     work.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(work, dst, progress):
+    # Two packs into one destination would delete each other's parts and publish a mix (seen in 2 of
+    # 9 concurrent runs): the second waits for the first, saying so.
+    with locked(work.with_name(work.name + ".lock"), f"packing into {dst}"):
         if streamed:
             archive = ArchiveSource(path, layout, split, labels, retries)
             if progress:
@@ -214,27 +215,6 @@ def pack(
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)
     return dst
-
-
-@contextlib.contextmanager
-def _locked(work: Path, dst: Path, progress: bool) -> Iterator[None]:
-    """Hold the destination's pack lock (a file beside the local work folder) for the whole pack.
-
-    Two packs into one destination would otherwise delete each other's parts and publish a mix
-    (seen in 2 of 9 concurrent runs). The second waits, saying why; an interrupted holder's lock is
-    released by the kernel with its process.
-    """
-    lock = FileLock(work.with_name(work.name + ".lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        if progress:
-            print(f"pack: another pack() is writing {dst}; waiting for it to finish")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _build(build: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,

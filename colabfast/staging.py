@@ -4,44 +4,54 @@ Drive is a FUSE filesystem where every open and every read request is a network 
 ``cp -r`` of many small files crawls. ``stage`` overlaps the round trips with threads (the latency
 is in the mount, not the CPU), splits large files into ranges read in parallel, extracts archives
 while reading them, and makes the result trustworthy: each file is written under a temporary name
-and renamed once complete, re-runs skip what is already there, and transient mount errors are
-retried.
+and renamed once its size (and, on request, its hash) is confirmed, a source that changes during
+its copy is copied again, re-runs skip what is already there, and transient mount errors are
+retried per read request.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
-import fcntl
+import functools
 import hashlib
+import json
 import os
 import shutil
 import stat
 import threading
+import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence, TextIO, Union, cast
 
 from colabfast import env
 from colabfast._fileio import (
     PARTIAL_SUFFIX,
+    STATE_PREFIX,
     FileEntry,
     PathLike,
     human_bytes,
+    locked,
     partial_path,
+    pread_retrying,
     read_json,
     retry,
     scan_tree,
+    unchanged,
+    write_all,
     write_json_atomic,
 )
-from colabfast.archive import archive_suffix, extract, extracted_size, strip_archive_suffix
+from colabfast.archive import UnsafeArchiveError, archive_suffix, extract, extracted_size, strip_archive_suffix
 
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
+RECORD = f"{STATE_PREFIX}stage.json"  # inside a staged folder: what it was staged from, and hashes
 CHUNK = 1 << 20  # bytes per read() when copying a file
 BIG_FILE = 64 << 20  # files at least this large are copied as parallel ranges
 RANGE = 16 << 20  # bytes per range of a big file
-RAM_FRACTION = 0.5  # to="auto" stages to RAM when the data takes at most this share of spare RAM
+RAM_FRACTION = 0.5  # to="auto" stages to RAM (in Colab) when the data takes at most this share of spare RAM
 
 
 class StageError(OSError):
@@ -57,19 +67,21 @@ class StageError(OSError):
         shown = sorted(failures.items())[:20]
         lines = "".join(f"\n  {rel}: {_describe(exc)}" for rel, exc in shown)
         more = f"\n  ... and {len(failures) - len(shown)} more" if len(failures) > len(shown) else ""
+        what = "files or folders" if any(rel.endswith("/") for rel in failures) else "files"
         super().__init__(
             errno.EIO,
-            f"{len(failures)} of {total} files could not be staged from {src} to {dst}:{lines}{more}\n"
+            f"{len(failures)} of {total} {what} could not be staged from {src} to {dst}:{lines}{more}\n"
             f"The other files are staged and stay; run stage() again to retry only the missing ones.",
         )
 
     def __str__(self) -> str:
-        return self.strerror
+        return str(self.strerror)
 
 
 def _describe(exc: BaseException) -> str:
     attempts = getattr(exc, "attempts", 1)
-    return f"{exc}" + (f" (after {attempts} attempts)" if attempts > 1 else "")
+    folder = " (a folder: nothing under it was staged)" if getattr(exc, "folder", False) else ""
+    return f"{exc}{folder}" + (f" (after {attempts} attempts)" if attempts > 1 else "")
 
 
 def stage(
@@ -81,15 +93,20 @@ def stage(
     verify: str = "size",
     retries: int = 5,
     progress: bool = True,
+    overwrite: bool = False,
+    allow_links: bool = False,
 ) -> Path:
     """Copy a folder, file or archive from a slow mount (Drive) to local disk or RAM.
 
     Safe to re-run: files already staged and unchanged (same size and modification time, as rsync's
-    quick check; plus the SHA-256 recorded when they were copied, with ``verify="sha256"``) are
-    skipped, so re-running a cell after an interruption copies only what is missing. Each file is
-    written as ``.NAME.colabfast-partial`` and renamed when complete and verified, so nothing partial
-    ever looks complete. A manifest ``.NAME.colabfast-stage.json`` beside the destination records
-    the state; a lock file beside it keeps two runs from staging the same destination at once.
+    quick check; plus the SHA-256 recorded when each was copied, with ``verify="sha256"``) are
+    skipped, so re-running a cell after an interruption or a kill copies only what is missing. Each
+    file is written as ``.NAME.colabfast-partial`` and renamed only once its full size is written
+    (a short write or a full disk is an error, never a hole) and verified, so nothing partial ever
+    looks complete. A file whose size, modification time or inode changes while it is copied is
+    copied again. A record ``.colabfast-stage.json`` inside a staged folder (for a single file: in
+    :func:`colabfast.env.cache_dir`) says what was staged there; a lock in the cache folder keeps
+    two runs from staging to one destination at once.
 
     Args:
         src: a folder (copied recursively, following symlinks), a single file, or an archive
@@ -104,16 +121,24 @@ def stage(
             archive's name loses its suffix (``kitti.tar.gz`` -> ``kitti``).
         to: where a default ``dst`` goes: ``"disk"``, ``"ram"`` (a tmpfs from
             :func:`colabfast.ramdisk`) or ``"auto"``: where an earlier stage of the same source
-            already is, else RAM when the data takes at most half of the RAM colabfast may use
-            (free RAM minus :func:`colabfast.env.ram_headroom`), else disk. Only with ``dst=None``.
+            already is; else, in Colab, RAM when the data takes at most half of the RAM colabfast
+            may use (free RAM minus :func:`colabfast.env.ram_headroom`); else disk. Outside Colab
+            ``"auto"`` never mounts a RAM disk. Only with ``dst=None``.
         workers: files copied at once (threads). Default: 64 from a FUSE mount such as Drive,
             where the time goes to round trips, else 16.
         verify: ``"size"``: a copy must have exactly the source's size. ``"sha256"``: also hash
-            the bytes read from the source and the bytes written, compare, and record the hash;
-            re-runs then re-hash the staged files (reading them locally, not from Drive).
-        retries: retries per file (or per range) for transient mount errors (EIO, ENOTCONN,
-            ETIMEDOUT, EAGAIN), waiting 0.25 s, 0.5 s, 1 s, ... (capped at 8 s) between attempts.
+            the bytes read from the source and the bytes written, compare, and record each file's
+            hash as it completes; re-runs then re-hash the staged files (reading them locally).
+        retries: retries for transient mount errors (EIO, ENOTCONN, ETIMEDOUT, EAGAIN), waiting
+            0.25 s, 0.5 s, 1 s, ... (capped at 8 s) between attempts: per open of a file, and per
+            read request at one offset (a failed read is retried, in smaller requests, not the file).
         progress: show a tqdm progress bar (a widget in notebooks) with bytes, files and MB/s.
+        overwrite: replace what is at ``dst`` when it holds other files (a folder colabfast did not
+            stage, or one staged from another source): they are deleted first. Without it that is
+            an error, and nothing is written.
+        allow_links: extract symbolic and hard links from archives, as long as they stay inside
+            ``dst`` (see :func:`colabfast.archive.extract`); by default an archive with links is
+            refused.
 
     Returns:
         The staged path: the folder, the file, or for an archive the extraction folder (or, when
@@ -121,10 +146,16 @@ def stage(
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
-        ValueError: bad arguments, or ``dst`` is an existing folder colabfast did not stage.
+        ValueError: bad arguments; or ``dst`` holds files colabfast did not stage from ``src`` (a
+            folder of yours, or another dataset) and ``overwrite`` is False: the message names
+            the folder and what is in it.
         OSError: ``errno.ENOSPC`` before copying when the destination lacks space, with the numbers
-            (from DriveFS, reading also fills Drive's local cache, so twice the data is needed).
-        StageError: some files failed after their retries; it lists them. The others stay staged.
+            (from DriveFS, reading also fills Drive's local cache, so a single file or an archive
+            needs twice its size; for a folder that is only a warning, as DriveFS evicts its cache
+            as the disk fills), or when the disk fills while copying or an archive expands beyond
+            the free space (its partial extraction is removed).
+        StageError: some files (or sub-folders that cannot be listed) failed after their retries,
+            or kept changing while copied; it lists them. The others stay staged.
         colabfast.archive.UnsafeArchiveError: a hostile archive; nothing is left at ``dst``.
     """
     if verify not in ("size", "sha256"):
@@ -133,54 +164,77 @@ def stage(
         raise ValueError(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     if dst is not None and to != "auto":
         raise ValueError(f"pass dst or to, not both: to={to!r} only picks a default destination")
+    opts = _Options(verify, retries, progress, overwrite, allow_links)
     if isinstance(src, (list, tuple)):
         archives = [Path(os.path.abspath(a)) for a in src]
         if not archives or not all(archive_suffix(a) for a in archives):
             raise ValueError("a list of sources must be archives (.zip, .tar, .tar.gz, ...), extracted into one folder")
         for a in archives:
             if not a.is_file():
-                raise FileNotFoundError(errno.ENOENT, f"nothing to stage: {a} does not exist", str(a))
-        size = sum(retry(lambda a=a: extracted_size(a), retries) for a in archives)
-        target = _destination(strip_archive_suffix(archives[0].name), dst, to, size)
+                raise _not_found(a)
+        size = sum(retry(functools.partial(extracted_size, a), retries) for a in archives)
+        target = _destination(strip_archive_suffix(archives[0].name), dst, to, size, single=False)
         with _locked(target):
-            return _stage_archive(archives, target, verify, retries, progress)
-    src = Path(os.path.abspath(src))
+            return _stage_archive(archives, target, opts)
+    src = Path(os.path.abspath(cast(PathLike, src)))
     try:
         st = retry(lambda: os.stat(src), retries)  # Drive may be briefly disconnected even now
     except FileNotFoundError:
-        hint = " Is Drive mounted? Call colabfast.mount() first." if "/drive/" in str(src) else ""
-        raise FileNotFoundError(errno.ENOENT, f"nothing to stage: {src} does not exist.{hint}", str(src)) from None
+        raise _not_found(src) from None
     if workers is None:
         workers = 64 if env.is_fuse(src) else 16
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
 
     if stat.S_ISDIR(st.st_mode):
-        files, dirs = scan_tree(src, workers, retries)
-        target = _destination(src.name, dst, to, sum(f.size for f in files))
+        unreadable: dict[str, OSError] = {}
+        files, dirs = scan_tree(src, workers, retries, unreadable=unreadable)
+        target = _destination(src.name, dst, to, sum(f.size for f in files), single=False)
         _check_not_nested(src, target)
+        if not files and not unreadable:
+            warnings.warn(f"{src} holds no files: staging it makes an empty folder at {target}", stacklevel=2)
         with _locked(target):
-            _stage_tree(src, target, files, dirs, workers, verify, retries, progress)
+            _prepare_folder(target, str(src), opts)
+            _stage_tree(src, target, files, dirs, workers, opts, unreadable=unreadable)
         return target
     if archive_suffix(src):
-        target = _destination(strip_archive_suffix(src.name), dst, to, retry(lambda: extracted_size(src), retries))
+        target = _destination(strip_archive_suffix(src.name), dst, to, retry(lambda: extracted_size(src), retries),
+                              single=False)
         _check_not_nested(src, target)
         with _locked(target):
-            return _stage_archive([src], target, verify, retries, progress)
-    target = _destination(src.name, dst, to, st.st_size)
+            return _stage_archive([src], target, opts)
+    target = _destination(src.name, dst, to, st.st_size, single=True)
     if target.is_dir():
         target = target / src.name
     _check_not_nested(src, target)
+    entry = FileEntry(src.name, st.st_size, st.st_mtime_ns)
     with _locked(target):
-        _stage_tree(src.parent, target.parent, [FileEntry(src.name, st.st_size, st.st_mtime_ns)], [],
-                    workers, verify, retries, progress, rename={src.name: target.name})
+        _prepare_file(target, src, entry, opts)
+        _stage_tree(src.parent, target.parent, [entry], [], workers, opts, rename={src.name: target.name})
     return target
 
 
-# --- destination, space, locking -------------------------------------------------------------------
+class _Options(NamedTuple):
+    """stage()'s keyword arguments that reach the copy and the extraction."""
+
+    verify: str
+    retries: int
+    progress: bool
+    overwrite: bool
+    allow_links: bool
 
 
-def _destination(name: str, dst: Optional[PathLike], to: str, nbytes: int) -> Path:
+def _not_found(path: Path) -> FileNotFoundError:
+    hint = " Is Drive mounted? Call colabfast.mount() first." if "/drive/" in str(path) else ""
+    exc = FileNotFoundError(f"nothing to stage: {path} does not exist.{hint}")
+    exc.errno = errno.ENOENT  # set after: OSError(errno, msg, path) would print the path twice
+    return exc
+
+
+# --- destination, space, locking, records ----------------------------------------------------------
+
+
+def _destination(name: str, dst: Optional[PathLike], to: str, nbytes: int, single: bool) -> Path:
     if dst is not None:
         return Path(os.path.abspath(dst))
     disk = env.work_dir() / name
@@ -189,15 +243,17 @@ def _destination(name: str, dst: Optional[PathLike], to: str, nbytes: int) -> Pa
     from colabfast.tmpfs import ramdisk, ramdisk_path
 
     if to == "ram":
-        return ramdisk() / name
-    if _manifest_path(disk).exists():
+        return ramdisk().path / name
+    if _record_path(disk, single).exists():
         return disk
     mounted = ramdisk_path()
-    if mounted is not None and _manifest_path(mounted / name).exists():
+    if mounted is not None and _record_path(mounted / name, single).exists():
         return mounted / name
-    if nbytes <= RAM_FRACTION * (env.ram_available() - env.ram_headroom()):
+    # Outside Colab a RAM disk is the user's call (to="ram"): mounting one unasked would hold RAM
+    # after the process ends. In Colab the runtime is the user's alone and goes away with them.
+    if env.in_colab() and nbytes <= RAM_FRACTION * (env.ram_available() - env.ram_headroom()):
         with contextlib.suppress(OSError, ValueError):
-            return ramdisk() / name
+            return ramdisk().path / name
     return disk
 
 
@@ -207,12 +263,15 @@ def _check_not_nested(src: Path, dst: Path) -> None:
         raise ValueError(f"cannot stage {src} into {dst}: one is inside the other")
 
 
-def check_space(nbytes: int, dst: Path, src: Path) -> None:
+def check_space(nbytes: int, dst: Path, src: Path, *, folder: bool = False) -> None:
     """Raise ``OSError(ENOSPC)`` unless ``dst`` can take ``nbytes`` more (more from DriveFS).
 
     Reading through DriveFS (Colab's Drive client) also stores what is read in its local cache
-    (``~/.config/Google/DriveFS``), so copying N bytes from it takes 2N when that cache shares the
-    destination's disk, and N on the cache's disk otherwise. A tmpfs destination must also fit in
+    (``~/.config/Google/DriveFS``), so copying N bytes from it takes up to 2N when that cache shares
+    the destination's disk, and N on the cache's disk otherwise. The Colab team says DriveFS evicts
+    its cache as the disk fills, except files in active use (googlecolab/colabtools#1915): so for a
+    ``folder`` of many files, room for N but not 2N is only a warning; a single large file or an
+    archive is in use for its whole copy and needs the 2N. A tmpfs destination must also fit in
     the RAM colabfast may use (free RAM minus :func:`colabfast.env.ram_headroom`).
     """
     if nbytes <= 0:
@@ -222,7 +281,13 @@ def check_space(nbytes: int, dst: Path, src: Path) -> None:
     free = env.disk_free(dst)
     same_disk = drive_cache and _same_filesystem(dst, cache_dir)
     need = 2 * nbytes if same_disk else nbytes
-    if need > free:
+    if need > free and folder and nbytes <= free:
+        warnings.warn(f"{human_bytes(free)} free on {_mountpoint(dst)}: room for the {human_bytes(nbytes)} of "
+                      f"data, not for 2 x {human_bytes(nbytes)} with the copy Drive's cache keeps of what is "
+                      f"read. DriveFS evicts its cache as the disk fills (googlecolab/colabtools#1915), so "
+                      f"staging goes on; if it stops with 'No space left', call colabfast.refresh_drive() to "
+                      f"drop the cache and run stage() again.", stacklevel=4)
+    elif need > free:
         why = f" (2 x {human_bytes(nbytes)}: Drive caches what it reads)" if same_disk else ""
         raise OSError(errno.ENOSPC, f"not enough free space on {_mountpoint(dst)}: need {human_bytes(need)}"
                       f"{why}, have {human_bytes(free)}. Free some space, stage a subset, or pack the "
@@ -252,19 +317,30 @@ def _mountpoint(path: Path) -> str:
     return m.mountpoint if m else str(path)
 
 
+def _key(dst: Path) -> str:
+    """A file name for colabfast's state about ``dst``, unique per absolute path."""
+    return f"{dst.name[:64]}-{hashlib.sha256(os.fsencode(os.path.abspath(dst))).hexdigest()[:24]}"
+
+
+def _record_path(dst: Path, single: bool) -> Path:
+    """Where the record of a stage to ``dst`` lives: inside a staged folder (it travels and goes with
+    the data), and in colabfast's cache folder for a single file (nothing beside it in your folder)."""
+    if not single:
+        return dst / RECORD
+    folder = env.cache_dir() / "stage"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{_key(dst)}.json"
+
+
 def _manifest_path(dst: Path) -> Path:
-    return dst.with_name(f".{dst.name}.colabfast-stage.json")
+    """The record of a folder or archive staged to ``dst``."""
+    return _record_path(dst, single=False)
 
 
 @contextlib.contextmanager
 def _locked(dst: Path) -> Iterator[None]:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(dst.with_name(f".{dst.name}.colabfast-stage.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with locked(env.cache_dir() / "locks" / f"{_key(dst)}.lock", f"staging to {dst}"):
+        yield
 
 
 def _new_manifest(src: Union[Path, str, list], complete: bool, **extra) -> dict:
@@ -272,15 +348,111 @@ def _new_manifest(src: Union[Path, str, list], complete: bool, **extra) -> dict:
     return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "source": source, "complete": complete, **extra}
 
 
+def _ours(record: dict) -> bool:
+    return record.get("format") == MANIFEST_FORMAT
+
+
+def _adopt_legacy_record(dst: Path) -> None:
+    """Move a record kept beside ``dst`` by colabfast 0.1 (``.NAME.colabfast-stage.json``) inside it."""
+    legacy = dst.with_name(f".{dst.name}.colabfast-stage.json")
+    if legacy.is_file() and dst.is_dir() and not (dst / RECORD).exists():
+        os.replace(legacy, dst / RECORD)
+    for old in (legacy, dst.with_name(f".{dst.name}.colabfast-stage.lock")):
+        with contextlib.suppress(OSError):
+            old.unlink()
+
+
+def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> None:
+    """Refuse to stage into a folder holding files that are not a stage of ``source`` (or, with
+    ``overwrite``, empty it first). Nothing is written before this check."""
+    if not dst.exists():
+        return
+    if not dst.is_dir():
+        if not opts.overwrite:
+            raise ValueError(f"{dst} is a file, not a folder: cannot stage {source} there. Pass another dst, "
+                             f"or overwrite=True to replace it.")
+        dst.unlink()
+        return
+    if _ours(record) and record.get("source") == source:
+        return
+    entries = sorted(os.listdir(dst))
+    if not entries:
+        return
+    if not opts.overwrite:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        if _ours(record):
+            raise ValueError(f"{dst} was staged from {record.get('source')}, not {source}: staging there would "
+                             f"mix two datasets. Pass another dst, or overwrite=True to replace it.")
+        raise ValueError(f"{dst} is a folder colabfast did not stage, and it holds {shown}: staging {source} "
+                         f"there could overwrite your files, so nothing was written. Pass another dst, empty "
+                         f"the folder, or pass overwrite=True to replace its contents.")
+    for name in entries:
+        path = dst / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _prepare_folder(dst: Path, source: str, opts: _Options) -> None:
+    _adopt_legacy_record(dst)
+    _refuse_or_clear(dst, source, read_json(_manifest_path(dst)) or {}, opts)
+
+
+def _prepare_file(target: Path, src: Path, entry: FileEntry, opts: _Options) -> None:
+    """A single file may replace only a file colabfast staged from ``src``, or an identical copy."""
+    legacy = target.with_name(f".{target.name}.colabfast-stage.json")
+    record = read_json(_record_path(target, single=True)) or {}
+    if not record and (record := read_json(legacy) or {}):  # kept beside it by colabfast 0.1
+        write_json_atomic(_record_path(target, single=True), record)
+    _adopt_legacy_record(target)
+    if not target.exists() and not target.is_symlink():
+        return
+    if target.is_dir():
+        raise ValueError(f"{target} is a folder: cannot stage the file {src} over it")
+    if (_ours(record) and record.get("source") == str(src)) or unchanged(target.stat(), entry.size, entry.mtime_ns):
+        return
+    if not opts.overwrite:
+        whose = f"was staged from {record.get('source')}" if _ours(record) else "is a file colabfast did not stage"
+        raise ValueError(f"{target} {whose}: staging {src} would replace it, so nothing was written. Pass "
+                         f"another dst, or overwrite=True to replace it.")
+
+
+class _Hashes:
+    """SHA-256 of staged files: the record's, plus a journal appended as each file is verified, so a
+    run that is killed keeps what it verified (``.colabfast-stage.json`` + ``.sha256.jsonl``)."""
+
+    def __init__(self, record: Path, old: dict, keep: bool):
+        self.journal = record.with_name(record.name.replace(".json", ".sha256.jsonl"))
+        self.digests: dict[str, str] = dict(old.get("sha256") or {}) if keep else {}
+        if keep:
+            with contextlib.suppress(OSError), open(self.journal, encoding="utf-8") as f:
+                for line in f:
+                    with contextlib.suppress(ValueError, TypeError):
+                        rel, digest = json.loads(line)
+                        self.digests[rel] = digest
+        self._lock = threading.Lock()
+        self._file: Optional[TextIO] = None
+
+    def add(self, rel: str, digest: str) -> None:
+        with self._lock:
+            self.digests[rel] = digest
+            if self._file is None:
+                self._file = open(self.journal, "a", encoding="utf-8")
+            self._file.write(json.dumps([rel, digest]) + "\n")
+            self._file.flush()  # in the page cache: survives a killed process
+
+    def close(self, folded: bool) -> None:
+        """Close the journal; remove it once its hashes are ``folded`` into the record."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if folded:
+            with contextlib.suppress(FileNotFoundError):
+                self.journal.unlink()
+
+
 # --- folders and single files ----------------------------------------------------------------------
-
-
-def _unchanged(path: Path, f: FileEntry) -> bool:
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == f.size and st.st_mtime_ns == f.mtime_ns
 
 
 def _sha256_of(path: Path) -> str:
@@ -297,48 +469,73 @@ def _stage_tree(
     files: list[FileEntry],
     dirs: list[str],
     workers: int,
-    verify: str,
-    retries: int,
-    progress: bool,
+    opts: _Options,
     rename: Optional[dict[str, str]] = None,
+    unreadable: Optional[dict[str, OSError]] = None,
 ) -> None:
     """Copy ``files`` (relative to ``src``) to ``dst``, skipping unchanged ones."""
-    manifest_path = _manifest_path(dst if not rename else dst / next(iter(rename.values())))
-    old = read_json(manifest_path) or {}
-    hashes: dict[str, str] = dict(old.get("sha256") or {}) if verify == "sha256" else {}
-    target_of = (lambda rel: dst / rename.get(rel, rel)) if rename else (lambda rel: dst / rel)
+    names = rename or {}
+    single = bool(names)
+    record_path = _record_path(dst / next(iter(names.values())), True) if single else _manifest_path(dst)
+    old = read_json(record_path) or {}
+    hashes = _Hashes(record_path, old, keep=opts.verify == "sha256")
+
+    def target_of(rel: str) -> Path:
+        return dst / names.get(rel, rel)
+
+
+    def stat_or_none(path: Path) -> Optional[os.stat_result]:
+        try:
+            return path.stat()
+        except OSError:
+            return None
 
     dst.mkdir(parents=True, exist_ok=True)
     for d in dirs:
         (dst / d).mkdir(parents=True, exist_ok=True)
 
-    todo = [f for f in files if not _unchanged(target_of(f.rel), f)]
-    if verify == "sha256":  # unchanged by size and mtime; now check content against the record
+    todo = [f for f in files if not unchanged(stat_or_none(target_of(f.rel)), f.size, f.mtime_ns)]
+    if opts.verify == "sha256":  # unchanged by size and mtime; now check content against the record
         copying = set(todo)
         same = [f for f in files if f not in copying]
         with ThreadPoolExecutor(env.cpu_count()) as pool:
             digests = pool.map(lambda f: _sha256_of(target_of(f.rel)), same)
-            todo += [f for f, d in zip(same, digests) if hashes.get(f.rel) != d]
-    if not todo:
+            todo += [f for f, d in zip(same, digests) if hashes.digests.get(f.rel) != d]
+    failures: dict[str, BaseException] = {}
+    for rel, exc in (unreadable or {}).items():
+        exc.folder = True  # type: ignore[attr-defined]
+        failures[f"{rel}/"] = exc
+    if not todo and not failures:
         if not old.get("complete"):
-            write_json_atomic(manifest_path, _new_manifest(src, True, sha256=hashes or None))
+            write_json_atomic(record_path, _new_manifest(src if not single else src / files[0].rel, True,
+                                                         sha256=hashes.digests or None))
+        hashes.close(folded=True)
         return
 
-    check_space(sum(f.size for f in todo), dst, src)
-    write_json_atomic(manifest_path, _new_manifest(src, False, sha256=hashes or None))
+    source = src if not single else src / files[0].rel
+    check_space(sum(f.size for f in todo), dst, src, folder=not single)
+    write_json_atomic(record_path, _new_manifest(source, False, sha256=hashes.digests or None))
     if old and not old.get("complete"):
-        _remove_partials(dst)
-    copier = _Copier(src, target_of, verify, retries)
-    name = next(iter(rename.values())) if rename else dst.name
-    failures = copier.run(todo, workers, progress, desc=f"stage {name}")
-    hashes.update(copier.hashes)
-    write_json_atomic(manifest_path, _new_manifest(src, not failures, sha256=hashes or None))
+        _remove_partials(dst if not single else None, [target_of(f.rel) for f in todo])
+    copier = _Copier(src, target_of, opts.verify, opts.retries, hashes)
+    name = next(iter(names.values())) if single else dst.name
+    try:
+        failures.update(copier.run(todo, workers, opts.progress, desc=f"stage {name}"))
+    finally:
+        hashes.close(folded=False)
+    write_json_atomic(record_path, _new_manifest(source, not failures, sha256=hashes.digests or None))
+    hashes.close(folded=True)
     if failures:
-        raise StageError(src, dst, failures, len(todo))
+        raise StageError(src, dst, failures, len(todo) + len(unreadable or {}))
 
 
-def _remove_partials(root: Path) -> None:
-    """Delete partial files an interrupted run left behind."""
+def _remove_partials(root: Optional[Path], targets: list[Path]) -> None:
+    """Delete partial files an interrupted run left behind (under ``root``, or of ``targets``)."""
+    if root is None:
+        for target in targets:
+            with contextlib.suppress(OSError):
+                partial_path(target).unlink()
+        return
     for folder, _, names in os.walk(root):
         for name in names:
             if name.endswith(PARTIAL_SUFFIX):
@@ -346,15 +543,58 @@ def _remove_partials(root: Path) -> None:
                     os.unlink(os.path.join(folder, name))
 
 
+class _SourceChanged(OSError):
+    """A source file's size, modification time or inode differs before and after its copy."""
+
+    def __init__(self, path: Path):
+        super().__init__(errno.EAGAIN, f"{path} changed while it was copied (size, modification time or inode "
+                                       f"differ before and after): is something writing to it?")
+
+
+class _Source:
+    """A source file open for reading: reads retried per request, re-opened after transient errors
+    (a restarted Drive client invalidates open handles), and its identity kept to detect changes."""
+
+    def __init__(self, path: Path, retries: int):
+        self.path, self.retries = path, retries
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.st = os.fstat(self.fd)
+        self._lock = threading.Lock()
+
+    def pread(self, n: int, offset: int) -> bytes:
+        return pread_retrying(lambda n, offset: os.pread(self.fd, n, offset), n, offset, self.retries, self._reopen)
+
+    def _reopen(self) -> None:
+        with self._lock, contextlib.suppress(OSError):
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            os.close(self.fd)
+            self.fd = fd
+
+    def same_as(self, st: os.stat_result) -> bool:
+        return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev) == \
+            (self.st.st_size, self.st.st_mtime_ns, self.st.st_ino, self.st.st_dev)
+
+    def check_unchanged(self) -> None:
+        """Raise _SourceChanged if the file at ``path`` is no longer what was opened (or was written)."""
+        if not self.same_as(retry(lambda: os.stat(self.path), self.retries)):
+            raise _SourceChanged(self.path)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class _Copier:
     """Copies files with a thread pool: small files whole, big files as parallel ranges."""
 
-    def __init__(self, src: Path, target_of, verify: str, retries: int):
+    def __init__(self, src: Path, target_of: Callable[[str], Path], verify: str, retries: int, hashes: _Hashes):
         self.src, self.target_of, self.verify, self.retries = src, target_of, verify, retries
-        self.hashes: dict[str, str] = {}
+        self.hashes = hashes
         self._done = 0  # bytes copied, updated by worker threads
         self._lock = threading.Lock()
         self.abort = threading.Event()  # set when the run is interrupted
+        self._queue: collections.deque = collections.deque()  # (FileEntry, attempt) still to start
+        self._ranges: collections.deque = collections.deque()  # (FileEntry, task) ranges of started big files
+        self._big: list[_BigFile] = []
 
     def _check_abort(self) -> None:
         if self.abort.is_set():
@@ -369,7 +609,7 @@ class _Copier:
         from tqdm.auto import tqdm
 
         failures: dict[str, BaseException] = {}
-        tasks = self._tasks(todo)
+        self._queue.extend((f, 0) for f in todo)
         pending: dict[Future, FileEntry] = {}
         finished, full = 0, False
         pool = ThreadPoolExecutor(workers, thread_name_prefix="colabfast-stage")
@@ -377,7 +617,7 @@ class _Copier:
                    desc=desc, disable=not progress)
         try:
             while True:
-                while not full and len(pending) < 2 * workers and (task := next(tasks, None)):
+                while not full and len(pending) < 2 * workers and (task := self._next_task()):
                     pending[pool.submit(task[1])] = task[0]
                 if not pending:
                     break
@@ -397,47 +637,69 @@ class _Copier:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             bar.close()
+            for big in self._big:  # ranges never run (a full disk, an interrupt): drop the partial file
+                if big.left > 0:
+                    with contextlib.suppress(OSError):
+                        os.unlink(big.tmp)
         if full:
-            raise OSError(errno.ENOSPC, f"the destination filled up while staging ({desc}); "
-                          "free space and run stage() again to copy the rest")
+            raise OSError(errno.ENOSPC, f"the destination filled up while staging ({desc}); nothing incomplete "
+                          "was kept: free space and run stage() again to copy the rest")
         return failures
 
-    def _tasks(self, todo: Iterable[FileEntry]):
-        for f in todo:
-            if f.size < BIG_FILE:
-                yield f, (lambda f=f: retry(lambda: self._copy_small(f), self.retries))
-            else:
-                big = _BigFile(self, f)
-                for start in range(0, f.size, RANGE):
-                    yield f, (lambda big=big, start=start: big.copy_range(start))
+    def _next_task(self) -> Optional[tuple[FileEntry, Callable[[], bool]]]:
+        if self._ranges:
+            return self._ranges.popleft()
+        if not self._queue:
+            return None
+        f, attempt = self._queue.popleft()
+        if f.size < BIG_FILE:
+            return f, (lambda: retry(lambda: self._copy_small(f), self.retries))
+        big = _BigFile(self, f, attempt)
+        self._big.append(big)
+        self._ranges.extend((f, (lambda start=start: big.copy_range(start))) for start in range(0, f.size, RANGE))
+        return self._ranges.popleft()
+
+    def requeue(self, f: FileEntry, attempt: int) -> None:
+        """Copy ``f`` again from the start (its source changed during the copy)."""
+        self._queue.appendleft((f, attempt))
 
     def _copy_small(self, f: FileEntry) -> bool:
         target = self.target_of(f.rel)
         tmp = partial_path(target)
         h = hashlib.sha256() if self.verify == "sha256" else None
         copied = 0
+        src = _Source(self.src / f.rel, self.retries)
         try:
-            with open(self.src / f.rel, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
-                buf = memoryview(bytearray(min(max(f.size, 1), CHUNK) + 1))
-                while n := fin.readinto(buf):
+            size = src.st.st_size  # what is there now: the scan may be older
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                while copied < size:
                     self._check_abort()
-                    fout.write(buf[:n])
+                    chunk = src.pread(min(CHUNK, size - copied), copied)
+                    if not chunk:
+                        raise _SourceChanged(src.path)  # it shrank
+                    write_all(fd, chunk)
                     if h is not None:
-                        h.update(buf[:n])
-                    copied += n
-                    self._add(n)
-            if copied != f.size:
-                raise OSError(errno.EAGAIN, f"{self.src / f.rel} changed while staging: expected "
-                                            f"{f.size} bytes, read {copied}")
+                        h.update(chunk)
+                    copied += len(chunk)
+                    self._add(len(chunk))
+                written = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            src.check_unchanged()
+            if written != size:
+                raise OSError(errno.EIO, f"{tmp} holds {written} bytes after copying {size}")
             if h is not None:
-                self._verify_hash(tmp, [(0, f.size, h.hexdigest())], f)
-            os.utime(tmp, ns=(f.mtime_ns, f.mtime_ns))
+                self._verify_hash(tmp, [(0, size, h.hexdigest())], f)
+            os.utime(tmp, ns=(src.st.st_mtime_ns, src.st.st_mtime_ns))
             os.replace(tmp, target)
         except BaseException:
             self._add(-copied)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        finally:
+            src.close()
         return True
 
     def _verify_hash(self, tmp: Path, ranges: list[tuple[int, int, str]], f: FileEntry) -> None:
@@ -455,30 +717,57 @@ class _Copier:
                 if part.hexdigest() != expected:
                     raise OSError(errno.EIO, f"{tmp}: bytes {start}..{start + length} differ from "
                                              f"{self.src / f.rel} after copying (local write error?)")
-        with self._lock:
-            self.hashes[f.rel] = whole.hexdigest()
+        self.hashes.add(f.rel, whole.hexdigest())
 
 
 class _BigFile:
-    """One large file copied as ``RANGE``-byte ranges by several threads into one partial file."""
+    """One large file copied as ``RANGE``-byte ranges by several threads into one partial file.
 
-    def __init__(self, copier: _Copier, f: FileEntry):
-        self.copier, self.f = copier, f
+    The partial file gets all its space at once (``posix_fallocate``), so a full disk fails the copy
+    at its start rather than leaving holes. If the source changes during the copy, the whole file
+    is copied again (up to ``retries`` times).
+    """
+
+    def __init__(self, copier: _Copier, f: FileEntry, attempt: int):
+        self.copier, self.f, self.attempt = copier, f, attempt
+        self.path = copier.src / f.rel
         self.target = copier.target_of(f.rel)
         self.tmp = partial_path(self.target)
         self.left = -(-f.size // RANGE)
         self.ranges: list[tuple[int, int, str]] = []
-        self.failed = False
+        self.failed = self.changed = False
+        self.identity: Optional[os.stat_result] = None
+        self.written = 0
         self.lock = threading.Lock()
-        with open(self.tmp, "wb") as out:
-            out.truncate(f.size)
+
+    def _start(self) -> None:
+        """Note the source's identity and allocate the partial file (once, by the first range)."""
+        st = retry(lambda: os.stat(self.path), self.copier.retries)
+        if st.st_size != self.f.size:  # the ranges were cut for another size
+            raise _SourceChanged(self.path)
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, self.f.size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                os.close(fd)
+                raise
+            os.ftruncate(fd, self.f.size)  # no fallocate here: every write is still checked
+        os.close(fd)
+        self.identity = st
 
     def copy_range(self, start: int) -> bool:
         length = min(RANGE, self.f.size - start)
         try:
+            with self.lock:
+                if self.identity is None and not (self.failed or self.changed):
+                    self._start()
             if self.failed:
                 raise OSError(errno.ECANCELED, "another range of this file failed")
-            digest = retry(lambda: self._copy(start, length), self.copier.retries)
+            digest = "" if self.changed else retry(lambda: self._copy(start, length), self.copier.retries)
+        except _SourceChanged:
+            self.changed = True
+            digest = ""
         except BaseException:
             with self.lock:
                 self.failed = True
@@ -490,44 +779,68 @@ class _BigFile:
             raise
         with self.lock:
             self.ranges.append((start, length, digest))
+            self.written += 0 if self.changed else length
             self.left -= 1
             last = self.left == 0 and not self.failed
         if last:
             self._finish()
-        return last
+        return last and not self.changed
 
     def _copy(self, start: int, length: int) -> str:
         h = hashlib.sha256() if self.copier.verify == "sha256" else None
         done = 0
+        src = _Source(self.path, self.copier.retries)
         try:
-            with open(self.copier.src / self.f.rel, "rb", buffering=0) as fin:
-                fd_out = os.open(self.tmp, os.O_WRONLY)
-                try:
-                    while done < length:
-                        self.copier._check_abort()
-                        chunk = os.pread(fin.fileno(), min(4 * CHUNK, length - done), start + done)
-                        if not chunk:
-                            raise OSError(errno.EAGAIN, f"{self.copier.src / self.f.rel} changed while "
-                                                        f"staging: it ended at byte {start + done}")
-                        os.pwrite(fd_out, chunk, start + done)
-                        if h is not None:
-                            h.update(chunk)
-                        done += len(chunk)
-                        self.copier._add(len(chunk))
-                finally:
-                    os.close(fd_out)
+            assert self.identity is not None
+            if not src.same_as(self.identity):
+                exc = _SourceChanged(self.path)
+                exc.attempts = 1  # type: ignore[attr-defined]  # not retried per range: the file is
+                raise exc
+            fd_out = os.open(self.tmp, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                while done < length:
+                    self.copier._check_abort()
+                    chunk = src.pread(min(4 * CHUNK, length - done), start + done)
+                    if not chunk:  # it ended early
+                        exc = _SourceChanged(self.path)
+                        exc.attempts = 1  # type: ignore[attr-defined]
+                        raise exc
+                    write_all(fd_out, chunk, start + done)
+                    if h is not None:
+                        h.update(chunk)
+                    done += len(chunk)
+                    self.copier._add(len(chunk))
+            finally:
+                os.close(fd_out)
         except BaseException:
             self.copier._add(-done)
             raise
+        finally:
+            src.close()
         return h.hexdigest() if h is not None else ""
 
     def _finish(self) -> None:
         try:
-            if os.path.getsize(self.tmp) != self.f.size:
+            if not self.changed:
+                self.changed = not _same_identity(retry(lambda: os.stat(self.path), self.copier.retries),
+                                                  self.identity)
+            if self.changed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.tmp)
+                if self.attempt >= self.copier.retries:
+                    exc = _SourceChanged(self.path)
+                    exc.attempts = self.attempt + 1  # type: ignore[attr-defined]
+                    raise exc
+                self.copier._add(-self.written)
+                st = retry(lambda: os.stat(self.path), self.copier.retries)
+                self.copier.requeue(FileEntry(self.f.rel, st.st_size, st.st_mtime_ns), self.attempt + 1)
+                return
+            if self.written != self.f.size or os.path.getsize(self.tmp) != self.f.size:
                 raise OSError(errno.EIO, f"{self.tmp} has the wrong size after copying")
             if self.copier.verify == "sha256":
                 self.copier._verify_hash(self.tmp, self.ranges, self.f)
-            os.utime(self.tmp, ns=(self.f.mtime_ns, self.f.mtime_ns))
+            mtime_ns = self.identity.st_mtime_ns  # type: ignore[union-attr]
+            os.utime(self.tmp, ns=(mtime_ns, mtime_ns))
             os.replace(self.tmp, self.target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -535,51 +848,83 @@ class _BigFile:
             raise
 
 
+def _same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
+    return b is not None and (a.st_size, a.st_mtime_ns, a.st_ino, a.st_dev) == \
+        (b.st_size, b.st_mtime_ns, b.st_ino, b.st_dev)
+
+
 # --- archives --------------------------------------------------------------------------------------
 
 
-def _stage_archive(archives: list[Path], dst: Path, verify: str, retries: int, progress: bool) -> Path:
-    """Extract ``archives`` (one, or several that together make one dataset) into the folder ``dst``."""
+def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
+    """Extract ``archives`` (one, or several that together make one dataset) into the folder ``dst``.
+
+    They are extracted into ``.NAME.colabfast-partial`` beside ``dst`` (resumable: entries already
+    extracted there are skipped), which is renamed to ``dst`` when complete.
+    """
     from tqdm.auto import tqdm
 
-    stats = [retry(lambda a=a: os.stat(a), retries) for a in archives]
+    retries = opts.retries
+    stats = [retry(functools.partial(os.stat, a), retries) for a in archives]
     identity = [[str(a), st.st_size, st.st_mtime_ns] for a, st in zip(archives, stats)]
     source = str(archives[0]) if len(archives) == 1 else [str(a) for a in archives]
-    names = ", ".join(a.name for a in archives)
-    manifest_path = _manifest_path(dst)
-    old = read_json(manifest_path) or {}
-    ours = old.get("format") == MANIFEST_FORMAT and old.get("source") == source
+    _adopt_legacy_record(dst)
+    old = read_json(_manifest_path(dst)) or {}
+    ours = _ours(old) and old.get("source") == source
     if ours and old.get("complete") and old.get("archive") == identity and dst.is_dir():
-        if verify != "sha256" or _hashes_match(dst, old.get("sha256") or {}):
+        if opts.verify != "sha256" or _hashes_match(dst, old.get("sha256") or {}):
             return _single_top_folder(dst)
-    if dst.exists() and not ours and (not dst.is_dir() or any(dst.iterdir())):
-        raise ValueError(f"{dst} already exists and was not staged from {names}: remove it or pass another dst")
+    if not ours:
+        _refuse_or_clear_archive(dst, source, old, opts)
 
-    check_space(sum(retry(lambda a=a: extracted_size(a), retries) for a in archives), dst, archives[0])
-    work = partial_path(dst)  # resumable: entries already extracted there unchanged are skipped
-    if old.get("archive") not in (None, identity) and work.exists():
+    check_space(sum(retry(functools.partial(extracted_size, a), retries) for a in archives), dst, archives[0])
+    work = partial_path(dst)
+    progress_record = work / RECORD  # what the partial extraction holds
+    if work.exists() and (read_json(progress_record) or {}).get("archive") != identity:
         shutil.rmtree(work)  # other archives, or another version of them: start over
-    write_json_atomic(manifest_path, _new_manifest(source, False, archive=identity))
+    work.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(progress_record, _new_manifest(source, False, archive=identity))
     done = 0
     with tqdm(total=sum(st.st_size for st in stats), unit="B", unit_scale=True,
-              desc=f"extract {names}", disable=not progress) as bar:
+              desc=f"extract {', '.join(a.name for a in archives)}", disable=not opts.progress) as bar:
+        def advance(base: int, n: int) -> None:  # n bytes read of the archive that starts at base
+            bar.update(base + n - bar.n)
+
         for archive, st in zip(archives, stats):
             try:
-                extract(archive, work, retries=retries, on_progress=lambda n, done=done: bar.update(done + n - bar.n))
-            except ValueError:  # UnsafeArchiveError: keep nothing an attacker chose
-                shutil.rmtree(work, ignore_errors=True)
-                manifest_path.unlink()
+                extract(archive, work, allow_links=opts.allow_links, retries=retries,
+                        on_progress=functools.partial(advance, done))
+            except (UnsafeArchiveError, OSError) as exc:
+                # Keep nothing an attacker chose, nor a bomb's output; a read error may resume.
+                if isinstance(exc, UnsafeArchiveError) or exc.errno == errno.ENOSPC:
+                    shutil.rmtree(work, ignore_errors=True)
                 raise
             done += st.st_size
     hashes = None
-    if verify == "sha256":
-        hashes = {str(p.relative_to(work)): _sha256_of(p) for p in sorted(work.rglob("*"))
-                  if p.is_file() and not p.is_symlink()}
+    if opts.verify == "sha256":
+        hashes = {p.relative_to(work).as_posix(): _sha256_of(p) for p in sorted(work.rglob("*"))
+                  if p.is_file() and not p.is_symlink() and p != progress_record}
+    write_json_atomic(progress_record, _new_manifest(source, True, archive=identity, sha256=hashes))
     if dst.exists():
         shutil.rmtree(dst)  # an older staged version of these archives
     os.replace(work, dst)
-    write_json_atomic(manifest_path, _new_manifest(source, True, archive=identity, sha256=hashes))
     return _single_top_folder(dst)
+
+
+def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opts: _Options) -> None:
+    names = source if isinstance(source, str) else ", ".join(source)
+    if not dst.exists() or (dst.is_dir() and not any(dst.iterdir())):
+        return
+    if not opts.overwrite:
+        if _ours(old):
+            raise ValueError(f"{dst} was staged from {old.get('source')}, not {names}: staging there would mix "
+                             f"two datasets. Pass another dst, or overwrite=True to replace it.")
+        entries = sorted(os.listdir(dst)) if dst.is_dir() else []
+        held = f", and it holds {', '.join(entries[:5])}" + (f" and {len(entries) - 5} more" if len(entries) > 5
+                                                              else "") if entries else ""
+        raise ValueError(f"{dst} already exists and was not staged from {names}{held}: nothing was written. "
+                         f"Remove it, pass another dst, or pass overwrite=True to replace it.")
+    # overwrite: the finished extraction replaces dst as a whole (see _stage_archive)
 
 
 def _hashes_match(root: Path, hashes: dict[str, str]) -> bool:
@@ -587,5 +932,5 @@ def _hashes_match(root: Path, hashes: dict[str, str]) -> bool:
 
 
 def _single_top_folder(root: Path) -> Path:
-    entries = list(root.iterdir())
+    entries = [p for p in root.iterdir() if p.name != RECORD]
     return entries[0] if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink() else root

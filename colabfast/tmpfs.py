@@ -1,19 +1,23 @@
-"""A RAM disk to stage data into: :func:`ramdisk` mounts a tmpfs (or falls back to ``/dev/shm``)."""
+"""A RAM disk to stage data into: :func:`ramdisk` mounts a tmpfs (or falls back to ``/dev/shm``),
+and :meth:`RamDisk.release` (or ``colabfast ramdisk --release``) gives its memory back."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import shutil
 import subprocess
 import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from colabfast import env
 from colabfast._fileio import human_bytes
 
 SHM_FALLBACK = Path("/dev/shm/colabfast")
+MOUNT_SOURCE = "colabfast-ramdisk"  # the source name of the tmpfs colabfast mounts (see /proc/mounts)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -39,8 +43,83 @@ def ramdisk_path() -> Optional[Path]:
     return SHM_FALLBACK if SHM_FALLBACK.is_dir() else None
 
 
-def ramdisk(size: Union[int, str, None] = None, path: Union[str, os.PathLike, None] = None) -> Path:
-    """Mount a tmpfs RAM disk and return its path; reuse (and grow) one already mounted there.
+class RamDisk(os.PathLike):
+    """A RAM disk from :func:`ramdisk`: use it as a path (``rd / "data"``, ``os.fspath(rd)``,
+    ``rd.path``), and :meth:`release` it when done. Also a context manager that releases on exit.
+
+    Attributes:
+        path: the mount point (or the ``/dev/shm/colabfast`` fallback folder).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __truediv__(self, other: Union[str, os.PathLike]) -> Path:
+        return self.path / other
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RamDisk({str(self.path)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (str, os.PathLike)):
+            return self.path == Path(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __enter__(self) -> RamDisk:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Delete everything on the RAM disk and give its memory back (unmount it). See
+        :func:`release_ramdisk`."""
+        release_ramdisk(self.path)
+
+
+def release_ramdisk(path: Union[str, os.PathLike, None] = None) -> bool:
+    """Unmount the tmpfs colabfast mounted at ``path`` (default: :func:`default_path`) and remove the
+    empty mount point, or delete the ``/dev/shm/colabfast`` fallback folder: what was staged there
+    is gone and its RAM is free again. Also ``colabfast ramdisk --release``.
+
+    Returns:
+        True if a RAM disk was released, False if there was none.
+
+    Raises:
+        ValueError: ``path`` is a tmpfs colabfast did not mount (it is left alone).
+        OSError: ``errno.EBUSY`` while files on it are open (a DataLoader's workers, an open dataset).
+    """
+    target = Path(path) if path is not None else default_path()
+    if os.path.ismount(target) and env.is_ram(target):
+        m = env.mount_of(target)
+        if m is None or m.source != MOUNT_SOURCE:
+            raise ValueError(f"{target} is a RAM disk colabfast did not mount ({m.source if m else '?'}): "
+                             f"left alone")
+        done = subprocess.run(["umount", str(target)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(errno.EBUSY, f"cannot release the RAM disk at {target}: {done.stderr.strip()}. Close "
+                                       f"what has files open there (a DataLoader's workers, a dataset) and retry.")
+        with contextlib.suppress(OSError):
+            target.rmdir()
+        return True
+    if target == SHM_FALLBACK or (path is None and SHM_FALLBACK.is_dir()):
+        existed = SHM_FALLBACK.is_dir()
+        shutil.rmtree(SHM_FALLBACK, ignore_errors=True)
+        return existed
+    return False
+
+
+def ramdisk(size: Union[int, str, None] = None, path: Union[str, os.PathLike, None] = None) -> RamDisk:
+    """Mount a tmpfs RAM disk and return it; reuse (and grow) one already mounted there.
 
     Files in a tmpfs live in RAM: reading them costs no disk I/O at all, which helps random access
     to many small files. A tmpfs takes memory only for what is stored in it, up to ``size``.
@@ -54,8 +133,13 @@ def ramdisk(size: Union[int, str, None] = None, path: Union[str, os.PathLike, No
         path: mount point. Default: ``/content/ramdisk`` in Colab, ``<tempdir>/colabfast/ramdisk``
             elsewhere. It must be missing, empty, or already a tmpfs.
 
+    It stays mounted, holding what is stored in it, until :meth:`RamDisk.release` (or
+    ``colabfast ramdisk --release``, or the machine's end); ``with ramdisk("8G") as rd:`` releases it
+    when the block ends.
+
     Returns:
-        The RAM disk's path.
+        The RAM disk: a path-like object (``rd / "name"`` is a :class:`pathlib.Path`, ``rd.path``
+        the mount point) with a ``release()`` method.
 
     Raises:
         ValueError: ``size`` is more than the RAM colabfast may use (the message has the numbers), or
@@ -75,7 +159,7 @@ def ramdisk(size: Union[int, str, None] = None, path: Union[str, os.PathLike, No
         st = os.statvfs(target)
         if st.f_blocks * st.f_frsize < nbytes:
             _mount_tmpfs(target, nbytes, remount=True)
-        return target
+        return RamDisk(target)
     if target.is_dir() and any(target.iterdir()):
         raise ValueError(f"cannot mount a RAM disk at {target}: the folder is not empty. Pass another path.")
     try:
@@ -83,15 +167,15 @@ def ramdisk(size: Union[int, str, None] = None, path: Union[str, os.PathLike, No
             raise PermissionError("mounting a tmpfs needs root with CAP_SYS_ADMIN")
         target.mkdir(parents=True, exist_ok=True)
         _mount_tmpfs(target, nbytes)
-        return target
+        return RamDisk(target)
     except (OSError, subprocess.CalledProcessError) as exc:
         reason = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) else str(exc)
-        return _shm_fallback(nbytes if size is not None else 0, reason)
+        return RamDisk(_shm_fallback(nbytes if size is not None else 0, reason))
 
 
 def _mount_tmpfs(target: Path, nbytes: int, remount: bool = False) -> None:
     options = f"remount,size={nbytes}" if remount else f"size={nbytes},mode=0755"
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "colabfast-ramdisk", str(target)],
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, MOUNT_SOURCE, str(target)],
                    check=True, capture_output=True, text=True)
 
 

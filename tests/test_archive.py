@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
+import subprocess
 import tarfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -12,8 +15,13 @@ import pytest
 from conftest import assert_same_tree
 
 from colabfast import stage
-from colabfast.archive import UnsafeArchiveError, extract, extracted_size, strip_archive_suffix
+from colabfast.archive import UnsafeArchiveError, check_tar_member, extract, extracted_size, strip_archive_suffix
 from colabfast.testing.data import make_files
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))  # stage locks go there
 
 
 @pytest.fixture
@@ -128,7 +136,7 @@ def test_hostile_tar_is_refused(kind, tmp_path):
     assert (outside / "victim.txt").read_text() == "precious"
     assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "area" / "evil.txt").exists()
     assert not dst.exists()
-    assert [p.name for p in (tmp_path / "area").iterdir()] == [".dst.colabfast-stage.lock"]
+    assert list((tmp_path / "area").iterdir()) == []  # no partial extraction, no state beside dst
 
 
 def _zip_with(path: Path, entries: list[tuple[zipfile.ZipInfo | str, bytes]]) -> Path:
@@ -160,14 +168,183 @@ def test_hostile_zip_is_refused_before_writing(kind, tmp_path):
     assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "dst").exists()
 
 
-def test_links_inside_the_archive_are_kept(tmp_path):
-    archive = tmp_path / "ok.tar"
-    with tarfile.open(archive, "w") as t:
-        for info, data in [_member("a/real.txt", b"data"),
-                           _member("a/alias.txt", type=tarfile.SYMTYPE, linkname="real.txt")]:
+def _tar_with(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w") -> Path:
+    with tarfile.open(path, mode) as t:
+        for info, data in members:
             t.addfile(info, io.BytesIO(data) if data is not None else None)
-    out = stage(archive, tmp_path / "dst", progress=False)
+    return path
+
+
+def test_links_are_refused_unless_allowed(tmp_path):
+    """Datasets need no links: by default an archive with one is refused, naming the entry;
+    allow_links=True extracts links that stay inside the destination."""
+    archive = _tar_with(tmp_path / "ok.tar", [
+        _member("a/real.txt", b"data"),
+        _member("a/alias.txt", type=tarfile.SYMTYPE, linkname="real.txt"),
+        _member("a/hard.txt", type=tarfile.LNKTYPE, linkname="a/real.txt"),
+    ])
+    with pytest.raises(UnsafeArchiveError, match=r"'a/alias.txt' is a symbolic link .*allow_links=True"):
+        stage(archive, tmp_path / "dst", progress=False)
+    assert not (tmp_path / "dst").exists()
+    out = stage(archive, tmp_path / "dst", allow_links=True, progress=False)
     assert (out / "alias.txt").is_symlink() and (out / "alias.txt").read_bytes() == b"data"
+    assert (out / "hard.txt").stat().st_ino == (out / "real.txt").stat().st_ino
+
+
+def _zip_link(z: zipfile.ZipFile, name: str, target: str) -> None:
+    z.writestr(_unix(name, 0o120777), target)
+
+
+@pytest.mark.parametrize("allow_links", [False, True])
+def test_zip_symlink_chain_cannot_write_outside(tmp_path, allow_links):
+    """Issue 14, attack 1 (zip symlink chain): 'up' -> a/b/c/d/../../../.. is inside dst when it is
+    made, then a, b, c, d -> '.' make it lead four levels up, and 'up/pwned.txt' is written through it.
+    Refused: links by default; with allow_links, the write through the link 'up'."""
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        _zip_link(z, "up", "a/b/c/d/../../../..")
+        for name in "abcd":
+            _zip_link(z, name, ".")
+        z.writestr(_unix("up/pwned.txt", 0o100644), "x")
+    dst = tmp_path / "l1" / "l2" / "l3" / "x" / "out"
+    with pytest.raises(UnsafeArchiveError, match="'up'"):
+        stage(archive, dst, allow_links=allow_links, progress=False)
+    assert not [p for p in tmp_path.rglob("pwned.txt")]
+    assert not dst.exists() and not [p for p in tmp_path.rglob("*") if p.is_symlink()]
+
+
+def test_link_made_to_lead_outside_by_later_links_is_refused(tmp_path):
+    """Issue 14, attack 1 without the write: with allow_links, a link that was inside when made but
+    leads outside once the later links exist is caught when every link is resolved again at the end."""
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        _zip_link(z, "up", "a/b/../..")
+        _zip_link(z, "a", ".")
+        _zip_link(z, "b", ".")
+    with pytest.raises(UnsafeArchiveError, match="'up' is a link to 'a/b/../..', which with the links after it"):
+        stage(archive, tmp_path / "dst", allow_links=True, progress=False)
+    assert not (tmp_path / "dst").exists() and not [p for p in tmp_path.rglob("*") if p.is_symlink()]
+
+
+@pytest.mark.parametrize("allow_links", [False, True])
+def test_tar_realpath_limit_attack(tmp_path, allow_links):
+    """Issue 14, attack 2: CVE-2025-4517, the realpath-limit attack on tarfile's 'data' filter
+    (CPython's test_realpath_limit_attack). Links to long folder names make the expanded path pass
+    PATH_MAX, where os.path.realpath stops resolving; a link through them then leads out, and a hard
+    link and a file are written through it. Python 3.11.7 lacks the fix."""
+    dst = tmp_path / "area" / "dst"
+    (tmp_path / "area").mkdir()
+    flag = tmp_path / "area" / "flag"
+    flag.write_text("precious")
+    steps = "abcdefghijklmnop"
+    work = tmp_path / "area" / ".dst.colabfast-partial"  # where stage() extracts before renaming
+    component = "d" * ((os.pathconf(tmp_path, "PC_PATH_MAX") - len(str(work)) - 1) // (len(steps) + 1))
+    members, path = [], ""
+    for step in steps:
+        members.append(_member(os.path.join(path, component), type=tarfile.DIRTYPE, mode=0o777))
+        members.append(_member(os.path.join(path, step), type=tarfile.SYMTYPE, linkname=component))
+        path = os.path.join(path, component)
+    linkpath = os.path.join(*steps, "l" * 254)
+    members += [
+        _member(linkpath, type=tarfile.SYMTYPE, linkname=os.path.join(*[".."] * len(steps))),
+        _member("escape", type=tarfile.SYMTYPE, linkname=os.path.join(linkpath, "..")),
+        _member("flaglink", type=tarfile.LNKTYPE, linkname=os.path.join("escape", "flag")),
+        _member("flaglink", b"overwrite"),
+        _member("escape/newfile", b"new"),
+    ]
+    archive = _tar_with(tmp_path / "evil.tar", members)
+    with pytest.raises(UnsafeArchiveError):
+        stage(archive, dst, allow_links=allow_links, progress=False)
+    assert flag.read_text() == "precious"
+    assert sorted(p.name for p in (tmp_path / "area").iterdir()) == ["flag"]
+
+
+class _Zeros(io.RawIOBase):
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        memoryview(buffer).cast("B")[:] = bytes(len(buffer))
+        return len(buffer)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    from colabfast import env
+
+    if not env.is_root():
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("shape", ["one huge entry", "many entries"])
+def test_decompression_bomb_stops_before_the_disk_fills(tmp_path, small_tmpfs, shape):
+    """Issue 14, attack 7 (decompression bomb): a .tar.bz2 of a few hundred bytes holding 40 MiB of
+    zeros, staged to an 8 MiB tmpfs. bz2 records no size, so the preflight sees only the archive's
+    size; the bytes are counted as extracted and the stage stops with a clear ENOSPC, leaving nothing."""
+    sizes = [40 << 20] if shape == "one huge entry" else [1 << 20] * 40
+    archive = tmp_path / "bomb.tar.bz2"
+    with tarfile.open(archive, "w:bz2") as t:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"bomb/{i:03d}.bin")
+            info.size = size
+            t.addfile(info, io.BufferedReader(_Zeros()))
+    assert archive.stat().st_size < 10_000
+    with pytest.raises(OSError) as err:
+        stage(archive, small_tmpfs / "out", progress=False)
+    assert err.value.errno == errno.ENOSPC
+    assert "bomb.tar.bz2 does not fit" in str(err.value) and "decompression bomb" in str(err.value)
+    assert list(small_tmpfs.iterdir()) == []  # the partial extraction is gone
+    free = os.statvfs(small_tmpfs)
+    assert free.f_bfree == free.f_blocks
+
+
+def test_zip_entries_without_type_bits_are_files(tmp_path):
+    """Issue 15, case 9: zipfile.writestr(name, data) stores mode 0o600 with no file-type bits."""
+    archive = _zip_with(tmp_path / "plain.zip", [("data/a.txt", b"alpha"), ("data/b.txt", b"beta")])
+    out = stage(archive, tmp_path / "dst", progress=False)
+    assert (out / "a.txt").read_bytes() == b"alpha" and (out / "b.txt").read_bytes() == b"beta"
+
+
+def test_duplicate_entries_last_wins(tmp_path):
+    """Issue 15, case 13: an entry repeated in an archive ends as its last copy, as with tar and
+    unzip (same size and time, so a resume check must not skip the second)."""
+    first, last = _member("d/x.txt", b"first", mtime=1_700_000_000), _member("d/x.txt", b"later", mtime=1_700_000_000)
+    out = stage(_tar_with(tmp_path / "dup.tar", [first, last]), tmp_path / "t", progress=False)
+    assert (out / "x.txt").read_bytes() == b"later"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name
+        archive = _zip_with(tmp_path / "dup.zip", [("d/x.txt", b"first"), ("d/x.txt", b"later")])
+    out = stage(archive, tmp_path / "z", progress=False)
+    assert (out / "x.txt").read_bytes() == b"later"
+
+
+def test_backslashes_in_zip_names_follow_unzip(tmp_path):
+    """Issue 15, case 13: Info-ZIP unzip reads backslashes as separators only in names made on
+    MS-DOS (host 0) with no '/'; elsewhere a backslash is part of the file name."""
+    dos = zipfile.ZipInfo("dir\\c.txt")
+    dos.create_system = 0
+    archive = _zip_with(tmp_path / "bs.zip", [(_unix("a\\b.txt", 0o100644), b"unix"), (dos, b"dos")])
+    out = stage(archive, tmp_path / "dst", progress=False)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()
+                  and ".colabfast-" not in p.name) == ["a\\b.txt", "dir/c.txt"]
+    evil = zipfile.ZipInfo("..\\evil.txt")
+    evil.create_system = 0
+    with pytest.raises(UnsafeArchiveError, match="outside"):
+        stage(_zip_with(tmp_path / "evil.zip", [(evil, b"x")]), tmp_path / "dst2", progress=False)
+    assert not (tmp_path / "evil.txt").exists()
+
+
+def test_check_tar_member_names_the_safe_path(tmp_path):
+    assert check_tar_member("a.tar", _member("./train/n01/x.JPEG", b"")[0]) == "train/n01/x.JPEG"
+    with pytest.raises(UnsafeArchiveError, match="'..'"):
+        check_tar_member("a.tar", _member("train/../../x", b"")[0])
+    with pytest.raises(UnsafeArchiveError, match="link"):
+        check_tar_member("a.tar", _member("l", type=tarfile.SYMTYPE, linkname="x")[0])
 
 
 def test_several_archives_make_one_folder(tmp_path):

@@ -203,7 +203,7 @@ def test_a_second_pack_into_the_same_destination_waits_for_the_first(inet, tmp_p
     thread = threading.Thread(target=lambda: (pack(inet, dst, workers=0), done.set()))
     thread.start()
     for _ in range(200):
-        if "another pack() is writing" in capsys.readouterr().out:
+        if f"waiting for another process packing into {dst}" in capsys.readouterr().err:
             break
         subprocess.run(["sleep", "0.05"])
     else:

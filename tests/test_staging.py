@@ -18,6 +18,10 @@ from colabfast.staging import StageError
 from colabfast.testing.data import make_files
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))  # stage locks and records go there
+
 @pytest.fixture
 def src(tmp_path) -> Path:
     root = make_files(tmp_path / "src", 60, 20_000, per_folder=20, seed=1)
@@ -288,3 +292,271 @@ def test_archive_from_drive(tmp_path):
     with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=5, read_ms=1, mbps=None, eio_read=0.05) as sim:
         out = stage(sim.mountpoint / "data.tar.gz", tmp_path / "out", progress=False)
     assert_same_tree(src, out)
+
+
+# --- issue 15: never lose or corrupt data -------------------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs_4m(tmp_path):
+    if not env.is_root():
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small4m"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("path", ["small files", "big file"])
+def test_disk_filling_during_stage_never_leaves_a_short_file(tmp_path, tmpfs_4m, monkeypatch, path):
+    """Issue 15, case 1: another process fills the destination after the space check passed. A
+    write that stores only part of a chunk must not be taken as done (the old code renamed a
+    94,208-of-1,000,000-byte file into place): ENOSPC is raised and nothing incomplete stays."""
+    src = tmp_path / "src"
+    src.mkdir()
+    sizes = [1_000_000] * 3 if path == "small files" else [3_000_000]
+    if path == "big file":
+        monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
+        monkeypatch.setattr(stage_mod, "RANGE", 256 << 10)
+    for i, size in enumerate(sizes):
+        (src / f"{i}.bin").write_bytes(os.urandom(size))
+    dst, filler = tmpfs_4m / "dst", tmpfs_4m / "filler"
+    real_check = stage_mod.check_space
+
+    def check_then_fill(*args, **kwargs):
+        real_check(*args, **kwargs)
+        free = os.statvfs(tmpfs_4m).f_bavail * os.statvfs(tmpfs_4m).f_frsize
+        subprocess.run(["sh", "-c", f"head -c {free - 100_000} /dev/zero > {filler}"], check=True)
+
+    monkeypatch.setattr(stage_mod, "check_space", check_then_fill)
+    with pytest.raises(OSError) as err:
+        stage(src, dst, workers=1, progress=False)
+    assert err.value.errno == errno.ENOSPC and "filled up" in str(err.value)
+    for p in dst.glob("*.bin"):  # whatever looks complete is complete
+        assert p.read_bytes() == (src / p.name).read_bytes()
+    assert not list(dst.glob("*partial*"))
+    monkeypatch.setattr(stage_mod, "check_space", real_check)
+    filler.unlink()
+    stage(src, dst, progress=False)
+    assert_same_tree(src, dst)
+
+
+def test_foreign_folder_is_refused_and_left_alone(src, tmp_path):
+    """Issue 15, case 2: staging into a folder of the user's overwrote their same-named file."""
+    (src / "notes.txt").write_text("dataset notes")
+    dst = tmp_path / "mine"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("my notes")
+    with pytest.raises(ValueError, match=rf"{dst} is a folder colabfast did not stage, and it holds notes.txt"):
+        stage(src, dst, progress=False)
+    assert os.listdir(dst) == ["notes.txt"] and (dst / "notes.txt").read_text() == "my notes"
+    stage(src, dst, overwrite=True, progress=False)
+    assert_same_tree(src, dst)
+
+
+def test_second_source_is_refused_not_merged(tmp_path):
+    """Issue 15, case 3: stage B into a folder staged from A mixed the two datasets."""
+    a = make_files(tmp_path / "a", 4, 1000, per_folder=2, seed=1)
+    b = make_files(tmp_path / "b", 6, 1000, per_folder=3, seed=2)
+    dst = stage(a, tmp_path / "dst", progress=False)
+    with pytest.raises(ValueError, match=rf"was staged from {a}, not {b}: .* mix two datasets"):
+        stage(b, dst, progress=False)
+    assert_same_tree(a, dst)
+    stage(b, dst, overwrite=True, progress=False)
+    assert_same_tree(b, dst)
+
+
+@pytest.mark.parametrize("path", ["small file", "big file"])
+def test_source_rewritten_during_copy_is_copied_again(tmp_path, monkeypatch, path):
+    """Issue 15, case 4: a same-size rewrite in place during the copy gave a torn file (old bytes,
+    then new) that passed the size check. The change is seen (size, mtime, inode) and the file
+    copied again; one that keeps changing is named in the error."""
+    if path == "big file":
+        monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
+        monkeypatch.setattr(stage_mod, "RANGE", 1 << 20)
+    src = tmp_path / "src"
+    src.mkdir()
+    victim = src / "data.bin"
+    victim.write_bytes(os.urandom(3 << 20))
+    os.utime(victim, ns=(10**18, 10**18))  # an old file: its rewrite gets a new mtime
+    versions = []
+    real = stage_mod._Copier._check_abort
+
+    def rewrite_in_place(self):  # the copy has started: someone rewrites the source, same size
+        if len(versions) < rewrites:
+            versions.append(os.urandom(3 << 20))
+            with open(victim, "r+b") as f:
+                f.write(versions[-1])
+        real(self)
+
+    monkeypatch.setattr(stage_mod._Copier, "_check_abort", rewrite_in_place)
+    rewrites = 1
+    out = stage(src, tmp_path / "dst", workers=2, progress=False)
+    assert (out / "data.bin").read_bytes() == versions[-1] == victim.read_bytes()
+    rewrites = 100
+    victim.write_bytes(os.urandom(3 << 20))
+    with pytest.raises(StageError, match=r"data.bin changed while it was copied"):
+        stage(src, tmp_path / "dst", workers=2, retries=1, progress=False)
+
+
+def test_sha256_resume_after_kill_reuses_verified_files(tmp_path, monkeypatch):
+    """Issue 15, case 6: after a kill, a re-run with verify="sha256" re-copied every file because
+    the hashes were recorded only at the end. Each verified file is now journaled as it completes."""
+    src = make_files(tmp_path / "src", 200, 20_000, per_folder=50)
+    dst = tmp_path / "dst"
+    code = (
+        "import time, colabfast.staging as s\n"
+        "real = s._Copier._copy_small\n"
+        "def slow(self, f):\n"
+        "    time.sleep(0.01); return real(self, f)\n"
+        "s._Copier._copy_small = slow\n"
+        f"s.stage({str(src)!r}, {str(dst)!r}, workers=1, verify='sha256', progress=False)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
+    try:
+        for _ in range(400):
+            if len(list(dst.rglob("*.bin"))) >= 40:
+                break
+            subprocess.run(["sleep", "0.05"])
+    finally:
+        child.kill()
+        child.wait()
+    done = len(list(dst.rglob("*.bin")))
+    assert 0 < done < 200
+    copied = []
+    real = stage_mod._Copier._copy_small
+    monkeypatch.setattr(stage_mod._Copier, "_copy_small", lambda self, f: copied.append(f) or real(self, f))
+    stage(src, dst, verify="sha256", progress=False)
+    assert_same_tree(src, dst)
+    assert len(copied) <= 200 - done + 1  # at most the file being verified at the kill is redone
+    record = stage_mod.read_json(stage_mod._manifest_path(dst))
+    assert record["complete"] and len(record["sha256"]) == 200
+
+
+def test_flaky_mount_large_files_retry_per_range(tmp_path, monkeypatch):
+    """Issue 15, case 8: with 10% of read requests failing (EIO), a large file read as a few big
+    requests failed every time once a range was retried whole; now a failed read is retried in
+    smaller requests at its offset, and the files arrive intact."""
+    from colabfast.testing.drivesim import DriveSim, available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
+    monkeypatch.setattr(stage_mod, "RANGE", 4 << 20)
+    (tmp_path / "drive" / "big").mkdir(parents=True)
+    for i in range(2):
+        (tmp_path / "drive" / "big" / f"{i}.bin").write_bytes(os.urandom(8 << 20))
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None, eio_read=0.1) as sim:
+        out = stage(sim.mountpoint / "big", tmp_path / "dst", progress=False)
+        assert sim.stats()["eio"] > 0
+    assert_same_tree(tmp_path / "drive" / "big", out)
+
+
+def test_names_near_name_max_are_staged(tmp_path):
+    """Issue 15, case 10: a 250-byte name plus '.' and '.colabfast-partial' passes NAME_MAX (255)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    long = "n" * 246 + ".jpeg"
+    (src / long).write_bytes(b"long name")
+    out = stage(src, tmp_path / "dst", progress=False)
+    assert (out / long).read_bytes() == b"long name"
+    import tarfile
+
+    with tarfile.open(tmp_path / "long.tar", "w") as t:
+        t.add(src / long, arcname=f"d/{long}")
+    assert (stage(tmp_path / "long.tar", tmp_path / "x", progress=False) / long).read_bytes() == b"long name"
+
+
+def _without_root_read_override() -> None:
+    """In a child about to exec: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding set
+    (prctl PR_CAPBSET_DROP), so root obeys permission bits like any user."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_unreadable_subfolder_is_listed_and_the_rest_staged(tmp_path):
+    """Issue 15, case 11: one sub-folder that cannot be listed aborted the whole stage with a bare
+    PermissionError. It is now named in the StageError, as an unreadable file is, and the rest staged.
+    (Root reads any folder, so as root the stage runs in a child without that privilege.)"""
+    import json
+
+    src = make_files(tmp_path / "src", 9, 1000, per_folder=3, seed=3)
+    os.chmod(src / "d0001", 0)
+    code = (
+        "import json, colabfast as cf\n"
+        f"try:\n    cf.stage({str(src)!r}, {str(tmp_path / 'dst')!r}, progress=False)\n"
+        "except cf.StageError as e:\n    print(json.dumps([sorted(e.failures), str(e)]))\n"
+    )
+    try:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             preexec_fn=_without_root_read_override if env.is_root() else None)
+    finally:
+        os.chmod(src / "d0001", 0o755)
+    assert run.returncode == 0, run.stderr
+    failures, message = json.loads(run.stdout)
+    assert failures == ["d0001/"]
+    assert "1 of 7 files or folders could not be staged" in message and "Permission denied" in message
+    staged = sorted(p.relative_to(tmp_path / "dst").as_posix() for p in (tmp_path / "dst").rglob("*.bin"))
+    assert staged == sorted(p.relative_to(src).as_posix() for p in src.rglob("*.bin")
+                            if not p.is_relative_to(src / "d0001"))
+    assert not (tmp_path / "dst" / "d0001").exists()
+
+
+# --- issue 13: staging's rough edges ----------------------------------------------------------------
+
+
+def test_state_lives_inside_the_destination_or_the_cache(src, tmp_path):
+    (tmp_path / "area").mkdir()
+    stage(src, tmp_path / "area" / "dst", progress=False)
+    assert os.listdir(tmp_path / "area") == ["dst"]
+    assert (tmp_path / "area" / "dst" / ".colabfast-stage.json").is_file()
+    f = tmp_path / "one.bin"
+    f.write_bytes(b"x" * 100)
+    (tmp_path / "files").mkdir()
+    stage(f, tmp_path / "files", progress=False)
+    assert os.listdir(tmp_path / "files") == ["one.bin"]
+    # a re-staged copy of a staged folder does not carry colabfast's record along
+    again = stage(tmp_path / "area" / "dst", tmp_path / "again", progress=False)
+    assert stage_mod.read_json(again / ".colabfast-stage.json")["source"] == str(tmp_path / "area" / "dst")
+
+
+def test_missing_source_message_is_plain(tmp_path):
+    with pytest.raises(FileNotFoundError) as err:
+        stage(tmp_path / "nope", tmp_path / "x", progress=False)
+    assert str(err.value) == f"nothing to stage: {tmp_path / 'nope'} does not exist."
+    assert err.value.errno == errno.ENOENT
+
+
+def test_empty_folder_warns(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.warns(UserWarning, match="holds no files"):
+        out = stage(tmp_path / "empty", tmp_path / "dst", progress=False)
+    assert out.is_dir()
+
+
+def test_auto_outside_colab_mounts_nothing(tmp_path, monkeypatch):
+    """Outside Colab, to="auto" stages to disk: a RAM disk is mounted only when asked for."""
+    src = make_files(tmp_path / "data", 4, 1000, per_folder=2)
+    monkeypatch.setattr(env, "work_dir", lambda: tmp_path / "work")
+    mounts_before = Path("/proc/mounts").read_text()
+    out = stage(src, progress=False)
+    assert out == tmp_path / "work" / "data" and not env.is_ram(out)
+    assert Path("/proc/mounts").read_text() == mounts_before
+
+
+def test_drivefs_folder_only_warns_at_twice_the_space(tmp_path, monkeypatch):
+    """colabtools#1915: DriveFS evicts its cache as the disk fills, so a folder that fits once (but
+    not twice) is staged with a warning; a single file or an archive still needs 2x."""
+    monkeypatch.setattr(env, "drive_kind", lambda path: "drivefs")
+    monkeypatch.setattr(Path, "home", lambda: tmp_path)
+    free = env.disk_free(tmp_path)
+    with pytest.warns(UserWarning, match=r"room for the .* GB of data, not for 2 x .*refresh_drive\(\)"):
+        stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src", folder=True)
+    with pytest.raises(OSError, match="Drive caches what it reads"):
+        stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")

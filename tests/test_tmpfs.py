@@ -8,10 +8,14 @@ import subprocess
 import pytest
 from conftest import assert_same_tree
 
-from colabfast import env, ramdisk, stage
+from colabfast import RamDisk, cli, env, ramdisk, stage
 from colabfast.testing.data import make_files
-from colabfast.tmpfs import default_path, parse_size
+from colabfast.tmpfs import default_path, parse_size, release_ramdisk
 
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))  # stage locks and records go there
 
 @pytest.fixture
 def unmount_after():
@@ -74,3 +78,35 @@ def test_stage_to_ram(tmp_path, unmount_after):
     assert_same_tree(src, out)
     again = stage(src, progress=False)  # to="auto" finds the copy already in RAM
     assert again == out
+
+
+def test_release_gives_the_ram_back(tmp_path, unmount_after, capsys):
+    """A RAM disk colabfast mounts stays until released: RamDisk.release(), a with block, or the CLI."""
+    if not env.is_root():
+        pytest.skip("mounting a tmpfs needs root (Colab runs as root)")
+    path = tmp_path / "ram"
+    rd = ramdisk("16M", path)
+    unmount_after.append(path)
+    assert isinstance(rd, RamDisk) and rd.path == path and os.fspath(rd) == str(path)
+    (rd / "x.bin").write_bytes(b"x" * 1000)
+    rd.release()
+    assert not os.path.ismount(path) and not path.exists()
+    assert release_ramdisk(path) is False  # nothing left to release
+    with ramdisk("16M", path) as rd:
+        assert os.path.ismount(rd)
+    assert not os.path.ismount(path)
+    ramdisk("16M", path)
+    assert cli.main(["ramdisk", "--release", "--path", str(path)]) == 0
+    assert "released" in capsys.readouterr().out and not os.path.ismount(path)
+
+
+def test_release_leaves_other_tmpfs_alone(tmp_path, unmount_after):
+    if not env.is_root():
+        pytest.skip("mounting a tmpfs needs root (Colab runs as root)")
+    path = tmp_path / "theirs"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], check=True)
+    unmount_after.append(path)
+    with pytest.raises(ValueError, match="did not mount"):
+        release_ramdisk(path)
+    assert os.path.ismount(path)
