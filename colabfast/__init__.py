@@ -2,9 +2,10 @@
 
 The data path, one module each: ``env`` (where we run) -> ``drive`` (mount Google Drive; ``fetching``
 for shared links) -> ``staging`` (copy it to local disk or RAM; ``archive``, ``tmpfs``) -> ``packing``
-(HDF5 mirrors; ``mirror`` is the format, ``sources`` the layouts) -> ``datasets`` -> ``loading`` (feed
-the GPU; ``sampler``, ``prefetch``, ``gpudecode``, ``transforms``) -> ``diagnosis`` (are we data-bound?).
-``doctor`` (``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
+(HDF5 mirrors; ``mirror`` is the format, ``sources`` the layouts, ``archivesource`` archives read as
+one stream, ``imagenet`` ImageNet's labels) -> ``datasets`` -> ``loading`` (feed the GPU; ``sampler``,
+``prefetch``, ``gpudecode``, ``transforms``) -> ``diagnosis`` (are we data-bound?). ``doctor``
+(``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.
 """
@@ -30,6 +31,7 @@ _EXPORTS = {
     "RamDisk": "colabfast.tmpfs",
     "pack": "colabfast.packing",
     "PackError": "colabfast.packing",
+    "ArchiveReadError": "colabfast.archivesource",
     "H5ImageFolder": "colabfast.datasets",
     "H5Kitti": "colabfast.datasets",
     "MirrorError": "colabfast.mirror",

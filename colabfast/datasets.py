@@ -320,7 +320,12 @@ class H5ImageFolder(MirrorDataset):
                          target_transform=target_transform)
         self.classes: list[str] = self.reader.index.header.classes or []
         self._targets: np.ndarray = self.reader.index.targets
+        with open_h5(self.path) as f:
+            self.labels_from = str(f.attrs.get("labels", ""))  # archive packs: the devkit, Kaggle's CSV, ...
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f"\nLabels from: {self.labels_from}" if self.labels_from else "")
 
     @property
     def targets(self) -> list[int]:

@@ -766,6 +766,7 @@ class MirrorInfo:
     source: str
     created: str
     colabfast_version: str
+    labels: str = ""  # where the labels came from, for a mirror packed from an archive
 
     def __str__(self) -> str:
         lines = [
@@ -785,6 +786,8 @@ class MirrorInfo:
             shown = ", ".join(self.classes[:8]) + (", ..." if len(self.classes) > 8 else "")
             lines.append(f"  {len(self.classes)} classes: {shown}")
         lines.append(f"  packed from {self.source} on {self.created} by colabfast {self.colabfast_version}")
+        if self.labels:
+            lines.append(f"  labels from {self.labels}")
         if self.skipped:
             lines.append(f"  {len(self.skipped)} source files were skipped as unreadable:")
             lines += [f"    {s['path']}: {s['error']}" for s in self.skipped[:20]]
@@ -807,6 +810,7 @@ def info(path: PathLike) -> MirrorInfo:
     with open_h5(path) as f:
         head = header(f, path, complete=False)
         splits = split_names(f)
+        labels = _text(f.attrs, "labels", path, "")
     samples, nbytes, objects = {}, {}, {}
     for split in splits if head.complete else []:
         index = load_index(path, split)
@@ -817,5 +821,5 @@ def info(path: PathLike) -> MirrorInfo:
         path=path, size=path.stat().st_size, layout=head.layout, store=head.store, complete=head.complete,
         format_version=head.version, samples=samples, image_bytes=nbytes, classes=head.classes, objects=objects,
         image_size=head.image_size, quality=head.quality, shuffled=head.shuffled, skipped=head.skipped,
-        source=head.source, created=head.created, colabfast_version=head.colabfast_version,
+        source=head.source, created=head.created, colabfast_version=head.colabfast_version, labels=labels or "",
     )

@@ -34,7 +34,9 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from colabfast import env
-from colabfast._fileio import PathLike, human_bytes, partial_path, retry
+from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry
+from colabfast.archive import archive_suffix
+from colabfast.archivesource import ArchiveSource, Position
 from colabfast.mirror import (
     FORMAT,
     FORMAT_VERSION,
@@ -49,6 +51,7 @@ from colabfast.mirror import (
 from colabfast.sources import Source, Split, read_source
 
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
+PIECE = 32  # images per task sent to a worker when packing an archive stream
 
 
 class PackError(ValueError):
@@ -74,6 +77,8 @@ def pack(
     dst: PathLike,
     *,
     layout: str = "auto",
+    labels: Optional[PathLike] = None,
+    split: Optional[str] = None,
     store: str = "encoded",
     image_size: Union[int, tuple[int, int], None] = None,
     quality: int = 90,
@@ -81,23 +86,42 @@ def pack(
     seed: int = 0,
     workers: Optional[int] = None,
     on_error: str = "raise",
+    retries: int = 5,
     progress: bool = True,
 ) -> Path:
-    """Pack an image dataset into one HDF5 mirror file at ``dst`` (which may be on Drive).
+    """Pack an image dataset (a folder, or an archive read as a stream) into one HDF5 mirror at ``dst``.
 
     Re-running with the same source and options returns at once when ``dst`` is complete; an
     interrupted run resumes from the parts it finished (kept beside ``dst``, or in the local work
-    folder when ``dst`` is on Drive).
+    folder when ``dst`` is on Drive), or from its verified local mirror when it was killed while
+    copying it onto Drive. One pack at a time writes to a destination: a second call waits for the
+    first (a lock file beside the work folder), saying so.
+
+    Archives (``.tar``, ``.tar.gz``/``.tgz``/``.tar.bz2``/``.tar.xz``, ``.zip``) are never extracted:
+    they are read front to back in one sequential stream (what Drive serves best), inner per-class
+    tars are opened as they are met, and images are decoded and resized in the worker processes while
+    the next bytes arrive; local disk holds only the parts and the mirror. This is how ImageNet's
+    official archives (``ILSVRC2012_img_train.tar``: a tar of per-class tars; ``ILSVRC2012_img_val.tar``
+    with ``labels=`` the devkit), Kaggle's ``imagenet-object-localization-challenge.zip`` (``split=``
+    ``"train"`` or ``"val"``) and a tar/zip of an ImageFolder tree are packed. Classes, targets and sample
+    order are ``torchvision.datasets.ImageNet``'s (resp. ``ImageFolder``'s); ``classes`` holds the
+    WordNet ids (torchvision's ``wnids``) and the mirror records the class names and where the labels
+    came from (``colabfast info`` prints it). A stream resumes from the archive member its last
+    finished part reached.
 
     Args:
-        src: the dataset folder, or for ``layout="files"`` a list of image paths or
+        src: the dataset folder or archive, or for ``layout="files"`` a list of image paths or
             ``(path, label)`` pairs.
         dst: the mirror file to write, e.g. ``/content/drive/MyDrive/kitti.h5``.
-        layout: ``"imagefolder"`` (torchvision ImageFolder: one sub-folder per class, ImageNet's
-            ``train/`` and class-folder ``val/``), ``"kitti"`` (``training/image_2`` + ``label_2``
-            (+ ``calib``) and/or ``testing/image_2``), ``"files"``, or ``"auto"`` (detected, and
-            printed when ``progress``). Hidden files and folders are skipped (torchvision would
-            take ``._x.jpg`` AppleDouble files and ``.ipynb_checkpoints`` for data).
+        layout: for a folder: ``"imagefolder"`` (torchvision ImageFolder: one sub-folder per class,
+            ImageNet's ``train/`` and class-folder ``val/``), ``"kitti"`` (``training/image_2`` +
+            ``label_2`` (+ ``calib``) and/or ``testing/image_2``), ``"files"``; for an archive: one of
+            :data:`colabfast.archivesource.LAYOUTS`; or ``"auto"`` (detected, and printed when
+            ``progress``). Hidden files and folders are skipped (torchvision would take ``._x.jpg``
+            AppleDouble files and ``.ipynb_checkpoints`` for data).
+        labels: ImageNet's devkit ``ILSVRC2012_devkit_t12.tar.gz`` for ``ILSVRC2012_img_val.tar``
+            (validation labels; for the training archive, class names only).
+        split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train).
         store: ``"encoded"`` keeps each image's encoded bytes (smallest; decoded when loaded);
             ``"raw"`` stores decoded uint8 RGB pixels (no decoding at load time; ~5-10x larger).
         image_size: resize at pack time, as ``torchvision.transforms.Resize(image_size)`` does on a
@@ -107,19 +131,25 @@ def pack(
         quality: JPEG quality (1-100) for re-encoded images.
         shuffle: store the samples in a random order (seeded by ``seed``) so that reading the file
             sequentially yields shuffled samples (tensorpack's trick for cold storage); the
-            ``order`` dataset maps each stored sample back to its source index.
+            ``order`` dataset maps each stored sample back to its source index. Not for archives:
+            they are stored in the archive's order, ``order`` giving each sample's torchvision index.
         seed: the shuffle's seed.
         workers: processes decoding images (default: the CPU count; 0 decodes in this process).
         on_error: unreadable files (truncated, empty, not an image): ``"raise"`` lists every one
             in a :class:`PackError` and writes nothing final; ``"skip"`` packs the rest, warns, and
             records the skipped files in the mirror (``colabfast info`` lists them).
-        progress: show a tqdm progress bar with images/s and say which layout was detected.
+        retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...), as ``stage()``.
+        progress: show a tqdm progress bar (images/s; for an archive, its bytes read, the images packed
+            and the time left) and say which layout was detected.
 
     Returns:
         ``dst`` as a Path.
 
     Raises:
         PackError: unreadable images with ``on_error="raise"``.
+        ArchiveReadError: the archive is truncated or corrupt at the member it names; the finished
+            parts are kept and the next run continues from them.
+        UnsafeArchiveError: an archive member name is absolute or climbs out with ``..``.
         FileNotFoundError: ``src`` is missing or holds no images.
         ValueError: bad arguments.
         OSError: ``errno.ENOSPC`` when the local disk cannot hold the mirror while it is built.
@@ -133,33 +163,73 @@ def pack(
     image_size = _check_size(image_size)
     dst = Path(os.path.abspath(dst))
     workers = env.cpu_count() if workers is None else workers
-
-    source = read_source(src, layout)
-    if progress:
-        print(f"pack: {source.root}: {source.describe()}")
     options = {"store": store, "image_size": image_size, "quality": quality if image_size else None}
-    orders = {s.name: _order(len(s.files), shuffle, seed) for s in source.splits}
-    fingerprint = _fingerprint(source, orders, options)
-    if _up_to_date(dst, fingerprint):
-        if progress:
-            print(f"pack: {dst} is already a complete mirror of this source with these options")
-        return dst
+    path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
+    streamed = archive_suffix(path) is not None and not os.path.isdir(path)
+    if streamed and not os.path.isfile(path):
+        raise FileNotFoundError(f"no archive at {os.path.abspath(path)}: check the path (on Drive: "
+                                "/content/drive/MyDrive/...)")
+    if streamed and shuffle:
+        raise ValueError("shuffle=True is not available when packing from an archive: the mirror keeps the "
+                         "archive's order (a loader's random sampler shuffles it)")
+    if not streamed and (labels is not None or split is not None):
+        raise ValueError("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's zip)")
 
     work = _work_dir(dst)
-    work.mkdir(parents=True, exist_ok=True)
-    _preflight(source, work, store, image_size)
-    parts = _make_parts(source, orders, options, work, workers, progress)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    # Two packs into one destination would delete each other's parts and publish a mix (seen in 2 of
+    # 9 concurrent runs): the second waits for the first, saying so.
+    with locked(work.with_name(work.name + ".lock"), f"packing into {dst}"):
+        if streamed:
+            archive = ArchiveSource(path, layout, split, labels, retries)
+            if progress:
+                print(f"pack: {archive.path}: {archive.describe()}")
+            fingerprint = _archive_fingerprint(archive, labels, options)
+            if _up_to_date(dst, fingerprint):
+                if progress:
+                    print(f"pack: {dst} is already a complete mirror of this archive with these options")
+                return dst
+            build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+            work.mkdir(parents=True, exist_ok=True)
+            if not _built(build, fingerprint):
+                _preflight_archive(archive.path, work, store, image_size)
+                source, orders, parts = _stream_parts(archive, options, work, workers, progress)
+                _build(build, source, orders, parts, fingerprint, on_error, shuffle, seed, quality, options, archive)
+        else:
+            source = read_source(src, layout)
+            if progress:
+                print(f"pack: {source.root}: {source.describe()}")
+            orders = {s.name: _order(len(s.files), shuffle, seed) for s in source.splits}
+            fingerprint = _fingerprint(source, orders, options)
+            if _up_to_date(dst, fingerprint):
+                if progress:
+                    print(f"pack: {dst} is already a complete mirror of this source with these options")
+                return dst
+            build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+            work.mkdir(parents=True, exist_ok=True)
+            if not _built(build, fingerprint):
+                _preflight(source, work, store, image_size)
+                parts = _make_parts(source, orders, options, work, workers, progress, retries)
+                _build(build, source, orders, parts, fingerprint, on_error, shuffle, seed, quality, options, None)
+        _publish(build, dst)
+        trust(dst)  # opening what we just wrote needs no check in a child process
+        shutil.rmtree(work, ignore_errors=True)
+    return dst
+
+
+def _build(build: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,
+           on_error: str, shuffle: bool, seed: int, quality: int, options: dict,
+           archive: Optional[ArchiveSource]) -> None:
+    """Assemble the parts into a verified mirror at ``build``; the parts go once it is verified."""
     failures = [(f"{s.root / s.files[i].rel}", err) for s in source.splits for i, err in parts.errors[s.name]]
     if failures and on_error == "raise":
         raise PackError(sorted(failures))
     if failures:
         warnings.warn(f"pack: skipped {len(failures)} unreadable files, e.g. {failures[0][0]}: {failures[0][1]}",
-                      stacklevel=2)
-
-    build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+                      stacklevel=3)
     attrs = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "layout": source.layout, "store": store,
-        "image_size": json.dumps(image_size), "shuffled": shuffle, "seed": seed,
+        "format": FORMAT, "format_version": FORMAT_VERSION, "layout": source.layout, "store": options["store"],
+        "image_size": json.dumps(options["image_size"]), "shuffled": shuffle, "seed": seed,
         "classes": json.dumps(source.classes), "source": str(source.root), "fingerprint": fingerprint,
         "skipped": json.dumps([{"path": p, "error": e} for p, e in sorted(failures)]),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -167,15 +237,29 @@ def pack(
     }
     if options["quality"] is not None:
         attrs["quality"] = quality
+    if archive is not None:
+        attrs["labels"] = archive.labels.origin if archive.labels else f"class folders in {archive.path}"
+        names = archive.class_names(source.classes or [])
+        if names is not None:
+            attrs["class_names"] = json.dumps(names)
     attrs["header_crc32"] = header_crc32(attrs)
     _assemble(build, source, orders, parts, attrs)
     _verify(build, {s.name: len(orders[s.name]) - len(parts.errors[s.name]) for s in source.splits})
-    for p in parts.paths:
+    for p in parts.paths:  # the verified mirror now holds them
         p.unlink()
-    _publish(build, dst)
-    trust(dst)  # opening what we just wrote needs no check in a child process
-    shutil.rmtree(work, ignore_errors=True)
-    return dst
+
+
+def _built(build: Path, fingerprint: str) -> bool:
+    """True if an earlier run left a complete, verified local mirror of this source (killed while
+    copying it onto Drive): it is published again instead of being rebuilt."""
+    if not build.is_file():
+        return False
+    try:
+        with open_h5(build) as f:
+            check(f, build)
+            return f.attrs.get("fingerprint") == fingerprint
+    except (MirrorError, OSError):
+        return False
 
 
 def _preflight(source: Source, work: Path, store: str, image_size) -> None:
@@ -183,10 +267,11 @@ def _preflight(source: Source, work: Path, store: str, image_size) -> None:
 
     Kept encoded images make parts and then a mirror of about the source's size each: not enough
     space for those raises ENOSPC. Reading the source from DriveFS also fills Drive's local cache
-    with it (FIELD-NOTES); when that will not fit, this warns with the way through (packing resumes,
-    and :func:`colabfast.refresh_drive` empties the cache) instead of refusing: ImageNet (150 GB) is
-    packed from Drive that way on a 70 GB Colab disk. Resized or raw stores have no size before
-    decoding; :func:`_assemble` checks again once it is known.
+    with it (DriveFS keeps what it reads under ``/root/.config/Google/DriveFS/<account>/content_cache``,
+    so copying N GB off Drive needs about 2 N GB free); when that will not fit, this warns with the
+    way through (packing resumes, and :func:`colabfast.refresh_drive` empties the cache) instead of
+    refusing: ImageNet (150 GB) is packed from Drive that way on a 70 GB Colab disk. Resized or raw
+    stores have no size before decoding; :func:`_assemble` checks again once it is known.
     """
     src_bytes = sum(f.size for s in source.splits for f in s.files)
     output = 2 * src_bytes if store == "encoded" and image_size is None else 0
@@ -345,9 +430,9 @@ class _Parts:
     errors: dict[str, list[tuple[int, str]]]  # split -> (source index, message)
 
 
-def _read_file(path: Path) -> Union[bytes, str]:
+def _read_file(path: Path, retries: int = 5) -> Union[bytes, str]:
     try:
-        return retry(path.read_bytes, 5)
+        return retry(path.read_bytes, retries)
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
 
@@ -371,7 +456,7 @@ def _save_part(path: Path, result: dict) -> None:
 
 
 def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, work: Path, workers: int,
-                progress: bool) -> _Parts:
+                progress: bool, retries: int) -> _Parts:
     from tqdm.auto import tqdm
 
     tags = json.dumps(options, sort_keys=True)
@@ -409,7 +494,7 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
                 errors[s.name].extend((int(idx[i]), msg) for i, msg in done["errors"])
                 bar.update(len(idx))
                 continue
-            items = list(readers.map(_read_file, [s.root / s.files[i].rel for i in idx]))
+            items = list(readers.map(lambda p: _read_file(p, retries), [s.root / s.files[i].rel for i in idx]))
             inflight.append((pool.submit(_encode_chunk, items, options["store"], options["image_size"],
                                          options["quality"] or 90), s, path, idx))
             while len(inflight) > max(workers, 1):
@@ -463,6 +548,156 @@ class _InlineExecutor(Executor):
         except BaseException as exc:
             fut.set_exception(exc)
         return fut
+
+
+# --- parts from an archive stream ---------------------------------------------------------------
+
+
+def _archive_fingerprint(archive: ArchiveSource, labels: Optional[PathLike], options: dict) -> str:
+    """What a finished mirror of an archive depends on: the archive and labels files (size, mtime),
+    the layout and the options."""
+    files = [archive.path] + ([Path(labels)] if labels is not None else [])
+    stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return hashlib.sha256(json.dumps({"layout": archive.layout, "files": stats, **options}).encode()).hexdigest()
+
+
+def _preflight_archive(path: Path, work: Path, store: str, image_size) -> None:
+    """Kept encoded images make parts and a mirror of about the archive's size each; resized or raw
+    stores are checked once their size is known (:func:`_assemble`)."""
+    size = path.stat().st_size
+    free = env.disk_free(work)
+    if store == "encoded" and image_size is None and 2 * size > free:
+        raise OSError(errno.ENOSPC, f"not enough free space on {work.parent} to pack {path}: need "
+                                    f"{human_bytes(2 * size)} (2 x {human_bytes(size)} for the parts and the mirror), "
+                                    f"have {human_bytes(free)}. Pack a resized mirror (image_size=...): only the "
+                                    "mirror is written locally, never the archive.")
+    if env.drive_kind(path) == "drivefs" and size > free:
+        warnings.warn(f"pack: DriveFS keeps a copy of what it reads on this disk, and {path} ({human_bytes(size)}) "
+                      f"is larger than the {human_bytes(free)} free on {work.parent}. If the disk fills up, run "
+                      "colabfast.refresh_drive() to empty that cache, then pack() again: it continues from the "
+                      "archive member its last finished part reached.", stacklevel=4)
+
+
+def _stream_log(work: Path, key: str) -> list[dict]:
+    """The finished parts of an earlier run of this stream, in order (``stream.jsonl`` in ``work``).
+
+    One JSON line per part, appended once the part file is in place: its file, the names and errors
+    of its images, and where the stream continues after it. A torn last line (a kill while writing
+    it) or a missing part file ends the list; parts after that are made again.
+    """
+    log = work / "stream.jsonl"
+    records: list[dict] = []
+    try:
+        lines = log.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return records
+    if not lines or lines[0] != key:
+        return records
+    for line in lines[1:]:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break
+        if not (work / record["part"]).is_file():  # parts are renamed into place before their line is written
+            break
+        records.append(record)
+    return records
+
+
+def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: int,
+                  progress: bool) -> tuple[Source, dict[str, np.ndarray], _Parts]:
+    """Read the archive once, front to back, and save its images as parts of :data:`CHUNK` images.
+
+    The main thread reads (with parallel readahead) while worker processes decode and resize the
+    previous parts. A run resumes after the last part a previous run logged: a plain ``.tar`` is
+    entered at that member's offset without reading what came before; a compressed one is read
+    through to it. The log is keyed by the archive's name, layout, labels and options, not its size
+    or time, so that a truncated upload completed later resumes; the finished mirror's fingerprint
+    does include size and time.
+    """
+    from tqdm.auto import tqdm
+
+    key = json.dumps({"archive": archive.path.name, "layout": archive.layout,
+                      "labels": archive.labels.origin if archive.labels else None, **options}, sort_keys=True)
+    records = _stream_log(work, key)
+    keep = {r["part"] for r in records}
+    for stale in work.glob("*.npz"):
+        if stale.name not in keep:
+            stale.unlink()  # beyond the logged parts, or of another archive or options
+    tmp = partial_path(work / "stream.jsonl")  # rewritten without a torn last line, atomically
+    tmp.write_text("\n".join([key] + [json.dumps(r) for r in records]) + "\n", encoding="utf-8")
+    os.replace(tmp, work / "stream.jsonl")
+    names = [n for r in records for n in r["names"]]
+    errors = [(k * CHUNK + i, msg) for k, r in enumerate(records) for i, msg in r["errors"]]
+    start = Position(*records[-1]["next"]) if records else Position(0, 0)
+
+    pool = _process_pool(workers)
+    inflight: deque[tuple[list[Future], list[str], Position]] = deque()
+    log = open(work / "stream.jsonl", "a", encoding="utf-8")
+
+    def finish(futs: list[Future], batch: list[str], after: Position) -> None:
+        try:
+            result = _joined([fut.result() for fut in futs])
+        except BaseException:
+            inflight.clear()  # parts are numbered in stream order: none after a failed one is kept
+            raise
+        k = len(names) // CHUNK
+        path = work / f"stream-{k:06d}.npz"
+        _save_part(path, result)
+        log.write(json.dumps({"part": path.name, "names": batch, "errors": result["errors"],
+                              "next": list(after)}) + "\n")
+        log.flush()
+        errors.extend((k * CHUNK + i, msg) for i, msg in result["errors"])
+        names.extend(batch)
+        bar.set_postfix_str(f"{len(names)} images packed", refresh=False)
+
+    def submit(batch: list[tuple[str, Union[bytes, str]]], after: Position) -> None:
+        # Pieces smaller than a part keep every worker busy; parts stay the unit of resuming.
+        items = [data for _, data in batch]
+        futs = [pool.submit(_encode_chunk, items[k : k + PIECE], options["store"], options["image_size"],
+                            options["quality"] or 90) for k in range(0, len(items), PIECE)]
+        inflight.append((futs, [n for n, _ in batch], after))
+        while len(inflight) > 2:  # one part being read, one decoding, one queued: ~3 x 28 MB of ImageNet JPEGs
+            finish(*inflight.popleft())
+
+    size = archive.path.stat().st_size
+    skipped = start.member if archive_suffix(archive.path) == ".tar" else 0  # a plain tar resumes at that offset
+    with log, pool, tqdm(total=size, initial=skipped, unit="B", unit_scale=True, unit_divisor=1000, desc="pack",
+                         disable=not progress) as bar:
+        bar.set_postfix_str(f"{len(names)} images packed", refresh=False)
+        batch: list[tuple[str, Union[bytes, str]]] = []
+        after = start
+        try:
+            for name, data, after in archive.images(start, on_bytes=lambda n: bar.update(n - bar.n)):
+                batch.append((name, data))
+                if len(batch) == CHUNK:
+                    submit(batch, after)
+                    batch = []
+            if batch:
+                submit(batch, after)
+        finally:  # also on a truncated archive or an interrupt: keep the parts being made, for the next run
+            while inflight:
+                finish(*inflight.popleft())
+    paths, targets, classes, order = archive.samples(names)
+    files = [FileEntry(p, 0, 0) for p in paths]
+    # An ImageFolder-shaped mirror (classes, targets) whatever the archive's layout; "labels" says whence.
+    source = Source("imagefolder", archive.path, [Split("", archive.path, files, targets=targets)], classes)
+    part_paths = [work / f"stream-{k:06d}.npz" for k in range((len(names) + CHUNK - 1) // CHUNK)]
+    return source, {"": order}, _Parts(part_paths, {"": part_paths}, {"": [(int(order[j]), m) for j, m in errors]})
+
+
+def _joined(results: list[dict]) -> dict:
+    """One part's result from its pieces' (:func:`_encode_chunk` results, in order)."""
+    if len(results) == 1:
+        return results[0]
+    offsets, errors, base, count = [np.zeros(1, np.int64)], [], 0, 0
+    for r in results:
+        offsets.append(base + r["offsets"][1:])
+        errors += [(count + i, msg) for i, msg in r["errors"]]
+        base += int(r["offsets"][-1])
+        count += len(r["shapes"])
+    return {"blob": b"".join(r["blob"] for r in results), "offsets": np.concatenate(offsets),
+            "shapes": np.concatenate([r["shapes"] for r in results]), "errors": errors}
 
 
 # --- assembling, verifying, publishing -------------------------------------------------------------
@@ -572,9 +807,10 @@ def _publish(build: Path, dst: Path) -> None:
             raise OSError(errno.EIO, f"copying the mirror to {tmp} wrote {tmp.stat().st_size} bytes, expected "
                              f"{build.stat().st_size}; run pack() again")
         _verify_attrs(tmp)
-        build.unlink()
-        build = tmp
-    os.replace(build, dst)
+        os.replace(tmp, dst)
+        build.unlink()  # only now: a run killed during the copy publishes this verified build again
+    else:
+        os.replace(build, dst)
     with contextlib.suppress(OSError):  # not every filesystem (FUSE) can fsync a folder
         fd = os.open(dst.parent, os.O_RDONLY)
         try:

@@ -44,6 +44,7 @@ TINY = {
         "COLABFAST_PRETRAINED": "0",  # no downloads in the tests
     },
     "imagenet.ipynb": {
+        "COLABFAST_SOURCE": "official",  # tiny official archives; "kaggle" and "folders" run the same way
         "COLABFAST_PACK_SIZE": "36",
         "COLABFAST_CROP": "32",
         "COLABFAST_BATCH_SIZE": "16",

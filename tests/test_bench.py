@@ -213,6 +213,18 @@ def test_png_chart(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pixels.ndim == 3 and pixels.shape[0] > 300
 
 
+@pytest.mark.fuse
+def test_pack_archive_scenario(need_fuse, tmp_path):
+    rows = packing.run_archive(size=0.01, repeats=1, workers=1, image_size=64, work=tmp_path)
+    check_rows(rows, "pack/archive")
+    pack, cpu, link = rows
+    assert cpu.reference and link.reference and not pack.reference
+    bound = min(cpu.metrics["images/s"], link.metrics["images/s"])
+    assert pack.metrics["x bound"] == pytest.approx(pack.metrics["images/s"] / bound)
+    assert "bound = " in pack.note
+    assert pack.metrics["mirror MB"] <= pack.metrics["peak disk MB"] <= 3 * pack.metrics["mirror MB"] + 1
+
+
 def test_cli_writes_the_reports(tmp_path, capsys):
     parser = cli.build_parser(argparse.ArgumentParser(prog="colabfast bench"))
     args = parser.parse_args(["pack", "--size", "0.01", "--repeats", "1", "--workers", "1", "--out",
@@ -221,7 +233,9 @@ def test_cli_writes_the_reports(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "### pack/500x375" in printed and "bench.json" in printed
     doc = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert doc["settings"]["scenarios"] == ["pack"] and len(doc["results"]) == len(packing.MODES)
+    assert "### pack/archive" in printed
+    assert doc["settings"]["scenarios"] == ["pack"] and len(doc["results"]) in (len(packing.MODES) + 1,
+                                                                                len(packing.MODES) + 3)
     assert "colabfast bench pack --size 0.01" in (tmp_path / "out" / "bench.md").read_text()
     assert (tmp_path / "out" / "bench.png").read_bytes()[:4] == b"\x89PNG"
 

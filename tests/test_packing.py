@@ -191,6 +191,81 @@ def test_space_preflight_counts_parts_and_mirror_and_warns_about_drive_cache(ine
         pack(inet, tmp_path / "from-drive.h5", progress=False)
 
 
+def test_a_second_pack_into_the_same_destination_waits_for_the_first(inet, tmp_path, capsys):
+    import threading
+
+    from filelock import FileLock
+
+    dst = tmp_path / "m.h5"
+    lock = FileLock(tmp_path / ".m.h5.colabfast-pack.lock")  # what a running pack() holds
+    lock.acquire()
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (pack(inet, dst, workers=0), done.set()))
+    thread.start()
+    for _ in range(200):
+        if f"waiting for another process packing into {dst}" in capsys.readouterr().err:
+            break
+        subprocess.run(["sleep", "0.05"])
+    else:
+        raise AssertionError("the second pack() did not say it waits")
+    assert not done.is_set() and not dst.exists() and not (tmp_path / ".m.h5.colabfast-pack").exists()
+    lock.release()
+    thread.join(60)
+    assert done.is_set() and info(dst).complete and len(H5ImageFolder(dst)) == 25
+
+
+def test_concurrent_packs_with_different_options_both_succeed_with_one_complete_mirror(tmp_path):
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=300, size=(48, 36))
+    dst = tmp_path / "m.h5"
+    children = [subprocess.Popen([sys.executable, "-c", "import colabfast.packing as p\n"
+                                  f"p.CHUNK = 32\np.pack({str(src)!r}, {str(dst)!r}, image_size={size}, workers=1, "
+                                  "progress=False)\n"], cwd=Path(__file__).parents[1], stderr=subprocess.PIPE)
+                for size in (16, 24)]
+    for child in children:
+        _, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err.decode()
+    mirror = info(dst)
+    assert mirror.complete and mirror.image_size in (16, 24) and mirror.samples[""] == 600
+    assert len(H5ImageFolder(dst, output="tensor")[599][0].shape) == 3
+
+
+def test_pack_killed_while_copying_onto_drive_reuses_its_verified_local_mirror(inet, tmp_path, monkeypatch):
+    """The destination looks like Drive (a FUSE mount): the mirror is built locally, then copied."""
+    dst, work = tmp_path / "drive" / "m.h5", tmp_path / "local"
+    code = ("import os, signal, shutil\nfrom pathlib import Path\n"
+            "import colabfast.env as e, colabfast.packing as p\n"
+            f"e.is_fuse = lambda path: True\ne.work_dir = lambda: Path({str(work)!r})\n"
+            "def half_then_die(a, b):\n"
+            "    data = Path(a).read_bytes()\n"
+            "    Path(b).write_bytes(data[: len(data) // 2])\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "p.shutil.copyfile = half_then_die\n"
+            f"p.pack({str(inet)!r}, {str(dst)!r}, image_size=24, workers=0, progress=False)\n")
+    child = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
+    assert child.returncode == -9 and not dst.exists()
+    built = list(work.rglob("mirror.h5"))
+    assert len(built) == 1 and info(built[0]).complete  # verified, kept until the copy is done
+
+    monkeypatch.setattr(packing.env, "is_fuse", lambda path: True)
+    monkeypatch.setattr(packing.env, "work_dir", lambda: work)
+
+    def rebuilt(*args):
+        raise AssertionError("the images were decoded again")
+
+    monkeypatch.setattr(packing, "_make_parts", rebuilt)
+    pack(inet, dst, image_size=24, workers=0, progress=False)
+    assert info(dst).complete and len(H5ImageFolder(dst)) == 25
+    assert not list(work.rglob("mirror.h5"))
+
+
+def test_retries_reach_the_reads(inet, tmp_path, monkeypatch):
+    seen = []
+    real = packing.retry
+    monkeypatch.setattr(packing, "retry", lambda fn, retries: (seen.append(retries), real(fn, retries))[1])
+    pack(inet, tmp_path / "m.h5", retries=2, workers=0, progress=False)
+    assert seen and set(seen) == {2}
+
+
 def test_mirror_is_format_version_2_with_checksums(inet, tmp_path):
     """Every dataset but `images` carries the CRC-32 of its bytes, each image its own, and the root
     attributes theirs: what load_index and verify check."""

@@ -80,7 +80,8 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
                                    num_workers=args.workers, peers=chosen, drive=args.drive, work=args.work),
         "coldreads": lambda: coldreads.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                            workers=args.workers or 2, drive=args.drive, work=args.work),
-        "pack": lambda: packing.run(size=args.size, repeats=args.repeats, workers=args.workers, work=args.work),
+        "pack": lambda: packing.run(size=args.size, repeats=args.repeats, workers=args.workers, work=args.work)
+        + packing.run_archive(size=args.size, repeats=args.repeats, workers=args.workers or 2, work=args.work),
         "loader": lambda: loader.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                      num_workers=args.workers, work=args.work),
         "gpu": lambda: gpufeed.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,

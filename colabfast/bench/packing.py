@@ -4,12 +4,24 @@ a 256 px short side at pack time (how ImageNet fits Colab's disk).
 
 Each row reports images/s, MB/s of source JPEGs consumed, the mirror's size, and that size as a
 multiple of the source's. The peers' own preparation times and sizes are in the epoch scenario.
+
+``pack/archive`` packs ``ILSVRC2012_img_train.tar``'s layout (a tar of per-class tars) straight from
+the Drive simulator and compares it with the lower of its two bounds, both measured in the same run:
+the link (the simulator's bandwidth, in images/s at the archive's bytes per image) and the decode +
+resize rate of ``workers`` processes on the same images already in memory. It also reports the peak
+local disk use (sampled) against the mirror's and the archive's sizes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import statistics
 import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -48,8 +60,8 @@ def run(size: float = 1.0, repeats: int = 3, modes: Sequence[tuple[str, Optional
     n = per_class * CLASSES
     scenario = f"pack/{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}"
     rows = []
-    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as name:
+        tmp = Path(name)
         src = data.make_imagefolder(tmp / "imagefolder", classes=CLASSES, per_class=per_class, size=IMAGE_SIZE)
         source_bytes = _bytes(src)
         out = tmp / "out"
@@ -72,3 +84,91 @@ def run(size: float = 1.0, repeats: int = 3, modes: Sequence[tuple[str, Optional
             }, note=note))
         shutil.rmtree(out, ignore_errors=True)
     return rows
+
+
+def _peak_bytes(folder: Path, stop: threading.Event, peak: list[int]) -> None:
+    """Sample the bytes under ``folder`` every 50 ms until ``stop`` (and once more after it) into ``peak[0]``."""
+    while True:
+        done = stop.is_set()
+        with contextlib.suppress(OSError):  # a part renamed or deleted while listed
+            peak[0] = max(peak[0], sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()))
+        if done:
+            return
+        time.sleep(0.05)
+
+
+def run_archive(size: float = 1.0, repeats: int = 3, workers: int = 2, image_size: int = 256,
+                work: Optional[Union[str, Path]] = None) -> list[Result]:
+    """Pack a tar of per-class tars from the Drive simulator; one scenario ``pack/archive``.
+
+    Args:
+        size: scale: 1.0 is 10 classes x 200 JPEGs of about 500x375 (about 120 MB).
+        repeats: repeats of each measurement, interleaved (median reported).
+        workers: pack's decoding processes, and the processes of the decode + resize bound (2: Colab).
+        image_size: the short side images are resized to (and re-encoded as JPEG q90).
+        work: where to put the data (default: a temp folder).
+
+    Returns:
+        Rows: the pack (``images/s``, ``archive MB/s``, ``x bound``, ``peak disk MB``), and the two
+        bounds as reference rows; or one row saying why the simulator cannot run.
+    """
+    from colabfast.archivesource import ArchiveSource
+    from colabfast.packing import _encode_chunk, pack
+    from colabfast.testing.drivesim import DriveSim, DriveSimParams, available
+    from colabfast.testing.imagenet_archives import make_train_tar
+
+    scenario = "pack/archive"
+    ok, why = available()
+    if not ok:
+        return [Result(scenario, "colabfast.pack", None, note=f"Drive simulator unavailable: {why}")]
+    drive = DriveSimParams()  # Drive's figures: 100 ms per open, 60 MB/s
+    per_class = max(2, round(200 * size))
+    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as name:
+        tmp = Path(name)
+        archive = make_train_tar(tmp / "drive" / "ILSVRC2012_img_train.tar", classes=CLASSES, per_class=per_class,
+                                 size=IMAGE_SIZE)
+        nbytes = archive.stat().st_size
+        images = [data for _, data, _ in ArchiveSource(archive).images()]
+        n = len(images)
+        chunks = [images[k : k + 64] for k in range(0, n, 64)]
+        out = tmp / "out"
+        times: dict[str, list[float]] = {"pack": [], "cpu": []}
+        peak = [0]
+        with DriveSim(tmp / "drive", tmp / "mnt", drive) as sim, \
+                ProcessPoolExecutor(workers) as pool:
+            list(pool.map(int, range(workers)))  # started before timing
+            for _ in range(repeats):  # interleaved: the machine's load drifts alike for both
+                start = time.perf_counter()
+                list(pool.map(_encode_chunk, chunks, repeat("encoded"), repeat(image_size), repeat(90)))
+                times["cpu"].append(time.perf_counter() - start)
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir()
+                stop = threading.Event()
+                watcher = threading.Thread(target=_peak_bytes, args=(out, stop, peak))
+                watcher.start()
+                start = time.perf_counter()
+                pack(sim.mountpoint / archive.name, out / "train.h5", image_size=image_size, workers=workers,
+                     progress=False)
+                times["pack"].append(time.perf_counter() - start)
+                stop.set()
+                watcher.join()
+            mirror = (out / "train.h5").stat().st_size
+    med = {k: statistics.median(v) for k, v in times.items()}
+    bandwidth = (drive.mbps or float("inf")) * 1e6  # bytes/s
+    link = bandwidth / (nbytes / n)  # images/s the link carries
+    cpu = n / med["cpu"]
+    bound, which = (link, "link") if link <= cpu else (cpu, f"decode+resize on {workers} CPUs")
+    rate = n / med["pack"]
+    note = (f"{n} JPEGs (~{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}) in {CLASSES} class tars, {nbytes / 1e6:.0f} MB archive on "
+            f"the Drive simulator ({drive.open_ms:.0f} ms/open, {drive.mbps} MB/s); resized to "
+            f"{image_size} px, JPEG q90; bound = {which}")
+    return [
+        Result(scenario, f"colabfast.pack(archive), {workers} workers", med["pack"], min(times["pack"]),
+               max(times["pack"]), repeats, {"images/s": rate, "archive MB/s": nbytes / med["pack"] / 1e6,
+                                             "x bound": rate / bound, "peak disk MB": peak[0] / 1e6,
+                                             "mirror MB": mirror / 1e6, "archive MB": nbytes / 1e6}, note=note),
+        Result(scenario, f"bound: decode+resize, {workers} processes, bytes in memory", med["cpu"],
+               min(times["cpu"]), max(times["cpu"]), repeats, {"images/s": cpu}, reference=True),
+        Result(scenario, "bound: link bandwidth", nbytes / bandwidth, nbytes / bandwidth, nbytes / bandwidth, 1,
+               {"images/s": link}, note="computed: the archive's bytes at the simulator's bandwidth", reference=True),
+    ]
