@@ -347,7 +347,7 @@ class ReadaheadFile(io.RawIOBase):
             if b not in self._blocks:
                 self._blocks[b] = self._pool.submit(self._fetch, b)
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
+    def readinto(self, buffer) -> int:
         if self._pos >= self.size:
             return 0
         k = self._pos // self._block

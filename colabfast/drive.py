@@ -245,8 +245,9 @@ def _locate(mountpoint: str | os.PathLike) -> tuple[str, str]:
     kind = env.drive_kind(path)
     if kind is None:
         raise DriveError(f"no Google Drive is mounted at {path}; mount it first: colabfast.mount({path!r})")
-    if kind in ("drivefs", "ocamlfuse"):
-        path = env.mount_of(path).mountpoint
+    mount = env.mount_of(path)
+    if kind in ("drivefs", "ocamlfuse") and mount is not None:
+        path = mount.mountpoint
     return kind, path
 
 

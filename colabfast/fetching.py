@@ -292,7 +292,7 @@ def _gdown_file(link: DriveLink, url_or_id: str, out: Path, quiet: bool) -> str:
         raise _fetch_error(e, link, url_or_id, gdown.__version__) from e
     if path is None:  # 5.x gives up this way in a few cases, having printed why
         raise FetchError(f"gdown could not download {url_or_id} (see its message above)", "failed")
-    return path
+    return str(path)
 
 
 def _gdown_folder(link: DriveLink, url_or_id: str, out: Path, quiet: bool) -> None:

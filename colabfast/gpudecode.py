@@ -88,7 +88,7 @@ def empty_uint8(shape: Sequence[int], *, shared: bool) -> torch.Tensor:
     for n in shape:
         numel *= n
     storage = torch.UntypedStorage._new_shared(numel)
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, tuple(shape))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, tuple(shape))  # type: ignore[call-overload]
 
 
 def is_encoded(x: object) -> bool:

@@ -160,7 +160,7 @@ def pack(
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
     if not 1 <= quality <= 100:
         raise ValueError(f"quality must be 1..100, not {quality}")
-    image_size = _check_size(image_size)
+    image_size = _check_size(image_size)  # type: ignore[assignment]  # (H, W) becomes a list: JSON-equal on resume
     dst = Path(os.path.abspath(dst))
     workers = env.cpu_count() if workers is None else workers
     options = {"store": store, "image_size": image_size, "quality": quality if image_size else None}
@@ -379,7 +379,7 @@ def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[byt
     if image_size is not None:
         size = resized_size(rgb.width, rgb.height, image_size)
         if size != rgb.size:
-            rgb = rgb.resize(size, Image.BILINEAR)
+            rgb = rgb.resize(size, Image.Resampling.BILINEAR)
     shape = (rgb.height, rgb.width, 3)
     if store == "raw":
         return rgb.tobytes(), shape
@@ -737,6 +737,8 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
     offsets, shapes, kept, crcs, pos = [np.zeros(1, np.int64)], [], [], [], 0
     for k, path in enumerate(part_paths):
         part = _load_part(path)
+        if part is None:
+            raise MirrorError(f"{path} is unreadable though it was just checked: run pack() again")
         idx = order[k * CHUNK : (k + 1) * CHUNK]
         keep = np.array([int(i) not in bad for i in idx], dtype=bool)
         blob = part["blob"]
@@ -769,6 +771,7 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
 
 def _write_objects(g: h5py.Group, s: Split, kept: np.ndarray) -> None:
     o = s.objects
+    assert o is not None
     rows = [np.arange(o.offsets[i], o.offsets[i + 1]) for i in kept]
     sel = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     counts = np.array([len(r) for r in rows], dtype=np.int64)

@@ -23,6 +23,16 @@ def test_help_lists_every_command():
     assert "--image-size" in run("pack", "--help").stdout
 
 
+def test_version_is_the_package_version():
+    import colabfast
+
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"colabfast {colabfast.__version__}"
+    from importlib.metadata import version
+
+    assert version("colabfast") == colabfast.__version__  # pyproject reads it from the package
+
+
 def test_stage_pack_info(tmp_path):
     src = make_files(tmp_path / "src", 12, 1000, per_folder=4)
     out = run("stage", str(src), str(tmp_path / "dst"), "-q")

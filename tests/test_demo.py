@@ -19,8 +19,26 @@ def test_demo_measures_every_row():
     assert "straight from Drive" in table and "1.0x" in table
 
 
-def test_demo_without_fuse_measures_local_disk(monkeypatch, capsys):
+def test_demo_without_fuse_measures_local_disk(monkeypatch):
     monkeypatch.setattr(drivesim, "available", lambda: (False, "no /dev/fuse"))
     rows = demo.run(classes=2, per_class=2, size=(48, 32), workers=0)
-    assert "FUSE is not available here (no /dev/fuse)" in capsys.readouterr().out
     assert len(rows) == 3 and "local disk" in rows[0].what
+
+
+def test_demo_header_says_when_the_simulator_is_not_running(monkeypatch, capsys):
+    """Without FUSE the header must not print the simulator's settings as if Drive were simulated."""
+    monkeypatch.setattr(drivesim, "available", lambda: (False, "fusermount3 is missing (apt-get install fuse3)"))
+    assert demo.main(quick=True) == 0
+    out = capsys.readouterr().out
+    assert "ms per file open" not in out
+    assert "NOT RUNNING" in out and "apt-get install fuse3" in out
+    assert "straight from Drive" not in out and "H5ImageFolder" in out
+
+
+def test_quick_demo_runs_every_row(capsys):
+    assert demo.main(quick=True) == 0
+    out = capsys.readouterr().out
+    assert "40 ImageNet-style JPEGs" in out
+    ok, _ = drivesim.available()
+    assert ("straight from Drive" in out) == ok
+    assert "H5ImageFolder mirror" in out
