@@ -9,9 +9,11 @@ lock; per sample the dataset holds a few integers (offsets, shape, label), not P
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
+import time
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -23,12 +25,12 @@ from torch.utils.data import get_worker_info
 from torchvision.datasets import VisionDataset
 from torchvision.io import ImageReadMode, decode_image
 
-from colabfast import env
-from colabfast._fileio import PathLike, human_bytes
+from colabfast._fileio import PathLike, backoff, human_bytes, is_transient
 from colabfast.mirror import Index, MirrorError, header, load_index, open_h5, read_paths
 
 OUTPUTS = ("pil", "tensor", "bytes")
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
+RETRIES = 5  # retries of a transient read error at one offset, as colabfast.stage's default
 
 
 class MirrorReader:
@@ -54,8 +56,9 @@ class MirrorReader:
         self.blob: Optional[torch.Tensor] = None
         if in_memory:
             self.blob = self._load_all()
-            os.close(self._fd)  # the loading handles: the blob makes their memory map redundant
-            self._fd, self._map, self._pid = None, None, -1
+            if self._fd is not None:
+                os.close(self._fd)  # the blob makes the file handle redundant
+            self._fd, self._pid = None, -1
 
     def _load_metadata(self) -> None:
         # Every array checked against the file and the format (colabfast.mirror.load_index); the image
@@ -78,27 +81,43 @@ class MirrorReader:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def _handles(self) -> None:
-        if self._pid != os.getpid():  # first use in this process (a fresh worker, or after a fork)
+    def _handles(self) -> int:
+        # Never a memory map: a file truncated or replaced under a map kills the process with SIGBUS,
+        # where pread returns a short read we can name. Reads go straight into the caller's buffer.
+        if self._pid != os.getpid() or self._fd is None:  # first use in this process (a worker, a fork)
             self._fd = os.open(self.path, os.O_RDONLY)
-            self._map = None
-            nbytes = int(self.offsets[-1])
-            # Raw pixels on a local disk or tmpfs: map them, so samples are views of the page cache and a
-            # transform (a crop) runs before anything is copied; copy-on-write, so writes stay private.
-            # Encoded files decode faster from a read buffer than from a map (~9% here), and on FUSE
-            # (Drive) one large read per run of samples beats page faults: pread there.
-            local_raw = self.store == "raw" and not env.is_fuse(self.path)
-            if self.blob is None and nbytes and local_raw:
-                self._map = torch.from_numpy(np.memmap(self.path, np.uint8, "c", self.data_offset, (nbytes,)))
             self._pid = os.getpid()
+        return self._fd
 
-    def _read_into(self, out: np.ndarray, start: int) -> None:
-        self._handles()
-        view, pos = memoryview(out).cast("B"), 0
+    def read_into(self, out: np.ndarray, start: int) -> None:
+        """Fill ``out`` (any contiguous array) with the image data from byte ``start`` on.
+
+        Transient errors of a flaky mount (EIO, ENOTCONN, ... as :func:`colabfast.stage` retries them)
+        are retried ``RETRIES`` times at the failing offset with backoff, reopening the file.
+
+        Raises:
+            MirrorError: the file ends early (truncated, or replaced by a shorter one).
+            OSError: a read still fails after the retries.
+        """
+        fd = self._handles()
+        view, pos, attempt = memoryview(out).cast("B"), 0, 0
         while pos < len(view):
-            n = os.preadv(self._fd, [view[pos:]], self.data_offset + start + pos)
+            try:
+                n = os.preadv(fd, [view[pos:]], self.data_offset + start + pos)
+            except OSError as exc:
+                if not is_transient(exc) or attempt >= RETRIES:
+                    raise
+                time.sleep(backoff(attempt))
+                attempt += 1
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                self._fd = None
+                fd = self._handles()
+                continue
             if n == 0:
-                raise MirrorError(f"{self.path} ended early while reading an image: truncated?")
+                raise MirrorError(f"{self.path} ended early while reading image data at byte "
+                                  f"{self.data_offset + start + pos}: the file was truncated or replaced. "
+                                  "Copy it again (colabfast.stage), or pack it again.")
             pos += n
 
     def read(self, index: int) -> torch.Tensor:
@@ -108,16 +127,14 @@ class MirrorReader:
     def views(self, indices: Sequence[int]) -> list[torch.Tensor]:
         """The stored bytes of several samples as uint8 tensors ``[nbytes]``, in ``indices`` order.
 
-        They view a larger buffer: the in-memory data, the file's memory map (local files), or one
-        read per run of consecutive indices (FUSE). On a FUSE mount such as Drive a batch drawn by
+        They view a larger buffer: the in-memory data, or one read per run of consecutive indices.
+        On a FUSE mount such as Drive a batch drawn by
         :class:`colabfast.BlockShuffleSampler` is then a few large reads instead of one small read per
         sample, which is what makes cold storage fast. Pass them through :func:`compact` before
         they leave the process: pickling a view copies its whole buffer.
         """
-        self._handles()
-        buffer = self.blob if self.blob is not None else self._map
-        if buffer is not None:
-            return [buffer[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in indices]
+        if self.blob is not None:
+            return [self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in indices]
         out: dict[int, torch.Tensor] = {}
         ordered = sorted(set(int(i) for i in indices))
         start = 0
@@ -128,7 +145,7 @@ class MirrorReader:
                 first, last = ordered[start], ordered[k - 1]
                 base = int(self.offsets[first])
                 buf = torch.empty(int(self.offsets[last + 1]) - base, dtype=torch.uint8)
-                self._read_into(buf.numpy(), base)
+                self.read_into(buf.numpy(), base)
                 for i in ordered[start:k]:
                     out[i] = buf[int(self.offsets[i]) - base : int(self.offsets[i + 1]) - base]
                 start = k
@@ -144,13 +161,8 @@ class MirrorReader:
         blob = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
         step = 64 << 20
         for start in range(0, nbytes, step):
-            self._read_into(blob[start : start + step].numpy(), start)
+            self.read_into(blob[start : start + step].numpy(), start)
         return blob
-
-
-# Set in DataLoader workers whose collate copies every tensor it is given into a new batch
-# (colabfast.DataLoader's): items may then stay views until the collate copies them.
-COLLATE_COPIES = False
 
 
 def compact(x: Any) -> Any:
@@ -252,11 +264,18 @@ class MirrorDataset(VisionDataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        """Items for a whole batch (torch's DataLoader calls this when it exists): the stored images
-        are views (see :meth:`MirrorReader.views`; on Drive, one read per run of consecutive
-        indices), transformed before anything is copied (a crop of a raw image copies only the crop)."""
+        """Items for a whole batch (torch's DataLoader calls this when it exists): one read per run of
+        consecutive indices (see :meth:`MirrorReader.views`). In a DataLoader worker every tensor is
+        compacted (copied out of the shared read buffer) before torch pickles it; see :meth:`items`."""
+        return self.items(indices, views=get_worker_info() is None)
+
+    def items(self, indices: Sequence[int], *, views: bool) -> list[Any]:
+        """Items for ``indices``; with ``views=True`` raw images stay views of the batch's read buffer
+        (transformed before anything is copied: a crop of a raw image copies only the crop), which
+        is right only where nothing pickles them or whatever batches them copies them anyway
+        (``colabfast.DataLoader``'s collate, which asks for views through the wrapper it owns)."""
         items = [self.sample(i, self._decode(i, data)) for i, data in zip(indices, self._stored(indices))]
-        if COLLATE_COPIES or get_worker_info() is None:  # nothing is pickled, or the collate copies anyway
+        if views:
             return items
         return [tuple(compact(x) for x in item) if isinstance(item, tuple) else compact(item) for item in items]
 

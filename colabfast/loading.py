@@ -21,7 +21,7 @@ import torch
 import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Subset, default_collate, get_worker_info
 
-from colabfast import datasets, env
+from colabfast import datasets, env, reader
 from colabfast.datasets import compact
 from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu, empty_uint8, is_encoded, is_jpeg
 from colabfast.prefetch import FEED_DEPTH, BatchConverter, Floats, ImageList, Normalize, cuda_device, restart
@@ -64,10 +64,6 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
     Returns:
         The batch, structured like one sample.
     """
-    if get_worker_info() is not None:
-        # This collate copies what it batches, so mirror datasets in this worker may hand it views
-        # (set in the worker only: processes forked later from the main one must not inherit it).
-        datasets.COLLATE_COPIES = True
     elem = batch[0]
     if _is_image(elem):
         return _collate_images(batch, memory_format)
@@ -149,20 +145,32 @@ class _Prepared(Dataset):
     still works; the dataset itself is ``loader.dataset.dataset``, as with ``Subset``.
     """
 
-    def __init__(self, dataset: Dataset, *, keep_jpeg: bool, transform: Optional[Callable]) -> None:
+    def __init__(self, dataset: Dataset, *, keep_jpeg: bool, transform: Optional[Callable], decode: bool = True,
+                 views: bool = False) -> None:
         self.dataset, self.keep_jpeg, self.transform = dataset, keep_jpeg, transform
+        self.decode = decode  # False: samples pass as they are (the wrapper is there for `views` only)
+        # True where the loader's collate copies every image it batches: a mirror may then hand its
+        # images over as views of its read buffer (MirrorDataset.items), saving a copy per image.
+        self.views = views
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: Any) -> Any:
-        return self._prepare(index, self.dataset[index])
+        sample = self.dataset[index]
+        return sample if not self.decode and self.transform is None else self._prepare(index, sample)
 
     def __getitems__(self, indices: list) -> list:
         # Keep the wrapped dataset's batched reads (a mirror reads runs of consecutive samples at once).
-        if callable(getattr(self.dataset, "__getitems__", None)):
-            return [self._prepare(i, s) for i, s in zip(indices, self.dataset.__getitems__(indices))]
-        return [self[i] for i in indices]
+        if self.views and isinstance(self.dataset, datasets.MirrorDataset):
+            samples = self.dataset.items(indices, views=True)
+        elif callable(getattr(self.dataset, "__getitems__", None)):
+            samples = self.dataset.__getitems__(indices)
+        else:
+            samples = [self.dataset[i] for i in indices]
+        if not self.decode and self.transform is None:
+            return samples
+        return [self._prepare(i, s) for i, s in zip(indices, samples)]
 
     def _prepare(self, index: Any, sample: Any) -> Any:
         image = sample[0] if isinstance(sample, (tuple, list)) else sample
@@ -315,6 +323,16 @@ class DataLoader(torch.utils.data.DataLoader):
 
         cpus = env.cpu_count()
         spawns = multiprocessing_context is None and _spawned()
+        decode = self._choose_decode(decode, dataset, cuda, batching, choices)
+        threads = None
+        if num_workers is None and collate_fn is None and batch_sampler is None and batch_size and not iterable:
+            fits, why = reader.applies(dataset, transform_on_cpu=transform is not None and not cuda, decode=decode)
+            if fits:
+                threads = cpus
+                num_workers = choose("num_workers", None, 0, "the reader threads do the work (see reader)")
+                choices["reader"] = (f"{threads} threads", why)
+            else:
+                choices["reader"] = ("none", why)
         if iterable:
             num_workers = choose("num_workers", num_workers, 0, "IterableDataset: every worker would replay the stream")
         elif spawns and _from_main(dataset, collate_fn, worker_init_fn, transform):
@@ -353,9 +371,12 @@ class DataLoader(torch.utils.data.DataLoader):
         else:
             choices["sampler"] = ("RandomSampler" if shuffle else "SequentialSampler", "torch's default")
 
-        decode = self._choose_decode(decode, dataset, cuda, batching, choices)
-        if decode in ("cpu", "gpu") or (transform is not None and not cuda):
-            dataset = _Prepared(dataset, keep_jpeg=decode == "gpu", transform=None if cuda else transform)
+        if threads is None and (decode in ("cpu", "gpu") or (transform is not None and not cuda)):
+            dataset = _Prepared(dataset, keep_jpeg=decode == "gpu", transform=None if cuda else transform,
+                                views=collate_fn is None and num_workers > 0)
+        elif threads is None and collate_fn is None and num_workers > 0 and isinstance(dataset, datasets.MirrorDataset):
+            # The collate below copies every image it batches: the mirror's images may stay views.
+            dataset = _Prepared(dataset, keep_jpeg=False, transform=None, decode=False, views=True)
 
         if collate_fn is None and batching:
             layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
@@ -396,6 +417,10 @@ class DataLoader(torch.utils.data.DataLoader):
             choices["transform"] = (transform, why)
         self.choices = choices
         self._convert = BatchConverter(target, self.normalize, transform if cuda else None, non_blocking=cuda)
+        self._reader = None
+        if threads is not None:
+            self._reader = reader.BatchReader(dataset, threads=threads, pin_memory=pin_memory,  # type: ignore[arg-type]
+                                              channels_last=cuda or memory_format == torch.channels_last)
         # One side stream per loader, made here and never per epoch (timm#2781).
         self._stream = torch.cuda.Stream(device=target) if cuda else None
         self._feeder: Any = None  # weakref to this epoch's feeder thread (colabfast.prefetch.Feeder)
@@ -418,10 +443,15 @@ class DataLoader(torch.utils.data.DataLoader):
         choices["decode"] = ("cpu", "dataset yields bytes, batches stay on the CPU: decoded in the workers")
         return "cpu"
 
+    def _batches(self) -> Iterator:
+        if self._reader is not None:
+            return self._reader.batches(self.batch_sampler)
+        return super().__iter__()
+
     def __iter__(self) -> Iterator:
         if self._stream is None:
-            return map(self._convert, super().__iter__())
-        feeder = restart(self._feeder, super().__iter__, self._convert, self._stream, FEED_DEPTH)
+            return map(self._convert, self._batches())
+        feeder = restart(self._feeder, self._batches, self._convert, self._stream, FEED_DEPTH)
         self._feeder = weakref.ref(feeder)
         return feeder
 

@@ -217,14 +217,11 @@ def test_refuses_bad_files_with_clear_errors(mirrors, tmp_path):
 
 @pytest.mark.parametrize("store", ["encoded", "raw"])
 def test_batched_reads_coalesce_runs_and_equal_single_reads(mirrors, store, monkeypatch):
-    from colabfast import datasets
-
-    monkeypatch.setattr(datasets.env, "is_fuse", lambda path: True)  # read as from Drive: pread, no mmap
     ds = H5ImageFolder(mirrors[store], output="tensor")
     indices = [5, 6, 7, 2, 3, 9, 5, 21]
     reads = []
-    real = ds.reader._read_into
-    monkeypatch.setattr(ds.reader, "_read_into", lambda out, start: (reads.append(len(out)), real(out, start)))
+    real = ds.reader.read_into
+    monkeypatch.setattr(ds.reader, "read_into", lambda out, start: (reads.append(len(out)), real(out, start)))
     batch = ds.__getitems__(indices)
     assert len(reads) == 4  # runs 2-3, 5-7, 9, 21: one read each, duplicates read once
     for i, (image, target) in zip(indices, batch):

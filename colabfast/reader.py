@@ -1,0 +1,212 @@
+"""Whole batches read from a mirror by threads in the training process: :class:`BatchReader`.
+
+A plain ``DataLoader`` over a mirror pays, per sample, a Python call, and per batch a worker process,
+a collate and a trip through shared memory. For a mirror those costs are most of the work: raw
+pixels need no decoding at all, and JPEG decoding (``torchvision.io.decode_image``) and ``os.pread``
+release the GIL. So for the indices of one batch (mostly runs of consecutive samples, as
+:class:`~colabfast.sampler.BlockShuffleSampler` draws them) this reads each run with one ``pread``
+straight into the batch's own memory, decodes encoded images in the same thread, and hands the
+batch over as ``colabfast.loading.collate`` would have built it. A pool of threads reads
+``prefetch`` batches ahead, in order. FFCV's loader works the same way (threads in one process,
+whole-batch reads into preallocated memory; Leclerc et al., "FFCV: Accelerating Training by
+Removing Data Bottlenecks", CVPR 2023); the figures against it are in ``benchmarks/README.md``.
+
+``colabfast.DataLoader`` uses it on its own where it gives the same batches as its worker path
+(:func:`applies` says when and why not), and says so in ``loader.choices["reader"]``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+from torchvision.io import ImageReadMode, decode_image
+
+from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset
+from colabfast.gpudecode import EncodedImages, is_jpeg
+from colabfast.mirror import MirrorError
+from colabfast.prefetch import ImageList
+
+
+def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool, str]:
+    """Whether :class:`BatchReader` can read ``dataset``'s batches, and why (or why not).
+
+    It can for an :class:`~colabfast.H5ImageFolder` (not wrapped) with no ``transform`` or
+    ``target_transform`` of its own, ``output="tensor"`` or ``"bytes"``, and no per-image
+    ``DataLoader(transform=...)`` to run on the CPU: then a sample is its stored bytes, decoded or
+    not, and its label, which threads can produce without running the caller's Python per sample.
+    """
+    if type(dataset) is not H5ImageFolder:
+        kind = "a KITTI mirror (targets built per sample)" if isinstance(dataset, MirrorDataset) else "not a mirror"
+        return False, f"worker processes: {kind}"
+    if dataset.transform is not None or dataset.target_transform is not None:
+        return False, "worker processes: the dataset's own transforms run per sample in Python"
+    if transform_on_cpu:
+        return False, "worker processes: DataLoader(transform=...) runs per image on the CPU"
+    if dataset.output == "pil":
+        return False, "worker processes: output='pil' makes PIL images per sample"
+    if dataset.output == "bytes" and decode == "cpu":
+        return False, "worker processes: decode='cpu' of bytes"
+    return True, "threads in this process read whole batches (colabfast.reader): no per-sample Python"
+
+
+class BatchReader:
+    """Batches of an :class:`~colabfast.H5ImageFolder` read by threads, as the loader's collate builds them.
+
+    Each batch is ``[images, targets]``: ``targets`` int64 ``[B]``; ``images`` for ``output="tensor"``
+    a uint8 ``[B, 3, H, W]`` tensor (channels-last memory when ``channels_last``, else contiguous)
+    when all images of the batch have one size, else an :class:`~colabfast.prefetch.ImageList`; for
+    ``output="bytes"`` an :class:`~colabfast.gpudecode.EncodedImages` (the batch's files back to back
+    in one tensor, read with one ``pread`` per run of consecutive samples, no per-sample tensors).
+    Every batch owns its memory (nothing is reused behind the caller's back); with ``pin_memory``
+    it is allocated in pinned memory through torch's caching host allocator, which reuses freed
+    blocks, so the copy to the GPU is asynchronous.
+
+    Args:
+        dataset: the mirror dataset (see :func:`applies`).
+        threads: batches read at once (default: the CPUs this process may use).
+        prefetch: batches read ahead of the one handed out (default ``2 * threads``); memory is
+            bounded by ``prefetch + 1`` batches.
+        channels_last: the memory layout of same-size image batches.
+        pin_memory: allocate image batches in pinned memory (needs CUDA).
+
+    Raises (while iterating):
+        MirrorError: an image cannot be decoded, a read ends early (the file was truncated), or with
+            ``dataset.verify`` an image differs from its CRC-32; each names the file and sample.
+        OSError: a read failed after the retries of transient errors (EIO, ENOTCONN, ...).
+    """
+
+    def __init__(
+        self,
+        dataset: H5ImageFolder,
+        *,
+        threads: int,
+        prefetch: Optional[int] = None,
+        channels_last: bool = False,
+        pin_memory: bool = False,
+    ) -> None:
+        self.dataset, self.threads = dataset, max(1, threads)
+        self.prefetch = max(1, prefetch if prefetch is not None else 2 * self.threads)
+        self.channels_last, self.pin_memory = channels_last, pin_memory
+        self._targets = torch.from_numpy(np.asarray(dataset.reader.index.targets, dtype=np.int64))
+
+    def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[list]:
+        """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead."""
+        pending: collections.deque[Future] = collections.deque()
+        stop = threading.Event()
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="colabfast-reader") as pool:
+            try:
+                for indices in batch_indices:
+                    pending.append(pool.submit(self._checked, list(indices), stop))
+                    if len(pending) > self.prefetch:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            finally:  # the consumer stopped early or a batch failed: drop what is queued
+                stop.set()
+                for f in pending:
+                    f.cancel()
+
+    def _checked(self, indices: list[int], stop: threading.Event) -> list:
+        if stop.is_set():
+            return []
+        return self.read(indices)
+
+    def read(self, indices: Sequence[int]) -> list:
+        """One batch for ``indices`` (see the class docstring)."""
+        indices = [int(i) for i in indices]
+        targets = self._targets[indices]
+        if self.dataset.output == "bytes":
+            return [self._read_bytes(indices), targets]
+        return [self._read_images(indices), targets]
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def _runs(self, indices: Sequence[int]) -> list[tuple[int, int]]:
+        """``(first, last)`` sample of each run of consecutive indices in ``indices``' order, split so
+        that no read exceeds ``MAX_READ`` bytes."""
+        offsets = self.dataset.reader.offsets
+        runs, first = [], indices[0]
+        for prev, i in zip(indices, indices[1:]):
+            if i != prev + 1 or offsets[i + 1] - offsets[first] > MAX_READ:
+                runs.append((first, prev))
+                first = i
+        runs.append((first, indices[-1]))
+        return runs
+
+    def _read_bytes(self, indices: list[int]) -> EncodedImages:
+        offsets = self.dataset.reader.offsets
+        lengths = torch.from_numpy((offsets[np.add(indices, 1)] - offsets[indices]).astype(np.int64))
+        data = torch.empty(int(lengths.sum()), dtype=torch.uint8)
+        pos = 0
+        for first, last in self._runs(indices):
+            n = int(offsets[last + 1] - offsets[first])
+            self._fill(data[pos : pos + n], int(offsets[first]))
+            pos += n
+        if self.dataset.verify:
+            self.dataset.reader.index.check_samples(indices, [f.numpy() for f in data.split(lengths.tolist())])
+        ids = torch.tensor(indices, dtype=torch.int64)
+        batch = EncodedImages(data, lengths, ids)
+        for k, f in enumerate(batch):  # what the worker path checks: only JPEGs go to nvJPEG
+            if not is_jpeg(f):
+                raise MirrorError(f"{self.dataset.path}: sample {indices[k]} is not a JPEG; decode='gpu' decodes "
+                                  "JPEGs only: pass decode='cpu'")
+        return batch
+
+    def _read_images(self, indices: list[int]) -> Any:
+        reader = self.dataset.reader
+        shapes = reader.shapes[indices]
+        same = bool((shapes == shapes[0]).all())
+        if reader.store == "raw" and same:
+            h, w, c = (int(v) for v in shapes[0])
+            out = self._empty((len(indices), h, w, c))
+            flat = out.view(-1)
+            pos = 0
+            for first, last in self._runs(indices):
+                n = int(reader.offsets[last + 1] - reader.offsets[first])
+                self._fill(flat[pos : pos + n], int(reader.offsets[first]))
+                pos += n
+            if self.dataset.verify:
+                per = h * w * c
+                images = [flat[k * per : (k + 1) * per].numpy() for k in range(len(indices))]
+                reader.index.check_samples(indices, images)
+            return self._layout(out)
+        stored = self.dataset._stored(indices)  # one read per run; verified there when asked
+        if same:
+            h, w, c = (int(v) for v in shapes[0])
+            out = self._empty((len(indices), h, w, c))
+            for k, (i, data) in enumerate(zip(indices, stored)):
+                out[k].copy_(self._decode(i, data).permute(1, 2, 0))
+            return self._layout(out)
+        return ImageList([self._decode(i, data).clone() for i, data in zip(indices, stored)])
+
+    def _decode(self, index: int, data: torch.Tensor) -> torch.Tensor:
+        if self.dataset.reader.store == "raw":
+            h, w, c = (int(v) for v in self.dataset.reader.shapes[index])
+            return data.view(h, w, c).permute(2, 0, 1)
+        try:
+            return decode_image(data, mode=ImageReadMode.RGB)
+        except Exception as exc:  # torchvision raises RuntimeError for bad bytes
+            raise MirrorError(f"{self.dataset.path}: sample {index} cannot be decoded ({exc}): the mirror is "
+                              f"corrupt; `colabfast info --verify {self.dataset.path}` checks every sample") from exc
+
+    def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=self.pin_memory)
+
+    def _layout(self, bhwc: torch.Tensor) -> torch.Tensor:
+        bchw = bhwc.permute(0, 3, 1, 2)
+        return bchw if self.channels_last else bchw.contiguous()
+
+    def _fill(self, out: torch.Tensor, start: int) -> None:
+        """``out`` (a 1-D uint8 tensor) from the image data at ``start``: from RAM for ``in_memory``
+        mirrors, else ``pread`` with retries of transient errors (:meth:`MirrorReader.read_into`)."""
+        reader = self.dataset.reader
+        if reader.blob is not None:
+            out.copy_(reader.blob[start : start + out.numel()])
+        else:
+            reader.read_into(out.numpy(), start)
+

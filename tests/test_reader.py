@@ -1,0 +1,227 @@
+"""colabfast.reader: whole batches read by threads give exactly the worker path's batches, and stay
+safe on truncated files, flaky mounts and long runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+import colabfast as cf
+from colabfast import reader
+from colabfast.datasets import H5ImageFolder
+from colabfast.gpudecode import EncodedImages
+from colabfast.loading import _Prepared, collate
+from colabfast.mirror import MirrorError
+from colabfast.packing import pack
+from colabfast.sampler import BlockShuffleSampler
+from colabfast.testing.data import make_imagefolder
+
+
+@pytest.fixture(scope="module")
+def mirrors(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("reader")
+    same = make_imagefolder(out / "same", classes=3, per_class=14, size=(48, 40))
+    vary = make_imagefolder(out / "vary", classes=2, per_class=9, size=(60, 44), vary=0.3)
+    return {
+        "raw": pack(same, out / "raw.h5", store="raw", progress=False),
+        "encoded": pack(same, out / "encoded.h5", progress=False),
+        "raw-vary": pack(vary, out / "raw-vary.h5", store="raw", progress=False),
+        "encoded-vary": pack(vary, out / "encoded-vary.h5", progress=False),
+    }
+
+
+def _epoch(loader) -> list:
+    return [batch for batch in loader]
+
+
+def _same(a, b) -> None:
+    """Two batches hold the same images (pixels and layout of the batch tensor) and targets."""
+    (ia, ta), (ib, tb) = a, b
+    assert torch.equal(ta, tb) and ta.dtype == tb.dtype
+    if isinstance(ia, list):  # images of different sizes: an ImageList (a list) of them
+        assert type(ia) is type(ib) and len(ia) == len(ib)
+        assert all(torch.equal(x, y) for x, y in zip(ia, ib))
+    else:
+        assert ia.shape == ib.shape and ia.dtype == ib.dtype and ia.stride() == ib.stride()
+        assert torch.equal(ia, ib)
+
+
+@pytest.mark.parametrize("name", ["raw", "encoded", "raw-vary", "encoded-vary"])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_threads_give_the_worker_paths_batches(mirrors, name, drop_last):
+    """Same samples, order, pixels and labels as the worker processes for one shuffle seed."""
+    ds = H5ImageFolder(mirrors[name], output="tensor")
+    kw = dict(batch_size=8, shuffle=True, drop_last=drop_last, device="cpu")
+    threaded = cf.DataLoader(ds, generator=torch.Generator().manual_seed(5), **kw)
+    workers = cf.DataLoader(ds, generator=torch.Generator().manual_seed(5), num_workers=2, **kw)
+    assert threaded._reader is not None and workers._reader is None
+    assert threaded.choices["num_workers"][0] == 0 and "threads" in repr(threaded)
+    a, b = _epoch(threaded), _epoch(workers)
+    assert len(a) == len(b) == len(threaded)
+    for x, y in zip(a, b):
+        _same(x, y)
+    for loader in (threaded, workers):  # set_epoch reshuffles both alike
+        loader.set_epoch(3)
+    for x, y in zip(_epoch(threaded), _epoch(workers)):
+        _same(x, y)
+
+
+@pytest.mark.parametrize("memory_format", [None, torch.channels_last])
+def test_in_memory_replicas_and_layout(mirrors, memory_format):
+    """in_memory mirrors, a caller's sampler for one DDP replica, and the batch layout asked for."""
+    ds = H5ImageFolder(mirrors["raw"], output="tensor", in_memory=True)
+    plain = H5ImageFolder(mirrors["raw"], output="tensor")
+    for rank in (0, 1):
+        def sampler():
+            return BlockShuffleSampler(ds, 4, seed=11, num_replicas=2, rank=rank)
+
+        threaded = cf.DataLoader(ds, 6, sampler=sampler(), device="cpu", memory_format=memory_format)
+        workers = cf.DataLoader(plain, 6, sampler=sampler(), num_workers=1, device="cpu", memory_format=memory_format)
+        assert threaded._reader is not None
+        a, b = _epoch(threaded), _epoch(workers)
+        assert len(a) == len(b) > 0
+        for x, y in zip(a, b):
+            _same(x, y)
+            if memory_format == torch.channels_last:
+                assert x[0].is_contiguous(memory_format=torch.channels_last)
+            else:
+                assert x[0].is_contiguous()
+
+
+def test_bytes_batches_equal_the_collated_worker_batches(mirrors):
+    """decode='gpu' gets the batch's files packed in one tensor: the same EncodedImages the worker
+    path's collate builds, read with one pread per run."""
+    ds = H5ImageFolder(mirrors["encoded-vary"], output="bytes")
+    r = reader.BatchReader(ds, threads=2)
+    indices = [3, 4, 5, 6, 0, 11, 12]
+    images, targets = r.read(indices)
+    images_ref, targets_ref = collate([(_Prepared(ds, keep_jpeg=True, transform=None)[i]) for i in indices])
+    assert isinstance(images, EncodedImages) and isinstance(images_ref, EncodedImages)
+    assert torch.equal(images.data, images_ref.data) and torch.equal(images.lengths, images_ref.lengths)
+    assert torch.equal(images.indices, images_ref.indices) and torch.equal(targets, targets_ref)
+    batches = list(r.batches([indices[:3], indices[3:]]))
+    assert torch.equal(torch.cat([b[0].data for b in batches]), images.data)
+
+
+def test_where_the_reader_does_not_apply_the_loader_says_why(mirrors):
+    ds = H5ImageFolder(mirrors["raw"], output="tensor", transform=lambda x: x)
+    loader = cf.DataLoader(ds, 4, device="cpu")
+    assert loader._reader is None and "transforms run per sample" in loader.choices["reader"][1]
+    assert cf.DataLoader(H5ImageFolder(mirrors["raw"]), 4, device="cpu")._reader is None  # PIL
+    given = cf.DataLoader(H5ImageFolder(mirrors["raw"], output="tensor"), 4, num_workers=1, device="cpu")
+    assert given._reader is None and given.num_workers == 1  # the caller's choice stands
+
+
+def test_verify_catches_a_flipped_byte_in_the_reader(mirrors, tmp_path):
+    import shutil
+
+    for name in ("raw", "encoded"):
+        bad = tmp_path / f"{name}.h5"
+        shutil.copy(mirrors[name], bad)
+        ds = H5ImageFolder(bad, output="tensor")
+        where = ds.reader.data_offset + int(ds.reader.offsets[5]) + 7
+        with open(bad, "r+b") as f:
+            f.seek(where)
+            byte = f.read(1)
+            f.seek(where)
+            f.write(bytes([byte[0] ^ 0x40]))
+        loader = cf.DataLoader(H5ImageFolder(bad, output="tensor", verify=True), 8, device="cpu")
+        assert loader._reader is not None
+        with pytest.raises(MirrorError, match="sample 5"):
+            _epoch(loader)
+
+
+def test_truncated_raw_mirror_raises_instead_of_killing_the_process(mirrors, tmp_path):
+    """Issue 15, case 14: a raw mirror truncated while a loader reads it killed the interpreter with
+    SIGBUS (it was memory-mapped). Reads are preads now: a clear MirrorError, and the process lives."""
+    import shutil
+
+    m = tmp_path / "raw.h5"
+    shutil.copy(mirrors["raw"], m)
+    script = textwrap.dedent(f"""
+        import os, torch, colabfast as cf
+        from colabfast.mirror import MirrorError
+        ds = cf.H5ImageFolder({str(m)!r}, output="tensor")
+        it = iter(cf.DataLoader(ds, 4, device="cpu", prefetch_factor=None))
+        next(it)
+        os.truncate({str(m)!r}, ds.reader.data_offset + int(ds.reader.offsets[10]))
+        ds.reader.views([20])
+        print("not reached")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])  # an exception, not -SIGBUS
+    assert "MirrorError" in out.stderr and "truncated or replaced" in out.stderr
+
+
+def test_memory_stays_flat_over_20_epochs(mirrors):
+    """RSS after epoch 20 is within a few batches of RSS after epoch 3 (bounded by the prefetch)."""
+    ds = H5ImageFolder(mirrors["encoded"], output="tensor")
+    loader = cf.DataLoader(ds, 8, shuffle=True, device="cpu")
+    batch_bytes = 8 * 48 * 40 * 3
+    proc = psutil.Process()
+    for epoch in range(20):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+        if epoch == 2:
+            start = proc.memory_info().rss
+    # A leak of one batch per epoch would be 17 batches; allow 8 MB of allocator noise on top of it.
+    grown = proc.memory_info().rss - start
+    assert grown < 8e6 + 4 * batch_bytes, f"RSS grew {grown / 1e6:.1f} MB over 17 epochs"
+
+
+def test_mirror_reads_from_a_flaky_drive_are_retried(mirrors, tmp_path):
+    """Issue 15, case 12: reading a mirror straight from Drive had no EIO retry (one epoch of three
+    crashed). Reads now retry the transient errors stage() retries, at the failing offset."""
+    import shutil
+
+    from colabfast.testing.drivesim import DriveSim, available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    # 4 MB of raw pixels: far more than the kernel reads ahead when the mirror is opened
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=40, size=(128, 128))
+    local = H5ImageFolder(pack(src, tmp_path / "drive" / "m.h5", store="raw", progress=False), output="tensor")
+    expected = torch.stack([local[i][0] for i in range(len(local))])
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None) as sim:
+        ds = H5ImageFolder(sim.mountpoint / "m.h5", output="tensor")  # opened (and vetted) without faults
+        sim.set(eio_read=0.2)
+        for _ in range(3):
+            images = torch.cat([b[0] for b in cf.DataLoader(ds, 8, device="cpu", shuffle=True)])
+            images = images[torch.argsort(torch.tensor(_order(ds, images, expected)))]
+            assert torch.equal(images, expected)
+        assert sim.stats()["eio"] > 0
+
+
+def _order(ds, images, expected) -> list[int]:
+    """The dataset index of each image of a shuffled epoch (the images are distinct)."""
+    keys = {bytes(x.numpy().tobytes()): i for i, x in enumerate(expected)}
+    return [keys[bytes(x.numpy().tobytes())] for x in images]
+
+
+def test_views_only_where_the_loaders_collate_copies(mirrors):
+    """Issue 16, item 2: the mirror hands over views of its read buffer only through the wrapper the
+    colabfast loader owns (its collate copies every image); a plain DataLoader's workers get
+    compacted tensors. No module state decides it."""
+    ds = H5ImageFolder(mirrors["raw"], output="tensor")
+
+    def shares(batch):  # in the worker: does each image view a buffer larger than itself?
+        return [x[0].untyped_storage().nbytes() > x[0].numel() for x in batch]
+
+    plain = torch.utils.data.DataLoader(ds, 4, num_workers=1, collate_fn=shares)
+    assert not any(v for b in plain for v in b)
+    wrapped = _Prepared(ds, keep_jpeg=False, transform=None, decode=False, views=True)
+    owned = torch.utils.data.DataLoader(wrapped, 4, num_workers=1, collate_fn=shares)
+    assert all(v for b in owned for v in b)
+    loader = cf.DataLoader(ds, 4, num_workers=1, device="cpu")
+    assert isinstance(loader.dataset, _Prepared) and loader.dataset.views
+    assert all(torch.equal(a[0], torch.stack([ds[i][0] for i in range(k * 4, k * 4 + len(a[0]))]))
+               for k, a in enumerate(loader))
+
