@@ -99,26 +99,30 @@ class MirrorReader:
             MirrorError: the file ends early (truncated, or replaced by a shorter one).
             OSError: a read still fails after the retries.
         """
-        fd = self._handles()
+        fd, own = self._handles(), False  # the shared handle; threads may be reading through it too
         view, pos, attempt = memoryview(out).cast("B"), 0, 0
-        while pos < len(view):
-            try:
-                n = os.preadv(fd, [view[pos:]], self.data_offset + start + pos)
-            except OSError as exc:
-                if not is_transient(exc) or attempt >= RETRIES:
-                    raise
-                time.sleep(backoff(attempt))
-                attempt += 1
+        try:
+            while pos < len(view):
+                try:
+                    n = os.preadv(fd, [view[pos:]], self.data_offset + start + pos)
+                except OSError as exc:
+                    if not is_transient(exc) or attempt >= RETRIES:
+                        raise
+                    time.sleep(backoff(attempt))
+                    attempt += 1
+                    if own:
+                        os.close(fd)
+                    fd, own = os.open(self.path, os.O_RDONLY), True  # a handle of its own (after ENOTCONN)
+                    continue
+                if n == 0:
+                    raise MirrorError(f"{self.path} ended early while reading image data at byte "
+                                      f"{self.data_offset + start + pos}: the file was truncated or replaced. "
+                                      "Copy it again (colabfast.stage), or pack it again.")
+                pos += n
+        finally:
+            if own:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-                self._fd = None
-                fd = self._handles()
-                continue
-            if n == 0:
-                raise MirrorError(f"{self.path} ended early while reading image data at byte "
-                                  f"{self.data_offset + start + pos}: the file was truncated or replaced. "
-                                  "Copy it again (colabfast.stage), or pack it again.")
-            pos += n
 
     def read(self, index: int) -> torch.Tensor:
         """The stored bytes of sample ``index`` as a new uint8 tensor ``[nbytes]`` of its own."""

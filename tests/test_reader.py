@@ -78,11 +78,10 @@ def test_in_memory_replicas_and_layout(mirrors, memory_format):
     ds = H5ImageFolder(mirrors["raw"], output="tensor", in_memory=True)
     plain = H5ImageFolder(mirrors["raw"], output="tensor")
     for rank in (0, 1):
-        def sampler():
-            return BlockShuffleSampler(ds, 4, seed=11, num_replicas=2, rank=rank)
-
-        threaded = cf.DataLoader(ds, 6, sampler=sampler(), device="cpu", memory_format=memory_format)
-        workers = cf.DataLoader(plain, 6, sampler=sampler(), num_workers=1, device="cpu", memory_format=memory_format)
+        samplers = [BlockShuffleSampler(ds, 4, seed=11, num_replicas=2, rank=rank) for _ in range(2)]
+        threaded = cf.DataLoader(ds, 6, sampler=samplers[0], device="cpu", memory_format=memory_format)
+        workers = cf.DataLoader(plain, 6, sampler=samplers[1], num_workers=1, device="cpu",
+                                memory_format=memory_format)
         assert threaded._reader is not None
         a, b = _epoch(threaded), _epoch(workers)
         assert len(a) == len(b) > 0
@@ -179,8 +178,6 @@ def test_memory_stays_flat_over_20_epochs(mirrors):
 def test_mirror_reads_from_a_flaky_drive_are_retried(mirrors, tmp_path):
     """Issue 15, case 12: reading a mirror straight from Drive had no EIO retry (one epoch of three
     crashed). Reads now retry the transient errors stage() retries, at the failing offset."""
-    import shutil
-
     from colabfast.testing.drivesim import DriveSim, available
 
     ok, why = available()

@@ -83,7 +83,8 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
         "pack": lambda: packing.run(size=args.size, repeats=args.repeats, workers=args.workers, work=args.work)
         + packing.run_archive(size=args.size, repeats=args.repeats, workers=args.workers or 2, work=args.work),
         "loader": lambda: loader.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
-                                     num_workers=args.workers, work=args.work),
+                                     num_workers=args.workers, work=args.work)
+        + loader.run_reader(size=args.size, repeats=max(5, args.repeats), batch_size=args.batch_size, work=args.work),
         "gpu": lambda: gpufeed.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                    num_workers=args.workers, work=args.work),
     }

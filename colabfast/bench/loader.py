@@ -39,9 +39,10 @@ class _Normalized:
             yield x.float().div_(255).sub_(self.mean).div_(self.std), y
 
 
-def _rates(loaders: dict[str, Iterable], epochs: int) -> dict[str, tuple[float, float, float]]:
-    """(median, min, max) images/s of each loader over ``epochs`` timed epochs, after one warm-up epoch
-    each; the loaders take turns epoch by epoch, so drift in the machine's speed hits all alike."""
+def _rates(loaders: dict[str, Iterable], epochs: int, min_seconds: float = 0.0) -> dict[str, tuple[float, float, float]]:
+    """(median, min, max) images/s of each loader over ``epochs`` timed repeats, after one warm-up epoch
+    each; the loaders take turns repeat by repeat, so drift in the machine's speed hits all alike. A
+    repeat runs whole epochs until it has lasted ``min_seconds`` (short epochs are mostly noise)."""
     for loader in loaders.values():
         for _ in loader:
             pass
@@ -49,8 +50,11 @@ def _rates(loaders: dict[str, Iterable], epochs: int) -> dict[str, tuple[float, 
     for _ in range(epochs):
         for name, loader in loaders.items():
             images, start = 0, time.perf_counter()
-            for x, _ in loader:
-                images += len(x)
+            while True:
+                for x, _ in loader:
+                    images += len(x)
+                if time.perf_counter() - start >= min_seconds:
+                    break
             rates[name].append(images / (time.perf_counter() - start))
     return {name: (sorted(r)[len(r) // 2], min(r), max(r)) for name, r in rates.items()}
 
@@ -88,3 +92,96 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, num_workers: 
                                {"images/s": med}, note=f"{len(ds)} images 224x224, batch {batch_size}, "
                                                            f"float32 normalised; {how[name]}"))
         return rows
+
+
+def _memcpy_bound(ds: H5ImageFolder, blob: torch.Tensor, batch_size: int) -> Iterator:
+    """Each batch's stored bytes copied from a preloaded array (``blob``) into a new batch buffer: the
+    least any reader of this mirror must do (no file reads, no decoding)."""
+    offsets = ds.reader.offsets
+    for start in range(0, len(ds), batch_size):
+        end = min(start + batch_size, len(ds))
+        out = torch.empty(int(offsets[end] - offsets[start]), dtype=torch.uint8)
+        out.copy_(blob[int(offsets[start]) : int(offsets[end])])
+        yield out, end - start
+
+
+def _load(ds: H5ImageFolder):
+    import numpy as np
+
+    out = np.empty(int(ds.reader.offsets[-1]), dtype=np.uint8)
+    ds.reader.read_into(out, 0)
+    return out
+
+
+class _Counted:
+    """Yields (anything with len == images in the batch, _) pairs from a loader or a generator."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+    def __iter__(self) -> Iterator:
+        for batch in self.make():
+            images = batch[0]
+            yield (range(batch[1]) if isinstance(images, torch.Tensor) and images.dim() == 1 else images), None
+
+
+def _reader_loaders(ds: H5ImageFolder, workers: int, batch_size: int,
+                    layout: Optional[torch.memory_format]) -> dict[str, Iterable]:
+    """The three ways of reading ``ds`` that ``run_reader`` compares."""
+    from colabfast.loading import _Prepared, collate
+    from colabfast.reader import BatchReader
+
+    blob = torch.from_numpy(_load(ds))
+    bound = _Counted(lambda: _memcpy_bound(ds, blob, batch_size))
+    if ds.output == "bytes":
+        sampler = tud.BatchSampler(tud.SequentialSampler(ds), batch_size, False)
+        reader = BatchReader(ds, threads=workers)
+        prepared = _Prepared(ds, keep_jpeg=True, transform=None)
+        torch_loader = tud.DataLoader(prepared, batch_size, num_workers=workers, collate_fn=collate,
+                                      persistent_workers=True, prefetch_factor=4)
+        threads: Iterable = _Counted(lambda: ((b[0].data, len(b[0])) for b in reader.batches(sampler)))
+        procs: Iterable = _Counted(lambda: ((b[0].data, len(b[0])) for b in torch_loader))
+    else:  # channels_last: the batch as stored (HWC), as FFCV's ToTorchImage(channels_last=True) gives
+        threads = DataLoader(ds, batch_size, device="cpu", memory_format=layout)
+        procs = DataLoader(ds, batch_size, num_workers=workers, device="cpu", memory_format=layout)
+    return {"reader threads": threads, f"{workers} worker processes": procs, "memcpy bound": bound}
+
+
+def run_reader(size: float = 1.0, repeats: int = 5, batch_size: int = 64, work: Optional[Path] = None,
+               min_seconds: float = 3.0) -> list[Result]:
+    """Batch reading of mirrors as they sit on local disk (issue 12): ``colabfast.DataLoader``'s reader
+    threads against its worker processes (``num_workers`` = CPUs) and the memcpy bound of the batch
+    bytes, uint8 batches, no normalisation (as FFCV's raw and JPEG rows in ``bench epoch``).
+
+    Cases: raw pixels 256x256, JPEGs 256x256, JPEGs 500x375 decoded to tensors, and the bytes-only
+    hand-over of ``decode="gpu"`` (the reader's packed batches vs the workers' collated ones). Methods
+    take turns repeat by repeat (median, min, max of ``repeats``; a repeat is whole epochs lasting at
+    least ``min_seconds``), each case on its own mirror.
+    """
+    workers = env.cpu_count()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as folder:
+        tmp = Path(folder)
+        n = max(4 * batch_size, int(2000 * size))
+        src256 = data.make_imagefolder(tmp / "s256", classes=10, per_class=n // 10, size=(256, 256))
+        src500 = data.make_imagefolder(tmp / "s500", classes=10, per_class=n // 10, size=(500, 375))
+        cases = {
+            "raw 256px": (pack(src256, tmp / "raw.h5", store="raw", progress=False), "tensor"),
+            "raw 256px, channels_last": (tmp / "raw.h5", "tensor"),
+            "JPEG 256px": (pack(src256, tmp / "jpg.h5", progress=False), "tensor"),
+            "JPEG 500x375": (pack(src500, tmp / "jpg500.h5", progress=False), "tensor"),
+            "JPEG bytes 256px (decode='gpu' hand-over)": (tmp / "jpg.h5", "bytes"),
+        }
+        for case, (mirror, output) in cases.items():
+            ds = H5ImageFolder(mirror, output=output)
+            layout = torch.channels_last if "channels_last" in case else None
+            loaders = _reader_loaders(ds, workers, batch_size, layout)
+            rates = _rates(loaders, repeats, min_seconds)
+            bound, procs_rate = rates["memcpy bound"][0], rates[f"{workers} worker processes"][0]
+            for name, (med, low, high) in rates.items():
+                metrics = {"images/s": med, "of memcpy bound": med / bound, "x worker processes": med / procs_rate}
+                rows.append(Result("loader/reader", f"{case}: {name}", len(ds) / med, len(ds) / high,
+                                   len(ds) / low, repeats, metrics, reference=name == "memcpy bound",
+                                   note=f"{len(ds)} images, batch {batch_size}, local disk (page cache); "
+                                        f"images/s min-max {low:.0f}-{high:.0f}"))
+    return rows
