@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
+    "Error": "colabfast.errors",
     "mount": "colabfast.drive",
     "refresh_drive": "colabfast.drive",
     "flush_drive": "colabfast.drive",
@@ -32,9 +33,11 @@ _EXPORTS = {
     "pack": "colabfast.packing",
     "PackError": "colabfast.packing",
     "ArchiveReadError": "colabfast.archivesource",
+    "UnsafeArchiveError": "colabfast.archive",
     "H5ImageFolder": "colabfast.datasets",
     "H5Kitti": "colabfast.datasets",
     "MirrorError": "colabfast.mirror",
+    "info": "colabfast.mirror",
     "BlockShuffleSampler": "colabfast.sampler",
     "DataLoader": "colabfast.loading",
     "CUDAPrefetcher": "colabfast.prefetch",

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Optional
 
 from colabfast._fileio import ReadaheadFile, human_bytes, partial_name, unchanged, write_all
+from colabfast.errors import Error
 
 # Longest first, so "x.tar.gz" is not taken for ".gz".
 ARCHIVE_SUFFIXES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", ".tar", ".zip")
@@ -52,7 +53,7 @@ _LINK_FIX = ("Datasets do not need links, so colabfast refuses them by default; 
              "stay inside the destination are then extracted.")
 
 
-class UnsafeArchiveError(ValueError):
+class UnsafeArchiveError(Error, ValueError):
     """An archive entry would land outside the destination, is a link, or is a device file.
 
     Attributes:

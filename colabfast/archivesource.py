@@ -32,6 +32,7 @@ import numpy as np
 
 from colabfast._fileio import ReadaheadFile, retry
 from colabfast.archive import _decompressed, archive_suffix, safe_relpath
+from colabfast.errors import Error
 from colabfast.imagenet import KAGGLE_SYNSETS, KAGGLE_VAL_SOLUTION, ImageNetLabels, read_devkit, read_kaggle_labels
 from colabfast.sources import is_image
 
@@ -42,7 +43,7 @@ KAGGLE_DATA = "ILSVRC/Data/CLS-LOC/"
 LAYOUTS = ("imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val", "imagefolder")
 
 
-class ArchiveReadError(ValueError):
+class ArchiveReadError(Error, ValueError):
     """The archive ends early or is corrupt at a member; what was packed before it is kept.
 
     Attributes:

@@ -7,12 +7,15 @@ import argparse
 import sys
 from typing import Optional
 
+from colabfast.errors import Error
+
 
 def _stage(args: argparse.Namespace) -> int:
     from colabfast.staging import stage
 
     out = stage(args.src, args.dst, to="ram" if args.ram else "auto", workers=args.workers, verify=args.verify,
-                retries=args.retries, progress=not args.quiet)
+                retries=args.retries, progress=not args.quiet, overwrite=args.overwrite,
+                allow_links=args.allow_links)
     print(out)
     return 0
 
@@ -90,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", choices=["size", "sha256"], default="size",
                    help="check sizes (default), or also SHA-256 of what was read and written")
     p.add_argument("--retries", type=int, default=5, help="retries per file for transient errors (default 5)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace what is in DST (a folder colabfast did not stage, or another source's stage)")
+    p.add_argument("--allow-links", action="store_true",
+                   help="extract links in archives (refused by default); each must stay inside DST")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_stage)
 
@@ -154,8 +161,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# How the library's messages name an option -> how this command spells it.
+_CLI_SPELLING = {"pass on_error='skip'": "pass --skip-errors", "overwrite=True": "--overwrite",
+                 "allow_links=True": "--allow-links"}
+
+
+def _cli_words(message: str) -> str:
+    for api, cli in _CLI_SPELLING.items():
+        message = message.replace(api, cli)
+    return message
+
+
+def _warn_in_one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings on the command line: one line each, no source line (they are meant for the user)."""
+    print(f"colabfast: warning: {_cli_words(str(message))}", file=sys.stderr if file is None else file)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    import warnings
+
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _warn_in_one_line
     if args.command == "pack" and args.image_size is not None and len(args.image_size) > 2:
         build_parser().error("--image-size takes one number (short side) or two (H W)")
     try:
@@ -163,8 +189,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130
-    except (OSError, ValueError) as exc:
-        print(f"colabfast {args.command}: {exc}", file=sys.stderr)
+    except (Error, OSError, ValueError) as exc:
+        print(f"colabfast {args.command}: {_cli_words(str(exc))}", file=sys.stderr)
         return 1
 
 

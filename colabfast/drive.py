@@ -25,6 +25,7 @@ import psutil
 
 from colabfast import env
 from colabfast._fileio import human_bytes
+from colabfast.errors import Error
 
 DEFAULT_MOUNTPOINT = env.DEFAULT_MOUNTPOINT
 SIM_VAR = "COLABFAST_DRIVE_SIM"
@@ -48,7 +49,7 @@ _LINKS = {"MyDrive": "MyDrive", "Shareddrives": "Shareddrives", "My Drive": "MyD
 _SIMS: dict = {}
 
 
-class DriveError(RuntimeError):
+class DriveError(Error, RuntimeError):
     """Mounting, refreshing or flushing Drive failed; the message names the path and the next step."""
 
 

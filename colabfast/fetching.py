@@ -22,6 +22,7 @@ from typing import Optional
 from colabfast import env
 from colabfast._fileio import locked, read_json, write_json_atomic
 from colabfast.archive import ARCHIVE_SUFFIXES, archive_suffix, strip_archive_suffix
+from colabfast.errors import Error
 
 DRIVE_HOSTS = ("drive.google.com", "docs.google.com", "drive.usercontent.google.com")
 STATE = ".colabfast-fetch"  # in the destination folder: one record and one lock per link, downloads in progress
@@ -32,7 +33,7 @@ _DOC_PATH = re.compile(r"/(?:document|spreadsheets|presentation)(?:/u/\d+)?/d/([
 _FOLDER_PATH = re.compile(r"/drive(?:/u/\d+)?(?:/mobile)?/folders/([-\w]{10,})")
 
 
-class FetchError(RuntimeError):
+class FetchError(Error, RuntimeError):
     """A download from Google Drive failed.
 
     Attributes:

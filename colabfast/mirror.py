@@ -64,6 +64,7 @@ import h5py
 import numpy as np
 
 from colabfast._fileio import PathLike, human_bytes
+from colabfast.errors import Error
 
 FORMAT = "colabfast-mirror"
 FORMAT_VERSION = 2  # what pack writes
@@ -86,7 +87,7 @@ __all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index",
            "trust", "write_array", "header", "header_crc32", "attrs_crc32"]
 
 
-class MirrorError(ValueError):
+class MirrorError(Error, ValueError):
     """A file is not a complete colabfast mirror that this version can read; the message says why."""
 
 

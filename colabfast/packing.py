@@ -37,6 +37,7 @@ from colabfast import env
 from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry
 from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
+from colabfast.errors import Error
 from colabfast.mirror import (
     FORMAT,
     FORMAT_VERSION,
@@ -54,7 +55,7 @@ CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 PIECE = 32  # images per task sent to a worker when packing an archive stream
 
 
-class PackError(ValueError):
+class PackError(Error, ValueError):
     """Source images could not be read or decoded; nothing final was written.
 
     Attributes:

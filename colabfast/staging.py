@@ -44,6 +44,7 @@ from colabfast._fileio import (
     write_json_atomic,
 )
 from colabfast.archive import UnsafeArchiveError, archive_suffix, extract, extracted_size, strip_archive_suffix
+from colabfast.errors import Error
 
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
@@ -54,7 +55,7 @@ RANGE = 16 << 20  # bytes per range of a big file
 RAM_FRACTION = 0.5  # to="auto" stages to RAM (in Colab) when the data takes at most this share of spare RAM
 
 
-class StageError(OSError):
+class StageError(Error, OSError):
     """Some files could not be staged; the others are staged and stay.
 
     Attributes:

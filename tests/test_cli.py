@@ -62,3 +62,52 @@ def test_doctor_describes_the_machine_and_the_data(tmp_path):
     assert f"{tmp_path / 'data'}: 3.0 kB in 3 files" in out.stdout
     assert "your data is on local disk" in out.stdout
     assert "usage: colabfast doctor [-h] [data]" in run("doctor", "--help").stdout
+
+
+def test_cli_speaks_its_own_options_and_warns_in_one_line(tmp_path):
+    """Issue 13: the pack error told command-line users to "pass on_error='skip'", and --skip-errors
+    printed a raw UserWarning with a source line."""
+    bad = tmp_path / "imgs" / "a"
+    bad.mkdir(parents=True)
+    (bad / "1.jpg").write_text("not an image")
+    out = run("pack", str(tmp_path / "imgs"), str(tmp_path / "m.h5"), "-q")
+    assert out.returncode == 1 and "--skip-errors" in out.stderr and "on_error" not in out.stderr
+    out = run("pack", str(tmp_path / "imgs"), str(tmp_path / "m2.h5"), "-q", "--skip-errors")
+    assert out.returncode == 0
+    warning = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(warning) == 1 and warning[0].startswith("colabfast: warning: pack: skipped 1 unreadable file")
+    (tmp_path / "empty").mkdir()
+    out = run("stage", str(tmp_path / "empty"), str(tmp_path / "dst"), "-q")
+    assert out.returncode == 0 and out.stderr.startswith("colabfast: warning:") and "UserWarning" not in out.stderr
+    assert "--overwrite" in run("stage", "--help").stdout and "--allow-links" in run("stage", "--help").stdout
+
+
+def test_stage_overwrite_flag_replaces_a_foreign_folder(tmp_path):
+    src = make_files(tmp_path / "src", 3, 100)
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "notes.txt").write_text("mine")
+    out = run("stage", str(src), str(tmp_path / "dst"), "-q")
+    assert out.returncode == 1 and "--overwrite" in out.stderr and (tmp_path / "dst" / "notes.txt").exists()
+    assert run("stage", str(src), str(tmp_path / "dst"), "-q", "--overwrite").returncode == 0
+    assert_same_tree(src, tmp_path / "dst")
+
+
+def test_every_colabfast_error_is_a_colabfast_error_and_one_line(monkeypatch, capsys):
+    """Issue 16, item 7: one base, the old stdlib bases kept, and the CLI prints any of them as a line."""
+    import colabfast as cf
+    from colabfast import cli, staging
+
+    for name, base in [("DriveError", RuntimeError), ("FetchError", RuntimeError), ("StageError", OSError),
+                       ("PackError", ValueError), ("MirrorError", ValueError), ("ArchiveReadError", ValueError),
+                       ("UnsafeArchiveError", ValueError)]:
+        cls = getattr(cf, name)
+        assert issubclass(cls, cf.Error) and issubclass(cls, base), name
+    assert callable(cf.info)
+
+    def fail(*args, **kwargs):
+        raise cf.DriveError("Drive is not mounted")
+
+    monkeypatch.setattr(staging, "stage", fail)
+    assert cli.main(["stage", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err == "colabfast stage: Drive is not mounted\n"

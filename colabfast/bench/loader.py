@@ -39,7 +39,8 @@ class _Normalized:
             yield x.float().div_(255).sub_(self.mean).div_(self.std), y
 
 
-def _rates(loaders: dict[str, Iterable], epochs: int, min_seconds: float = 0.0) -> dict[str, tuple[float, float, float]]:
+def _rates(loaders: dict[str, Iterable], epochs: int,
+           min_seconds: float = 0.0) -> dict[str, tuple[float, float, float]]:
     """(median, min, max) images/s of each loader over ``epochs`` timed repeats, after one warm-up epoch
     each; the loaders take turns repeat by repeat, so drift in the machine's speed hits all alike. A
     repeat runs whole epochs until it has lasted ``min_seconds`` (short epochs are mostly noise)."""
