@@ -13,10 +13,12 @@ the next step, where a failing ``!cmd`` in a notebook would go unnoticed.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shlex
 import shutil
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -29,8 +31,13 @@ from colabfast.errors import Error
 
 DEFAULT_MOUNTPOINT = env.DEFAULT_MOUNTPOINT
 SIM_VAR = "COLABFAST_DRIVE_SIM"
-# Colab's drive.flush_and_unmount default: one day.
-FLUSH_TIMEOUT_MS = 24 * 60 * 60 * 1000
+# Colab's drive.flush_and_unmount waits a day by default; flush_drive() and refresh_drive() wait this
+# long (a multi-GB upload takes minutes), then say what happened instead of hanging a notebook.
+FLUSH_TIMEOUT_MS = 30 * 60 * 1000
+COLAB_FLUSH_TIMEOUT_MS = 24 * 60 * 60 * 1000  # Colab's own default, kept in the signatures that mirror it
+# DriveFS's log, under its state folder: Colab's drive.py reads it to name failures
+# (googlecolab/colabtools, google/colab/drive.py).
+DRIVEFS_LOG = Path("Logs") / "drive_fs.txt"
 OCAMLFUSE = "google-drive-ocamlfuse"
 
 # Colab's own messages (google/colab/drive.py), printed verbatim: notebooks compare outputs.
@@ -39,6 +46,7 @@ ALREADY_MOUNTED = (
     "Drive already mounted at {mountpoint}; to attempt to forcibly remount, "
     'call drive.mount("{mountpoint}", force_remount=True).'
 )
+NO_PARENT = "Mountpoint must be in a directory that exists"
 NOT_MOUNTED = "Drive not mounted, so nothing to flush and unmount."
 
 # name at the mountpoint -> name in the stand-in root. DriveFS shows "MyDrive" (it runs with
@@ -112,12 +120,61 @@ def mount(
     mountpoint = os.fspath(mountpoint)
     if env.in_colab():
         _colab_drive().mount(mountpoint, force_remount=force_remount, timeout_ms=timeout_ms, readonly=readonly)
+    elif env.in_kaggle():
+        raise DriveError(
+            "Google Drive cannot be mounted on Kaggle (google.colab.drive is Colab's), and colabfast's local "
+            "stand-in would show an empty folder. On Kaggle: add your data as a Kaggle dataset (Add Input), "
+            "or download a shared Drive file or folder with colabfast.fetch(link)."
+        )
     else:
-        mount_standin(mountpoint, force_remount=force_remount, timeout_ms=timeout_ms, readonly=readonly)
+        try:
+            mount_standin(mountpoint, force_remount=force_remount, timeout_ms=timeout_ms, readonly=readonly)
+        except ValueError as e:
+            if str(e) != NO_PARENT:
+                raise
+            parent = os.path.dirname(os.path.normpath(os.path.expanduser(mountpoint)))
+            raise ValueError(f"{NO_PARENT}: {parent} does not exist; create it (mkdir -p {shlex.quote(parent)}) "
+                             "or mount elsewhere") from None  # Colab's words, then (here) the folder
+        print(f"colabfast: not in Colab: {mountpoint} shows the local stand-in folder {env.standin_root()} "
+              "($COLABFAST_DRIVE_ROOT)", file=sys.stderr)
+    # refresh_drive() and flush_drive() mount again with what the user chose, not Colab's defaults.
+    _MOUNT_OPTIONS[os.path.realpath(os.path.expanduser(mountpoint))] = {"readonly": readonly, "timeout_ms": timeout_ms}
     return Path(os.path.expanduser(mountpoint)) / "MyDrive"
 
 
-def flush_and_unmount(timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
+# realpath of a mountpoint -> the options mount() was given for it
+_MOUNT_OPTIONS: dict[str, dict] = {}
+
+
+def open_files_under(mountpoint: str) -> list[str]:
+    """Files this process and its children (DataLoader workers) hold open under ``mountpoint``, as
+    ``"path (pid N)"``; psutil's view of ``/proc/<pid>/fd``."""
+    root = os.path.realpath(mountpoint).rstrip("/") + "/"
+    found = []
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            for f in proc.open_files():
+                if f.path.startswith(root):
+                    found.append(f"{f.path} (pid {proc.pid}{'' if proc.pid == me.pid else ', a child process'})")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _refuse_if_in_use(mp: str, what: str) -> None:
+    busy = open_files_under(mp)
+    if busy:
+        shown = "\n  ".join(busy[:10]) + (f"\n  ... and {len(busy) - 10} more" if len(busy) > 10 else "")
+        raise DriveError(
+            f"{what} would unmount Drive at {mp} while this notebook still has files open there:\n  {shown}\n"
+            "A DataLoader's persistent workers reading from Drive would die with ENOTCONN. Finish or delete "
+            "those loaders and datasets first (del loader; import gc; gc.collect()), or stage the data "
+            "off Drive and read it from there."
+        )
+
+
+def flush_and_unmount(timeout_ms: int = COLAB_FLUSH_TIMEOUT_MS) -> None:
     """Push pending writes to Drive and unmount it: Colab's ``drive.flush_and_unmount`` in Colab,
     :func:`flush_and_unmount_standin` elsewhere."""
     if env.in_colab():
@@ -146,7 +203,7 @@ def mount_standin(
     print(MOUNTED.format(mountpoint=mountpoint))
 
 
-def flush_and_unmount_standin(timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
+def flush_and_unmount_standin(timeout_ms: int = COLAB_FLUSH_TIMEOUT_MS) -> None:
     """Colab's ``drive.flush_and_unmount`` for the local stand-in: syncs the disk and takes down every
     mountpoint that exposes it (:func:`colabfast.env.standin_mountpoints`), leaving the mountpoint
     folders empty as Colab does. The files stay in the stand-in root.
@@ -193,6 +250,8 @@ def refresh_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: 
             and what to try next.
     """
     kind, mp = _locate(mountpoint)
+    if kind in ("drivefs", "ocamlfuse"):
+        _refuse_if_in_use(mp, "refresh_drive()")
     if kind == "drivefs":
         report = _refresh_drivefs(mp)
     elif kind == "ocamlfuse":
@@ -223,6 +282,8 @@ def flush_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: bo
         DriveError: no Drive at ``mountpoint``, or a step failed (with what to try next).
     """
     kind, mp = _locate(mountpoint)
+    if kind in ("drivefs", "ocamlfuse"):
+        _refuse_if_in_use(mp, "flush_drive()")
     if kind == "drivefs":
         colab = _colab_drive()
         _flush_drivefs(colab, mp)
@@ -250,6 +311,40 @@ def _locate(mountpoint: str | os.PathLike) -> tuple[str, str]:
     if kind in ("drivefs", "ocamlfuse") and mount is not None:
         path = mount.mountpoint
     return kind, path
+
+
+def failure_advice(path: str | os.PathLike, errors: list[BaseException]) -> Optional[str]:
+    """What to do about reads from Drive that kept failing, or None when there is nothing specific.
+
+    ENOTCONN means the client went away: remount. A persistent EIO on DriveFS is often Drive refusing
+    the download; DriveFS's log (``~/.config/Google/DriveFS/Logs/drive_fs.txt``) says why, as Colab's
+    own ``drive.py`` reads it (googlecolab/colabtools): ``QUOTA_EXCEEDED`` (a file read too often,
+    typical of shared datasets) or ``QueryManager timed out`` (listing a huge folder).
+    """
+    codes = {getattr(e, "errno", None) for e in errors}
+    if errno.ENOTCONN in codes:
+        return ("Drive's connection dropped (ENOTCONN: its client stopped). Mount it again: "
+                "colabfast.mount(force_remount=True), then run the same call again.")
+    if errno.EIO not in codes and errno.ETIMEDOUT not in codes:
+        return None
+    if env.drive_kind(os.fspath(path)) != "drivefs":
+        return None
+    log = env.drivefs_dir() / DRIVEFS_LOG
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (4 << 20)))  # the recent part is enough
+            recent = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    if "QUOTA_EXCEEDED" in recent:
+        return (f"Drive download quota exceeded (DriveFS's log {log} says QUOTA_EXCEEDED): Drive limits how often "
+                "a file may be downloaded, and shared datasets hit it. Wait (the quota resets within a day), or "
+                "copy the folder to your own Drive (Make a copy) and stage that copy.")
+    if "QueryManager timed out" in recent:
+        return (f"Drive timed out listing files (DriveFS's log {log} says 'QueryManager timed out'): a folder with "
+                "very many files. Mount with a longer timeout: colabfast.mount(force_remount=True, "
+                "timeout_ms=600000), or keep such data as one archive or mirror file.")
+    return None
 
 
 def _colab_drive():
@@ -306,7 +401,7 @@ def _check_mountpoint(mountpoint: str) -> None:
     parent = os.path.dirname(normed)
     if "/" in normed and not os.path.exists(parent):
         if parent != env.COLAB_CONTENT:
-            raise ValueError("Mountpoint must be in a directory that exists")
+            raise ValueError(NO_PARENT)
         try:
             os.mkdir(parent)
         except OSError as e:
@@ -450,7 +545,8 @@ def _flush_drivefs(colab, mp: str) -> None:
         colab.flush_and_unmount(FLUSH_TIMEOUT_MS)
     except Exception as e:  # Colab raises ValueError('flush_and_unmount failed') or whatever broke first
         raise DriveError(
-            f"flush_and_unmount() failed ({e}): writes under {mp} may not be on Drive yet and the DriveFS "
+            f"flush_and_unmount() failed or did not finish within {FLUSH_TIMEOUT_MS // 60000} minutes ({e}): "
+            f"writes under {mp} may not be on Drive yet and the DriveFS "
             f"cache {env.drivefs_dir()}, which holds them, was kept. Next: wait a few minutes and call "
             f"colabfast.flush_drive() again; do not restart or disconnect the runtime until it succeeds"
         ) from e
@@ -458,7 +554,7 @@ def _flush_drivefs(colab, mp: str) -> None:
 
 def _mount_drivefs_again(colab, mp: str, done: str) -> None:
     try:
-        colab.mount(mp, force_remount=True)
+        colab.mount(mp, force_remount=True, **_MOUNT_OPTIONS.get(os.path.realpath(mp), {}))
     except Exception as e:  # Colab raises ValueError('mount failed...') among others
         raise DriveError(
             f"{done}, but mounting Drive at {mp} again failed ({e}). Next: colabfast.mount({mp!r}, "

@@ -69,10 +69,15 @@ class StageError(Error, OSError):
         lines = "".join(f"\n  {rel}: {_describe(exc)}" for rel, exc in shown)
         more = f"\n  ... and {len(failures) - len(shown)} more" if len(failures) > len(shown) else ""
         what = "files or folders" if any(rel.endswith("/") for rel in failures) else "files"
+        from colabfast.drive import failure_advice
+
+        advice = failure_advice(src, list(failures.values()))
         super().__init__(
             errno.EIO,
             f"{len(failures)} of {total} {what} could not be staged from {src} to {dst}:{lines}{more}\n"
-            f"The other files are staged and stay; run stage() again to retry only the missing ones.",
+            f"The other files are staged and stay; "
+            + (f"{advice} A re-run copies only the missing ones." if advice else
+               "run stage() again to retry only the missing ones."),
         )
 
     def __str__(self) -> str:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 
@@ -106,8 +107,8 @@ def test_mount_errors_are_colabs(links, tmp_path):
         drive.mount(tmp_path / "full")
     with pytest.raises(ValueError, match="^Mountpoint must not contain a space.$"):
         drive.mount(tmp_path / "my drive")
-    with pytest.raises(ValueError, match="^Mountpoint must be in a directory that exists$"):
-        drive.mount(tmp_path / "missing" / "drive")
+    with pytest.raises(ValueError, match="^Mountpoint must be in a directory that exists: .*missing does not exist"):
+        drive.mount(tmp_path / "missing" / "drive")  # Colab's words, then (outside Colab) the folder
 
 
 def test_content_is_created_for_colab_paths(links, tmp_path, monkeypatch):
@@ -213,6 +214,7 @@ class FakeColabDrive:
 
     def mount(self, mountpoint, force_remount=False, timeout_ms=120000, readonly=False):
         self.calls.append(("mount", mountpoint, force_remount))
+        self.options = {"timeout_ms": timeout_ms, "readonly": readonly}
         if self.mount_fails:
             raise ValueError("mount failed")
         self.mounted = True
@@ -256,6 +258,78 @@ def test_flush_drivefs_keeps_the_cache(drivefs):
     report = drive.flush_drive(drivefs.mountpoint, quiet=True)
     assert [c[0] for c in drivefs.calls] == ["flush_and_unmount", "mount"]
     assert drivefs.cache.exists() and report.freed == 0
+
+
+def test_refresh_and_flush_mount_again_with_the_users_options(drivefs):
+    """Issue 13: they remounted with Colab's defaults, dropping readonly and timeout_ms."""
+    drive.mount(drivefs.mountpoint, readonly=True, timeout_ms=600000)
+    assert drivefs.options == {"timeout_ms": 600000, "readonly": True}
+    drivefs.options = None
+    drive.refresh_drive(drivefs.mountpoint, quiet=True)
+    assert drivefs.options == {"timeout_ms": 600000, "readonly": True}
+    drivefs.options = None
+    drive.flush_drive(drivefs.mountpoint, quiet=True)
+    assert drivefs.options == {"timeout_ms": 600000, "readonly": True}
+
+
+def test_refresh_refuses_while_files_on_drive_are_open(drivefs):
+    """Issue 13: a remount under a loader's open files kills its persistent workers (ENOTCONN)."""
+    data = Path(drivefs.mountpoint) / "MyDrive" / "m.h5"
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b"x" * 100)
+    with open(data, "rb"):
+        for call in (drive.refresh_drive, drive.flush_drive):
+            with pytest.raises(DriveError, match=f"still has files open there:\n  {data} \\(pid {os.getpid()}"):
+                call(drivefs.mountpoint, quiet=True)
+    assert drivefs.calls == [] and drivefs.cache.exists()  # nothing was flushed, unmounted or dropped
+    drive.refresh_drive(drivefs.mountpoint, quiet=True)  # closed: goes ahead
+    assert not drivefs.cache.exists()
+
+
+def test_open_files_of_child_processes_count(tmp_path):
+    (tmp_path / "f").write_text("x")
+    child = subprocess.Popen([sys.executable, "-c", f"f = open({str(tmp_path / 'f')!r}); import time; "
+                              "print('open', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "open"
+        assert drive.open_files_under(str(tmp_path)) == [f"{tmp_path / 'f'} (pid {child.pid}, a child process)"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_failures_on_drivefs_are_named_from_its_log(drivefs, tmp_path):
+    """Issue 13: a persistent EIO on DriveFS is often Drive's download quota; its log says so."""
+    inside = os.path.join(drivefs.mountpoint, "MyDrive", "data")
+    eio = OSError(errno.EIO, "Input/output error")
+    assert drive.failure_advice(inside, [eio]) is None  # no log: nothing specific to say
+    log = env.drivefs_dir() / drive.DRIVEFS_LOG
+    log.parent.mkdir(parents=True)
+    log.write_text("2026-11-23 INFO ok\n2026-11-23 ERROR download failed: QUOTA_EXCEEDED (403)\n")
+    assert "Drive download quota exceeded" in drive.failure_advice(inside, [eio])
+    assert "copy the folder to your own Drive" in drive.failure_advice(inside, [eio])
+    log.write_text("E QueryManager timed out after 60s\n")
+    assert "timeout_ms=" in drive.failure_advice(inside, [eio])
+    gone = OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+    assert "colabfast.mount(force_remount=True)" in drive.failure_advice(tmp_path, [gone])
+    from colabfast.staging import StageError
+
+    err = StageError(Path(inside), tmp_path / "dst", {"a.jpg": gone}, 3)
+    assert "force_remount=True" in str(err) and "run stage() again" not in str(err)
+
+
+def test_kaggle_gets_advice_instead_of_an_empty_drive(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(env, "in_colab", lambda: False)
+    monkeypatch.setattr(env, "in_kaggle", lambda: True)
+    with pytest.raises(DriveError, match="Kaggle dataset.*colabfast.fetch"):
+        drive.mount(tmp_path / "drive")
+    assert "Mounted at" not in capsys.readouterr().out and not (tmp_path / "drive").exists()
+
+
+def test_outside_colab_one_line_names_the_standin(links, tmp_path, capsys):
+    drive.mount(tmp_path / "drive")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(env.standin_root()) in err[0] and "not in Colab" in err[0]
 
 
 # --- google-drive-ocamlfuse, with fake executables on PATH ---------------------------------------

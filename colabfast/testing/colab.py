@@ -30,7 +30,7 @@ def mount(mountpoint, force_remount=False, timeout_ms=120000, readonly=False):
     return _drive.mount_standin(mountpoint, force_remount=force_remount, timeout_ms=timeout_ms, readonly=readonly)
 
 
-def flush_and_unmount(timeout_ms=_drive.FLUSH_TIMEOUT_MS):
+def flush_and_unmount(timeout_ms=_drive.COLAB_FLUSH_TIMEOUT_MS):
     """Unmount Google Drive and flush any outstanding writes to it (colabfast's local stand-in)."""
     return _drive.flush_and_unmount_standin(timeout_ms)
 
