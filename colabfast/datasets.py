@@ -16,12 +16,12 @@ import os
 import time
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import get_worker_info
+from torch.utils.data import ConcatDataset, get_worker_info
 from torchvision.datasets import VisionDataset
 from torchvision.io import ImageReadMode, decode_image
 
@@ -167,6 +167,20 @@ class MirrorReader:
         for start in range(0, nbytes, step):
             self.read_into(blob[start : start + step].numpy(), start)
         return blob
+
+
+def unwrap(dataset: Any) -> Iterator[Any]:
+    """``dataset`` and the datasets inside it, outermost first: through ``Subset`` (``.dataset``),
+    ``ConcatDataset`` (its first part) and any wrapper holding its dataset in an instance attribute
+    ``dataset`` (colabfast's loader wrapper, most user wrappers). At most 16 levels."""
+    for _ in range(16):
+        if dataset is None:
+            return
+        yield dataset
+        if isinstance(dataset, ConcatDataset):
+            dataset = dataset.datasets[0] if dataset.datasets else None
+        else:
+            dataset = vars(dataset).get("dataset") if hasattr(dataset, "__dict__") else None
 
 
 def compact(x: Any) -> Any:

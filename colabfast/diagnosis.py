@@ -14,12 +14,12 @@ import dataclasses
 import threading
 import time
 import warnings
-from typing import Any, Callable, Generator, Iterable, Iterator, Optional
+from typing import Any, Callable, Generator, Iterable, Optional
 
 import torch
-from torch.utils.data import ConcatDataset
 
 from colabfast import env
+from colabfast.datasets import unwrap
 from colabfast.gpudecode import EncodedImages
 from colabfast.prefetch import tensors
 
@@ -306,22 +306,10 @@ def _dataset(loader: Any) -> Any:
     return getattr(loader, "dataset", None)
 
 
-def _unwrapped(dataset: Any) -> Iterator[Any]:
-    """The dataset and the ones inside it: Subset, ConcatDataset, colabfast's and similar wrappers."""
-    seen = 0
-    while dataset is not None and seen < 16:
-        yield dataset
-        seen += 1
-        if isinstance(dataset, ConcatDataset):
-            dataset = dataset.datasets[0] if dataset.datasets else None
-        else:
-            dataset = vars(dataset).get("dataset") if hasattr(dataset, "__dict__") else None
-
-
 def _data_path(dataset: Any) -> Optional[str]:
     """Where ``dataset`` reads from: its ``root``/``path``/``filename``, or its first sample's path
     (``samples[0][0]`` as ImageFolder, ``imgs``, ``images`` as torchvision's Kitti)."""
-    for d in _unwrapped(dataset):
+    for d in unwrap(dataset):
         for name in ("root", "path", "filename"):
             value = getattr(d, name, None)
             if isinstance(value, str) or hasattr(value, "__fspath__"):
@@ -355,7 +343,7 @@ def _advice(
 ) -> list[str]:
     advice = []
     if verdict in ("data-bound", "partly data-bound"):
-        mirror = any(getattr(d, "is_mirror", False) for d in _unwrapped(dataset))
+        mirror = any(getattr(d, "is_mirror", False) for d in unwrap(dataset))
         if storage in ("Google Drive", "FUSE"):
             where = "a Drive mount" if storage == "Google Drive" else "a FUSE mount"
             advice.append(
@@ -392,7 +380,7 @@ def _advice(
 
 def _yields_bytes(dataset: Any) -> Optional[bool]:
     """True/False when the dataset says whether it yields encoded bytes (``output``), else None."""
-    for d in _unwrapped(dataset):
+    for d in unwrap(dataset):
         output = getattr(d, "output", None)
         if output is not None:
             return output == "bytes"

@@ -15,14 +15,14 @@ import copy
 import functools
 import operator
 import weakref
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
-from torch.utils.data import Dataset, IterableDataset, Subset, default_collate, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
 
 from colabfast import datasets, env, reader
-from colabfast.datasets import compact
+from colabfast.datasets import compact, unwrap
 from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu, empty_uint8, is_encoded, is_jpeg
 from colabfast.prefetch import FEED_DEPTH, BatchConverter, Floats, ImageList, Normalize, cuda_device, restart
 from colabfast.sampler import BlockShuffleSampler
@@ -198,12 +198,11 @@ class _Prepared(Dataset):
 
 
 def find_attr(dataset: Any, name: str, default: Any = None) -> Any:
-    """``dataset.<name>``, looking through ``Subset`` and colabfast's wrappers to the dataset inside."""
-    while dataset is not None:
-        value = getattr(dataset, name, None)
+    """``dataset.<name>``, looking through wrappers to the dataset inside (:func:`colabfast.datasets.unwrap`)."""
+    for d in unwrap(dataset):
+        value = getattr(d, name, None)
         if value is not None:
             return value
-        dataset = getattr(dataset, "dataset", None) if isinstance(dataset, (Subset, _Prepared)) else None
     return default
 
 
@@ -213,6 +212,118 @@ def is_mirror(dataset: Any) -> bool:
 
 
 # --- the DataLoader ----------------------------------------------------------------------------------
+
+
+class BlockPlan(NamedTuple):
+    """In a :func:`plan`: a :class:`~colabfast.sampler.BlockShuffleSampler` with blocks of ``block_size``,
+    which the DataLoader builds (drawing its seed from the ``generator``)."""
+
+    block_size: int
+
+    def __str__(self) -> str:
+        return f"BlockShuffleSampler(block_size={self.block_size})"
+
+
+class ReaderPlan(NamedTuple):
+    """In a :func:`plan`: batches read by ``threads`` threads of :mod:`colabfast.reader`."""
+
+    threads: int
+
+    def __str__(self) -> str:
+        return f"{self.threads} threads"
+
+
+def plan(
+    dataset: Any,
+    *,
+    batch_size: Optional[int] = 1,
+    shuffle: Optional[bool] = None,
+    sampler: Any = None,
+    batch_sampler: Any = None,
+    num_workers: Optional[int] = None,
+    collate_fn: Optional[Callable] = None,
+    pin_memory: Optional[bool] = None,
+    worker_init_fn: Optional[Callable] = None,
+    multiprocessing_context: Any = None,
+    prefetch_factor: Optional[int] = None,
+    persistent_workers: Optional[bool] = None,
+    device: Union[str, torch.device] = "auto",
+    memory_format: Optional[torch.memory_format] = None,
+    decode: str = "auto",
+    transform: Optional[Callable] = None,
+) -> dict[str, tuple[Any, str]]:
+    """What :class:`DataLoader` will choose for these arguments: name -> ``(value, why)``.
+
+    A pure function of its arguments and the machine (CPUs, GPU, start method): it starts no worker,
+    opens nothing and draws no random number, so the defaults can be read and tested before a
+    loader exists. Keys: ``device``, ``decode``, ``reader`` (a :class:`ReaderPlan` or ``"none"``),
+    ``num_workers``, ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``sampler`` (a
+    :class:`BlockPlan` where the loader builds a block sampler), ``collate_fn``. The arguments are
+    :class:`DataLoader`'s; see there for what each default means.
+
+    Raises:
+        ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or batching.
+        RuntimeError: a CUDA ``device`` without a GPU.
+    """
+    choices: dict[str, tuple[Any, str]] = {}
+
+    def choose(name: str, given: Any, default: Any, why: str) -> Any:
+        choices[name] = (given, "set by caller") if given is not None else (default, why)
+        return choices[name][0]
+
+    target = _resolve_device(device)
+    cuda = target.type == "cuda"
+    choices["device"] = (target, ("torch sees a GPU" if cuda else "torch sees no GPU") if device == "auto"
+                         else "set by caller")
+    iterable = isinstance(dataset, IterableDataset)
+    batching = batch_size is not None or batch_sampler is not None
+    cpus = env.cpu_count()
+    spawns = multiprocessing_context is None and _spawned()
+    decode = _choose_decode(decode, dataset, cuda, batching, choices)
+
+    threads = None
+    if num_workers is None and collate_fn is None and batch_sampler is None and batch_size and not iterable:
+        fits, why = reader.applies(dataset, transform_on_cpu=transform is not None and not cuda, decode=decode)
+        threads = cpus if fits else None
+        choices["reader"] = (ReaderPlan(cpus) if fits else "none", why)
+    else:
+        choices["reader"] = ("none", "the caller chose workers, a collate_fn or a batch_sampler" if not iterable
+                             else "IterableDataset")
+    if threads is not None:
+        num_workers = choose("num_workers", None, 0, "the reader threads do the work (see reader)")
+    elif iterable:
+        num_workers = choose("num_workers", num_workers, 0, "IterableDataset: every worker would replay the stream")
+    elif spawns and _from_main(dataset, collate_fn, worker_init_fn, transform):
+        why = "workers are spawned here and cannot import what a notebook (__main__) defines"
+        num_workers = choose("num_workers", num_workers, 0, why)
+    else:
+        num_workers = choose("num_workers", num_workers, cpus, f"{cpus} CPUs (colabfast.env.cpu_count())")
+    workers = num_workers > 0
+    choose("persistent_workers", persistent_workers, workers,
+           "workers survive between epochs" if workers else "no workers")
+    choose("prefetch_factor", prefetch_factor, PREFETCH_FACTOR if workers else None,
+           f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers")
+    choose("pin_memory", pin_memory, cuda,
+           "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
+
+    if sampler is None and batch_sampler is None and shuffle and not iterable and is_mirror(dataset):
+        if find_attr(dataset, "shuffled", False) or not batch_size:
+            block, why = MAX_BLOCK_SIZE, "a mirror packed in shuffled order: blocks mix classes"
+        else:
+            block = min(MAX_BLOCK_SIZE, max(1, batch_size // BLOCKS_PER_BATCH))
+            why = f"a batch mixes {BLOCKS_PER_BATCH} blocks (pack(shuffle=True) allows {MAX_BLOCK_SIZE})"
+        choices["sampler"] = (BlockPlan(block), f"h5 mirror, shuffle=True, blocks of {block}: {why}")
+    elif sampler is not None or batch_sampler is not None:
+        choices["sampler"] = (sampler if sampler is not None else batch_sampler, "set by caller")
+    else:
+        choices["sampler"] = ("RandomSampler" if shuffle else "SequentialSampler", "torch's default")
+
+    if collate_fn is None and batching:
+        layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
+        choices["collate_fn"] = ("colabfast.loading.collate", f"uint8 images batched {_layout_name(layout)}")
+    else:
+        choose("collate_fn", collate_fn, "default_convert", "torch's default without batching")
+    return choices
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -306,70 +417,23 @@ class DataLoader(torch.utils.data.DataLoader):
         transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         **kwargs: Any,
     ) -> None:
-        choices: dict[str, tuple[Any, str]] = {}
-
-        def choose(name: str, given: Any, default: Any, why: str) -> Any:
-            choices[name] = (given, "set by caller") if given is not None else (default, why)
-            return choices[name][0]
-
-        target = _resolve_device(device)
+        choices = plan(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+                       num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
+                       worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+                       prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, device=device,
+                       memory_format=memory_format, decode=decode, transform=transform)
+        target: torch.device = choices["device"][0]
         cuda = target.type == "cuda"
-        if device == "auto":
-            choices["device"] = (target, "torch sees a GPU" if cuda else "torch sees no GPU")
-        else:
-            choices["device"] = (target, "set by caller")
-        iterable = isinstance(dataset, IterableDataset)
+        num_workers, persistent_workers = choices["num_workers"][0], choices["persistent_workers"][0]
+        prefetch_factor, pin_memory = choices["prefetch_factor"][0], choices["pin_memory"][0]
+        decode = choices["decode"][0]
+        threads = choices["reader"][0].threads if isinstance(choices["reader"][0], ReaderPlan) else None
         batching = batch_size is not None or batch_sampler is not None
-
-        cpus = env.cpu_count()
-        spawns = multiprocessing_context is None and _spawned()
-        decode = self._choose_decode(decode, dataset, cuda, batching, choices)
-        threads = None
-        if num_workers is None and collate_fn is None and batch_sampler is None and batch_size and not iterable:
-            fits, why = reader.applies(dataset, transform_on_cpu=transform is not None and not cuda, decode=decode)
-            if fits:
-                threads = cpus
-                num_workers = choose("num_workers", None, 0, "the reader threads do the work (see reader)")
-                choices["reader"] = (f"{threads} threads", why)
-            else:
-                choices["reader"] = ("none", why)
-        if iterable:
-            num_workers = choose("num_workers", num_workers, 0, "IterableDataset: every worker would replay the stream")
-        elif spawns and _from_main(dataset, collate_fn, worker_init_fn, transform):
-            why = "workers are spawned here and cannot import what a notebook (__main__) defines"
-            num_workers = choose("num_workers", num_workers, 0, why)
-        else:
-            num_workers = choose("num_workers", num_workers, cpus, f"{cpus} CPUs (colabfast.env.cpu_count())")
-        workers = num_workers > 0
-        persistent_workers = choose(
-            "persistent_workers",
-            persistent_workers,
-            workers,
-            "workers survive between epochs" if workers else "no workers",
-        )
-        prefetch_factor = choose(
-            "prefetch_factor",
-            prefetch_factor,
-            PREFETCH_FACTOR if workers else None,
-            f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers",
-        )
-        pin_why = "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU"
-        pin_memory = choose("pin_memory", pin_memory, cuda, pin_why)
-
-        if sampler is None and batch_sampler is None and shuffle and not iterable and is_mirror(dataset):
-            if find_attr(dataset, "shuffled", False) or not batch_size:
-                block, why = MAX_BLOCK_SIZE, "a mirror packed in shuffled order: blocks mix classes"
-            else:
-                block = min(MAX_BLOCK_SIZE, max(1, batch_size // BLOCKS_PER_BATCH))
-                why = f"a batch mixes {BLOCKS_PER_BATCH} blocks (pack(shuffle=True) allows {MAX_BLOCK_SIZE})"
-            seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())  # as RandomSampler
-            sampler = BlockShuffleSampler(dataset, block, seed=seed)
-            shuffle = None
-            choices["sampler"] = (sampler, f"h5 mirror, shuffle=True, blocks of {block}: {why}")
-        elif sampler is not None or batch_sampler is not None:
-            choices["sampler"] = (sampler if sampler is not None else batch_sampler, "set by caller")
-        else:
-            choices["sampler"] = ("RandomSampler" if shuffle else "SequentialSampler", "torch's default")
+        value, why = choices["sampler"]
+        if isinstance(value, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+            sampler, shuffle = BlockShuffleSampler(dataset, value.block_size, seed=seed), None
+            choices["sampler"] = (sampler, why)
 
         if threads is None and (decode in ("cpu", "gpu") or (transform is not None and not cuda)):
             dataset = _Prepared(dataset, keep_jpeg=decode == "gpu", transform=None if cuda else transform,
@@ -381,9 +445,6 @@ class DataLoader(torch.utils.data.DataLoader):
         if collate_fn is None and batching:
             layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
             collate_fn = functools.partial(collate, memory_format=layout)
-            choices["collate_fn"] = ("colabfast.loading.collate", f"uint8 images batched {_layout_name(layout)}")
-        else:
-            choose("collate_fn", collate_fn, "default_convert", "torch's default without batching")
 
         super().__init__(
             dataset,
@@ -425,24 +486,6 @@ class DataLoader(torch.utils.data.DataLoader):
         self._stream = torch.cuda.Stream(device=target) if cuda else None
         self._feeder: Any = None  # weakref to this epoch's feeder thread (colabfast.prefetch.Feeder)
 
-    @staticmethod
-    def _choose_decode(decode: str, dataset: Any, cuda: bool, batching: bool, choices: dict) -> str:
-        if decode not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"decode must be 'auto', 'cpu' or 'gpu', got {decode!r}")
-        if decode == "gpu" and not (cuda and batching):
-            raise ValueError("decode='gpu' needs a CUDA device and batching (a batch_size or batch_sampler)")
-        if decode != "auto":
-            choices["decode"] = (decode, "set by caller")
-            return decode
-        if find_attr(dataset, "output") != "bytes":
-            choices["decode"] = ("auto", "images arrive decoded (dataset.output is not 'bytes')")
-            return "auto"
-        if cuda and batching:
-            choices["decode"] = ("gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches")
-            return "gpu"
-        choices["decode"] = ("cpu", "dataset yields bytes, batches stay on the CPU: decoded in the workers")
-        return "cpu"
-
     def _batches(self) -> Iterator:
         if self._reader is not None:
             return self._reader.batches(self.batch_sampler)
@@ -477,6 +520,24 @@ class DataLoader(torch.utils.data.DataLoader):
         return "\n".join(lines)
 
 
+def _choose_decode(decode: str, dataset: Any, cuda: bool, batching: bool, choices: dict) -> str:
+    if decode not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"decode must be 'auto', 'cpu' or 'gpu', got {decode!r}")
+    if decode == "gpu" and not (cuda and batching):
+        raise ValueError("decode='gpu' needs a CUDA device and batching (a batch_size or batch_sampler)")
+    if decode != "auto":
+        choices["decode"] = (decode, "set by caller")
+        return decode
+    if find_attr(dataset, "output") != "bytes":
+        choices["decode"] = ("auto", "images arrive decoded (dataset.output is not 'bytes')")
+        return "auto"
+    if cuda and batching:
+        choices["decode"] = ("gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches")
+        return "gpu"
+    choices["decode"] = ("cpu", "dataset yields bytes, batches stay on the CPU: decoded in the workers")
+    return "cpu"
+
+
 def _spawned() -> bool:
     """True when workers start by spawn/forkserver (macOS, Windows), not by fork (Linux, Colab)."""
     return torch.multiprocessing.get_start_method(allow_none=False) != "fork"
@@ -484,10 +545,7 @@ def _spawned() -> bool:
 
 def _from_main(dataset: Any, *functions: Any) -> bool:
     """True if the dataset (or a dataset it wraps) or one of the functions is defined in ``__main__``."""
-    wrapped = []
-    while dataset is not None and len(wrapped) < 16:
-        wrapped.append(dataset)
-        dataset = vars(dataset).get("dataset") if hasattr(dataset, "__dict__") else None
+    wrapped = list(unwrap(dataset))
     return any(getattr(type(d), "__module__", None) == "__main__" for d in wrapped) or any(
         f is not None and getattr(f, "__module__", None) == "__main__" for f in functions
     )

@@ -222,3 +222,23 @@ def test_views_only_where_the_loaders_collate_copies(mirrors):
     assert all(torch.equal(a[0], torch.stack([ds[i][0] for i in range(k * 4, k * 4 + len(a[0]))]))
                for k, a in enumerate(loader))
 
+
+
+def test_plan_is_pure_and_is_what_the_loader_does(mirrors):
+    """Issue 16, item 3: the defaults are planned by a pure function, testable without a loader."""
+    from colabfast.loading import BlockPlan, ReaderPlan, plan
+
+    ds = H5ImageFolder(mirrors["raw"], output="tensor")
+    state = torch.random.get_rng_state()
+    p = plan(ds, batch_size=8, shuffle=True, device="cpu")
+    assert torch.equal(state, torch.random.get_rng_state())  # no random number drawn
+    assert isinstance(p["reader"][0], ReaderPlan) and p["num_workers"] == (0, p["num_workers"][1])
+    assert "reader threads" in p["num_workers"][1]
+    assert p["sampler"][0] == BlockPlan(1) and p["prefetch_factor"][0] is None  # 8 // 16 blocks, at least 1
+    given = plan(ds, batch_size=8, num_workers=3, device="cpu")
+    assert given["num_workers"] == (3, "set by caller") and given["reader"][0] == "none"
+    assert given["persistent_workers"][0] is True and given["prefetch_factor"][0] == 4
+    loader = cf.DataLoader(ds, 8, shuffle=True, device="cpu")
+    for name in ("num_workers", "pin_memory", "prefetch_factor", "decode", "collate_fn", "device"):
+        assert loader.choices[name] == p[name], name
+    assert isinstance(loader.sampler, BlockShuffleSampler) and loader.sampler.block_size == 1
