@@ -73,3 +73,16 @@ def test_the_library_has_no_import_cycles():
 def test_env_probes_only():
     """env sits at the bottom: everything asks it about the machine, and it asks no other module."""
     assert graph()["colabfast.env"] <= {"colabfast._fileio"}
+
+
+def test_the_library_never_imports_the_test_harness_at_import_time():
+    """Issue 16, item 4: importing the library (and using its Drive module) loads no colabfast.testing;
+    the simulator is imported only when a stand-in mount asks for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, colabfast as cf, colabfast.drive, colabfast.env, colabfast.staging, colabfast.loading\n"
+            "cf.env.drive_kind('/'); cf.env.standin_mountpoints()\n"
+            "print(sorted(m for m in sys.modules if m.startswith('colabfast.testing')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
