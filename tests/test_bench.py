@@ -70,7 +70,7 @@ def test_staging_without_fuse_says_why(monkeypatch):
 def test_epoch_scenario(need_fuse, tmp_path):
     chosen = [peers.WEBDATASET, ABSENT]
     rows = epoch.run(size=0.01, repeats=1, image_sizes=("256px",), batch_size=8, num_workers=1, peers=chosen,
-                     drive=QUICK_DRIVE, work=tmp_path)
+                     drive=QUICK_DRIVE, work=tmp_path, min_seconds=0.0)
     check_rows(rows, "epoch/256px/")
     by = {(r.scenario, r.method): r for r in rows}
     for source in ("local", "drive"):
@@ -90,6 +90,37 @@ def test_epoch_scenario(need_fuse, tmp_path):
     assert staged.seconds is not None and staged.metrics["Drive MB"] > 0
     wds = [r for r in local if r.method.startswith("WebDataset")]
     assert len(wds) == 1 and (wds[0].seconds is not None or "not installed" in wds[0].note)
+
+
+def test_local_methods_take_turns_and_each_repeat_lasts_min_seconds(tmp_path, monkeypatch):
+    """Issue 12: the local epochs ran each method's repeats back to back and lasted a fraction of a
+    second; now the methods alternate round by round and a repeat is whole epochs of >= min_seconds."""
+    import itertools
+    import types
+
+    log, clock = [], [0.0]
+    monkeypatch.setattr(epoch, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Loader:
+        def __init__(self, name):
+            self.name = name
+
+        def __iter__(self):
+            log.append(self.name)
+            clock[0] += 0.01  # every epoch takes 10 ms of the test's clock
+            yield torch.zeros(2, 3, epoch.CROP, epoch.CROP, dtype=torch.uint8), None
+
+    methods = [epoch._Method(n, open_loader=lambda root, cache, n=n: Loader(n), slow=n == "slow")
+               for n in ("a", "b", "slow")]
+    rows = epoch._local("epoch/x/local", methods, tmp_path, repeats=3, baseline_repeats=1, min_seconds=0.035)
+    assert log[:3] == ["a", "b", "slow"]  # the untimed first epochs
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(log[3:])]
+    assert [name for name, _ in runs] == ["a", "b", "slow", "a", "b", "a", "b"]
+    assert all(epochs == 4 for _, epochs in runs)  # whole 10 ms epochs until 35 ms have passed
+    by = {r.method: r for r in rows}
+    assert by["a"].repeats == 3 and by["slow"].repeats == 1
+    assert by["a"].seconds == pytest.approx(0.01) and by["a"].low <= by["a"].seconds <= by["a"].high
+    assert by["a"].metrics["images/s"] == pytest.approx(200)
 
 
 def test_epoch_rejects_unknown_image_size():

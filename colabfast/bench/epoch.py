@@ -15,7 +15,9 @@ How each figure is taken:
 
 - preparation (``prep s``, ``disk MB``): each method's own conversion of the tree, timed once.
 - local disk (page cache warm, as after staging): the loader is built and one epoch run untimed
-  (worker start-up, FFCV's compilation: ``1st epoch s``), then ``repeats`` epochs are timed.
+  (worker start-up, FFCV's compilation: ``1st epoch s``); then the methods take turns: ``repeats``
+  rounds, each method timed for whole epochs lasting at least ``MIN_SECONDS`` per round (per-epoch
+  median, min and max over the rounds).
 - Drive (cold): each repeat builds a fresh loader over the prepared data on the simulated Drive and
   times it through one full epoch; reopening files there drops the kernel's cached pages (FUSE without
   ``keep_cache``), so every repeat reads from the simulated link (``Drive MB``: what it read).
@@ -47,6 +49,9 @@ from colabfast.testing import data
 IMAGE_SIZES = {"256px": (256, 256), "500x375": (500, 375)}
 CROP = 224
 CLASSES = 10
+
+
+MIN_SECONDS = 3.0  # a local repeat runs whole epochs for at least this long
 
 
 def transform() -> torch.nn.Module:
@@ -281,38 +286,64 @@ def _skipped(scenario: str, m: _Method) -> Optional[Result]:
     return Result(scenario, m.name, None, note=reason, reference=m.reference) if reason else None
 
 
-def _local(scenario: str, methods: list[_Method], root: Path, repeats: int, baseline_repeats: int) -> list[Result]:
-    rows = []
-    for m in methods:
-        if not m.local:
-            continue
-        skipped = _skipped(scenario, m)
-        if skipped:
-            rows.append(skipped)
-            continue
-        reps = baseline_repeats if m.slow else repeats
-        loader = None
-        try:
-            start = time.perf_counter()
-            loader = m.open_loader(root, None)
-            _epoch(loader)
-            first = time.perf_counter() - start
-            times, images = [], 0
-            for _ in range(reps):
+def _timed(loader: Iterable, min_seconds: float) -> tuple[float, int]:
+    """Whole epochs of ``loader`` until ``min_seconds`` have passed: (seconds per epoch, images per epoch)."""
+    epochs, images, start = 0, 0, time.perf_counter()
+    while True:
+        images = _epoch(loader)
+        epochs += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / epochs, images
+
+
+def _local(scenario: str, methods: list[_Method], root: Path, repeats: int, baseline_repeats: int,
+           min_seconds: float = MIN_SECONDS) -> list[Result]:
+    """Every local method's loader is opened (one untimed warm-up epoch each), then the methods take
+    turns repeat by repeat, so drift in the machine's speed hits all of them alike; a repeat is whole
+    epochs lasting at least ``min_seconds`` (epochs of a fraction of a second are mostly noise)."""
+    rows: dict[str, Result] = {}
+    loaders: dict[str, Any] = {}
+    times: dict[str, list[float]] = {}
+    images: dict[str, int] = {}
+    first: dict[str, float] = {}
+    chosen = [m for m in methods if m.local]
+    try:
+        for m in chosen:
+            skipped = _skipped(scenario, m)
+            if skipped:
+                rows[m.name] = skipped
+                continue
+            try:
                 start = time.perf_counter()
-                images = _epoch(loader)
-                times.append(time.perf_counter() - start)
-        except Exception as exc:
-            rows.append(Result(scenario, m.name, None, note=_failed(exc), reference=m.reference))
+                loaders[m.name] = m.open_loader(root, None)
+                _epoch(loaders[m.name])
+                first[m.name], times[m.name] = time.perf_counter() - start, []
+            except Exception as exc:
+                rows[m.name] = Result(scenario, m.name, None, note=_failed(exc), reference=m.reference)
+                loaders.pop(m.name, None)
+        for rep in range(max(repeats, baseline_repeats)):
+            for m in chosen:
+                if m.name not in loaders or rep >= (baseline_repeats if m.slow else repeats):
+                    continue
+                try:
+                    seconds, images[m.name] = _timed(loaders[m.name], min_seconds)
+                    times[m.name].append(seconds)
+                except Exception as exc:
+                    rows[m.name] = Result(scenario, m.name, None, note=_failed(exc), reference=m.reference)
+                    del loaders[m.name]
+    finally:
+        loaders.clear()
+        gc.collect()  # the loaders' workers, files and shared memory go before the next scenario
+    for m in chosen:
+        if m.name in rows or not times.get(m.name):
             continue
-        finally:
-            loader = None
-            gc.collect()  # the loader's workers, files and shared memory go before the next method
-        med = float(np.median(times))
-        rows.append(Result(scenario, m.name, med, min(times), max(times), reps,
-                           {"images/s": images / med, "1st epoch s": first, **(m.prepared or {})},
-                           note=m.note, reference=m.reference))
-    return rows
+        t = times[m.name]
+        med = float(np.median(t))
+        rows[m.name] = Result(scenario, m.name, med, min(t), max(t), len(t),
+                              {"images/s": images[m.name] / med, "1st epoch s": first[m.name], **(m.prepared or {})},
+                              note=m.note, reference=m.reference)
+    return [rows[m.name] for m in chosen if m.name in rows]
 
 
 def _drive(scenario: str, methods: list[_Method], sim: Any, root: Path, repeats: int, baseline_repeats: int,
@@ -364,13 +395,15 @@ def run(
     peers: Optional[Sequence[peer_module.Peer]] = None,
     drive: Optional[dict] = None,
     work: Optional[Path] = None,
+    min_seconds: float = MIN_SECONDS,
 ) -> list[Result]:
     """Measure epoch throughput; one scenario ``epoch/<image size>/<source>`` per combination.
 
     Args:
         size: scale: 1.0 is 2000 images (10 classes) per image size; the slow baselines from Drive
             take about images x 0.1 s / num_workers at 1.0 (ImageFolder: ~100 s per epoch).
-        repeats: timed epochs per method (median reported, with min and max).
+        repeats: timed repeats per method (median reported, with min and max). From local disk the
+            methods take turns repeat by repeat and a repeat is whole epochs lasting ``min_seconds``.
         baseline_repeats: timed epochs of the slow baselines (ImageFolder, naive h5).
         image_sizes: keys of :data:`IMAGE_SIZES`.
         sources: ``"local"`` and/or ``"drive"`` (the Drive simulator; needs FUSE).
@@ -414,7 +447,7 @@ def run(
             _prepare(methods, root)
             prepared[key] = methods
             if "local" in sources:
-                rows += _local(f"epoch/{key}/local", methods, root, repeats, baseline_repeats)
+                rows += _local(f"epoch/{key}/local", methods, root, repeats, baseline_repeats, min_seconds)
         if "drive" in sources:
             from colabfast.testing.drivesim import DriveSim, available
 
