@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 import torch
@@ -14,36 +15,58 @@ from colabfast.diagnosis import Report, diagnose
 from colabfast.loading import DataLoader
 
 
-class Sleepy(Dataset):
-    """uint8 images that take ``delay`` seconds each to load; ``root`` says where they 'live'."""
+class Clock:
+    """A fake ``perf_counter`` that moves only when told to, so verdicts do not depend on machine load."""
 
-    def __init__(self, n=64, delay=0.0, root="/tmp/sleepy"):
-        self.n, self.delay, self.root = n, delay, root
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = Clock()
+    monkeypatch.setattr(diagnosis, "time", types.SimpleNamespace(perf_counter=fake, sleep=fake.sleep))
+    return fake
+
+
+class Sleepy(Dataset):
+    """uint8 images that take ``delay`` seconds each to load (on ``clock`` if given, else really);
+    ``root`` says where they 'live'."""
+
+    def __init__(self, n=64, delay=0.0, root="/tmp/sleepy", clock=None):
+        self.n, self.delay, self.root, self.clock = n, delay, root, clock
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
         if self.delay:
-            time.sleep(self.delay)
+            (self.clock.sleep if self.clock is not None else time.sleep)(self.delay)
         return torch.full((3, 8, 8), i % 256, dtype=torch.uint8), i
 
 
-def test_a_slow_dataset_is_data_bound():
-    loader = tud.DataLoader(Sleepy(delay=0.004), batch_size=4)
-    report = diagnose(loader, lambda batch: None, steps=8, warmup=1, verbose=False)
-    assert report.verdict == "data-bound" and report.data_fraction > 0.8
+def test_a_slow_dataset_is_data_bound(clock):
+    loader = tud.DataLoader(Sleepy(delay=0.004, clock=clock), batch_size=4)
+    report = diagnose(loader, lambda batch: clock.sleep(0.001), steps=8, warmup=1, verbose=False)
+    assert report.verdict == "data-bound" and report.data_fraction == pytest.approx(0.016 / 0.017)
     assert report.steps == 8 and len(report.data_times) == len(report.step_times) == 8
-    assert report.data_time > 0.012  # 4 samples x 4 ms
+    assert report.data_time == pytest.approx(0.016)  # 4 samples x 4 ms
     assert any("num_workers=0" in a for a in report.advice)
     assert report.headline().startswith("data-bound: ")
 
 
-def test_a_slow_step_is_compute_bound():
-    loader = DataLoader(Sleepy(), 4, num_workers=0)
-    report = diagnose(loader, lambda batch: time.sleep(0.08), steps=5, warmup=1, verbose=False)
-    assert report.verdict == "compute-bound" and report.data_fraction < 0.05
-    assert report.step_time >= 0.08 and report.images_per_s < report.loader_images_per_s
+def test_a_slow_step_is_compute_bound(clock):
+    loader = DataLoader(Sleepy(delay=0.0001, clock=clock), 4, num_workers=0)
+    report = diagnose(loader, lambda batch: clock.sleep(0.08), steps=5, warmup=1, verbose=False)
+    assert report.verdict == "compute-bound" and report.data_fraction == pytest.approx(0.0004 / 0.0804)
+    assert report.step_time == pytest.approx(0.08)
+    assert report.images_per_s == pytest.approx(4 / 0.0804) and report.loader_images_per_s == pytest.approx(4 / 0.0004)
     assert "a faster loader will not speed training up" in report.advice[0]
 
 
