@@ -23,9 +23,9 @@ import torch
 from PIL import Image
 from torch.utils.data import ConcatDataset, get_worker_info
 from torchvision.datasets import VisionDataset
-from torchvision.io import ImageReadMode, decode_image
 
 from colabfast._fileio import PathLike, backoff, human_bytes, is_transient
+from colabfast.gpudecode import decode_cpu
 from colabfast.mirror import Index, MirrorError, header, load_index, open_h5, read_paths
 
 OUTPUTS = ("pil", "tensor", "bytes")
@@ -266,7 +266,7 @@ class MirrorDataset(VisionDataset):
             return stored
         try:
             if self.output == "tensor":
-                return decode_image(stored, mode=ImageReadMode.RGB)
+                return decode_cpu(stored, index)
             with Image.open(io.BytesIO(stored.numpy().tobytes())) as img:
                 return img.convert("RGB")
         except Exception as exc:  # PIL and torchvision raise many types for bad bytes; pack decoded them all

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import io
 import threading
 import time
 import weakref
@@ -10,6 +11,8 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
 from colabfast import transforms
@@ -144,6 +147,40 @@ def test_converter_decodes_encoded_images_on_the_cpu():
     out = BatchConverter("cpu", Normalize(torch.float32))(EncodedImages.pack(files, [7, 8, 9]))
     assert out.shape == (3, 3, 32, 48)
     torch.testing.assert_close(out[2], decode_cpu(files[2]).float() / 255)
+
+
+@pytest.mark.parametrize("mode, subsampling, progressive", [("RGB", 0, False), ("RGB", 2, False), ("RGB", 1, True),
+                                                           ("L", -1, False)])
+def test_cpu_decode_gives_torchvisions_and_pils_pixels(mode, subsampling, progressive):
+    # JPEGs go to simplejpeg (GIL released, into the caller's memory); its libjpeg-turbo settings must
+    # give exactly what torchvision.io.decode_image and PIL give, or the reader and worker paths differ.
+    img = photo(61, 37, np.random.default_rng(3)).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90, subsampling=subsampling, progressive=progressive)
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    want = decode_image(data, mode=ImageReadMode.RGB)
+    pil = torch.from_numpy(np.array(Image.open(buf).convert("RGB"))).permute(2, 0, 1)
+    got = decode_cpu(data)
+    assert got.shape == (3, 37, 61) and torch.equal(got, want) and torch.equal(got, pil)
+    out = np.zeros((37, 61, 3), np.uint8)
+    into = decode_cpu(data, 4, out=out)
+    assert torch.equal(into, want) and into.data_ptr() == out.ctypes.data  # decoded in place, no copy
+
+
+def test_cpu_decode_into_memory_of_the_wrong_size_or_of_bad_bytes_names_the_image():
+    data = jpeg_files(1, size=(48, 32))[0]
+    for shape in [(32, 47, 3), (40, 48, 3)]:  # smaller and larger than the image
+        with pytest.raises(ValueError, match="dataset index 5 is 48x32, not the"):
+            decode_cpu(data, 5, out=np.zeros(shape, np.uint8))
+    png = torch.frombuffer(bytearray(encode(photo(20, 10, np.random.default_rng(0)), "PNG")), dtype=torch.uint8)
+    out = np.zeros((10, 20, 3), np.uint8)
+    assert torch.equal(decode_cpu(png, out=out), decode_image(png, mode=ImageReadMode.RGB)) and out.any()
+    with pytest.raises(ValueError, match=r"dataset index 9 \(10 bytes"):
+        decode_cpu(data[:10].clone(), 9)
+    # A JPEG libjpeg decodes only with a warning (simplejpeg refuses it) decodes as torchvision does.
+    raw = bytes(data.tolist())
+    odd = torch.frombuffer(bytearray(raw[:-2] + bytes(40) + raw[-2:]), dtype=torch.uint8)
+    assert torch.equal(decode_cpu(odd, out=np.zeros((32, 48, 3), np.uint8)), decode_image(odd, mode=ImageReadMode.RGB))
 
 
 def test_prefetcher_without_cuda_says_so(monkeypatch):

@@ -158,6 +158,30 @@ def test_truncated_raw_mirror_raises_instead_of_killing_the_process(mirrors, tmp
     assert "MirrorError" in out.stderr and "truncated or replaced" in out.stderr
 
 
+@pytest.mark.parametrize("name, memory_format", [("raw", None), ("raw", torch.channels_last),
+                                                  ("encoded", None), ("encoded", torch.channels_last)])
+def test_batch_memory_is_reused_only_once_the_caller_drops_it(mirrors, name, memory_format):
+    """Batches are written into recycled memory (fresh pages cost a fault each), but never into memory
+    that a batch, or a view of one, the caller still holds."""
+    ds = H5ImageFolder(mirrors[name], output="tensor")
+    r = reader.BatchReader(ds, threads=2, channels_last=memory_format == torch.channels_last)
+    order = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(ds), 2, drop_last=False)
+    want = [r.read(indices)[0].clone() for indices in order]
+    held, batches = [], len(want)
+    for _ in range(3):
+        buffers = set()
+        for k, (images, _) in enumerate(r.batches(order)):
+            assert torch.equal(images, want[k])
+            buffers.add(images.untyped_storage().data_ptr())
+            if k == 4:
+                held.append(images[1:])  # a view keeps the whole batch's memory
+            if k == 7:
+                held.append(images)
+        assert len(buffers) <= r._memory.keep + 2 < batches  # the rest reused what was dropped
+    for k, view in enumerate(held):
+        assert torch.equal(view, want[7] if k % 2 else want[4][1:])
+
+
 def test_memory_stays_flat_over_20_epochs(mirrors):
     """RSS after epoch 20 is within a few batches of RSS after epoch 3 (bounded by the prefetch)."""
     ds = H5ImageFolder(mirrors["encoded"], output="tensor")

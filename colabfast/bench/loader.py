@@ -154,8 +154,9 @@ def run_reader(size: float = 1.0, repeats: int = 5, batch_size: int = 64, work: 
     threads against its worker processes (``num_workers`` = CPUs) and the memcpy bound of the batch
     bytes, uint8 batches, no normalisation (as FFCV's raw and JPEG rows in ``bench epoch``).
 
-    Cases: raw pixels 256x256, JPEGs 256x256, JPEGs 500x375 decoded to tensors, and the bytes-only
-    hand-over of ``decode="gpu"`` (the reader's packed batches vs the workers' collated ones). Methods
+    Cases: raw pixels 256x256, JPEGs 256x256, JPEGs 500x375 decoded to tensors (each in contiguous
+    ``[B, 3, H, W]`` batches and channels-last ones, FFCV's layout), and the bytes-only hand-over of
+    ``decode="gpu"`` (the reader's packed batches vs the workers' collated ones). Methods
     take turns repeat by repeat (median, min, max of ``repeats``; a repeat is whole epochs lasting at
     least ``min_seconds``), each case on its own mirror.
     """
@@ -170,7 +171,9 @@ def run_reader(size: float = 1.0, repeats: int = 5, batch_size: int = 64, work: 
             "raw 256px": (pack(src256, tmp / "raw.h5", store="raw", progress=False), "tensor"),
             "raw 256px, channels_last": (tmp / "raw.h5", "tensor"),
             "JPEG 256px": (pack(src256, tmp / "jpg.h5", progress=False), "tensor"),
+            "JPEG 256px, channels_last": (tmp / "jpg.h5", "tensor"),
             "JPEG 500x375": (pack(src500, tmp / "jpg500.h5", progress=False), "tensor"),
+            "JPEG 500x375, channels_last": (tmp / "jpg500.h5", "tensor"),
             "JPEG bytes 256px (decode='gpu' hand-over)": (tmp / "jpg.h5", "bytes"),
         }
         for case, (mirror, output) in cases.items():
