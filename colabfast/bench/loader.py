@@ -96,12 +96,15 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, num_workers: 
 
 
 def _memcpy_bound(ds: H5ImageFolder, blob: torch.Tensor, batch_size: int) -> Iterator:
-    """Each batch's stored bytes copied from a preloaded array (``blob``) into a new batch buffer: the
-    least any reader of this mirror must do (no file reads, no decoding)."""
+    """Each batch's stored bytes copied from a preloaded array (``blob``) into one reused batch buffer:
+    the least any reader of this mirror must do (no file reads, no decoding, no fresh pages)."""
     offsets = ds.reader.offsets
-    for start in range(0, len(ds), batch_size):
+    starts = range(0, len(ds), batch_size)
+    largest = max(int(offsets[min(s + batch_size, len(ds))] - offsets[s]) for s in starts)
+    buffer = torch.empty(largest, dtype=torch.uint8)
+    for start in starts:
         end = min(start + batch_size, len(ds))
-        out = torch.empty(int(offsets[end] - offsets[start]), dtype=torch.uint8)
+        out = buffer[: int(offsets[end] - offsets[start])]
         out.copy_(blob[int(offsets[start]) : int(offsets[end])])
         yield out, end - start
 
@@ -152,7 +155,8 @@ def run_reader(size: float = 1.0, repeats: int = 5, batch_size: int = 64, work: 
                min_seconds: float = 3.0) -> list[Result]:
     """Batch reading of mirrors as they sit on local disk (issue 12): ``colabfast.DataLoader``'s reader
     threads against its worker processes (``num_workers`` = CPUs) and the memcpy bound of the batch
-    bytes, uint8 batches, no normalisation (as FFCV's raw and JPEG rows in ``bench epoch``).
+    bytes (copied into one reused buffer), uint8 batches, no normalisation (as FFCV's raw and JPEG
+    rows in ``bench epoch``).
 
     Cases: raw pixels 256x256, JPEGs 256x256, JPEGs 500x375 decoded to tensors (each in contiguous
     ``[B, 3, H, W]`` batches and channels-last ones, FFCV's layout), and the bytes-only hand-over of
