@@ -63,15 +63,17 @@ class BatchReader:
     when all images of the batch have one size, else an :class:`~colabfast.prefetch.ImageList`; for
     ``output="bytes"`` an :class:`~colabfast.gpudecode.EncodedImages` (the batch's files back to back
     in one tensor, read with one ``pread`` per run of consecutive samples, no per-sample tensors).
-    Every batch owns its memory (nothing is reused behind the caller's back); with ``pin_memory``
-    it is allocated in pinned memory through torch's caching host allocator, which reuses freed
-    blocks, so the copy to the GPU is asynchronous.
+    Every batch owns its memory: nothing is reused while the caller holds the batch or any view of
+    it. Memory the caller has dropped is reused for later batches (up to ``prefetch + threads + 2``
+    batches' worth kept for the reader's lifetime: fresh pages cost a fault each); with
+    ``pin_memory`` it is allocated in pinned memory through torch's caching host allocator, which
+    reuses freed blocks itself, so the copy to the GPU is asynchronous.
 
     Args:
         dataset: the mirror dataset (see :func:`applies`).
         threads: batches read at once (default: the CPUs this process may use).
         prefetch: batches read ahead of the one handed out (default ``2 * threads``); memory is
-            bounded by ``prefetch + 1`` batches.
+            bounded by ``prefetch + threads + 2`` batches besides those the caller holds.
         channels_last: the memory layout of same-size image batches.
         pin_memory: allocate image batches in pinned memory (needs CUDA).
 
@@ -112,8 +114,6 @@ class BatchReader:
                 stop.set()
                 for f in pending:
                     f.cancel()
-        # Between epochs nothing is kept: batches the caller holds keep their memory, the rest is freed.
-        self._memory.clear()
 
     def _checked(self, indices: list[int], stop: threading.Event) -> list:
         if stop.is_set():
@@ -243,14 +243,20 @@ class _Recycled:
     on the development machine. Batches are handed to the caller as tensors made with
     ``torch.from_numpy`` from arrays kept here; a tensor (and every view of it) holds a reference to
     its array, so an array whose only references are this pool's is free for the next batch. Nothing
-    a caller still holds is ever overwritten. At most ``keep`` arrays are kept; beyond that (a caller
-    holding many batches) memory is allocated as usual.
+    a caller still holds is ever overwritten. At most ``keep`` arrays are tracked, for the reader's
+    lifetime (as persistent workers keep their batches in flight between epochs); when a new one is
+    needed, a free one of another size or else the oldest is forgotten (a batch the caller holds
+    stays the caller's).
     """
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._arrays: list[np.ndarray] = []
         self._lock = threading.Lock()
+        # The count getrefcount reports for an array only a list holds (2 on CPython 3.8-3.13: the
+        # list's and the argument's); measured, not assumed, as interpreters may borrow the argument.
+        probe = [np.empty(1, dtype=np.uint8)]
+        self._unheld = sys.getrefcount(probe[0])
 
     def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         """An uninitialised uint8 tensor of ``shape`` (contiguous), in reused memory when some is free."""
@@ -258,17 +264,12 @@ class _Recycled:
         with self._lock:  # find and claim under the lock: the claim is the reference the tensor takes
             arrays = self._arrays
             for i in range(len(arrays)):
-                # 2 references: the list's and getrefcount's argument; any tensor or view adds one.
-                if arrays[i].nbytes == nbytes and sys.getrefcount(arrays[i]) == 2:
+                # Any tensor or view of the array adds a reference to the list's.
+                if arrays[i].nbytes == nbytes and sys.getrefcount(arrays[i]) == self._unheld:
                     return torch.from_numpy(arrays[i]).view(shape)
-            if len(arrays) >= self.keep:  # replace one of the wrong size that nothing holds, or give up
-                free = [i for i in range(len(arrays)) if sys.getrefcount(arrays[i]) == 2]
-                if not free:
-                    return torch.empty(shape, dtype=torch.uint8)
-                arrays.pop(free[0])
+            if len(arrays) >= self.keep:  # forget one: a free one of another size, else the oldest
+                free = [i for i in range(len(arrays)) if sys.getrefcount(arrays[i]) == self._unheld]
+                arrays.pop(free[0] if free else 0)  # a batch the caller holds stays the caller's
             arrays.append(np.empty(nbytes, dtype=np.uint8))
             return torch.from_numpy(arrays[-1]).view(shape)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._arrays.clear()
