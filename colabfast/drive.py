@@ -433,7 +433,7 @@ def _expose(root: Path, mountpoint: str, readonly: bool) -> str:
         for name, target in _LINKS.items():
             os.symlink(root / target, os.path.join(mountpoint, name))
         form = "links"
-    _register(mountpoint)
+    env.register_standin(mountpoint)
     if readonly and form == "links":
         warnings.warn(
             f"readonly=True is not enforced at {mountpoint}: the stand-in is a folder of symlinks here; a "
@@ -475,30 +475,7 @@ def _unexpose(mountpoint: str) -> None:
             link = os.path.join(mountpoint, name)
             if os.path.islink(link) and os.path.realpath(link).startswith(root + os.sep):
                 os.unlink(link)
-    _unregister(mountpoint)
-
-
-def _registry() -> Path:
-    return env.standin_root() / env.STANDIN_REGISTRY
-
-
-def _register(mountpoint: str) -> None:
-    known = _registered()
-    if mountpoint not in known:
-        _registry().write_text("".join(f"{mp}\n" for mp in [*known, mountpoint]))
-
-
-def _unregister(mountpoint: str) -> None:
-    known = _registered()
-    if mountpoint in known:
-        _registry().write_text("".join(f"{mp}\n" for mp in known if mp != mountpoint))
-
-
-def _registered() -> list:
-    try:
-        return [line for line in _registry().read_text().splitlines() if line]
-    except OSError:
-        return []
+    env.unregister_standin(mountpoint)
 
 
 def _sim_options() -> Optional[dict]:

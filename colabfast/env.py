@@ -196,15 +196,41 @@ class DriveMount:
 def standin_mountpoints() -> list[str]:
     """Mountpoints where :func:`colabfast.mount` exposed Drive locally and that still expose it.
 
-    Read from ``standin_root()/.colabfast-mounts`` (written by :mod:`colabfast.drive`), plus
+    Read from the registry ``standin_root()/.colabfast-mounts`` (:func:`register_standin`), plus
     :data:`DEFAULT_MOUNTPOINT`; each is checked with :func:`standin_form`.
     """
-    candidates = [DEFAULT_MOUNTPOINT]
-    try:
-        candidates += (standin_root() / STANDIN_REGISTRY).read_text().splitlines()
-    except OSError:
-        pass
+    candidates = [DEFAULT_MOUNTPOINT, *_registered()]
     return [mp for mp in dict.fromkeys(c for c in candidates if c) if standin_form(mp) is not None]
+
+
+def register_standin(mountpoint: str) -> None:
+    """Record that :func:`colabfast.mount` exposed the stand-in at ``mountpoint`` (a folder of
+    symlinks does not show in the mount table). The registry is rewritten whole, through a temporary
+    file and a rename, so a reader never sees half of it."""
+    known = _registered()
+    if mountpoint not in known:
+        _write_registry([*known, mountpoint])
+
+
+def unregister_standin(mountpoint: str) -> None:
+    """Forget ``mountpoint`` (see :func:`register_standin`)."""
+    known = _registered()
+    if mountpoint in known:
+        _write_registry([mp for mp in known if mp != mountpoint])
+
+
+def _registered() -> list[str]:
+    try:
+        return [line for line in (standin_root() / STANDIN_REGISTRY).read_text().splitlines() if line]
+    except OSError:
+        return []
+
+
+def _write_registry(mountpoints: list[str]) -> None:
+    path = standin_root() / STANDIN_REGISTRY
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(f"{mp}\n" for mp in mountpoints))
+    os.replace(tmp, path)
 
 
 def drive_mounts() -> list[DriveMount]:

@@ -126,6 +126,23 @@ def test_standin_mountpoints_come_from_the_registry(standin, tmp_path):
     assert DriveMount(str(links), "standin") in env.drive_mounts()
 
 
+def test_the_registry_is_written_and_read_in_env_only(standin, tmp_path):
+    """One owner: env records where mount() exposed the stand-in (drive.py calls it), rewriting the
+    registry through a temporary name so a reader never sees half of it."""
+    links = tmp_path / "drive"
+    links.mkdir()
+    (links / "MyDrive").symlink_to(standin / "MyDrive")
+    env.register_standin(str(links))
+    env.register_standin(str(tmp_path / "gone"))
+    env.register_standin(str(links))  # once only
+    assert (standin / env.STANDIN_REGISTRY).read_text() == f"{links}\n{tmp_path / 'gone'}\n"
+    assert env.standin_mountpoints() == [str(links)]
+    env.unregister_standin(str(links))
+    assert (standin / env.STANDIN_REGISTRY).read_text() == f"{tmp_path / 'gone'}\n"
+    assert env.standin_mountpoints() == []
+    assert [p.name for p in standin.iterdir() if p.name.startswith(env.STANDIN_REGISTRY)] == [env.STANDIN_REGISTRY]
+
+
 def test_standin_root_and_folders(tmp_path, monkeypatch):
     monkeypatch.delenv("COLABFAST_DRIVE_ROOT", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
