@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from colabfast import env
-from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry
+from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry, write_all
 from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
 from colabfast.errors import Error
@@ -181,47 +181,43 @@ def pack(
     # Two packs into one destination would delete each other's parts and publish a mix (seen in 2 of
     # 9 concurrent runs): the second waits for the first, saying so.
     with locked(work.with_name(work.name + ".lock"), f"packing into {dst}"):
+        archive: Optional[ArchiveSource] = None
         if streamed:
             archive = ArchiveSource(path, layout, split, labels, retries)
-            if progress:
-                print(f"pack: {archive.path}: {archive.describe()}")
-            fingerprint = _archive_fingerprint(archive, labels, options)
-            if _up_to_date(dst, fingerprint):
-                if progress:
-                    print(f"pack: {dst} is already a complete mirror of this archive with these options")
-                return dst
-            build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
-            work.mkdir(parents=True, exist_ok=True)
-            if not _built(build, fingerprint):
-                _preflight_archive(archive.path, work, store, image_size)
-                source, orders, parts = _stream_parts(archive, options, work, workers, progress)
-                _build(build, source, orders, parts, fingerprint, on_error, shuffle, seed, quality, options, archive)
+            what, described, fingerprint = "archive", f"{archive.path}: {archive.describe()}", \
+                _archive_fingerprint(archive, labels, options)
         else:
             source = read_source(src, layout)
-            if progress:
-                print(f"pack: {source.root}: {source.describe()}")
             orders = {s.name: _order(len(s.files), shuffle, seed) for s in source.splits}
-            fingerprint = _fingerprint(source, orders, options)
-            if _up_to_date(dst, fingerprint):
-                if progress:
-                    print(f"pack: {dst} is already a complete mirror of this source with these options")
-                return dst
-            build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
-            work.mkdir(parents=True, exist_ok=True)
-            if not _built(build, fingerprint):
+            what, described, fingerprint = "source", f"{source.root}: {source.describe()}", \
+                _fingerprint(source, orders, options)
+        if progress:
+            print(f"pack: {described}")
+        if _up_to_date(dst, fingerprint):
+            if progress:
+                print(f"pack: {dst} is already a complete mirror of this {what} with these options")
+            return dst
+        build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+        work.mkdir(parents=True, exist_ok=True)
+        if not _built(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
+            if archive is not None:
+                _preflight_archive(archive.path, work, store, image_size)
+                source, orders, parts = _stream_parts(archive, options, work, workers, progress)
+            else:
                 _preflight(source, work, store, image_size)
                 parts = _make_parts(source, orders, options, work, workers, progress, retries)
-                _build(build, source, orders, parts, fingerprint, on_error, shuffle, seed, quality, options, None)
+            _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, quality, options,
+                   archive)
         _publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)
     return dst
 
 
-def _build(build: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,
+def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,
            on_error: str, shuffle: bool, seed: int, quality: int, options: dict,
            archive: Optional[ArchiveSource]) -> None:
-    """Assemble the parts into a verified mirror at ``build``; the parts go once it is verified."""
+    """Assemble the parts in ``work`` into a verified mirror at ``build`` (the parts go into it)."""
     failures = [(f"{s.root / s.files[i].rel}", err) for s in source.splits for i, err in parts.errors[s.name]]
     if failures and on_error == "raise":
         raise PackError(sorted(failures))
@@ -244,10 +240,8 @@ def _build(build: Path, source: Source, orders: dict[str, np.ndarray], parts: _P
         if names is not None:
             attrs["class_names"] = json.dumps(names)
     attrs["header_crc32"] = header_crc32(attrs)
-    _assemble(build, source, orders, parts, attrs)
+    _assemble(build, work, source, orders, parts, attrs)
     _verify(build, {s.name: len(orders[s.name]) - len(parts.errors[s.name]) for s in source.splits})
-    for p in parts.paths:  # the verified mirror now holds them
-        p.unlink()
 
 
 def _built(build: Path, fingerprint: str) -> bool:
@@ -275,13 +269,13 @@ def _preflight(source: Source, work: Path, store: str, image_size) -> None:
     stores have no size before decoding; :func:`_assemble` checks again once it is known.
     """
     src_bytes = sum(f.size for s in source.splits for f in s.files)
-    output = 2 * src_bytes if store == "encoded" and image_size is None else 0
+    output = int(1.02 * src_bytes + 64e6) if store == "encoded" and image_size is None else 0
     free = env.disk_free(work)
     if output > free:
         raise OSError(errno.ENOSPC, f"not enough free space on {work.parent} to pack {source.root}: "
                           f"need {human_bytes(output)} "
-                          f"(2 x {human_bytes(src_bytes)} for the parts and the mirror), have {human_bytes(free)}. "
-                          "Free space, or pack a resized mirror (image_size=...).")
+                          f"({human_bytes(src_bytes)} of images for the mirror, and a margin), have "
+                          f"{human_bytes(free)}. Free space, or pack a resized mirror (image_size=...).")
     if env.drive_kind(source.root) == "drivefs" and output + src_bytes > free:
         warnings.warn(f"pack: reading {human_bytes(src_bytes)} from Drive also fills Drive's local cache, and "
                       f"{work.parent} has {human_bytes(free)} free. If the disk fills up, run "
@@ -563,15 +557,16 @@ def _archive_fingerprint(archive: ArchiveSource, labels: Optional[PathLike], opt
 
 
 def _preflight_archive(path: Path, work: Path, store: str, image_size) -> None:
-    """Kept encoded images make parts and a mirror of about the archive's size each; resized or raw
-    stores are checked once their size is known (:func:`_assemble`)."""
+    """Kept encoded images make a mirror of about the archive's size (its parts move into it, see
+    :func:`_assemble`); resized or raw stores are checked once their size is known."""
     size = path.stat().st_size
     free = env.disk_free(work)
-    if store == "encoded" and image_size is None and 2 * size > free:
+    need = int(1.02 * size + 64e6)
+    if store == "encoded" and image_size is None and need > free:
         raise OSError(errno.ENOSPC, f"not enough free space on {work.parent} to pack {path}: need "
-                                    f"{human_bytes(2 * size)} (2 x {human_bytes(size)} for the parts and the mirror), "
-                                    f"have {human_bytes(free)}. Pack a resized mirror (image_size=...): only the "
-                                    "mirror is written locally, never the archive.")
+                                    f"{human_bytes(need)} ({human_bytes(size)} of images for the mirror, and a "
+                                    f"margin), have {human_bytes(free)}. Pack a resized mirror (image_size=...): "
+                                    "only the mirror is written locally, never the archive.")
     if env.drive_kind(path) == "drivefs" and size > free:
         warnings.warn(f"pack: DriveFS keeps a copy of what it reads on this disk, and {path} ({human_bytes(size)}) "
                       f"is larger than the {human_bytes(free)} free on {work.parent}. If the disk fills up, run "
@@ -704,23 +699,123 @@ def _joined(results: list[dict]) -> dict:
 # --- assembling, verifying, publishing -------------------------------------------------------------
 
 
-def _assemble(build: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, attrs: dict) -> None:
-    """Write the mirror to ``build``; the ``complete`` attribute is set last, in a second open."""
+def _assemble(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts,
+              attrs: dict) -> None:
+    """Write the mirror to ``build``, moving each part's images into it and deleting the part.
+
+    Peak disk use is the mirror plus one part, not the parts plus the mirror (ImageNet at 160 px:
+    about 10 GB, not 20). In three steps, each safe to kill:
+
+    1. :func:`_lay_out` writes every index array and allocates the ``images`` datasets (their bytes
+       unwritten, so the file takes no room for them yet), then closes the file: HDF5's metadata
+       is final and on disk from here on. Where each part's images go is saved in ``work``
+       (:func:`_plan_moves`), so a killed run continues with what it did not move.
+    2. :func:`_move_parts` writes each part's image bytes at their place in the file (``pwrite``),
+       syncs, notes the part as moved and deletes it.
+    3. ``complete`` is set in a last open, and the file synced.
+    """
     build.parent.mkdir(parents=True, exist_ok=True)
-    sizes = 0
-    for p in parts.paths:
-        with np.load(p, allow_pickle=False) as z:
-            sizes += int(z["offsets"][-1])
-    free = env.disk_free(build.parent)
-    if sizes * 1.02 > free:
+    sizes = [_part_bytes(p) for p in parts.paths]
+    total, free = sum(sizes), env.disk_free(build.parent)
+    if os.stat(build.parent).st_dev == os.stat(work).st_dev:  # the parts shrink as the mirror grows
+        need = max(sizes, default=0) + 0.02 * total + 64e6
+    else:
+        need = 1.02 * total
+    if need > free:
         raise OSError(errno.ENOSPC, f"not enough free space on {build.parent} to build the mirror: need "
-                          f"{human_bytes(sizes * 1.02)}, have {human_bytes(free)}")
+                                    f"{human_bytes(need)}, have {human_bytes(free)}")
+    moves = _lay_out(build, source, orders, parts, attrs)
+    _plan_moves(work, attrs["fingerprint"], moves)
+    _move_parts(build, work, moves)
+    _seal(build)
+
+
+def _part_bytes(path: Path) -> int:
+    with np.load(path, allow_pickle=False) as z:
+        return int(z["offsets"][-1])
+
+
+def _lay_out(build: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts,
+             attrs: dict) -> list[tuple[str, int, int]]:
+    """Write ``build`` whole but for the image bytes; return ``(part file name, file offset, bytes)``
+    for every part, where :func:`_move_parts` puts its images."""
     with h5py.File(build, "w", locking=False) as f:
         for key, value in attrs.items():
             f.attrs[key] = value
+        placed = []
         for s in source.splits:
             g = f.create_group(s.name) if s.name else f
-            _write_split(g, s, orders[s.name], parts.by_split[s.name], {i for i, _ in parts.errors[s.name]})
+            at = _write_split(g, s, orders[s.name], parts.by_split[s.name], {i for i, _ in parts.errors[s.name]})
+            placed.append((g["images"], at))
+        moves = []
+        for images, at in placed:
+            base = images.id.get_offset()  # contiguous and allocated: a fixed place in the file
+            moves += [(path.name, int(base) + pos, n) for path, pos, n in at if n]
+    return moves
+
+
+def _plan_moves(work: Path, fingerprint: str, moves: list[tuple[str, int, int]]) -> None:
+    """Save where each part goes (``assemble.jsonl`` in ``work``: a header line, then one line per
+    part moved, appended by :func:`_move_parts`)."""
+    tmp = partial_path(work / "assemble.jsonl")
+    tmp.write_text(json.dumps({"fingerprint": fingerprint, "moves": moves}) + "\n", encoding="utf-8")
+    os.replace(tmp, work / "assemble.jsonl")
+
+
+def _move_parts(build: Path, work: Path, moves: list[tuple[str, int, int]]) -> None:
+    """Copy each part's image bytes to its place in ``build`` and delete the part (see :func:`_assemble`)."""
+    done = _moved(work)
+    fd = os.open(build, os.O_WRONLY)
+    try:
+        with open(work / "assemble.jsonl", "a", encoding="utf-8") as log:
+            for name, offset, nbytes in moves:
+                if name in done:
+                    continue
+                part = _load_part(work / name)
+                if part is None or len(part["blob"]) != nbytes:
+                    raise MirrorError(f"{work / name} is missing or unreadable while building {build}: delete "
+                                      f"{work} and run pack() again")
+                write_all(fd, memoryview(part["blob"]), offset)
+                os.fsync(fd)  # on disk before the part goes
+                log.write(json.dumps(name) + "\n")
+                log.flush()
+                os.fsync(log.fileno())
+                (work / name).unlink()
+    finally:
+        os.close(fd)
+
+
+def _moved(work: Path) -> set[str]:
+    """The parts :func:`_move_parts` finished in an earlier run (a torn last line counts as not moved:
+    its part file is still there, and writing its bytes again is harmless)."""
+    names = set()
+    with contextlib.suppress(FileNotFoundError):
+        for line in (work / "assemble.jsonl").read_text(encoding="utf-8").splitlines()[1:]:
+            with contextlib.suppress(ValueError):
+                names.add(json.loads(line))
+    return names
+
+
+def _resume_assembly(build: Path, work: Path, fingerprint: str) -> bool:
+    """Finish a mirror whose assembly an earlier run began (killed while moving parts into it);
+    False if there is none to finish for this ``fingerprint``."""
+    try:
+        plan = json.loads((work / "assemble.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    except (FileNotFoundError, IndexError, ValueError):
+        return False
+    if plan.get("fingerprint") != fingerprint or not build.is_file():
+        return False
+    moves = [(str(n), int(o), int(b)) for n, o, b in plan["moves"]]
+    done = _moved(work)
+    if any(name not in done and not (work / name).is_file() for name, _, _ in moves):
+        return False  # a part is gone that was never moved: build again
+    _move_parts(build, work, moves)
+    _seal(build)
+    _verify_attrs(build)
+    return True
+
+
+def _seal(build: Path) -> None:
     with h5py.File(build, "r+", locking=False) as f:
         f.attrs["complete"] = True
     with open(build, "rb+") as f:
@@ -728,29 +823,30 @@ def _assemble(build: Path, source: Source, orders: dict[str, np.ndarray], parts:
     trust(build)
 
 
-def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Path], bad: set[int]) -> None:
-    # Failed samples take no bytes in a part's blob, so each blob is written whole, one part at a time.
-    total = 0
-    for p in part_paths:
-        with np.load(p, allow_pickle=False) as z:
-            total += int(z["offsets"][-1])
-    images = g.create_dataset("images", shape=(total,), dtype=np.uint8)  # contiguous, unfiltered
-    offsets, shapes, kept, crcs, pos = [np.zeros(1, np.int64)], [], [], [], 0
+def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Path],
+                 bad: set[int]) -> list[tuple[Path, int, int]]:
+    """Write the split's index arrays and allocate its ``images``; return ``(part, position in
+    images, bytes)`` per part. Failed samples take no bytes in a part's blob, so each blob goes whole."""
+    offsets, shapes, kept, crcs, at, pos = [np.zeros(1, np.int64)], [], [], [], [], 0
     for k, path in enumerate(part_paths):
         part = _load_part(path)
         if part is None:
             raise MirrorError(f"{path} is unreadable though it was just checked: run pack() again")
         idx = order[k * CHUNK : (k + 1) * CHUNK]
         keep = np.array([int(i) not in bad for i in idx], dtype=bool)
-        blob = part["blob"]
-        if len(blob):
-            images[pos : pos + len(blob)] = blob
-        offsets.append(pos + part["offsets"][1:][keep])
+        blob, ends = part["blob"], part["offsets"]
+        offsets.append(pos + ends[1:][keep])
         shapes.append(part["shapes"][keep])
-        ends = part["offsets"]
         crcs += [zlib.crc32(blob[ends[i] : ends[i + 1]]) for i in np.flatnonzero(keep)]
         kept.append(idx[keep])
+        at.append((path, pos, len(blob)))
         pos += len(blob)
+    # Contiguous, unfiltered, its room allocated now but never filled (so it takes no disk until
+    # written): its place in the file is fixed before any image byte is written.
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    g.create_dataset("images", shape=(pos,), dtype=np.uint8, dcpl=dcpl)
     kept_idx = np.concatenate(kept) if kept else np.zeros(0, np.int64)
     write_array(g, "image_offsets", np.concatenate(offsets).astype(np.int64))
     write_array(g, "image_shapes", np.concatenate(shapes).astype(np.int32).reshape(-1, 3)
@@ -768,6 +864,7 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
         calib = g.create_group("calib")
         for key, rows in s.calib.items():
             write_array(calib, key, rows[kept_idx])
+    return at
 
 
 def _write_objects(g: h5py.Group, s: Split, kept: np.ndarray) -> None:

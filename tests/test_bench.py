@@ -253,7 +253,8 @@ def test_pack_archive_scenario(need_fuse, tmp_path):
     bound = min(cpu.metrics["images/s"], link.metrics["images/s"])
     assert pack.metrics["x bound"] == pytest.approx(pack.metrics["images/s"] / bound)
     assert "bound = " in pack.note
-    assert pack.metrics["mirror MB"] <= pack.metrics["peak disk MB"] <= 3 * pack.metrics["mirror MB"] + 1
+    # The parts move into the mirror: the mirror and a part or two at most, never twice the mirror.
+    assert 0.9 * pack.metrics["mirror MB"] <= pack.metrics["peak disk MB"] <= pack.metrics["mirror MB"] + 1
 
 
 def test_cli_writes_the_reports(tmp_path, capsys):

@@ -135,6 +135,70 @@ def test_interrupted_pack_resumes_from_its_parts(tmp_path, monkeypatch):
     assert H5ImageFolder(tmp_path / "m.h5").targets == [0] * 300 + [1] * 300
 
 
+def _allocated(folder: Path) -> int:
+    """Bytes of disk the files under ``folder`` take (a sparse file counts only what was written)."""
+    return sum(p.stat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())
+
+
+def test_assembly_moves_the_parts_into_the_mirror_peak_disk_is_the_mirror_and_one_part(tmp_path, monkeypatch):
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=120, size=(64, 48))
+    monkeypatch.setattr(packing, "CHUNK", 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    peak, real = [0], packing._load_part
+
+    def measuring(path):
+        peak[0] = max(peak[0], _allocated(out))
+        return real(path)
+
+    monkeypatch.setattr(packing, "_load_part", measuring)
+    dst = pack(src, out / "m.h5", store="raw", workers=0, progress=False)
+    mirror = dst.stat().st_size
+    with h5py.File(dst) as f:
+        images = f["images"].shape[0]
+    part = images / 12  # 12 parts of 20 images
+    assert images > 0.9 * mirror  # raw pixels: the mirror is its images
+    assert peak[0] <= mirror + 2 * part + 256 * 1024, (peak[0], mirror, part)  # not parts + mirror (~2x)
+    assert _allocated(out) == dst.stat().st_blocks * 512  # no parts left
+    fresh = H5ImageFolder(dst, output="tensor")
+    reference = transforms.functional.pil_to_tensor
+    for i in (0, 19, 20, 239):  # first and last image of parts
+        path, target = fresh.samples[i]
+        x, y = fresh[i]
+        assert y == target and torch_equal(x, reference(Image.open(path).convert("RGB")))
+
+
+def torch_equal(a, b) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def test_killed_assembly_continues_with_the_parts_not_yet_moved(tmp_path, monkeypatch):
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=60, size=(48, 32))
+    monkeypatch.setattr(packing, "CHUNK", 20)
+    real, loaded = packing._load_part, []
+
+    def dying(path):
+        loaded.append(path.name)
+        if len(loaded) == 6 + 3:  # 6 loads lay the mirror out, then 2 parts are moved: the kill
+            raise KeyboardInterrupt
+        return real(path)
+
+    monkeypatch.setattr(packing, "_load_part", dying)
+    with pytest.raises(KeyboardInterrupt):
+        pack(src, tmp_path / "m.h5", workers=0, progress=False)
+    work = tmp_path / ".m.h5.colabfast-pack"
+    assert len(list(work.glob("*.npz"))) == 4  # 2 of 6 moved into the unfinished mirror, and deleted
+    assert not (tmp_path / "m.h5").exists()
+    monkeypatch.setattr(packing, "_load_part", real)
+    monkeypatch.setattr(packing, "_encode_chunk", lambda *a: pytest.fail("nothing is decoded again"))
+    dst = pack(src, tmp_path / "m.h5", workers=0, progress=False)
+    assert not work.exists()
+    ds = H5ImageFolder(dst, output="bytes", verify=True)
+    for i in range(len(ds)):  # every image's bytes are the source file's, CRC-checked
+        data, target = ds[i]
+        assert data.numpy().tobytes() == Path(ds.samples[i][0]).read_bytes() and target == ds.samples[i][1]
+
+
 def test_killed_pack_resumes(tmp_path):
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=400, size=(32, 24))
     dst = tmp_path / "m.h5"
@@ -175,17 +239,17 @@ def test_bad_arguments(inet, tmp_path):
         pack(tmp_path / "missing", tmp_path / "m.h5")
 
 
-def test_space_preflight_counts_parts_and_mirror_and_warns_about_drive_cache(inet, tmp_path, monkeypatch):
+def test_space_preflight_counts_the_mirror_and_warns_about_drive_cache(inet, tmp_path, monkeypatch):
     from colabfast import env
     from colabfast.sources import is_image
 
     src_bytes = sum(p.stat().st_size for p in inet.rglob("*") if is_image(p.relative_to(inet).as_posix()))
-    monkeypatch.setattr(env, "disk_free", lambda path: int(1.5 * src_bytes))
-    with pytest.raises(OSError, match=r"need .* \(2 x .* for the parts and the mirror\), have"):
+    monkeypatch.setattr(env, "disk_free", lambda path: int(0.9 * src_bytes))
+    with pytest.raises(OSError, match=r"need .* \(.* of images for the mirror, and a margin\), have"):
         pack(inet, tmp_path / "full.h5", progress=False)
     assert not (tmp_path / "full.h5").exists()
-    monkeypatch.setattr(env, "disk_free", lambda path: int(2.5 * src_bytes))
-    pack(inet, tmp_path / "fits.h5", progress=False)  # 2x for parts + mirror fits
+    monkeypatch.setattr(env, "disk_free", lambda path: int(1.5 * src_bytes + 64e6))
+    pack(inet, tmp_path / "fits.h5", progress=False)  # the parts move into the mirror: 1x and a margin fits
     monkeypatch.setattr(env, "drive_kind", lambda path: "drivefs")  # only Colab has DriveFS
     with pytest.warns(UserWarning, match=r"fills Drive's local cache.*refresh_drive\(\).*resumes"):
         pack(inet, tmp_path / "from-drive.h5", progress=False)

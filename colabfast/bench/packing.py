@@ -87,11 +87,13 @@ def run(size: float = 1.0, repeats: int = 3, modes: Sequence[tuple[str, Optional
 
 
 def _peak_bytes(folder: Path, stop: threading.Event, peak: list[int]) -> None:
-    """Sample the bytes under ``folder`` every 50 ms until ``stop`` (and once more after it) into ``peak[0]``."""
+    """Sample the disk the files under ``folder`` take (allocated blocks: the mirror being built is
+    sparse until its images are moved in) every 50 ms until ``stop``, and once more after it, into
+    ``peak[0]``."""
     while True:
         done = stop.is_set()
         with contextlib.suppress(OSError):  # a part renamed or deleted while listed
-            peak[0] = max(peak[0], sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()))
+            peak[0] = max(peak[0], sum(p.stat().st_blocks * 512 for p in folder.rglob("*") if p.is_file()))
         if done:
             return
         time.sleep(0.05)
