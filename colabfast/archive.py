@@ -165,7 +165,9 @@ def extract(
         allow_links: extract symbolic and hard links instead of refusing them. Each link's target
             is resolved, link by link, in the tree extracted so far (and all links again at the end,
             since a later link can change where an earlier one leads); one that leads outside
-            ``dst`` is refused. Files are never written through a link either way.
+            ``dst`` is refused. Files are never written through a link either way. When the
+            extraction fails, the symbolic links it made are removed, so none left in ``dst`` can
+            lead outside.
         retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...).
         on_progress: called with the number of archive bytes read so far.
 
@@ -292,15 +294,22 @@ class _Extraction:
     def __enter__(self) -> _Extraction:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._dir[1] != self.root:
-            os.close(self._dir[1])
-        os.close(self.root)
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is not None:
+                self._remove_links()
+        finally:
+            if self._dir[1] != self.root:
+                os.close(self._dir[1])
+            os.close(self.root)
 
     # --- folders ---
 
-    def _walk(self, rel: str, create: bool) -> int:
-        """A new descriptor of the folder ``rel`` (creating missing folders), never through a link."""
+    def _walk(self, rel: str, create: bool, entry: Optional[str] = None) -> int:
+        """A new descriptor of the folder ``rel`` (creating missing folders), never through a link.
+
+        ``entry`` is the archive entry being written (``rel`` itself by default), named in errors.
+        """
         fd = os.dup(self.root)
         done: list[str] = []
         try:
@@ -315,10 +324,8 @@ class _Extraction:
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
-                    what = "a link" if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode) \
-                        else "a file"
-                    raise UnsafeArchiveError(self.archive, rel, f"goes through {'/'.join(done + [part])!r}, "
-                                                                f"which is {what}, not a folder") from None
+                    why = f"goes through {'/'.join(done + [part])!r}, which is {self._what(fd, part)}, not a folder"
+                    raise UnsafeArchiveError(self.archive, entry or rel, why) from None
                 os.close(fd)
                 fd = nfd
                 done.append(part)
@@ -327,11 +334,18 @@ class _Extraction:
             raise
         return fd
 
+    @staticmethod
+    def _what(dfd: int, name: str) -> str:
+        """What the entry ``name`` in the folder ``dfd`` is, for an error: a link (and its target) or a file."""
+        if stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+            return f"a link (to {os.readlink(name, dir_fd=dfd)!r}; files are never written through links)"
+        return "a file"
+
     def _parent(self, rel: str) -> tuple[int, str]:
         """(descriptor of the folder holding ``rel``, ``rel``'s own name); the descriptor is cached."""
         folder, _, name = rel.rpartition("/")
         if folder != self._dir[0]:
-            fd = self._walk(folder, create=True)
+            fd = self._walk(folder, create=True, entry=rel)
             if self._dir[1] != self.root:
                 os.close(self._dir[1])
             self._dir = (folder, fd)
@@ -420,15 +434,23 @@ class _Extraction:
 
     # --- links ---
 
-    def _replace(self, dfd: int, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dfd)  # a file or link of that name (a folder raises: left alone)
+    def _replace(self, dfd: int, name: str, rel: str) -> None:
+        """Remove the file or link ``name`` a link entry ``rel`` replaces (the last copy wins); a folder stays."""
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        except OSError:  # a folder: unlink(2) says EISDIR on Linux, EPERM elsewhere
+            if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                raise
+            raise UnsafeArchiveError(self.archive, rel, "is a link, but the archive also has a folder of that name "
+                                                        "(a link never replaces a folder)") from None
 
     def symlink(self, rel: str, target: str) -> None:
         if self.resolve(posixpath.dirname(rel), target) is None:
             raise UnsafeArchiveError(self.archive, rel, f"is a link to {target!r}, outside the destination")
         dfd, name = self._parent(rel)
-        self._replace(dfd, name)
+        self._replace(dfd, name, rel)
         os.symlink(target, name, dir_fd=dfd)
         self.links.append(rel)
         self.written.add(rel)
@@ -437,7 +459,7 @@ class _Extraction:
         """A hard link to ``target``, a regular file extracted earlier (tar names it from the root)."""
         folder, _, tname = target.rpartition("/")
         try:
-            tfd = self._walk(folder, create=False)
+            tfd = self._walk(folder, create=False, entry=rel)
         except FileNotFoundError:
             tfd = None
         try:
@@ -446,7 +468,7 @@ class _Extraction:
                 raise UnsafeArchiveError(self.archive, rel, f"is a hard link to {target!r}, which is not a file "
                                                             f"extracted before it")
             dfd, name = self._parent(rel)
-            self._replace(dfd, name)
+            self._replace(dfd, name, rel)
             os.link(tname, name, src_dir_fd=tfd, dst_dir_fd=dfd, follow_symlinks=False)
         finally:
             if tfd is not None:
@@ -497,7 +519,27 @@ class _Extraction:
         change where an earlier one (``up -> a/b/../..``) leads."""
         for rel in self.links:
             dfd, name = self._parent(rel)
+            if not stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                continue  # replaced by a later file of that name
             target = os.readlink(name, dir_fd=dfd)
             if self.resolve(posixpath.dirname(rel), target) is None:
                 raise UnsafeArchiveError(self.archive, rel, f"is a link to {target!r}, which with the links "
                                                             f"after it leads outside the destination")
+
+    def _remove_links(self) -> None:
+        """Remove the symbolic links this extraction made: it failed, perhaps on one that leads outside
+        ``dst`` (or a write through one), and none may be left there to be followed later."""
+        for rel in reversed(self.links):
+            folder, _, name = rel.rpartition("/")
+            try:
+                dfd = self._walk(folder, create=False)
+            except (OSError, UnsafeArchiveError):
+                continue  # its folder is gone, so is the link
+            try:  # never mask the error that ended the extraction
+                if stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=dfd)
+            except OSError:
+                pass
+            finally:
+                os.close(dfd)
+        self.links.clear()

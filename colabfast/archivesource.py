@@ -26,7 +26,7 @@ import tarfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Optional, Union
+from typing import Callable, Collection, Iterator, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -165,6 +165,7 @@ class ArchiveSource:
             raise ValueError(f"layout {layout!r} is for a tar; {self.path} is a zip")
         wanted = [i for i in infos if not i.is_dir() and i.filename.startswith(self._prefix) and is_image(i.filename)]
         wanted.sort(key=lambda i: i.header_offset)  # file order: one forward pass
+        wanted = _last_copies(self.path, wanted)
         if not wanted:
             raise FileNotFoundError(f"no images under {self._prefix or 'the top'} of {self.path}")
         self._zip_members = wanted
@@ -276,20 +277,46 @@ class ArchiveSource:
 
     # --- labels and order ---------------------------------------------------------------------------
 
-    def samples(self, names: list[str]) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+    @staticmethod
+    def superseded(names: list[str]) -> list[int]:
+        """Indices into ``names`` (streamed, in archive order) of images whose name the archive repeats
+        later: tar and unzip keep the last copy of a repeated member, so the mirror keeps only it.
+
+        A zip's directory names every member up front, so its earlier copies are never streamed; a
+        tar is a stream, so its earlier copies are only known once it has been read to the end.
+        """
+        last = {name: j for j, name in enumerate(names)}
+        return [j for j, name in enumerate(names) if last[name] != j]
+
+    def samples(self, names: list[str],
+                skip: Collection[int] = ()) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
         """torchvision's view of the images streamed as ``names`` (in archive order).
+
+        Args:
+            names: the streamed images' names.
+            skip: indices into ``names`` of images left out of torchvision's view: the earlier
+                copies of a repeated name (:meth:`superseded`).
 
         Returns:
             ``(paths, targets, classes, order)``: ``paths`` (``<class>/<file>``) and ``targets``
-            (int64 [N]) in torchvision's sample order (``ImageFolder``: by class, then path; ImageNet's
-            validation images in class folders by the devkit), ``classes`` the sorted class folders
-            (WordNet ids for ImageNet: torchvision's ``wnids``), and ``order`` (int64 [N]): the
-            torchvision index of each streamed image.
+            (int64 [N], N the images not skipped) in torchvision's sample order (``ImageFolder``: by
+            class, then path; ImageNet's validation images in class folders by the devkit),
+            ``classes`` the sorted class folders (WordNet ids for ImageNet: torchvision's
+            ``wnids``), and ``order`` (int64 [len(names)]): the torchvision index of each streamed
+            image, -1 for a skipped one.
 
         Raises:
             FileNotFoundError: no images, or no class folders.
             ValueError: validation labels that do not cover the images.
         """
+        skipped = set(skip)
+        kept = [j for j in range(len(names)) if j not in skipped]
+        paths, targets, classes, kept_order = self._samples([names[j] for j in kept])
+        order = np.full(len(names), -1, dtype=np.int64)
+        order[kept] = kept_order
+        return paths, targets, classes, order
+
+    def _samples(self, names: list[str]) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
         if not names:
             raise FileNotFoundError(f"no images in {self.path}")
         if self.layout in ("imagenet-val", "kaggle-val"):
@@ -327,6 +354,14 @@ def _check_end(tar: tarfile.TarFile, stream) -> None:
         members = tar.getmembers()  # all read by now: the iteration has ended
         last = members[-1].name if members else "(none)"
         raise tarfile.ReadError(f"the archive ends without its end-of-archive block, after {last!r}")
+
+
+def _last_copies(archive: Path, infos: list[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
+    """``infos`` (in file order) without the earlier copies of a repeated name: unzip, like
+    :func:`colabfast.archive.extract`, leaves the last copy written."""
+    key = [safe_relpath(archive, i.filename) for i in infos]  # "./a/x.jpg" is written as "a/x.jpg"
+    last = {k: j for j, k in enumerate(key)}
+    return [i for j, i in enumerate(infos) if last[key[j]] == j]
 
 
 def _strip_common_folders(names: list[str]) -> list[str]:

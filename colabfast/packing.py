@@ -101,7 +101,8 @@ def pack(
     Archives (``.tar``, ``.tar.gz``/``.tgz``/``.tar.bz2``/``.tar.xz``, ``.zip``) are never extracted:
     they are read front to back in one sequential stream (what Drive serves best), inner per-class
     tars are opened as they are met, and images are decoded and resized in the worker processes while
-    the next bytes arrive; local disk holds only the parts and the mirror. This is how ImageNet's
+    the next bytes arrive; local disk holds only the mirror being built (its parts move into it one
+    by one: at most the mirror and one part, measured by ``colabfast bench pack``). This is how ImageNet's
     official archives (``ILSVRC2012_img_train.tar``: a tar of per-class tars; ``ILSVRC2012_img_val.tar``
     with ``labels=`` the devkit), Kaggle's ``imagenet-object-localization-challenge.zip`` (``split=``
     ``"train"`` or ``"val"``) and a tar/zip of an ImageFolder tree are packed. Classes, targets and sample
@@ -241,7 +242,8 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
             attrs["class_names"] = json.dumps(names)
     attrs["header_crc32"] = header_crc32(attrs)
     _assemble(build, work, source, orders, parts, attrs)
-    _verify(build, {s.name: len(orders[s.name]) - len(parts.errors[s.name]) for s in source.splits})
+    _verify(build, {s.name: int(np.count_nonzero(orders[s.name] >= 0)) - len(parts.errors[s.name])
+                    for s in source.splits})
 
 
 def _built(build: Path, fingerprint: str) -> bool:
@@ -674,12 +676,38 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
         finally:  # also on a truncated archive or an interrupt: keep the parts being made, for the next run
             while inflight:
                 finish(*inflight.popleft())
-    paths, targets, classes, order = archive.samples(names)
+    # tar and unzip keep the last copy of a repeated member: the earlier ones get order -1, left out
+    superseded = archive.superseded(names)
+    _drop_from_parts(work, superseded)
+    paths, targets, classes, order = archive.samples(names, skip=superseded)
     files = [FileEntry(p, 0, 0) for p in paths]
     # An ImageFolder-shaped mirror (classes, targets) whatever the archive's layout; "labels" says whence.
     source = Source("imagefolder", archive.path, [Split("", archive.path, files, targets=targets)], classes)
     part_paths = [work / f"stream-{k:06d}.npz" for k in range((len(names) + CHUNK - 1) // CHUNK)]
-    return source, {"": order}, _Parts(part_paths, {"": part_paths}, {"": [(int(order[j]), m) for j, m in errors]})
+    failed = [(int(order[j]), m) for j, m in errors if order[j] >= 0]  # not a superseded copy's
+    return source, {"": order}, _Parts(part_paths, {"": part_paths}, {"": failed})
+
+
+def _drop_from_parts(work: Path, drop: list[int]) -> None:
+    """Take the streamed images ``drop`` out of their parts' blobs: a sample left out of the mirror
+    takes no bytes there (see :func:`_write_split`). Idempotent, so a resumed run may do it again."""
+    by_part: dict[int, list[int]] = {}
+    for j in drop:
+        by_part.setdefault(j // CHUNK, []).append(j % CHUNK)
+    for k, local in by_part.items():
+        path = work / f"stream-{k:06d}.npz"
+        part = _load_part(path)
+        if part is None:
+            raise MirrorError(f"{path} is unreadable though it was just written: run pack() again")
+        ends = part["offsets"]
+        sizes = np.diff(ends)
+        if not sizes[local].any():
+            continue
+        sizes[local] = 0
+        part["blob"] = b"".join(part["blob"][ends[i]:ends[i + 1]].tobytes() for i in np.flatnonzero(sizes))
+        part["offsets"] = np.concatenate([[0], np.cumsum(sizes)])
+        part["shapes"][local] = 0
+        _save_part(path, part)
 
 
 def _joined(results: list[dict]) -> dict:
@@ -833,7 +861,7 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
         if part is None:
             raise MirrorError(f"{path} is unreadable though it was just checked: run pack() again")
         idx = order[k * CHUNK : (k + 1) * CHUNK]
-        keep = np.array([int(i) not in bad for i in idx], dtype=bool)
+        keep = np.array([int(i) >= 0 and int(i) not in bad for i in idx], dtype=bool)  # -1: a superseded copy
         blob, ends = part["blob"], part["offsets"]
         offsets.append(pos + ends[1:][keep])
         shapes.append(part["shapes"][keep])

@@ -118,6 +118,11 @@ HOSTILE_TARS = {
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE_TARS))
 def test_hostile_tar_is_refused(kind, tmp_path):
+    """The classic tar escapes (issue 14, writes outside dst), one per case: zip-slip ('../evil.txt'),
+    an absolute name, a symlink to an outside folder then a file written through it, a relative
+    symlink climbing out ('../..'), a hard link to an outside file, a character device (/dev/null's
+    1:3) and a FIFO. Each is refused naming the archive; nothing outside is created or changed, and
+    stage() leaves neither dst nor a partial extraction beside it."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "victim.txt").write_text("precious")
@@ -155,6 +160,10 @@ def _unix(name: str, mode: int) -> zipfile.ZipInfo:
 
 @pytest.mark.parametrize("kind", ["zip-slip", "absolute path", "windows drive", "symlink escape", "device"])
 def test_hostile_zip_is_refused_before_writing(kind, tmp_path):
+    """The zip escapes (issue 14, writes outside dst), each after a harmless 'ok.txt': zip-slip
+    ('../evil.txt'), an absolute name, a Windows drive name ('C:\\evil.txt'), a Unix symlink entry
+    to an outside folder, and a character device entry. A zip's directory is checked whole before
+    anything is written, so not even 'ok.txt' lands: dst is never created."""
     entries = {
         "zip-slip": [("ok.txt", b"ok"), ("../evil.txt", b"evil")],
         "absolute path": [("ok.txt", b"ok"), (str(tmp_path / "evil.txt"), b"evil")],
@@ -207,10 +216,58 @@ def test_zip_symlink_chain_cannot_write_outside(tmp_path, allow_links):
             _zip_link(z, name, ".")
         z.writestr(_unix("up/pwned.txt", 0o100644), "x")
     dst = tmp_path / "l1" / "l2" / "l3" / "x" / "out"
-    with pytest.raises(UnsafeArchiveError, match="'up'"):
+    refused = "'up' is a symbolic link" if not allow_links else \
+        r"'up/pwned.txt' goes through 'up', which is a link \(to 'a/b/c/d/../../../..'"
+    with pytest.raises(UnsafeArchiveError, match=refused):
         stage(archive, dst, allow_links=allow_links, progress=False)
     assert not [p for p in tmp_path.rglob("pwned.txt")]
     assert not dst.exists() and not [p for p in tmp_path.rglob("*") if p.is_symlink()]
+
+
+def _chain_zip(path: Path, write_through: bool) -> Path:
+    """Issue 14, attack 1's archive: 'up' -> a/b/c/d/../../../.., then a, b, c, d -> '.'."""
+    with zipfile.ZipFile(path, "w") as z:
+        _zip_link(z, "up", "a/b/c/d/../../../..")
+        for name in "abcd":
+            _zip_link(z, name, ".")
+        if write_through:
+            z.writestr(_unix("up/pwned.txt", 0o100644), "x")
+    return path
+
+
+@pytest.mark.parametrize("write_through", [True, False])
+def test_failed_extract_leaves_no_link_leading_outside(tmp_path, write_through):
+    """Issue 14, attack 1 against extract() itself (no stage() to remove its work folder): with
+    allow_links, 'up' leads four levels up once a, b, c, d -> '.' exist. The write of 'up/pwned.txt'
+    through it is refused naming that entry, or (with no write) the final check of every link
+    refuses 'up'; either way the links the failed extraction made are removed, so nothing left in
+    dst leads outside."""
+    dst = tmp_path / "l1" / "l2" / "l3" / "x" / "out"
+    archive = _chain_zip(tmp_path / "evil.zip", write_through)
+    refused = r"'up/pwned.txt' goes through 'up', which is a link" if write_through else \
+        r"'up' is a link to 'a/b/c/d/../../../..', which with the links after it leads outside"
+    with pytest.raises(UnsafeArchiveError, match=refused):
+        extract(archive, dst, allow_links=True)
+    assert not list(tmp_path.rglob("pwned.txt"))
+    assert dst.is_dir() and not [p for p in dst.rglob("*") if p.is_symlink()]
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_link_over_a_folder_is_refused_without_a_partial(tmp_path, link):
+    """A link entry named like a folder extracted before it ('d/' with 'd/x.txt', then 'd' -> '.'):
+    a link never replaces a folder, so this is refused naming the entry (not a bare
+    IsADirectoryError), and stage() leaves neither dst nor its partial extraction beside it."""
+    over = _member("d", type=tarfile.SYMTYPE, linkname=".") if link == "symbolic" else \
+        _member("d", type=tarfile.LNKTYPE, linkname="real.txt")
+    archive = _tar_with(tmp_path / "odd.tar", [_member("real.txt", b"data"), _member("d", type=tarfile.DIRTYPE),
+                                               _member("d/x.txt", b"x"), over])
+    (tmp_path / "area").mkdir()
+    with pytest.raises(UnsafeArchiveError, match="'d' is a link, but the archive also has a folder of that name"):
+        stage(archive, tmp_path / "area" / "dst", allow_links=True, progress=False)
+    assert list((tmp_path / "area").iterdir()) == []
+    with pytest.raises(UnsafeArchiveError, match="'d' is a link"):
+        extract(archive, tmp_path / "direct", allow_links=True)
+    assert (tmp_path / "direct" / "d" / "x.txt").read_bytes() == b"x"  # the folder is left as it was
 
 
 def test_link_made_to_lead_outside_by_later_links_is_refused(tmp_path):
@@ -281,23 +338,31 @@ def small_tmpfs(tmp_path):
     subprocess.run(["umount", str(mnt)], check=True)
 
 
-@pytest.mark.parametrize("shape", ["one huge entry", "many entries"])
-def test_decompression_bomb_stops_before_the_disk_fills(tmp_path, small_tmpfs, shape):
-    """Issue 14, attack 7 (decompression bomb): a .tar.bz2 of a few hundred bytes holding 40 MiB of
-    zeros, staged to an 8 MiB tmpfs. bz2 records no size, so the preflight sees only the archive's
-    size; the bytes are counted as extracted and the stage stops with a clear ENOSPC, leaving nothing."""
-    sizes = [40 << 20] if shape == "one huge entry" else [1 << 20] * 40
-    archive = tmp_path / "bomb.tar.bz2"
-    with tarfile.open(archive, "w:bz2") as t:
+@pytest.mark.parametrize("kind", ["bz2, one huge entry", "bz2, many entries", "gz, forged size"])
+def test_decompression_bomb_stops_before_the_disk_fills(tmp_path, small_tmpfs, kind):
+    """Issue 14, attack 7 (decompression bomb): a .tar.bz2 of a few hundred bytes, or a .tar.gz of a
+    few tens of kB whose gzip size trailer (ISIZE) is forged to its own size, holding 40 MiB of
+    zeros, staged to an 8 MiB tmpfs. bz2 records no size and the forged trailer lies, so the
+    preflight passes; the bytes are counted as extracted and the stage stops with a clear ENOSPC,
+    leaving nothing."""
+    sizes = [1 << 20] * 40 if kind == "bz2, many entries" else [40 << 20]
+    suffix = ".tar.gz" if kind.startswith("gz") else ".tar.bz2"
+    archive = tmp_path / f"bomb{suffix}"
+    with tarfile.open(archive, "w:gz" if suffix == ".tar.gz" else "w:bz2") as t:
         for i, size in enumerate(sizes):
             info = tarfile.TarInfo(f"bomb/{i:03d}.bin")
             info.size = size
             t.addfile(info, io.BufferedReader(_Zeros()))
-    assert archive.stat().st_size < 10_000
+    if suffix == ".tar.gz":
+        with open(archive, "r+b") as f:  # the trailer's last 4 bytes: the size, modulo 2**32
+            f.seek(-4, io.SEEK_END)
+            f.write(archive.stat().st_size.to_bytes(4, "little"))
+        assert extracted_size(archive) == archive.stat().st_size  # the forged size fools the estimate
+    assert archive.stat().st_size < 100_000
     with pytest.raises(OSError) as err:
         stage(archive, small_tmpfs / "out", progress=False)
     assert err.value.errno == errno.ENOSPC
-    assert "bomb.tar.bz2 does not fit" in str(err.value) and "decompression bomb" in str(err.value)
+    assert f"bomb{suffix} does not fit" in str(err.value) and "decompression bomb" in str(err.value)
     assert list(small_tmpfs.iterdir()) == []  # the partial extraction is gone
     free = os.statvfs(small_tmpfs)
     assert free.f_bfree == free.f_blocks
