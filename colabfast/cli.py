@@ -9,6 +9,8 @@ from typing import Optional
 
 from colabfast.errors import Error
 
+__all__ = ["main", "build_parser"]
+
 
 def _stage(args: argparse.Namespace) -> int:
     from colabfast.staging import stage
@@ -25,9 +27,9 @@ def _pack(args: argparse.Namespace) -> int:
 
     size = args.image_size
     image_size = None if size is None else (size[0] if len(size) == 1 else (size[0], size[1]))
-    pack(args.src, args.dst, layout=args.layout, store=args.store, image_size=image_size, quality=args.quality,
-         shuffle=args.shuffle, seed=args.seed, workers=args.workers,
-         on_error="skip" if args.skip_errors else "raise", progress=not args.quiet)
+    pack(args.src, args.dst, layout=args.layout, labels=args.labels, split=args.split, store=args.store,
+         image_size=image_size, quality=args.quality, shuffle=args.shuffle, seed=args.seed, workers=args.workers,
+         on_error="skip" if args.skip_errors else "raise", retries=args.retries, progress=not args.quiet)
     print(args.dst)
     return 0
 
@@ -72,6 +74,12 @@ def _drivesim(args: argparse.Namespace) -> int:
     return cli(args)
 
 
+# pack --layout: a folder's layouts, then colabfast.archivesource.LAYOUTS (spelled out here so that
+# `colabfast --help` does not import numpy; tests/test_cli.py checks the two agree).
+_PACK_LAYOUTS = ["auto", "imagefolder", "kitti", "files", "imagenet-train", "imagenet-val", "kaggle-train",
+                 "kaggle-val"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="colabfast",
@@ -109,11 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_ramdisk)
 
     p = sub.add_parser("pack", help="pack an image dataset into one HDF5 mirror file",
-                       description="Pack an ImageFolder, KITTI or plain folder of images into one HDF5 "
-                                   "mirror (resumable; the destination may be on Drive).")
-    p.add_argument("src", help="dataset folder")
+                       description="Pack an ImageFolder, KITTI or plain folder of images, or an archive read "
+                                   "as a stream (ImageNet's official tars, Kaggle's ImageNet zip, a tar/zip of "
+                                   "an ImageFolder tree), into one HDF5 mirror (resumable; the destination may "
+                                   "be on Drive).")
+    p.add_argument("src", help="dataset folder or archive")
     p.add_argument("dst", help="mirror file to write, e.g. /content/drive/MyDrive/kitti.h5")
-    p.add_argument("--layout", choices=["auto", "imagefolder", "kitti", "files"], default="auto")
+    p.add_argument("--layout", choices=_PACK_LAYOUTS, default="auto",
+                   help="what src holds (default auto: detected); imagenet-* and kaggle-* are for archives")
+    p.add_argument("--labels", metavar="DEVKIT",
+                   help="ImageNet's ILSVRC2012_devkit_t12.tar.gz: the labels of ILSVRC2012_img_val.tar "
+                        "(class names only for the training tar)")
+    p.add_argument("--split", choices=["train", "val"],
+                   help="the part of Kaggle's ImageNet zip to pack (default train)")
     p.add_argument("--store", choices=["encoded", "raw"], default="encoded",
                    help="keep encoded files (default) or store decoded pixels")
     p.add_argument("--image-size", type=int, nargs="+", metavar="N",
@@ -123,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, help="decoding processes (default: CPU count)")
     p.add_argument("--skip-errors", action="store_true", help="leave unreadable images out instead of failing")
+    p.add_argument("--retries", type=int, default=5, help="retries per read for transient errors (default 5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 
@@ -163,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 # How the library's messages name an option -> how this command spells it.
 _CLI_SPELLING = {"pass on_error='skip'": "pass --skip-errors", "overwrite=True": "--overwrite",
-                 "allow_links=True": "--allow-links"}
+                 "allow_links=True": "--allow-links", "labels= and split=": "--labels and --split",
+                 "pass labels='.../ILSVRC2012_devkit_t12.tar.gz'": "pass --labels .../ILSVRC2012_devkit_t12.tar.gz",
+                 "pass labels=devkit": "pass --labels DEVKIT"}
 
 
 def _cli_words(message: str) -> str:

@@ -18,6 +18,8 @@ from typing import Optional
 from colabfast.testing import data
 from colabfast.testing.drivesim import DriveSimParams
 
+__all__ = ["main", "run", "report", "Row"]
+
 
 @dataclasses.dataclass
 class Row:
@@ -119,6 +121,7 @@ def main(quick: bool = False) -> int:
               f"{drive.mbps:.0f} MB/s\n")
     else:
         print(f"simulated Drive: NOT RUNNING, so there is no Drive row and local disk is measured alone: {why}. "
-              f"The simulator needs Debian's fuse3 and mfusepy (pip install \"colabfast[fuse]\").\n")
+              f"The simulator needs Debian's fuse3 (sudo apt-get install -y fuse3) and mfusepy "
+              f"(pip install mfusepy).\n")
     print(report(run(classes=classes, per_class=per_class, size=size, fuse=ok)))
     return 0

@@ -23,6 +23,8 @@ from colabfast.datasets import unwrap
 from colabfast.gpudecode import EncodedImages
 from colabfast.prefetch import tensors
 
+__all__ = ["Report", "diagnose"]
+
 DATA_BOUND = 0.20  # data-bound when at least this share of each step waits for data
 # Compute-bound below this share: the data wait colabfast aims at for a fed GPU (ResNet-18 from a local
 # mirror), which `colabfast bench gpu` measures as its "data wait %" column.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -146,10 +147,16 @@ def _where(data: str, size: Optional[int]) -> list[str]:
             f"colabfast.stage({data!r})"
         ]
         if size is not None:
-            try:  # stage()'s own preflight: twice the size when DriveFS caches what it reads
-                check_space(size, env.work_dir() / os.path.basename(data), Path(data))
-            except OSError as e:
-                advice.append(e.strerror or str(e))
+            # stage()'s own preflight: twice the size when DriveFS caches what it reads, where a
+            # folder only warns (DriveFS evicts its cache as the disk fills): its warning is advice here
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    check_space(size, env.work_dir() / os.path.basename(data), Path(data),
+                                folder=os.path.isdir(data))
+                except OSError as e:
+                    advice.append(e.strerror or str(e))
+            advice += [str(w.message) for w in caught]
         return advice
     if where == "standin":
         return [

@@ -26,8 +26,10 @@ from typing import Optional
 import psutil
 
 from colabfast import env
-from colabfast._fileio import human_bytes
+from colabfast._fileio import PathLike, human_bytes
 from colabfast.errors import Error
+
+__all__ = ["DriveError", "DriveReport", "mount", "refresh_drive", "flush_drive", "flush_and_unmount"]
 
 DEFAULT_MOUNTPOINT = env.DEFAULT_MOUNTPOINT
 SIM_VAR = "COLABFAST_DRIVE_SIM"
@@ -82,7 +84,7 @@ class DriveReport:
 
 
 def mount(
-    mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT,
+    mountpoint: PathLike = DEFAULT_MOUNTPOINT,
     *,
     force_remount: bool = False,
     readonly: bool = False,
@@ -224,7 +226,7 @@ def flush_and_unmount_standin(timeout_ms: int = COLAB_FLUSH_TIMEOUT_MS) -> None:
         raise ValueError("flush_and_unmount failed") from e
 
 
-def refresh_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = False) -> DriveReport:
+def refresh_drive(mountpoint: PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = False) -> DriveReport:
     """Make Drive show its current contents and free the disk its client's cache takes.
 
     - DriveFS (Colab): ``flush_and_unmount()`` (pending writes go up first), then delete the DriveFS
@@ -263,7 +265,7 @@ def refresh_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: 
     return report
 
 
-def flush_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = False) -> DriveReport:
+def flush_drive(mountpoint: PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = False) -> DriveReport:
     """Push pending writes (a freshly copied mirror, checkpoints) to Drive and wait until they are up.
 
     Drive has no flush without unmount: in Colab this is ``flush_and_unmount()`` then mount again
@@ -301,7 +303,7 @@ def flush_drive(mountpoint: str | os.PathLike = DEFAULT_MOUNTPOINT, *, quiet: bo
     return report
 
 
-def _locate(mountpoint: str | os.PathLike) -> tuple[str, str]:
+def _locate(mountpoint: PathLike) -> tuple[str, str]:
     """(kind, mountpoint) of the Drive holding ``mountpoint``: a path inside Drive finds its mount."""
     path = os.path.expanduser(os.fspath(mountpoint))
     kind = env.drive_kind(path)
@@ -313,7 +315,7 @@ def _locate(mountpoint: str | os.PathLike) -> tuple[str, str]:
     return kind, path
 
 
-def failure_advice(path: str | os.PathLike, errors: list[BaseException]) -> Optional[str]:
+def failure_advice(path: PathLike, errors: list[BaseException]) -> Optional[str]:
     """What to do about reads from Drive that kept failing, or None when there is nothing specific.
 
     ENOTCONN means the client went away: remount. A persistent EIO on DriveFS is often Drive refusing
@@ -504,7 +506,7 @@ def _start_sim(root: Path, mountpoint: str, options: dict, readonly: bool) -> st
     except ImportError as e:
         raise DriveError(
             f"{SIM_VAR} is set but the Drive simulator cannot load ({e}); install it "
-            f"(pip install 'colabfast[fuse]', apt-get install fuse3) or unset {SIM_VAR}"
+            f"(pip install mfusepy; sudo apt-get install -y fuse3) or unset {SIM_VAR}"
         ) from e
     try:
         sim = DriveSim(root, mountpoint, readonly=readonly, **options).start()

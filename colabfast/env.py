@@ -18,6 +18,12 @@ import psutil
 
 from colabfast._fileio import PathLike
 
+__all__ = ["Mount", "DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "mounts", "mount_of",
+           "drive_kind", "drive_mounts", "standin_root", "standin_mountpoints", "drivefs_dir", "cache_dir", "work_dir",
+           "storage", "is_ram", "is_fuse", "cpu_count", "ram_total", "ram_available", "ram_headroom", "disk_free",
+           "can_mount", "has_fuse", "shm_size", "recommended_num_workers", "gpu", "gpu_decode_available",
+           "gpu_utilization"]
+
 # What Colab's own drive module checks (google/colab/drive.py). `import google.colab` is no proof:
 # the package installs anywhere, and colabfast's stand-in injects a module of that name.
 COLAB_MARKER = "/var/colab/hostname"

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Optional
 
 from colabfast import env
-from colabfast._fileio import locked, read_json, write_json_atomic
+from colabfast._fileio import PathLike, locked, read_json, unchanged, write_json_atomic
 from colabfast.archive import ARCHIVE_SUFFIXES, archive_suffix, strip_archive_suffix
 from colabfast.errors import Error
+
+__all__ = ["FetchError", "DriveLink", "fetch", "parse_link"]
 
 DRIVE_HOSTS = ("drive.google.com", "docs.google.com", "drive.usercontent.google.com")
 STATE = ".colabfast-fetch"  # in the destination folder: one record and one lock per link, downloads in progress
@@ -93,7 +95,7 @@ def parse_link(url_or_id: str) -> DriveLink:
 
 def fetch(
     url_or_id: str,
-    dst: Optional[str | os.PathLike] = None,
+    dst: Optional[PathLike] = None,
     *,
     hash: Optional[str] = None,
     extract: bool = False,
@@ -179,8 +181,8 @@ class _Record:
             return None
 
     def unchanged(self, path: Path) -> bool:
-        st = path.stat()
-        return (st.st_size, st.st_mtime_ns) == (self.size, self.mtime_ns)
+        """True if the file at ``path`` still has the size and time noted by :meth:`stamp`."""
+        return unchanged(path.stat(), self.size, self.mtime_ns)
 
     def stamp(self, path: Path, want: Optional[tuple]) -> None:
         """Note the file's size and time, and the hash it was just verified against, if any."""
@@ -211,7 +213,7 @@ def _file_hash(path: Path, algo: str) -> str:
     return h.hexdigest()
 
 
-def _destination(dst: Optional[str | os.PathLike], link: DriveLink) -> tuple:
+def _destination(dst: Optional[PathLike], link: DriveLink) -> tuple:
     """(folder to put it in, its name there or None for the name on Drive)."""
     if dst is None:
         return env.cache_dir() / "fetch" / link.id, None

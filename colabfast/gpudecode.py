@@ -24,6 +24,8 @@ import simplejpeg
 import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
+__all__ = ["Encoded", "EncodedImages", "decode_batch", "decode_cpu", "is_encoded", "is_jpeg"]
+
 # File signatures of the formats torchvision decodes (decode_image: JPEG, PNG, GIF, WebP).
 JPEG_MAGIC = b"\xff\xd8\xff"
 _MAGICS = (JPEG_MAGIC, b"\x89PNG", b"GIF8", b"RIFF")

@@ -16,7 +16,9 @@ import io
 import os
 import tarfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
+
+from colabfast._fileio import PathLike
 
 __all__ = ["ImageNetLabels", "read_devkit", "read_kaggle_labels"]
 
@@ -66,7 +68,7 @@ class ImageNetLabels:
         return [self.val_wnids[rank[n]] for n in names]
 
 
-def read_devkit(path: Union[str, os.PathLike]) -> ImageNetLabels:
+def read_devkit(path: PathLike) -> ImageNetLabels:
     """Read ``ILSVRC2012_devkit_t12.tar.gz`` (or a folder holding its ``data/``) as torchvision does.
 
     Needs ``scipy`` for ``meta.mat`` (preinstalled on Colab), as torchvision does.

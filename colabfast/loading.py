@@ -27,6 +27,8 @@ from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu, empty_uint8,
 from colabfast.prefetch import FEED_DEPTH, BatchConverter, Floats, ImageList, Normalize, cuda_device, restart
 from colabfast.sampler import BlockShuffleSampler
 
+__all__ = ["DataLoader", "collate", "plan", "BlockPlan", "ReaderPlan"]
+
 PREFETCH_FACTOR = 4
 MAX_BLOCK_SIZE = 64  # blocks of 64 read cold 1.7-1.9x faster than random order (bench coldreads, benchmarks/)
 BLOCKS_PER_BATCH = 16  # so a batch from a class-sorted mirror still mixes >= 16 blocks (classes)

@@ -23,6 +23,8 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Sampler
 
+__all__ = ["BlockShuffleSampler", "block_shuffle", "replica_share"]
+
 
 def block_shuffle(num_samples: int, block_size: int, seed: int, epoch: int) -> NDArray[np.int64]:
     """One epoch's order: blocks of ``block_size`` consecutive indices in random order, each shuffled.

@@ -21,6 +21,8 @@ import numpy as np
 from colabfast._fileio import FileEntry, PathLike, retry, scan_tree
 from colabfast.mirror import KITTI_CALIB_KEYS, KITTI_SPLITS
 
+__all__ = ["Source", "Split", "KittiObjects", "detect_layout", "read_source", "is_image"]
+
 # torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively as torchvision does.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from colabfast import env
-from colabfast._fileio import human_bytes
+from colabfast._fileio import PathLike, human_bytes
+
+__all__ = ["RamDisk", "ramdisk", "release_ramdisk", "ramdisk_path", "default_path"]
 
 SHM_FALLBACK = Path("/dev/shm/colabfast")
 MOUNT_SOURCE = "colabfast-ramdisk"  # the source name of the tmpfs colabfast mounts (see /proc/mounts)
@@ -57,7 +59,7 @@ class RamDisk(os.PathLike):
     def __fspath__(self) -> str:
         return str(self.path)
 
-    def __truediv__(self, other: Union[str, os.PathLike]) -> Path:
+    def __truediv__(self, other: PathLike) -> Path:
         return self.path / other
 
     def __str__(self) -> str:
@@ -86,7 +88,7 @@ class RamDisk(os.PathLike):
         release_ramdisk(self.path)
 
 
-def release_ramdisk(path: Union[str, os.PathLike, None] = None) -> bool:
+def release_ramdisk(path: Optional[PathLike] = None) -> bool:
     """Unmount the tmpfs colabfast mounted at ``path`` (default: :func:`default_path`) and remove the
     empty mount point, or delete the ``/dev/shm/colabfast`` fallback folder: what was staged there
     is gone and its RAM is free again. Also ``colabfast ramdisk --release``.
@@ -118,7 +120,7 @@ def release_ramdisk(path: Union[str, os.PathLike, None] = None) -> bool:
     return False
 
 
-def ramdisk(size: Union[int, str, None] = None, path: Union[str, os.PathLike, None] = None) -> RamDisk:
+def ramdisk(size: Union[int, str, None] = None, path: Optional[PathLike] = None) -> RamDisk:
     """Mount a tmpfs RAM disk and return it; reuse (and grow) one already mounted there.
 
     Files in a tmpfs live in RAM: reading them costs no disk I/O at all, which helps random access

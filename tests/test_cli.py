@@ -111,3 +111,52 @@ def test_every_colabfast_error_is_a_colabfast_error_and_one_line(monkeypatch, ca
     assert cli.main(["stage", "x"]) == 1
     err = capsys.readouterr().err
     assert err == "colabfast stage: Drive is not mounted\n"
+
+
+def test_pack_passes_retries_labels_and_split(monkeypatch, capsys, tmp_path):
+    """`colabfast pack` exposes pack()'s retries= (as stage does), labels= and split= (ImageNet's archives)."""
+    from colabfast import cli, packing
+
+    calls = []
+    monkeypatch.setattr(packing, "pack", lambda *args, **kwargs: calls.append((args, kwargs)))
+    val, devkit, dst = tmp_path / "ILSVRC2012_img_val.tar", tmp_path / "devkit.tar.gz", tmp_path / "val.h5"
+    assert cli.main(["pack", str(val), str(dst), "--labels", str(devkit), "--retries", "9", "-q"]) == 0
+    (args, kwargs), = calls
+    assert args == (str(val), str(dst))
+    assert kwargs["labels"] == str(devkit) and kwargs["split"] is None and kwargs["retries"] == 9
+    assert kwargs["layout"] == "auto" and kwargs["progress"] is False
+    calls.clear()
+    assert cli.main(["pack", "kaggle.zip", str(dst), "--split", "val", "--layout", "kaggle-val"]) == 0
+    (_, kwargs), = calls
+    assert kwargs["split"] == "val" and kwargs["labels"] is None and kwargs["retries"] == 5
+    assert kwargs["layout"] == "kaggle-val"
+    assert capsys.readouterr().out.splitlines() == [str(dst), str(dst)]
+
+
+def test_pack_layouts_are_the_librarys():
+    """The command spells out the archive layouts (no numpy import for --help): they must be archivesource's."""
+    from colabfast import cli
+    from colabfast.archivesource import LAYOUTS
+
+    assert set(cli._PACK_LAYOUTS) == {"auto", "kitti", "files", *LAYOUTS}
+
+
+def test_pack_speaks_labels_and_split_as_options(tmp_path, capsys):
+    from colabfast import cli
+
+    inet = make_imagefolder(tmp_path / "inet", classes=2, per_class=1, size=(16, 12))
+    assert cli.main(["pack", str(inet), str(tmp_path / "m.h5"), "--split", "val", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "--labels and --split are for packing from an archive" in err and "labels=" not in err
+
+
+def test_pack_imagenet_validation_tar_from_the_command_line(tmp_path):
+    from colabfast.testing.imagenet_archives import make_imagenet_archives
+
+    paths = make_imagenet_archives(tmp_path, classes=2, train_per_class=1, val_per_class=2, size=(40, 30))
+    out = run("pack", str(paths["val"]), str(tmp_path / "bare.h5"), "-q")
+    assert out.returncode == 1 and "pass --labels DEVKIT" in out.stderr
+    out = run("pack", str(paths["val"]), str(tmp_path / "val.h5"), "--labels", str(paths["devkit"]), "-q")
+    assert out.returncode == 0, out.stderr
+    info = run("info", str(tmp_path / "val.h5")).stdout
+    assert "4 images" in info and f"labels from {paths['devkit']}" in info

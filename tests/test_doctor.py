@@ -49,14 +49,31 @@ def test_describe_says_to_stage_data_on_drive(quiet_machine, monkeypatch, tmp_pa
 
 def test_describe_warns_when_the_disk_cannot_hold_two_copies(quiet_machine, monkeypatch, tmp_path, standin):
     mp = tmp_path / "drive"
-    data = mp / "MyDrive" / "big"
-    data.mkdir(parents=True)
-    (data / "a.bin").write_bytes(b"x" * 6000)
+    data = mp / "MyDrive" / "big.tar"  # a single file is in use for its whole copy: it needs the 2N
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b"x" * 6000)
     fake_drive(monkeypatch, mp)
     monkeypatch.setenv("HOME", str(tmp_path))  # DriveFS's cache on the same disk as /tmp, as in Colab
     monkeypatch.setattr(env, "disk_free", lambda path: 10_000)
     text = doctor.describe(data)
     assert "need 12.0 kB (2 x 6.0 kB: Drive caches what it reads), have 10.0 kB" in text
+
+
+def test_describe_only_warns_for_a_folder_that_fits_once(quiet_machine, monkeypatch, tmp_path, standin):
+    """Like stage(): a folder on DriveFS with room for N but not 2N is a warning, not 'not enough space'."""
+    mp = tmp_path / "drive"
+    data = mp / "MyDrive" / "big"
+    data.mkdir(parents=True)
+    (data / "a.bin").write_bytes(b"x" * 6000)
+    fake_drive(monkeypatch, mp)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(env, "disk_free", lambda path: 10_000)
+    text = doctor.describe(data)
+    assert "not enough free space" not in text
+    assert "- 10.0 kB free on " in text and "room for the 6.0 kB of data, not for 2 x 6.0 kB" in text
+    assert "colabfast.refresh_drive()" in text
+    monkeypatch.setattr(env, "disk_free", lambda path: 5_000)  # not even one copy fits: refused, as stage() does
+    assert "not enough free space" in doctor.describe(data)
 
 
 def test_describe_ram_and_local_data(quiet_machine, monkeypatch, tmp_path):

@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         written.append(report.plot(results, out / "bench.png", title=f"colabfast bench ({_command(args)})"))
     except ModuleNotFoundError as exc:
-        print(f"colabfast bench: no chart: {exc.name} is not installed (pip install colabfast[bench])")
+        print(f"colabfast bench: no chart: {exc.name} is not installed "
+              f"(pip install {exc.name}, or pip install \".[bench]\" from a clone)")
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -191,7 +191,8 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "colabfast be
     and scenarios where nothing ran are named under the title with the reason.
 
     Raises:
-        ModuleNotFoundError: matplotlib is not installed (``pip install colabfast[bench]``).
+        ModuleNotFoundError: matplotlib is not installed (``pip install matplotlib``, or
+            ``pip install ".[bench]"`` from a clone).
     """
     import matplotlib
 

@@ -215,7 +215,7 @@ def available() -> tuple[bool, str]:
     if ctypes.util.find_library("fuse3") is None:
         return False, "libfuse3 is missing (apt-get install fuse3)"
     if importlib.util.find_spec("mfusepy") is None:
-        return False, "mfusepy is missing (pip install mfusepy, or colabfast[fuse])"
+        return False, "mfusepy is missing (pip install mfusepy)"
     return True, ""
 
 

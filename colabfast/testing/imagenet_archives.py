@@ -14,17 +14,14 @@ and Kaggle's zip. The notebooks' tiny mode, the tests and the benchmarks pack th
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 
+from colabfast._fileio import PathLike
 from colabfast.testing.data import WNIDS, _size, encode, photo
-
-PathLike = Union[str, os.PathLike]
 
 
 def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
