@@ -72,13 +72,15 @@ def backoff(attempt: int) -> float:
 
 
 def pread_retrying(
-    pread: Callable[[int, int], bytes], n: int, offset: int, retries: int, reopen: Optional[Callable[[], None]] = None
-) -> bytes:
+    pread: Callable[[int, int], T], n: int, offset: int, retries: int, reopen: Optional[Callable[[], None]] = None
+) -> T:
     """``pread(n, offset)``, retrying transient errors at that offset with backoff.
 
     A large read crosses many of the mount's read requests (FUSE sends at most 128 KiB each), any of
     which may fail: after a failure the request shrinks (down to ``MIN_READ``), so a flaky mount
-    costs a retry of a small range, never of the whole file. The caller loops on short reads.
+    costs a retry of a small range, never of the whole file. The caller loops on short reads, and
+    each call (a new offset) has ``retries`` of its own. ``pread`` may return the bytes, or (a
+    ``preadv`` into the caller's buffer) how many it read; ``reopen`` runs before each retry.
 
     Raises:
         OSError: the last error once ``retries`` retries at one offset failed, with ``attempts`` set.
@@ -198,11 +200,17 @@ STATE_PREFIX = ".colabfast-"  # colabfast's own records inside a folder it stage
 NAME_MAX = 255  # bytes in one file name on Linux filesystems (ext4, tmpfs, FUSE)
 
 
+def fits_name_max(name: str) -> bool:
+    """True if ``name`` is a valid length for one file name (NAME_MAX bytes); a longer one makes every
+    call on it, even ``stat``, fail with ENAMETOOLONG."""
+    return len(os.fsencode(name)) <= NAME_MAX
+
+
 def partial_name(name: str) -> str:
     """The temporary name a file ``name`` is written under: ``.NAME.colabfast-partial``, or, where that
     would pass NAME_MAX bytes (names of 237 bytes and more), ``.HASH.colabfast-partial``."""
     tmp = f".{name}{PARTIAL_SUFFIX}"
-    if len(os.fsencode(tmp)) <= NAME_MAX:
+    if fits_name_max(tmp):
         return tmp
     return f".{hashlib.sha256(os.fsencode(name)).hexdigest()[:32]}{PARTIAL_SUFFIX}"
 
@@ -291,7 +299,7 @@ class ReadaheadFile(io.RawIOBase):
         retries: retries per block for transient errors.
     """
 
-    def __init__(self, path: str | os.PathLike, *, block_size: int = 4 << 20, depth: int = 8, retries: int = 5):
+    def __init__(self, path: PathLike, *, block_size: int = 4 << 20, depth: int = 8, retries: int = 5):
         super().__init__()
         self._path = os.fspath(path)
         self._fd = retry(lambda: os.open(self._path, os.O_RDONLY), retries)

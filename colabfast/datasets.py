@@ -13,7 +13,6 @@ import contextlib
 import errno
 import io
 import os
-import time
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -24,9 +23,9 @@ from PIL import Image
 from torch.utils.data import ConcatDataset, get_worker_info
 from torchvision.datasets import VisionDataset
 
-from colabfast._fileio import PathLike, backoff, human_bytes, is_transient
+from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
 from colabfast.gpudecode import decode_cpu
-from colabfast.mirror import Index, MirrorError, header, load_index, open_h5, read_paths
+from colabfast.mirror import Index, MirrorError, header, load_index, read_h5, read_paths
 
 OUTPUTS = ("pil", "tensor", "bytes")
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
@@ -85,44 +84,48 @@ class MirrorReader:
         # Never a memory map: a file truncated or replaced under a map kills the process with SIGBUS,
         # where pread returns a short read we can name. Reads go straight into the caller's buffer.
         if self._pid != os.getpid() or self._fd is None:  # first use in this process (a worker, a fork)
-            self._fd = os.open(self.path, os.O_RDONLY)
+            self._fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
             self._pid = os.getpid()
         return self._fd
 
     def read_into(self, out: np.ndarray, start: int) -> None:
         """Fill ``out`` (any contiguous array) with the image data from byte ``start`` on.
 
-        Transient errors of a flaky mount (EIO, ENOTCONN, ... as :func:`colabfast.stage` retries them)
-        are retried ``RETRIES`` times at the failing offset with backoff, reopening the file.
+        Transient errors of a flaky mount (EIO, ENOTCONN, ...) are retried as :func:`colabfast.stage`
+        retries them (:func:`colabfast._fileio.pread_retrying`): ``RETRIES`` times at the failing
+        offset, with backoff, in smaller requests, through a handle of this call's own; every step
+        forward starts the count again, so a long run (an ``in_memory`` load) on a flaky mount
+        fails only where one place keeps failing.
 
         Raises:
             MirrorError: the file ends early (truncated, or replaced by a shorter one).
             OSError: a read still fails after the retries.
         """
-        fd, own = self._handles(), False  # the shared handle; threads may be reading through it too
-        view, pos, attempt = memoryview(out).cast("B"), 0, 0
+        view, base = memoryview(out).cast("B"), self.data_offset + start
+        handle = _Handle(self._handles(), self.path)
+
+        def preadv(n: int, offset: int) -> int:
+            return os.preadv(handle.fd, [view[offset - base : offset - base + n]], offset)
+
         try:
+            pos = 0
             while pos < len(view):
                 try:
-                    n = os.preadv(fd, [view[pos:]], self.data_offset + start + pos)
+                    n = pread_retrying(preadv, len(view) - pos, base + pos, RETRIES, handle.reopen)
                 except OSError as exc:
-                    if not is_transient(exc) or attempt >= RETRIES:
+                    if not is_transient(exc):
                         raise
-                    time.sleep(backoff(attempt))
-                    attempt += 1
-                    if own:
-                        os.close(fd)
-                    fd, own = os.open(self.path, os.O_RDONLY), True  # a handle of its own (after ENOTCONN)
-                    continue
+                    tries = getattr(exc, "attempts", RETRIES + 1)
+                    raise OSError(exc.errno, f"{self.path}: reading image data at byte {base + pos} failed {tries} "
+                                  f"times ({exc.strerror}): the mount it is on (Google Drive?) is failing. Try "
+                                  "again, or stage the mirror to local disk first (colabfast.stage).") from exc
                 if n == 0:
                     raise MirrorError(f"{self.path} ended early while reading image data at byte "
-                                      f"{self.data_offset + start + pos}: the file was truncated or replaced. "
+                                      f"{base + pos}: the file was truncated or replaced. "
                                       "Copy it again (colabfast.stage), or pack it again.")
                 pos += n
         finally:
-            if own:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            handle.close()
 
     def read(self, index: int) -> torch.Tensor:
         """The stored bytes of sample ``index`` as a new uint8 tensor ``[nbytes]`` of its own."""
@@ -169,6 +172,27 @@ class MirrorReader:
         return blob
 
 
+class _Handle:
+    """The file handle one :meth:`MirrorReader.read_into` call reads through: the reader's shared one,
+    until an error; then one of its own. A restarted Drive client (ENOTCONN) invalidates open
+    handles, but the shared one cannot be swapped under the threads reading through it."""
+
+    def __init__(self, fd: int, path: Path):
+        self.fd, self.path, self.own = fd, path, False
+
+    def reopen(self) -> None:
+        with contextlib.suppress(OSError):  # still failing: the next attempt fails too, and counts
+            fd = os.open(self.path, os.O_RDONLY)
+            self.close()
+            self.fd, self.own = fd, True
+
+    def close(self) -> None:
+        if self.own:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.own = False
+
+
 def unwrap(dataset: Any) -> Iterator[Any]:
     """``dataset`` and the datasets inside it, outermost first: through ``Subset`` (``.dataset``),
     ``ConcatDataset`` (its first part) and any wrapper holding its dataset in an instance attribute
@@ -197,8 +221,7 @@ def compact(x: Any) -> Any:
 
 
 def _layout(path: PathLike) -> str:
-    with open_h5(path) as f:
-        return header(f, path).layout
+    return read_h5(path, lambda f: header(f, path).layout)
 
 
 def _shm_free() -> int:
@@ -357,8 +380,8 @@ class H5ImageFolder(MirrorDataset):
                          target_transform=target_transform)
         self.classes: list[str] = self.reader.index.header.classes or []
         self._targets: np.ndarray = self.reader.index.targets
-        with open_h5(self.path) as f:
-            self.labels_from = str(f.attrs.get("labels", ""))  # archive packs: the devkit, Kaggle's CSV, ...
+        # archive packs: the devkit, Kaggle's CSV, ...
+        self.labels_from = read_h5(self.path, lambda f: str(f.attrs.get("labels", "")))
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
     def extra_repr(self) -> str:

@@ -47,10 +47,12 @@ sample count before it is read. Any problem is one :class:`MirrorError` naming t
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -63,7 +65,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 import h5py
 import numpy as np
 
-from colabfast._fileio import PathLike, human_bytes
+from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, human_bytes
 from colabfast.errors import Error
 
 FORMAT = "colabfast-mirror"
@@ -78,13 +80,15 @@ OBJECT_COLUMNS = {  # kitti objects/<name>: dtype, shape of one row
     "bbox": ("f8", (4,)), "dimensions": ("f8", (3,)), "location": ("f8", (3,)), "rotation_y": ("f8", ()),
 }
 VET_TIMEOUT = 60.0  # seconds the child process may take to walk a mirror's metadata
+VET_MOUNT_FAILED = 4  # the vetting child's exit status for a transient I/O error (stdout: its errno)
+OPEN_RETRIES = 5  # retries of opening a mirror, and of reading its index, on a flaky mount (as stage's)
 MAX_ATTR_BYTES = 64 << 20  # a larger attribute is not one pack writes
 MAX_OBJECTS = 10_000  # groups and datasets: a mirror has about 20
 VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
 T = TypeVar("T")
-__all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index", "read_paths", "open_h5", "vet",
-           "trust", "write_array", "header", "header_crc32", "attrs_crc32"]
+__all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index", "read_paths", "open_h5", "read_h5",
+           "vet", "trust", "write_array", "header", "header_crc32", "attrs_crc32"]
 
 
 class MirrorError(Error, ValueError):
@@ -111,9 +115,41 @@ def _as_mirror_error(fn: Callable[..., T]) -> Callable[..., T]:
                 raise
             raise _bad(_name(f_or_path), f"HDF5 cannot read it ({exc})") from exc
         except (KeyError, ValueError, TypeError, RuntimeError, IndexError, OverflowError) as exc:
+            if (code := _mount_errno(exc)) is not None:
+                raise OSError(code, f"{_name(f_or_path)}: {exc}") from exc
             raise _bad(_name(f_or_path), f"HDF5 cannot read it ({type(exc).__name__}: {exc})") from exc
 
     return wrapper
+
+
+def _mount_errno(exc: BaseException) -> Optional[int]:
+    """The errno of ``exc`` if it is a flaky mount's transient error (EIO, ENOTCONN, ...: see
+    :mod:`colabfast._fileio`), else None. h5py sets ``errno`` on most; where it raises another type,
+    libhdf5's text still says ``errno = 5``."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code is None and (found := re.search(r"\berrno = (\d+)", str(exc))):
+        code = int(found.group(1))
+    return code if code in TRANSIENT_ERRNOS else None
+
+
+def _on_flaky_mount(path: Path, fn: Callable[[], T]) -> T:
+    """``fn()`` (opening the mirror, reading its index), retried ``OPEN_RETRIES`` times with backoff
+    on a flaky mount's transient errors. A mirror on Drive fails now and then where the file is fine:
+    the error that is left says so, rather than that the file is truncated."""
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            code = _mount_errno(exc)
+            if code is None:
+                raise
+            if attempt >= OPEN_RETRIES:
+                raise OSError(code, f"{path} could not be read: {os.strerror(code)} on each of {attempt + 1} tries. "
+                              "The file may well be fine: the mount it is on (Google Drive?) is failing. Try "
+                              "again later, or copy it to local disk first (colabfast.stage).") from exc
+        time.sleep(backoff(attempt))
+        attempt += 1
 
 
 def _name(f_or_path: Any) -> str:
@@ -133,8 +169,30 @@ def open_h5(path: PathLike) -> h5py.File:
         FileNotFoundError: no such file.
         MirrorError: not a regular file, not HDF5, truncated, or metadata that crashes, hangs or
             breaks the format's rules (see :func:`vet`).
+        OSError: the mount it is on still fails (EIO, ENOTCONN, ...) after ``OPEN_RETRIES`` retries.
     """
     path = Path(path)
+    return _on_flaky_mount(path, lambda: _open_vetted(path))
+
+
+def read_h5(path: PathLike, read: Callable[[h5py.File], T]) -> T:
+    """``read(f)`` with the mirror at ``path`` open (see :func:`open_h5`): the open and what ``read``
+    reads retried together on a flaky mount's transient errors, as :func:`open_h5` retries the open.
+
+    Raises:
+        as :func:`open_h5`, and whatever ``read`` raises.
+    """
+    path = Path(path)
+
+    def attempt() -> T:
+        with _open_vetted(path) as f:
+            return read(f)
+
+    return _on_flaky_mount(path, attempt)
+
+
+def _open_vetted(path: Path) -> h5py.File:
+    """:func:`open_h5` without its retries (for :func:`read_h5`, which retries more than the open)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -150,6 +208,8 @@ def _open(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "r", locking=False)
     except OSError as exc:
+        if _mount_errno(exc) is not None:
+            raise  # the mount failed, not the file: open_h5 tries again
         raise MirrorError(f"{path} cannot be opened as HDF5 ({exc}): it is truncated (an interrupted copy?) "
                           "or not an HDF5 file. Copy it again, or pack it again.") from exc
 
@@ -236,6 +296,9 @@ def vet(path: PathLike, timeout: Optional[float] = None) -> None:
                           "process that protected this one. The file is corrupt: copy it again, or pack it again.")
     if done.returncode == 3:  # _vet_main's verdict
         raise MirrorError(done.stdout.strip())
+    if done.returncode == VET_MOUNT_FAILED:  # no verdict: open_h5 tries again
+        failed = int(done.stdout) if done.stdout.strip().isdigit() else errno.EIO
+        raise OSError(failed, f"{path}: {os.strerror(failed)} while the child process read its metadata")
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise MirrorError(f"{path}: the child process checking its metadata failed (exit {done.returncode}: "
@@ -244,15 +307,17 @@ def vet(path: PathLike, timeout: Optional[float] = None) -> None:
 
 
 def _vet_main(path: str) -> None:
-    """The child process of :func:`vet`: exit 0 if the file passes, else 3 with the reason on stdout."""
+    """The child process of :func:`vet`: exit 0 if the file passes, else 3 with the reason on stdout,
+    or VET_MOUNT_FAILED with the errno where the mount failed (no verdict on the file)."""
     try:
         with _open(Path(path)) as f:
             _walk(f, path, os.path.getsize(path))
-    except MirrorError as exc:
-        print(exc)
-        sys.exit(3)
-    except Exception as exc:  # h5py raises many types on corrupt metadata; each is a verdict
-        print(_bad(path, f"HDF5 cannot read its metadata ({type(exc).__name__}: {exc})"))
+    except Exception as exc:  # h5py raises many types on corrupt metadata: each a verdict, unless the mount failed
+        if (code := _mount_errno(exc)) is not None:
+            print(code)
+            sys.exit(VET_MOUNT_FAILED)
+        print(exc if isinstance(exc, MirrorError) else _bad(path, f"HDF5 cannot read its metadata "
+                                                             f"({type(exc).__name__}: {exc})"))
         sys.exit(3)
 
 
@@ -499,7 +564,7 @@ def _dataset(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple)
     """``g[name]``, checked to be a contiguous dataset of ``dtype`` and ``shape`` (None: any length)
     inside the file; nothing read yet."""
     where = f"{g.name.rstrip('/')}/{name}"
-    ds = g.get(name) if isinstance(g.get(name, getlink=True), h5py.HardLink) else None
+    ds = _member(g, name)
     if not isinstance(ds, h5py.Dataset):
         raise _bad(path, f"it has no dataset {where}")
     if ds.dtype != np.dtype(dtype) or len(ds.shape) != len(shape) or any(
@@ -508,6 +573,12 @@ def _dataset(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple)
                          f"{['*' if s is None else s for s in shape]}")
     _check_storage(ds, path, os.path.getsize(path))
     return ds
+
+
+def _member(g: h5py.Group, name: str) -> Any:
+    """``g[name]`` where that is a hard link, else None. Never through a soft or external link (another
+    file); and a read that fails (EIO on a mount) raises, where ``g.get`` would say there is no member."""
+    return g[name] if isinstance(g.get(name, getlink=True), h5py.HardLink) else None
 
 
 def _array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, version: int) -> np.ndarray:
@@ -574,10 +645,10 @@ def load_index(path: PathLike, split: str = "") -> Index:
     Raises:
         FileNotFoundError: no such file.
         MirrorError: anything wrong with the file, named.
+        OSError: the mount it is on still fails (EIO, ENOTCONN, ...) after ``OPEN_RETRIES`` retries.
     """
     path = Path(path)
-    with open_h5(path) as f:
-        return _load_index(f, path, split)
+    return read_h5(path, lambda f: _load_index(f, path, split))
 
 
 def _group(f: h5py.File, path: Path, split: str, head: Header) -> h5py.Group:
@@ -632,7 +703,7 @@ def _kitti_objects(g: h5py.Group, path: Path, index: Index) -> None:
     object_offsets = _array(g, "object_offsets", path, "<i8", (len(index) + 1,), v)
     m = int(object_offsets[-1]) if len(object_offsets) else 0
     _offsets(object_offsets, m, "object_offsets", path)
-    if not isinstance(g.get("objects"), h5py.Group):
+    if not isinstance(_member(g, "objects"), h5py.Group):
         raise _bad(path, f"{g.name} has no objects group")
     o = g["objects"]
     objects = {k: _array(o, k, path, dtype, (m, *row), v) for k, (dtype, row) in OBJECT_COLUMNS.items()}
@@ -651,11 +722,14 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
         MirrorError: a path table that breaks the format.
     """
     path = Path(path)
-    with open_h5(path) as f:
+
+    def read(f: h5py.File) -> tuple[np.ndarray, bytes]:
         head = header(f, path)
         g = _group(f, path, split, head)
         offsets = _array(g, "path_offsets", path, "<i8", (None,), head.version)
-        blob = _array(g, "paths", path, "u1", (None,), head.version).tobytes()
+        return offsets, _array(g, "paths", path, "u1", (None,), head.version).tobytes()
+
+    offsets, blob = read_h5(path, read)
     _offsets(offsets, len(blob), "path_offsets", path)
     out, ends = [], offsets.tolist()
     for i, (a, b) in enumerate(zip(ends, ends[1:])):

@@ -32,6 +32,7 @@ from colabfast._fileio import (
     STATE_PREFIX,
     FileEntry,
     PathLike,
+    fits_name_max,
     human_bytes,
     locked,
     partial_path,
@@ -358,12 +359,22 @@ def _ours(record: dict) -> bool:
     return record.get("format") == MANIFEST_FORMAT
 
 
+def _legacy_record(dst: Path) -> Optional[Path]:
+    """Where colabfast 0.1 kept the record of a stage to ``dst``: beside it, ``.NAME.colabfast-stage.json``.
+    None where that name would pass NAME_MAX: 0.1 could not have written it, and even a ``stat`` of it
+    fails (ENAMETOOLONG)."""
+    name = f".{dst.name}.colabfast-stage.json"
+    return dst.with_name(name) if fits_name_max(name) else None
+
+
 def _adopt_legacy_record(dst: Path) -> None:
-    """Move a record kept beside ``dst`` by colabfast 0.1 (``.NAME.colabfast-stage.json``) inside it."""
-    legacy = dst.with_name(f".{dst.name}.colabfast-stage.json")
+    """Move a record kept beside ``dst`` by colabfast 0.1 (see :func:`_legacy_record`) inside it."""
+    legacy = _legacy_record(dst)
+    if legacy is None:
+        return
     if legacy.is_file() and dst.is_dir() and not (dst / RECORD).exists():
         os.replace(legacy, dst / RECORD)
-    for old in (legacy, dst.with_name(f".{dst.name}.colabfast-stage.lock")):
+    for old in (legacy, legacy.with_suffix(".lock")):
         with contextlib.suppress(OSError):
             old.unlink()
 
@@ -407,9 +418,9 @@ def _prepare_folder(dst: Path, source: str, opts: _Options) -> None:
 
 def _prepare_file(target: Path, src: Path, entry: FileEntry, opts: _Options) -> None:
     """A single file may replace only a file colabfast staged from ``src``, or an identical copy."""
-    legacy = target.with_name(f".{target.name}.colabfast-stage.json")
+    legacy = _legacy_record(target)
     record = read_json(_record_path(target, single=True)) or {}
-    if not record and (record := read_json(legacy) or {}):  # kept beside it by colabfast 0.1
+    if not record and legacy is not None and (record := read_json(legacy) or {}):  # beside it (colabfast 0.1)
         write_json_atomic(_record_path(target, single=True), record)
     _adopt_legacy_record(target)
     if not target.exists() and not target.is_symlink():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import pickle
 import shutil
 from multiprocessing.reduction import ForkingPickler
@@ -16,7 +18,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder, Kitti
 
-from colabfast.datasets import H5ImageFolder, H5Kitti
+from colabfast import _fileio, mirror
+from colabfast.datasets import H5ImageFolder, H5Kitti, MirrorReader
 from colabfast.mirror import MirrorError
 from colabfast.packing import pack
 from colabfast.testing.data import make_imagefolder, make_kitti
@@ -267,3 +270,73 @@ def test_items_leave_workers_owning_their_memory(mirrors, store, output):
             kinds.add(type(images))
             assert all(owns(x) for x in images) if isinstance(images, list) else owns(images)
         assert list in kinds  # the fixture's images vary in size: most batches are ragged
+
+
+@pytest.fixture
+def flaky_drive(tmp_path, monkeypatch):
+    """A raw mirror of 4 MB (some 30 of the mount's 128 KiB read requests) on the Drive simulator, and
+    its local original; retries wait milliseconds, not stage()'s quarter seconds and up."""
+    from colabfast.testing.drivesim import DriveSim, available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    monkeypatch.setattr(_fileio, "BACKOFF_BASE", 0.002)
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=40, size=(128, 128))
+    local = pack(src, tmp_path / "drive" / "m.h5", store="raw", progress=False)
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None) as sim:
+        yield sim, sim.mountpoint / local.name, local
+
+
+def test_in_memory_loads_from_a_flaky_drive_are_retried(flaky_drive):
+    """Issue 15, case 12: in_memory=True reads the whole mirror in one read_into call, which gave up
+    after 5 errors in all (3 of 4 loads of 22 MB failed at 10% EIO). Errors are now counted per offset,
+    as stage() counts them, and opening the mirror and reading its index are retried too."""
+    sim, mounted, local = flaky_drive
+    expected = H5ImageFolder(local, output="tensor", in_memory=True).reader.blob
+    sim.set(eio_read=0.2)
+    for _ in range(3):
+        assert torch.equal(H5ImageFolder(mounted, output="tensor", in_memory=True).reader.blob, expected)
+    assert sim.stats()["eio"] > 0
+
+
+def test_long_runs_from_a_flaky_drive_are_retried_in_smaller_requests(flaky_drive):
+    """Issue 15, case 12: a run of consecutive samples (up to 64 MB) was one read that gave up after 5
+    errors in all and asked for the whole rest again each time. It now retries at the failing offset in
+    smaller requests (down to 128 KiB), and the count starts again after each step forward."""
+    sim, mounted, local = flaky_drive
+    expected = MirrorReader(local).views(range(80))
+    for _ in range(3):
+        reader = MirrorReader(mounted)  # its index read without faults; its one read of 4 MB with them
+        sim.set(eio_read=0.2)
+        assert all(torch.equal(a, b) for a, b in zip(reader.views(range(80)), expected))
+        sim.set(eio_read=0.0)
+        os.close(reader._fd)  # no file left open: the simulator unmounts at once, not after a grace period
+    assert sim.stats()["eio"] > 0
+
+
+def test_opens_on_a_flaky_drive_are_retried_and_blame_the_mount(flaky_drive, tmp_path, monkeypatch):
+    """Issue 15, case 12: opening a mirror on a flaky mount (h5py's open, its index, the child process
+    that vets it) had no retry: at 30% EIO 2 of 8 opens failed, one as "truncated (an interrupted
+    copy?)". Each is retried now, and a mount that keeps failing is named as the cause, not the file."""
+    sim, mounted, local = flaky_drive
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
+    expected = H5ImageFolder(local).targets
+
+    def as_a_new_process() -> None:  # nothing vetted: the child process reads the mount again
+        monkeypatch.setattr(mirror, "_vetted", set())
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+    sim.set(eio_read=0.3)
+    for _ in range(8):
+        as_a_new_process()
+        assert H5ImageFolder(mounted).targets == expected
+    sim.set(eio_read=1.0)
+    monkeypatch.setattr(mirror, "OPEN_RETRIES", 2)
+    for vetted in (False, True):  # the child process fails, or (vetted before) h5py's own open does
+        if not vetted:
+            as_a_new_process()
+        with pytest.raises(OSError, match=r"m\.h5 could not be read: .* on each of 3 tries.*the mount it is on") as e:
+            H5ImageFolder(mounted)
+        assert e.value.errno == errno.EIO
+        mirror._vetted.add(mirror._key(mounted))

@@ -455,13 +455,18 @@ def test_flaky_mount_large_files_retry_per_range(tmp_path, monkeypatch):
 
 
 def test_names_near_name_max_are_staged(tmp_path):
-    """Issue 15, case 10: a 250-byte name plus '.' and '.colabfast-partial' passes NAME_MAX (255)."""
+    """Issue 15, case 10: a 250-byte name plus '.' and '.colabfast-partial' passes NAME_MAX (255). A
+    single file staged into a folder also looked for colabfast 0.1's record beside it, a name as long,
+    and even that look failed (ENAMETOOLONG)."""
     src = tmp_path / "src"
     src.mkdir()
     long = "n" * 246 + ".jpeg"
     (src / long).write_bytes(b"long name")
     out = stage(src, tmp_path / "dst", progress=False)
     assert (out / long).read_bytes() == b"long name"
+    (tmp_path / "one").mkdir()
+    for _ in range(2):  # into an existing folder, then again onto the file staged there
+        assert stage(src / long, tmp_path / "one", progress=False).read_bytes() == b"long name"
     import tarfile
 
     with tarfile.open(tmp_path / "long.tar", "w") as t:
