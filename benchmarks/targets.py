@@ -72,6 +72,26 @@ def main() -> None:
         if r["scenario"].startswith("pack/") and r["seconds"] is not None:
             print(f"  3: {r['scenario']} {r['method']}: {r['metrics'].get('images/s', 0):.0f} images/s")
 
+    print("Issue 17, packing ImageNet's training tar from the simulated Drive:")
+    check("17", "pack(archive) vs min(link, 2-CPU decode+resize) (target >= 0.8)",
+          metric("pack/archive", "colabfast.pack(archive)", "x bound"), lambda v: v >= 0.8, "")
+    peak, mirror = (metric("pack/archive", "colabfast.pack(archive)", k) for k in ("peak disk MB", "mirror MB"))
+    check("17", "peak local disk / mirror size (target: the mirror and a small margin)",
+          peak / mirror if peak and mirror else None, lambda v: v <= 1.2, "x")
+
+    print("Issue 12, the batch reader (loader/reader: mirrors in the page cache, FFCV's channels-last layout):")
+    reader = "loader/reader"
+    check("12", "raw 256 px vs FFCV raw (target >= 1.0)",
+          metric(reader, "raw 256px, channels_last: reader threads", "x FFCV"), lambda v: v >= 1.0)
+    check("12", "raw 256 px, fraction of the memcpy bound (target >= 0.5)",
+          metric(reader, "raw 256px, channels_last: reader threads", "of memcpy bound"), lambda v: v >= 0.5, "")
+    for case in ("JPEG 256px", "JPEG 500x375"):
+        check("12", f"{case} vs FFCV jpg (target >= 1.0)",
+              metric(reader, f"{case}, channels_last: reader threads", "x FFCV"), lambda v: v >= 1.0)
+    check("12", "JPEG bytes hand-over for decode='gpu' (target >= 50,000 images/s)",
+          metric(reader, "JPEG bytes 256px (decode='gpu' hand-over): reader threads", "images/s"),
+          lambda v: v >= 50_000, " images/s")
+
     print("Issue 4, feeding the GPU:")
     check("4", "CPU loader, colabfast.DataLoader vs a hand-tuned torch DataLoader (target: no slower, >= 1.0)",
           ratio("loader/cpu", "colabfast.DataLoader", "torch DataLoader, hand-tuned"), lambda v: v >= 1.0)

@@ -131,7 +131,8 @@ class _Counted:
 
 def _reader_loaders(ds: H5ImageFolder, workers: int, batch_size: int,
                     layout: Optional[torch.memory_format]) -> dict[str, Iterable]:
-    """The three ways of reading ``ds`` that ``run_reader`` compares."""
+    """The three ways of reading ``ds`` that ``run_reader`` compares (FFCV, where installed, is added
+    there)."""
     from colabfast.loading import _Prepared, collate
     from colabfast.reader import BatchReader
 
@@ -154,17 +155,23 @@ def _reader_loaders(ds: H5ImageFolder, workers: int, batch_size: int,
 def run_reader(size: float = 1.0, repeats: int = 5, batch_size: int = 64, work: Optional[Path] = None,
                min_seconds: float = 3.0) -> list[Result]:
     """Batch reading of mirrors as they sit on local disk (issue 12): ``colabfast.DataLoader``'s reader
-    threads against its worker processes (``num_workers`` = CPUs) and the memcpy bound of the batch
-    bytes (copied into one reused buffer), uint8 batches, no normalisation (as FFCV's raw and JPEG
-    rows in ``bench epoch``).
+    threads against its worker processes (``num_workers`` = CPUs), the memcpy bound of the batch
+    bytes (copied into one reused buffer) and, where installed, FFCV reading the same images from its
+    own file with as many threads; uint8 batches, no normalisation, no crop.
 
     Cases: raw pixels 256x256, JPEGs 256x256, JPEGs 500x375 decoded to tensors (each in contiguous
-    ``[B, 3, H, W]`` batches and channels-last ones, FFCV's layout), and the bytes-only hand-over of
-    ``decode="gpu"`` (the reader's packed batches vs the workers' collated ones). Methods
-    take turns repeat by repeat (median, min, max of ``repeats``; a repeat is whole epochs lasting at
-    least ``min_seconds``), each case on its own mirror.
+    ``[B, 3, H, W]`` batches and channels-last ones, FFCV's ``ToTorchImage`` layout, where the FFCV
+    rows go: raw against ``write_mode="raw"``, JPEG against ``"jpg"``), and the bytes-only hand-over
+    of ``decode="gpu"`` (the reader's packed batches vs the workers' collated ones). Methods take
+    turns repeat by repeat (median, min, max of ``repeats``; a repeat is whole epochs lasting at least
+    ``min_seconds``), each case on its own mirror.
     """
+    from torchvision.datasets.folder import make_dataset
+
+    from colabfast.bench.peers import FFCV_JPG, FFCV_RAW
+
     workers = env.cpu_count()
+    ffcv_missing = FFCV_RAW.missing()
     rows = []
     with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as folder:
         tmp = Path(folder)
@@ -180,16 +187,34 @@ def run_reader(size: float = 1.0, repeats: int = 5, batch_size: int = 64, work: 
             "JPEG 500x375, channels_last": (tmp / "jpg500.h5", "tensor"),
             "JPEG bytes 256px (decode='gpu' hand-over)": (tmp / "jpg.h5", "bytes"),
         }
+        # FFCV's own files from the same source images, for the channels-last cases.
+        ffcv = {"raw 256px, channels_last": (FFCV_RAW, src256, (256, 256), tmp / "ffcv-raw256"),
+                "JPEG 256px, channels_last": (FFCV_JPG, src256, (256, 256), tmp / "ffcv-jpg256"),
+                "JPEG 500x375, channels_last": (FFCV_JPG, src500, (500, 375), tmp / "ffcv-jpg500")}
         for case, (mirror, output) in cases.items():
             ds = H5ImageFolder(mirror, output=output)
             layout = torch.channels_last if "channels_last" in case else None
             loaders = _reader_loaders(ds, workers, batch_size, layout)
+            peer_note = ""
+            if case in ffcv and not ffcv_missing:
+                peer, src, image_size, out = ffcv[case]
+                classes = sorted(p.name for p in src.iterdir())
+                samples = make_dataset(str(src), {c: i for i, c in enumerate(classes)}, extensions=(".jpeg", ".jpg"))
+                peer.prepare(samples, out, image_size, workers)
+                loaders[peer.name] = peer.loader(out, None, batch_size, workers, None)
+                peer_note = f"; {peer.name} {peer.version()}, {workers} threads, {peer.note}"
+            elif case in ffcv:
+                peer_note = f"; FFCV {ffcv_missing}"
             rates = _rates(loaders, repeats, min_seconds)
             bound, procs_rate = rates["memcpy bound"][0], rates[f"{workers} worker processes"][0]
+            peer_rate = next((r[0] for name, r in rates.items() if name.startswith("FFCV")), None)
             for name, (med, low, high) in rates.items():
                 metrics = {"images/s": med, "of memcpy bound": med / bound, "x worker processes": med / procs_rate}
+                if peer_rate:
+                    metrics["x FFCV"] = med / peer_rate
+                about = peer_note if name.startswith("FFCV") or (name == "reader threads" and not peer_rate) else ""
                 rows.append(Result("loader/reader", f"{case}: {name}", len(ds) / med, len(ds) / high,
                                    len(ds) / low, repeats, metrics, reference=name == "memcpy bound",
                                    note=f"{len(ds)} images, batch {batch_size}, local disk (page cache); "
-                                        f"images/s min-max {low:.0f}-{high:.0f}"))
+                                        f"images/s min-max {low:.0f}-{high:.0f}{about}"))
     return rows

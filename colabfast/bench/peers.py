@@ -7,7 +7,7 @@ tensor ``[B, 3, h, w]`` after the same ``transform``, with the same batch size a
 Each peer decodes with the decoder its documentation uses (PIL, torchvision.io, FFCV's own), named in
 :attr:`Peer.decoder` so the tables can say what a row measures.
 
-Peers are optional (``pip install colabfast[bench]``): :meth:`Peer.missing` says why one cannot run,
+Peers are optional (``pip install ".[bench]"`` from a clone): :meth:`Peer.missing` says why one cannot run,
 and the scenario reports that in a note instead of a number.
 """
 
@@ -73,7 +73,8 @@ class Peer:
     def missing(self) -> str:
         """``""`` when the peer is installed, else why not and how to install it."""
         if importlib.util.find_spec(self.module) is None:
-            return f"not installed ({self.install or f'pip install {self.distribution}, or colabfast[bench]'})"
+            how = self.install or f'pip install {self.distribution}, or pip install ".[bench]" from a clone'
+            return f"not installed ({how})"
         return ""
 
     def version(self) -> str:
@@ -361,14 +362,18 @@ def _ffcv_prepare(write_mode: str) -> Callable[[Samples, Path, tuple[int, int], 
     return prepare
 
 
-def _ffcv_loader(out: Path, transform: Transform, batch_size: int, num_workers: int, cache: Optional[Path]) -> Iterable:
+def _ffcv_loader(out: Path, transform: Optional[Transform], batch_size: int, num_workers: int,
+                 cache: Optional[Path]) -> Iterable:
+    """FFCV's ``Loader`` over ``out``'s file; ``transform=None`` gives its batches as decoded:
+    uint8 ``[B, 3, H, W]`` in channels-last memory (``ToTorchImage``'s default)."""
     from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import Squeeze, ToTensor, ToTorchImage
 
+    image = [SimpleRGBImageDecoder(), ToTensor(), ToTorchImage()]
     pipelines = {
         # FFCV runs torch modules on whole batches: the same crop, applied to [B, 3, H, W].
-        "image": [SimpleRGBImageDecoder(), ToTensor(), ToTorchImage(), transform],
+        "image": image if transform is None else [*image, transform],
         "label": [IntDecoder(), ToTensor(), Squeeze()],
     }
     # drop_last=False like every other loader here (FFCV's default drops the last partial batch).
