@@ -1,10 +1,11 @@
 """colabfast: end the data-loading bottleneck of PyTorch training in Google Colab and Jupyter.
 
-The data path, one module each: ``env`` (where we run) -> ``drive`` (mount Google Drive; ``fetching``
-for shared links) -> ``staging`` (copy it to local disk or RAM; ``archive``, ``tmpfs``) -> ``packing``
-(HDF5 mirrors; ``mirror`` is the format, ``sources`` the layouts, ``archivesource`` archives read as
-one stream, ``imagenet`` ImageNet's labels) -> ``datasets`` -> ``loading`` (feed the GPU; ``sampler``,
-``prefetch``, ``gpudecode``, ``transforms``) -> ``diagnosis`` (are we data-bound?). ``doctor``
+The data path, one module each: ``env`` (where we run; ``standin`` is Drive's local stand-in) ->
+``drive`` (mount Google Drive; ``fetching`` for shared links) -> ``staging`` (copy it to local disk or
+RAM; ``archive``, ``tmpfs``) -> ``packing`` (HDF5 mirrors; ``mirror`` is the format, ``sources`` the
+layouts, ``archivesource`` archives read as one stream, ``imagenet`` ImageNet's labels) -> ``datasets``
+-> ``loading`` (feed the GPU; ``reader``, ``sampler``, ``prefetch``, ``gpudecode``, ``transforms``) ->
+``diagnosis`` (are we data-bound?). ``doctor``
 (``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.

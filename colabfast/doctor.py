@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from colabfast import env
+from colabfast import env, standin
 from colabfast._fileio import PathLike, human_bytes
 from colabfast.staging import RAM_FRACTION, check_space
 
@@ -63,7 +63,7 @@ def describe(data: Optional[PathLike] = None) -> str:
         if not os.path.exists(path):
             advice.append(
                 f"{path} does not exist: check the path (in Colab, Drive files are under "
-                f"{env.DEFAULT_MOUNTPOINT}/MyDrive after colabfast.mount())"
+                f"{standin.DEFAULT_MOUNTPOINT}/MyDrive after colabfast.mount())"
             )
         else:
             size, files = _tree_size(path)
@@ -131,7 +131,7 @@ def _drive_advice(drives: list[env.DriveMount]) -> list[str]:
         for d in drives
     ]
     if not drives and env.in_colab():
-        advice.append(f"Drive is not mounted: colabfast.mount() mounts it at {env.DEFAULT_MOUNTPOINT}")
+        advice.append(f"Drive is not mounted: colabfast.mount() mounts it at {standin.DEFAULT_MOUNTPOINT}")
     advice.append("run `colabfast doctor PATH` with your data folder for advice on that data")
     return advice
 
@@ -160,7 +160,7 @@ def _where(data: str, size: Optional[int]) -> list[str]:
         return advice
     if where == "standin":
         return [
-            f"your data is in {_KIND_NAMES[where]} ({env.standin_root()}): local-disk speed here, Drive speed "
+            f"your data is in {_KIND_NAMES[where]} ({standin.root()}): local-disk speed here, Drive speed "
             f"in Colab; colabfast.stage({data!r}) works the same in both"
         ]
     fstype, mountpoint = (m.fstype, m.mountpoint) if m else ("unknown file system", "?")

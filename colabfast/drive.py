@@ -1,10 +1,11 @@
 """Google Drive: mount it (or a local stand-in outside Colab), refresh its cache, push its writes.
 
 In Colab, :func:`mount` calls ``google.colab.drive.mount``. Elsewhere a folder plays Drive
-(:func:`colabfast.env.standin_root`, holding ``MyDrive/`` and ``Shareddrives/``) and is exposed at the
+(:func:`colabfast.standin.root`, holding ``MyDrive/`` and ``Shareddrives/``) and is exposed at the
 mountpoint the way Colab lays Drive out, with Colab's messages and errors, so a notebook written for
 Colab runs unchanged. With ``COLABFAST_DRIVE_SIM`` set it is exposed through the FUSE Drive simulator
-instead, to show Drive's per-file latency locally.
+instead, to show Drive's per-file latency locally. This module keeps Colab's side (checks, messages,
+refresh and flush); :mod:`colabfast.standin` owns the stand-in itself.
 
 Every command runs with ``check=True``: a failure raises :class:`DriveError` naming the command and
 the next step, where a failing ``!cmd`` in a notebook would go unnoticed.
@@ -17,22 +18,19 @@ import errno
 import os
 import shlex
 import shutil
-import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Optional
 
 import psutil
 
-from colabfast import env
+from colabfast import env, standin
 from colabfast._fileio import PathLike, human_bytes
-from colabfast.errors import Error
+from colabfast.standin import DriveError
 
 __all__ = ["DriveError", "DriveReport", "mount", "refresh_drive", "flush_drive", "flush_and_unmount"]
 
-DEFAULT_MOUNTPOINT = env.DEFAULT_MOUNTPOINT
-SIM_VAR = "COLABFAST_DRIVE_SIM"
+DEFAULT_MOUNTPOINT = standin.DEFAULT_MOUNTPOINT
 # Colab's drive.flush_and_unmount waits a day by default; flush_drive() and refresh_drive() wait this
 # long (a multi-GB upload takes minutes), then say what happened instead of hanging a notebook.
 FLUSH_TIMEOUT_MS = 30 * 60 * 1000
@@ -50,18 +48,6 @@ ALREADY_MOUNTED = (
 )
 NO_PARENT = "Mountpoint must be in a directory that exists"
 NOT_MOUNTED = "Drive not mounted, so nothing to flush and unmount."
-
-# name at the mountpoint -> name in the stand-in root. DriveFS shows "MyDrive" (it runs with
-# virtual_folders_omit_spaces) and still resolves "My Drive".
-_LINKS = {"MyDrive": "MyDrive", "Shareddrives": "Shareddrives", "My Drive": "MyDrive"}
-
-# Drive simulators started by this process, by real mountpoint; each stops with the process.
-_SIMS: dict = {}
-
-
-class DriveError(Error, RuntimeError):
-    """Mounting, refreshing or flushing Drive failed; the message names the path and the next step."""
-
 
 @dataclasses.dataclass
 class DriveReport:
@@ -93,7 +79,7 @@ def mount(
     """Mount Google Drive at ``mountpoint``, in Colab or (as a local stand-in) anywhere else.
 
     In Colab this is ``google.colab.drive.mount`` with the same arguments. Elsewhere the folder
-    :func:`colabfast.env.standin_root` (``$COLABFAST_DRIVE_ROOT``, default ``~/colabfast-drive``) is
+    :func:`colabfast.standin.root` (``$COLABFAST_DRIVE_ROOT``, default ``~/colabfast-drive``) is
     exposed at ``mountpoint`` with Drive's layout (``MyDrive``, ``Shareddrives``, and ``My Drive``
     resolving to ``MyDrive``): by a bind mount where this process may mount (root with
     ``CAP_SYS_ADMIN``), else as a folder of symlinks, or through the FUSE Drive simulator when
@@ -137,7 +123,7 @@ def mount(
             parent = os.path.dirname(os.path.normpath(os.path.expanduser(mountpoint)))
             raise ValueError(f"{NO_PARENT}: {parent} does not exist; create it (mkdir -p {shlex.quote(parent)}) "
                              "or mount elsewhere") from None  # Colab's words, then (here) the folder
-        print(f"colabfast: not in Colab: {mountpoint} shows the local stand-in folder {env.standin_root()} "
+        print(f"colabfast: not in Colab: {mountpoint} shows the local stand-in folder {standin.root()} "
               "($COLABFAST_DRIVE_ROOT)", file=sys.stderr)
     # refresh_drive() and flush_drive() mount again with what the user chose, not Colab's defaults.
     _MOUNT_OPTIONS[os.path.realpath(os.path.expanduser(mountpoint))] = {"readonly": readonly, "timeout_ms": timeout_ms}
@@ -199,9 +185,9 @@ def mount_standin(
         print(ALREADY_MOUNTED.format(mountpoint=mountpoint))
         return
     # Colab unmounts whatever is at the mountpoint before checking it; we take down only our own.
-    _unexpose(mountpoint)
+    standin.unexpose(mountpoint, env.mount_of)
     _check_mountpoint(mountpoint)
-    _expose(_prepare_root(), mountpoint, readonly)
+    standin.expose(mountpoint, readonly, may_mount=env.can_mount())
     print(MOUNTED.format(mountpoint=mountpoint))
 
 
@@ -221,7 +207,7 @@ def flush_and_unmount_standin(timeout_ms: int = COLAB_FLUSH_TIMEOUT_MS) -> None:
     try:
         os.sync()
         for mp in mountpoints:
-            _unexpose(mp)
+            standin.unexpose(mp, env.mount_of)
     except (OSError, DriveError) as e:
         raise ValueError("flush_and_unmount failed") from e
 
@@ -259,7 +245,7 @@ def refresh_drive(mountpoint: PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = Fa
     elif kind == "ocamlfuse":
         report = _refresh_ocamlfuse(mp)
     else:
-        report = DriveReport(mp, kind, [f"nothing to do: the local stand-in shows {env.standin_root()} as it is"])
+        report = DriveReport(mp, kind, [f"nothing to do: the local stand-in shows {standin.root()} as it is"])
     if not quiet:
         print(report)
     return report
@@ -293,11 +279,11 @@ def flush_drive(mountpoint: PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = Fals
         report = DriveReport(mp, kind, ["pushed pending writes (flush_and_unmount)", "mounted again"])
     elif kind == "ocamlfuse":
         argv = _unmount_ocamlfuse(mp)
-        _run(argv, f"pending writes were pushed; mount again by hand: {shlex.join(argv)}")
+        standin.run(argv, f"pending writes were pushed; mount again by hand: {shlex.join(argv)}")
         report = DriveReport(mp, kind, ["unmounted and waited for pending uploads", "mounted again"])
     else:
         os.sync()
-        report = DriveReport(mp, kind, [f"nothing to push: the stand-in writes to {env.standin_root()}; synced"])
+        report = DriveReport(mp, kind, [f"nothing to push: the stand-in writes to {standin.root()}; synced"])
     if not quiet:
         print(report)
     return report
@@ -357,21 +343,6 @@ def _colab_drive():
     return drive
 
 
-def _run(argv: list, next_step: str) -> None:
-    """Run ``argv`` with ``check=True``; a failure becomes a DriveError with its stderr and ``next_step``."""
-    try:
-        subprocess.run(argv, check=True, capture_output=True, text=True)
-    except FileNotFoundError as e:
-        raise DriveError(f"`{argv[0]}` is not installed here; next: {next_step}") from e
-    except subprocess.CalledProcessError as e:
-        detail = (e.stderr or e.stdout or "").strip()
-        raise DriveError(
-            f"`{shlex.join(argv)}` failed with exit status {e.returncode}"
-            + (f": {detail}" if detail else "")
-            + f"; next: {next_step}"
-        ) from e
-
-
 def _du(path: Path) -> int:
     """Bytes of disk taken by the files under ``path`` (0 if it is missing); symlinks not followed."""
     total = 0
@@ -384,11 +355,7 @@ def _du(path: Path) -> int:
     return total
 
 
-def _fusermount() -> str:
-    return shutil.which("fusermount") or shutil.which("fusermount3") or "fusermount"
-
-
-# --- the local stand-in -------------------------------------------------------------------------
+# --- Colab's checks for the local stand-in -------------------------------------------------------
 
 
 def _check_mountpoint(mountpoint: str) -> None:
@@ -412,108 +379,6 @@ def _check_mountpoint(mountpoint: str) -> None:
                 f"{e.strerror}; create it once (sudo mkdir -m 1777 {parent}), or mount elsewhere: "
                 f"colabfast.mount('~/drive')"
             ) from e
-
-
-def _prepare_root() -> Path:
-    root = env.standin_root()
-    (root / "MyDrive").mkdir(parents=True, exist_ok=True)
-    (root / "Shareddrives").mkdir(exist_ok=True)
-    if not os.path.lexists(root / "My Drive"):
-        os.symlink("MyDrive", root / "My Drive")  # relative, so it resolves through a bind mount too
-    return root
-
-
-def _expose(root: Path, mountpoint: str, readonly: bool) -> str:
-    """Show ``root`` at ``mountpoint`` (Colab's Drive client creates the mountpoint folder too)."""
-    os.makedirs(mountpoint, exist_ok=True)
-    sim = _sim_options()
-    if sim is not None:
-        form = _start_sim(root, mountpoint, sim, readonly)
-    elif env.can_mount() and _bind(root, mountpoint, readonly):
-        form = "bind"
-    else:
-        for name, target in _LINKS.items():
-            os.symlink(root / target, os.path.join(mountpoint, name))
-        form = "links"
-    env.register_standin(mountpoint)
-    if readonly and form == "links":
-        warnings.warn(
-            f"readonly=True is not enforced at {mountpoint}: the stand-in is a folder of symlinks here; a "
-            f"read-only bind mount needs root with CAP_SYS_ADMIN",
-            stacklevel=3,
-        )
-    return form
-
-
-def _bind(root: Path, mountpoint: str, readonly: bool) -> bool:
-    """Bind-mount ``root`` at ``mountpoint``; False if the kernel refuses (a locked-down container)."""
-    try:
-        subprocess.run(["mount", "--bind", str(root), mountpoint], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError):
-        return False
-    if readonly:
-        try:
-            _run(["mount", "-o", "remount,bind,ro", mountpoint], "mount without readonly=True")
-        except DriveError:
-            _run(["umount", mountpoint], f"umount {mountpoint} by hand")
-            raise
-    return True
-
-
-def _unexpose(mountpoint: str) -> None:
-    """Take down colabfast's stand-in at ``mountpoint``, if that is what is there."""
-    form = env.standin_form(mountpoint)
-    if form == "drivesim":
-        sim = _SIMS.pop(os.path.realpath(mountpoint), None)
-        if sim is not None:
-            sim.stop()
-        else:
-            _run([_fusermount(), "-u", mountpoint], f"stop the process serving the simulator at {mountpoint}")
-    elif form == "bind":
-        _run(["umount", mountpoint], f"close the files open under {mountpoint} and retry")
-    elif form == "links":
-        root = os.path.realpath(env.standin_root())
-        for name in _LINKS:
-            link = os.path.join(mountpoint, name)
-            if os.path.islink(link) and os.path.realpath(link).startswith(root + os.sep):
-                os.unlink(link)
-    env.unregister_standin(mountpoint)
-
-
-def _sim_options() -> Optional[dict]:
-    """Keyword arguments for the simulator from ``$COLABFAST_DRIVE_SIM``, or None when it is unset."""
-    spec = os.environ.get(SIM_VAR, "").strip()
-    if not spec:
-        return None
-    options = {}
-    for part in spec.split(","):
-        key, eq, value = part.partition("=")
-        if not eq:
-            continue  # "1", "on": the simulator's defaults
-        try:
-            number = float(value)
-        except ValueError:
-            raise DriveError(
-                f"{SIM_VAR}={spec!r}: {key.strip()} must be a number, e.g. {SIM_VAR}='open_ms=100,mbps=60'"
-            ) from None
-        options[key.strip()] = int(number) if number.is_integer() else number
-    return options
-
-
-def _start_sim(root: Path, mountpoint: str, options: dict, readonly: bool) -> str:
-    try:
-        from colabfast.testing.drivesim import DriveSim
-    except ImportError as e:
-        raise DriveError(
-            f"{SIM_VAR} is set but the Drive simulator cannot load ({e}); install it "
-            f"(pip install mfusepy; sudo apt-get install -y fuse3) or unset {SIM_VAR}"
-        ) from e
-    try:
-        sim = DriveSim(root, mountpoint, readonly=readonly, **options).start()
-    except (TypeError, ValueError, RuntimeError) as e:  # unknown or out-of-range option, FUSE unusable
-        raise DriveError(f"{SIM_VAR}={os.environ[SIM_VAR]!r}: the Drive simulator did not start: {e}") from e
-    _SIMS[os.path.realpath(mountpoint)] = sim
-    return "drivesim"
 
 
 # --- DriveFS (Colab) ----------------------------------------------------------------------------
@@ -593,7 +458,7 @@ def _unmount_ocamlfuse(mp: str) -> list:
     """Unmount the client at ``mp`` and wait until it exits; returns the command line to mount again."""
     found = _ocamlfuse_process(mp)
     argv = found[1] if found else [OCAMLFUSE, mp]
-    _run([_fusermount(), "-u", mp], f"close the files open under {mp} and retry")
+    standin.run([standin.fusermount(), "-u", mp], f"close the files open under {mp} and retry")
     if found:
         try:
             found[0].wait(timeout=600)
@@ -615,9 +480,9 @@ def _refresh_ocamlfuse(mp: str) -> DriveReport:
     cache = Path.home() / ".gdfuse" / label / "cache"
     before = _du(cache)
     clear = [argv[0], "-cc"] + (["-label", label] if label != "default" else [])
-    _run(clear, f"Drive is unmounted; clear {cache} by hand and mount again: {shlex.join(argv)}")
+    standin.run(clear, f"Drive is unmounted; clear {cache} by hand and mount again: {shlex.join(argv)}")
     freed = max(0, before - _du(cache))
-    _run(argv, f"the cache was cleared ({human_bytes(freed)} freed); mount again by hand: {shlex.join(argv)}")
+    standin.run(argv, f"the cache was cleared ({human_bytes(freed)} freed); mount again by hand: {shlex.join(argv)}")
     actions = [
         "unmounted and waited for pending uploads",
         f"cleared the cache {cache} ({human_bytes(freed)}) with `{shlex.join(clear)}`",

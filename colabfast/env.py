@@ -16,10 +16,11 @@ from typing import Optional
 
 import psutil
 
+from colabfast import standin
 from colabfast._fileio import PathLike
 
 __all__ = ["Mount", "DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "mounts", "mount_of",
-           "drive_kind", "drive_mounts", "standin_root", "standin_mountpoints", "drivefs_dir", "cache_dir", "work_dir",
+           "drive_kind", "drive_mounts", "standin_mountpoints", "drivefs_dir", "cache_dir", "work_dir",
            "storage", "is_ram", "is_fuse", "cpu_count", "ram_total", "ram_available", "ram_headroom", "disk_free",
            "can_mount", "has_fuse", "shm_size", "recommended_num_workers", "gpu", "gpu_decode_available",
            "gpu_utilization"]
@@ -28,14 +29,9 @@ __all__ = ["Mount", "DriveMount", "in_colab", "in_kaggle", "in_notebook", "platf
 # the package installs anywhere, and colabfast's stand-in injects a module of that name.
 COLAB_MARKER = "/var/colab/hostname"
 COLAB_CONTENT = "/content"
-# Where notebooks written for Colab expect Drive; colabfast.mount() puts the stand-in there too.
-DEFAULT_MOUNTPOINT = "/content/drive"
 MOUNTINFO = "/proc/self/mountinfo"
-# The Drive simulator's mount source: colabfast.testing.drivesim mounts with it, drive_kind knows it by it.
-DRIVESIM_SOURCE = "colabfast-drivesim"
-# In the stand-in root: the mountpoints where colabfast.mount() exposed it (a folder of symlinks does
-# not show in the mount table).
-STANDIN_REGISTRY = ".colabfast-mounts"
+# The Drive simulator's mount source (owned by colabfast.standin), by which _client knows the simulator.
+DRIVESIM_SOURCE = standin.DRIVESIM_SOURCE
 
 GiB = 1 << 30
 
@@ -128,41 +124,6 @@ def _client(m: Mount) -> Optional[str]:
     return None
 
 
-def _is_standin_bind(m: Mount) -> bool:
-    """True if ``m`` is a bind mount of the stand-in root (its top is the stand-in root's inode)."""
-    if _on_fuse(m):
-        return False  # never stat a FUSE mount here: a dead one hangs or fails
-    try:
-        root = os.stat(standin_root())
-        if m.device != f"{os.major(root.st_dev)}:{os.minor(root.st_dev)}":
-            return False
-        return os.path.samefile(m.mountpoint, standin_root())
-    except OSError:
-        return False
-
-
-def _is_standin_links(folder: PathLike) -> bool:
-    """True if ``folder`` exposes the stand-in as a folder of symlinks (``folder/MyDrive`` links to it)."""
-    link = os.path.join(folder, "MyDrive")
-    return os.path.islink(link) and os.path.realpath(link) == os.path.realpath(standin_root() / "MyDrive")
-
-
-def standin_form(mountpoint: PathLike) -> Optional[str]:
-    """How ``mountpoint`` itself exposes Drive locally: ``"bind"`` (a bind mount of the stand-in root),
-    ``"links"`` (a folder of symlinks into it), ``"drivesim"`` (the simulator is mounted there), or
-    None (nothing of colabfast's; a symlink ``mountpoint`` is never followed)."""
-    if os.path.islink(mountpoint):
-        return None
-    real = os.path.realpath(mountpoint)
-    m = mount_of(real)
-    if m is not None and m.mountpoint == real:
-        if m.source == DRIVESIM_SOURCE:
-            return "drivesim"
-        if _is_standin_bind(m):
-            return "bind"
-    return "links" if _is_standin_links(real) else None
-
-
 def drive_kind(path: PathLike) -> Optional[str]:
     """Which Google Drive client serves ``path``, if any.
 
@@ -177,11 +138,11 @@ def drive_kind(path: PathLike) -> Optional[str]:
         client = _client(m)
         if client is not None:
             return client
-        if m.mountpoint != "/" and _is_standin_bind(m):
+        if m.mountpoint != "/" and standin.is_bind(m):
             return "standin"
-    root = os.path.realpath(standin_root())
+    root = os.path.realpath(standin.root())
     real = os.path.realpath(path)
-    if real == root or real.startswith(root + os.sep) or _is_standin_links(path):
+    if real == root or real.startswith(root + os.sep) or standin.is_links(path):
         return "standin"
     return None
 
@@ -200,43 +161,10 @@ class DriveMount:
 
 
 def standin_mountpoints() -> list[str]:
-    """Mountpoints where :func:`colabfast.mount` exposed Drive locally and that still expose it.
-
-    Read from the registry ``standin_root()/.colabfast-mounts`` (:func:`register_standin`), plus
-    :data:`DEFAULT_MOUNTPOINT`; each is checked with :func:`standin_form`.
-    """
-    candidates = [DEFAULT_MOUNTPOINT, *_registered()]
-    return [mp for mp in dict.fromkeys(c for c in candidates if c) if standin_form(mp) is not None]
-
-
-def register_standin(mountpoint: str) -> None:
-    """Record that :func:`colabfast.mount` exposed the stand-in at ``mountpoint`` (a folder of
-    symlinks does not show in the mount table). The registry is rewritten whole, through a temporary
-    file and a rename, so a reader never sees half of it."""
-    known = _registered()
-    if mountpoint not in known:
-        _write_registry([*known, mountpoint])
-
-
-def unregister_standin(mountpoint: str) -> None:
-    """Forget ``mountpoint`` (see :func:`register_standin`)."""
-    known = _registered()
-    if mountpoint in known:
-        _write_registry([mp for mp in known if mp != mountpoint])
-
-
-def _registered() -> list[str]:
-    try:
-        return [line for line in (standin_root() / STANDIN_REGISTRY).read_text().splitlines() if line]
-    except OSError:
-        return []
-
-
-def _write_registry(mountpoints: list[str]) -> None:
-    path = standin_root() / STANDIN_REGISTRY
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(f"{mp}\n" for mp in mountpoints))
-    os.replace(tmp, path)
+    """Mountpoints where :func:`colabfast.mount` exposed Drive locally and that still expose it: the
+    stand-in's registry checked against this machine's mount table (:func:`colabfast.standin.mountpoints`
+    with :func:`mount_of`)."""
+    return standin.mountpoints(mount_of)
 
 
 def drive_mounts() -> list[DriveMount]:
@@ -247,21 +175,12 @@ def drive_mounts() -> list[DriveMount]:
     """
     found: dict[str, str] = {}
     for m in mounts():
-        kind = _client(m) or ("standin" if m.mountpoint != "/" and _is_standin_bind(m) else None)
+        kind = _client(m) or ("standin" if m.mountpoint != "/" and standin.is_bind(m) else None)
         if kind is not None:
             found[m.mountpoint] = kind
     for mp in standin_mountpoints():
         found.setdefault(os.path.realpath(mp), "standin")
     return [DriveMount(mp, kind) for mp, kind in found.items()]
-
-
-def standin_root() -> Path:
-    """The folder that plays Google Drive outside Colab (see :func:`colabfast.mount`).
-
-    ``$COLABFAST_DRIVE_ROOT`` when set, else ``~/colabfast-drive``. It holds ``MyDrive/`` and
-    ``Shareddrives/`` as Drive does.
-    """
-    return Path(os.environ.get("COLABFAST_DRIVE_ROOT") or Path.home() / "colabfast-drive")
 
 
 def drivefs_dir() -> Path:

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from colabfast import env
+from colabfast import standin as standin_module
 from colabfast.testing import colab_shim
 from colabfast.testing.colab import is_shim
 
@@ -33,9 +34,7 @@ def colab(standin):
         yield drive
         for mp in env.standin_mountpoints():
             if mp.startswith(str(standin.parent)):
-                from colabfast.drive import _unexpose
-
-                _unexpose(mp)
+                standin_module.unexpose(mp, env.mount_of)
 
 
 def test_signatures_match_colabs(colab):

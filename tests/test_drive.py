@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from colabfast import drive, env
+from colabfast import standin as standin_module
 from colabfast.drive import DriveError
 from colabfast.env import Mount
 
@@ -30,12 +31,12 @@ def standin(tmp_path, monkeypatch):
     """A private stand-in root; whatever the test exposes is taken down afterwards."""
     root = tmp_path / "standin"
     monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
-    monkeypatch.delenv(drive.SIM_VAR, raising=False)
+    monkeypatch.delenv(standin_module.SIM_VAR, raising=False)
     monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
     yield root
     for mp in env.standin_mountpoints():
         if mp.startswith(str(tmp_path)):
-            drive._unexpose(mp)
+            standin_module.unexpose(mp, env.mount_of)
     _umount_leftovers(tmp_path)
 
 
@@ -56,7 +57,7 @@ def test_mount_as_links(links, tmp_path, capsys):
     (my_drive / "data" / "a.txt").write_text("hello")
     assert (mp / "My Drive" / "data" / "a.txt").read_text() == "hello"
     assert (links / "MyDrive" / "data" / "a.txt").read_text() == "hello"
-    assert env.standin_form(mp) == "links"
+    assert standin_module.form(mp, env.mount_of) == "links"
     assert env.drive_kind(my_drive / "data") == "standin"
     assert env.DriveMount(str(mp), "standin") in env.drive_mounts()
 
@@ -79,9 +80,9 @@ def test_mount_binds_where_it_may_mount(standin, tmp_path):
     (drive.mount(mp) / "kept.txt").write_text("x")
     is_mount = env.mount_of(mp).mountpoint == str(mp)  # os.path.ismount misses binds within one file system
     if env.can_mount():
-        assert is_mount and env.standin_form(mp) == "bind"
+        assert is_mount and standin_module.form(mp, env.mount_of) == "bind"
     else:
-        assert not is_mount and env.standin_form(mp) == "links"
+        assert not is_mount and standin_module.form(mp, env.mount_of) == "links"
     assert env.drive_kind(mp / "MyDrive" / "kept.txt") == "standin"
     drive.flush_and_unmount()
     assert env.mount_of(mp).mountpoint != str(mp) and os.listdir(mp) == []
@@ -165,21 +166,21 @@ def test_nothing_mounted(links, tmp_path):
 @pytest.mark.fuse
 def test_mount_through_the_simulator(standin, tmp_path, monkeypatch, capsys):
     pytest.importorskip("colabfast.testing.drivesim")
-    monkeypatch.setenv(drive.SIM_VAR, "open_ms=5,mbps=200")
+    monkeypatch.setenv(standin_module.SIM_VAR, "open_ms=5,mbps=200")
     mp = tmp_path / "drive"
     my_drive = drive.mount(mp)
     assert capsys.readouterr().out == f"Mounted at {mp}\n"
-    assert env.standin_form(mp) == "drivesim" and env.drive_kind(my_drive) == "drivesim"
+    assert standin_module.form(mp, env.mount_of) == "drivesim" and env.drive_kind(my_drive) == "drivesim"
     (my_drive / "a.txt").write_text("through FUSE")
     assert (mp / "My Drive" / "a.txt").read_text() == "through FUSE"
     assert drive.refresh_drive(mp, quiet=True).kind == "drivesim"
     drive.flush_and_unmount()
-    assert env.standin_form(mp) is None and os.listdir(mp) == []
+    assert standin_module.form(mp, env.mount_of) is None and os.listdir(mp) == []
     assert (standin / "MyDrive" / "a.txt").read_text() == "through FUSE"
 
 
 def test_bad_simulator_setting(links, tmp_path, monkeypatch):
-    monkeypatch.setenv(drive.SIM_VAR, "open_ms=slow")
+    monkeypatch.setenv(standin_module.SIM_VAR, "open_ms=slow")
     with pytest.raises(DriveError, match="COLABFAST_DRIVE_SIM='open_ms=slow': open_ms must be a number"):
         drive.mount(tmp_path / "drive")
 
@@ -329,7 +330,7 @@ def test_kaggle_gets_advice_instead_of_an_empty_drive(tmp_path, monkeypatch, cap
 def test_outside_colab_one_line_names_the_standin(links, tmp_path, capsys):
     drive.mount(tmp_path / "drive")
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and str(env.standin_root()) in err[0] and "not in Colab" in err[0]
+    assert len(err) == 1 and str(standin_module.root()) in err[0] and "not in Colab" in err[0]
 
 
 # --- google-drive-ocamlfuse, with fake executables on PATH ---------------------------------------

@@ -11,6 +11,7 @@ import types
 import pytest
 
 from colabfast import env
+from colabfast import standin as standin_module
 from colabfast.env import DriveMount, Mount
 
 MOUNTINFO = r"""22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
@@ -109,44 +110,46 @@ def test_standin_forms(standin, tmp_path):
     links = tmp_path / "drive"
     links.mkdir()
     (links / "MyDrive").symlink_to(standin / "MyDrive")
-    assert env.standin_form(links) == "links"
+    assert standin_module.form(links, env.mount_of) == "links"
     assert env.drive_kind(links) == "standin"
-    assert env.standin_form(tmp_path) is None and env.drive_kind(tmp_path) is None
+    assert standin_module.form(tmp_path, env.mount_of) is None and env.drive_kind(tmp_path) is None
     alias = tmp_path / "alias"
     alias.symlink_to(links)
-    assert env.standin_form(alias) is None  # a symlinked mountpoint is never followed
+    assert standin_module.form(alias, env.mount_of) is None  # a symlinked mountpoint is never followed
 
 
 def test_standin_mountpoints_come_from_the_registry(standin, tmp_path):
     links, gone = tmp_path / "drive", tmp_path / "gone"
     links.mkdir()
     (links / "MyDrive").symlink_to(standin / "MyDrive")
-    (standin / env.STANDIN_REGISTRY).write_text(f"{links}\n{gone}\n")
+    (standin / standin_module.REGISTRY).write_text(f"{links}\n{gone}\n")
     assert env.standin_mountpoints() == [str(links)]
     assert DriveMount(str(links), "standin") in env.drive_mounts()
 
 
-def test_the_registry_is_written_and_read_in_env_only(standin, tmp_path):
-    """One owner: env records where mount() exposed the stand-in (drive.py calls it), rewriting the
-    registry through a temporary name so a reader never sees half of it."""
+def test_the_registry_is_written_and_read_in_standin_only(standin, tmp_path):
+    """One owner: colabfast.standin records where mount() exposed the stand-in and reads it back (env
+    asks it), rewriting the registry through a temporary name so a reader never sees half of it."""
+    registry = standin_module.REGISTRY
     links = tmp_path / "drive"
     links.mkdir()
     (links / "MyDrive").symlink_to(standin / "MyDrive")
-    env.register_standin(str(links))
-    env.register_standin(str(tmp_path / "gone"))
-    env.register_standin(str(links))  # once only
-    assert (standin / env.STANDIN_REGISTRY).read_text() == f"{links}\n{tmp_path / 'gone'}\n"
+    standin_module.register(str(links))
+    standin_module.register(str(tmp_path / "gone"))
+    standin_module.register(str(links))  # once only
+    assert (standin / registry).read_text() == f"{links}\n{tmp_path / 'gone'}\n"
+    assert standin_module.registered() == [str(links), str(tmp_path / "gone")]
     assert env.standin_mountpoints() == [str(links)]
-    env.unregister_standin(str(links))
-    assert (standin / env.STANDIN_REGISTRY).read_text() == f"{tmp_path / 'gone'}\n"
+    standin_module.unregister(str(links))
+    assert (standin / registry).read_text() == f"{tmp_path / 'gone'}\n"
     assert env.standin_mountpoints() == []
-    assert [p.name for p in standin.iterdir() if p.name.startswith(env.STANDIN_REGISTRY)] == [env.STANDIN_REGISTRY]
+    assert [p.name for p in standin.iterdir() if p.name.startswith(registry)] == [registry]
 
 
 def test_standin_root_and_folders(tmp_path, monkeypatch):
     monkeypatch.delenv("COLABFAST_DRIVE_ROOT", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert env.standin_root() == tmp_path / "colabfast-drive"
+    assert standin_module.root() == tmp_path / "colabfast-drive"
     assert env.drivefs_dir() == tmp_path / ".config" / "Google" / "DriveFS"
     monkeypatch.delenv("COLABFAST_CACHE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)

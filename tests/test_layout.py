@@ -71,8 +71,17 @@ def test_the_library_has_no_import_cycles():
 
 
 def test_env_probes_only():
-    """env sits at the bottom: everything asks it about the machine, and it asks no other module."""
-    assert graph()["colabfast.env"] <= {"colabfast._fileio"}
+    """env sits at the bottom: everything asks it about the machine, and it asks no other module but
+    the stand-in's (to recognise it where drive_kind, drive_mounts and storage look)."""
+    assert graph()["colabfast.env"] <= {"colabfast._fileio", "colabfast.standin"}
+
+
+def test_the_standin_has_one_owner_below_env():
+    """Issue 16, item 4: colabfast.standin owns the local stand-in for Drive and sits below env (which
+    asks it), so it imports no module that probes the machine; drive calls it for the local case."""
+    edges = graph()
+    assert edges["colabfast.standin"] <= {"colabfast._fileio", "colabfast.errors", "colabfast.testing.drivesim"}
+    assert "colabfast.standin" in edges["colabfast.drive"]
 
 
 def test_the_library_never_imports_the_test_harness_at_import_time():
@@ -81,8 +90,8 @@ def test_the_library_never_imports_the_test_harness_at_import_time():
     import subprocess
     import sys
 
-    code = ("import sys, colabfast as cf, colabfast.drive, colabfast.env, colabfast.staging, colabfast.loading\n"
-            "cf.env.drive_kind('/'); cf.env.standin_mountpoints()\n"
+    code = ("import sys, colabfast as cf, colabfast.drive, colabfast.env, colabfast.standin, colabfast.staging, "
+            "colabfast.loading\ncf.env.drive_kind('/'); cf.env.standin_mountpoints()\n"
             "print(sorted(m for m in sys.modules if m.startswith('colabfast.testing')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
