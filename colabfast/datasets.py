@@ -15,7 +15,7 @@ import io
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from torchvision.datasets import VisionDataset
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
 from colabfast.gpudecode import decode_cpu
 from colabfast.mirror import Index, MirrorError, header, load_index, read_h5, read_paths
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 OUTPUTS = ("pil", "tensor", "bytes")
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
@@ -49,6 +52,9 @@ class MirrorReader:
         OSError: ``errno.ENOSPC`` when ``in_memory`` data does not fit in ``/dev/shm``.
     """
 
+    _fd: Optional[int]  # this process's file handle, opened on first read (_handles)
+    _pid: int  # the process that opened _fd
+
     def __init__(self, path: PathLike, split: str = "", in_memory: bool = False):
         self.path, self.split = Path(os.path.abspath(path)), split
         self._load_metadata()
@@ -67,7 +73,7 @@ class MirrorReader:
         self.shapes: np.ndarray = self.index.shapes
         self.store = self.index.header.store
         self.data_offset: int = self.index.data_offset
-        self._fd: Optional[int] = None
+        self._fd = None
         self._pid = -1
 
     def __getstate__(self) -> dict:
@@ -101,7 +107,8 @@ class MirrorReader:
             MirrorError: the file ends early (truncated, or replaced by a shorter one).
             OSError: a read still fails after the retries.
         """
-        view, base = memoryview(out).cast("B"), self.data_offset + start
+        # numpy's stubs declare ndarray a Buffer only from Python 3.12 on
+        view, base = memoryview(cast("Buffer", out)).cast("B"), self.data_offset + start
         handle = _Handle(self._handles(), self.path)
 
         def preadv(n: int, offset: int) -> int:
@@ -379,7 +386,9 @@ class H5ImageFolder(MirrorDataset):
         super().__init__(path, "", output=output, in_memory=in_memory, verify=verify, transform=transform,
                          target_transform=target_transform)
         self.classes: list[str] = self.reader.index.header.classes or []
-        self._targets: np.ndarray = self.reader.index.targets
+        targets = self.reader.index.targets
+        assert targets is not None  # not a KITTI mirror (checked above): load_index read its targets
+        self._targets: np.ndarray = targets
         # archive packs: the devkit, Kaggle's CSV, ...
         self.labels_from = read_h5(self.path, lambda f: str(f.attrs.get("labels", "")))
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
@@ -470,8 +479,9 @@ class H5Kitti(MirrorDataset):
         """The label of sample ``index`` as torchvision's Kitti returns it (before transforms)."""
         if not self.train:
             return None
-        o, names = self._objects, self._type_names
-        a, b = int(self._object_offsets[index]), int(self._object_offsets[index + 1])
+        o, names, offsets = self._objects, self._type_names, self._object_offsets
+        assert o is not None and names is not None and offsets is not None  # load_index reads them for training
+        a, b = int(offsets[index]), int(offsets[index + 1])
         return [
             {
                 "type": names[o["type"][j]],

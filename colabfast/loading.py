@@ -15,7 +15,7 @@ import copy
 import functools
 import operator
 import weakref
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Sized, Union, cast
 
 import torch
 import torch.utils.data
@@ -90,7 +90,8 @@ def collate_value(values: Sequence[Any]) -> Any:
                 clone = copy.copy(elem)
                 clone.update(collated)
                 return clone
-            return type(elem)(collated)
+            mapping_type: Any = type(elem)  # a concrete mapping class; a TypeError if it takes no dict
+            return mapping_type(collated)
         except TypeError:
             return collated
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
@@ -102,12 +103,12 @@ def collate_value(values: Sequence[Any]) -> Any:
         if isinstance(elem, tuple):
             return transposed
         try:
-            clone = copy.copy(elem)
-            clone[:] = transposed
-            return clone
+            copied: Any = copy.copy(elem)  # a mutable sequence, else the assignment raises TypeError
+            copied[:] = transposed
+            return copied
         except TypeError:
             return transposed
-    return default_collate(values)
+    return default_collate(cast(list, values))  # torch types the batch a list; any sequence collates
 
 
 def _same_length(values: Sequence[Any]) -> bool:
@@ -166,8 +167,8 @@ class _Prepared(Dataset):
         # Keep the wrapped dataset's batched reads (a mirror reads runs of consecutive samples at once).
         if self.views and isinstance(self.dataset, datasets.MirrorDataset):
             samples = self.dataset.items(indices, views=True)
-        elif callable(getattr(self.dataset, "__getitems__", None)):
-            samples = self.dataset.__getitems__(indices)
+        elif callable(getitems := getattr(self.dataset, "__getitems__", None)):
+            samples = getitems(indices)
         else:
             samples = [self.dataset[i] for i in indices]
         if not self.decode and self.transform is None:
@@ -187,7 +188,8 @@ class _Prepared(Dataset):
         if not isinstance(sample, (tuple, list)):
             return image
         if isinstance(sample, tuple) and hasattr(sample, "_fields"):
-            return sample._replace(**{sample._fields[0]: image})
+            named: Any = sample  # a namedtuple of some class: it has _replace
+            return named._replace(**{sample._fields[0]: image})
         return type(sample)([image, *sample[1:]]) if type(sample) in (tuple, list) else [image, *sample[1:]]
 
     def __getattr__(self, name: str) -> Any:
@@ -434,7 +436,8 @@ class DataLoader(torch.utils.data.DataLoader):
         value, why = choices["sampler"]
         if isinstance(value, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-            sampler, shuffle = BlockShuffleSampler(dataset, value.block_size, seed=seed), None
+            # torch's Dataset declares no __len__; a mirror (a map-style dataset) has one
+            sampler, shuffle = BlockShuffleSampler(cast(Sized, dataset), value.block_size, seed=seed), None
             choices["sampler"] = (sampler, why)
 
         if threads is None and (decode in ("cpu", "gpu") or (transform is not None and not cuda)):
@@ -490,10 +493,13 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _batches(self) -> Iterator:
         if self._reader is not None:
+            # the reader runs only with a batch_size and no batch_sampler: torch made a BatchSampler
+            assert self.batch_sampler is not None
             return self._reader.batches(self.batch_sampler)
         return super().__iter__()
 
-    def __iter__(self) -> Iterator:
+    # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
+    def __iter__(self) -> Iterator:  # type: ignore[override]
         if self._stream is None:
             return map(self._convert, self._batches())
         feeder = restart(self._feeder, self._batches, self._convert, self._stream, FEED_DEPTH)
@@ -502,6 +508,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the sampler (and batch sampler) that have ``set_epoch``, e.g. for DDP."""
+        sampler: Any  # any of them may have set_epoch: a DistributedSampler, a BlockShuffleSampler, ...
         for sampler in (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)

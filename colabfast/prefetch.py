@@ -78,10 +78,11 @@ class Normalize:
         memory_format: Optional[torch.memory_format] = None,
     ) -> None:
         normalising = mean is not None or std is not None
-        if dtype is None and normalising:
-            dtype = torch.float32
-        if normalising and not dtype.is_floating_point:
-            raise ValueError(f"mean/std need a floating dtype, got dtype={dtype}")
+        if normalising:
+            if dtype is None:
+                dtype = torch.float32
+            if not dtype.is_floating_point:
+                raise ValueError(f"mean/std need a floating dtype, got dtype={dtype}")
         self.dtype, self.memory_format = dtype, memory_format
         self.mean = None if mean is None else torch.as_tensor(mean, dtype=torch.float64).flatten()
         self.std = None if std is None else torch.as_tensor(std, dtype=torch.float64).flatten()
@@ -242,7 +243,7 @@ class BatchConverter:
             images = self._decode_mixed(images)
         else:
             return self.move(images)
-        if batched:
+        if batched and self.transform is not None:  # batched implies a transform: getattr(None, ...) is False
             images = self.transform(images)
             if isinstance(images, torch.Tensor):
                 return self.normalize(images)
@@ -254,11 +255,13 @@ class BatchConverter:
 
     def _decode_mixed(self, images: ImageList) -> list[torch.Tensor]:
         encoded = [i for i, x in enumerate(images) if is_encoded(x)]
-        out = [None if is_encoded(x) else x.to(self.device, non_blocking=self.non_blocking) for x in images]
+        # None where an image is still encoded: each is filled in from the decoded batch below
+        out: list[Any] = [None if is_encoded(x) else x.to(self.device, non_blocking=self.non_blocking) for x in images]
         if encoded:
             files = [images[i].data if isinstance(images[i], Encoded) else images[i] for i in encoded]
             indices = [images[i].index if isinstance(images[i], Encoded) else None for i in encoded]
-            packed = EncodedImages.pack(files, None if None in indices else indices)
+            keys = [k for k in indices if k is not None]
+            packed = EncodedImages.pack(files, None if len(keys) < len(indices) else keys)
             for i, img in zip(encoded, decode_batch(packed, self.device)):
                 out[i] = img
         return out
@@ -271,7 +274,8 @@ class BatchConverter:
             return x  # nothing to move: keep the structure exactly as the collate made it
         if isinstance(x, collections.abc.Mapping):
             try:
-                return type(x)({k: self.move(v) for k, v in x.items()})
+                mapping_type: Any = type(x)  # a concrete mapping class; a TypeError if it takes no dict
+                return mapping_type({k: self.move(v) for k, v in x.items()})
             except TypeError:  # a mapping type that cannot be built from a dict (e.g. defaultdict)
                 return {k: self.move(v) for k, v in x.items()}
         if isinstance(x, tuple) and hasattr(x, "_fields"):
@@ -372,6 +376,7 @@ class Feeder:
             self.close()
             raise error
         if event is not None:
+            assert self.stream is not None  # _feed records an event only on a stream
             consumer = torch.cuda.current_stream(self.stream.device)
             consumer.wait_event(event)
             for t in tensors(batch):

@@ -38,10 +38,13 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import warnings
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
 from torch.utils.data import get_worker_info
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = ["BatchTransform", "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip"]
 
@@ -85,7 +88,7 @@ class Geometry:
         self.height, self.width = torch.as_tensor(height).long().expand_as(self.height).clone(), \
             torch.as_tensor(width).long().expand_as(self.width).clone()
 
-    def resize(self, height: torch.Tensor, width: torch.Tensor) -> None:
+    def resize(self, height: Union[int, torch.Tensor], width: Union[int, torch.Tensor]) -> None:
         """Resize each image to ``height`` x ``width``: the box stays, only the size changes."""
         self.height = torch.as_tensor(height).long().expand_as(self.height).clone()
         self.width = torch.as_tensor(width).long().expand_as(self.width).clone()
@@ -118,8 +121,9 @@ class BatchTransform:
         Raises:
             ValueError: no images, or images of different channel counts, dtypes or devices.
         """
-        single = isinstance(images, torch.Tensor) and images.dim() == 3
-        batch = images.unsqueeze(0) if single else images
+        single, batch = False, images
+        if isinstance(images, torch.Tensor) and images.dim() == 3:
+            single, batch = True, images.unsqueeze(0)
         if len(batch) == 0:
             raise ValueError("an empty batch: no images to transform")
         if isinstance(batch, torch.Tensor):
@@ -248,12 +252,12 @@ class Resize(BatchTransform):
     """
 
     def __init__(self, size: Size) -> None:
-        self.size = size if isinstance(size, numbers.Integral) else _pair(size, "size")
-        if isinstance(self.size, numbers.Integral) and self.size < 1:
+        self.size = size if _is_int(size) else _pair(size, "size")
+        if _is_int(self.size) and self.size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
 
     def plan(self, geometry: Geometry) -> None:
-        if not isinstance(self.size, numbers.Integral):
+        if not _is_int(self.size):
             geometry.resize(*self.size)
             return
         h, w = geometry.height, geometry.width
@@ -325,13 +329,18 @@ class Compose(BatchTransform):
         return f"colabfast.transforms.Compose({self.transforms!r})"
 
 
+def _is_int(size: object) -> TypeIs[int]:
+    """An integer: ``int`` or any ``numbers.Integral`` (numpy's), which typing spells ``int``."""
+    return isinstance(size, numbers.Integral)
+
+
 def _pair(size: Size, name: str) -> tuple[int, int]:
-    pair = (size, size) if isinstance(size, numbers.Integral) else tuple(int(s) for s in size)
+    pair = (size, size) if _is_int(size) else tuple(int(s) for s in size)
     if len(pair) == 1:
         pair = (pair[0], pair[0])
     if len(pair) != 2 or min(pair) < 1:
         raise ValueError(f"{name} must be an int or (height, width) of positive ints, got {size!r}")
-    return pair  # type: ignore[return-value]
+    return pair
 
 
 # --- rendering ---------------------------------------------------------------------------------------
