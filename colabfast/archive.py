@@ -38,6 +38,8 @@ from typing import IO, Any, Callable, Optional
 from colabfast._fileio import ReadaheadFile, human_bytes, partial_name, unchanged, write_all
 from colabfast.errors import Error
 
+__all__ = ["UnsafeArchiveError", "extract", "archive_suffix", "extracted_size"]
+
 # Longest first, so "x.tar.gz" is not taken for ".gz".
 ARCHIVE_SUFFIXES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", ".tar", ".zip")
 

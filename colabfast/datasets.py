@@ -30,6 +30,8 @@ from colabfast.mirror import Index, MirrorError, header, load_index, read_h5, re
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+__all__ = ["H5ImageFolder", "H5Kitti", "MirrorDataset", "MirrorReader", "unwrap"]
+
 OUTPUTS = ("pil", "tensor", "bytes")
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
 RETRIES = 5  # retries of a transient read error at one offset, as colabfast.stage's default

@@ -51,6 +51,8 @@ from colabfast.mirror import (
 )
 from colabfast.sources import Source, Split, read_source
 
+__all__ = ["pack", "PackError", "resized_size"]
+
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 PIECE = 32  # images per task sent to a worker when packing an archive stream
 

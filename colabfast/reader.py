@@ -32,6 +32,8 @@ from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, decode_cpu
 from colabfast.mirror import MirrorError
 from colabfast.prefetch import ImageList
 
+__all__ = ["BatchReader", "applies"]
+
 
 def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool, str]:
     """Whether :class:`BatchReader` can read ``dataset``'s batches, and why (or why not).

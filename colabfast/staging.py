@@ -47,6 +47,8 @@ from colabfast._fileio import (
 from colabfast.archive import UnsafeArchiveError, archive_suffix, extract, extracted_size, strip_archive_suffix
 from colabfast.errors import Error
 
+__all__ = ["stage", "StageError", "check_space"]
+
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
 RECORD = f"{STATE_PREFIX}stage.json"  # inside a staged folder: what it was staged from, and hashes

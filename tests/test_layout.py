@@ -95,3 +95,18 @@ def test_the_library_never_imports_the_test_harness_at_import_time():
             "print(sorted(m for m in sys.modules if m.startswith('colabfast.testing')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_public_module_lists_its_public_names():
+    """Public names are few and listed: each library module (not the private ``_x`` ones, not the tools)
+    has an ``__all__`` whose every name it defines."""
+    import importlib
+
+    for path in sorted(PACKAGE.glob("*.py")):
+        name = module_name(path)
+        if path.name.startswith("_") or name.startswith(TOOLS):
+            continue
+        module = importlib.import_module(name)
+        assert isinstance(getattr(module, "__all__", None), list), f"{name} has no __all__"
+        missing = [n for n in module.__all__ if not hasattr(module, n)]
+        assert not missing, f"{name}.__all__ names what it does not define: {missing}"
