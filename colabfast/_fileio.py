@@ -95,7 +95,7 @@ def pread_retrying(
                 raise
         time.sleep(backoff(attempt))
         attempt += 1
-        n = max(MIN_READ, n // 4)
+        n = max(min(n, MIN_READ), n // 4)  # smaller, never larger than asked (past a range's end)
         if reopen is not None:
             reopen()
 
