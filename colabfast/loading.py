@@ -21,7 +21,7 @@ import torch
 import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
 
-from colabfast import datasets, env, reader
+from colabfast import datasets, env, reader, transforms
 from colabfast.datasets import compact, unwrap
 from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu, empty_uint8, is_encoded, is_jpeg
 from colabfast.prefetch import FEED_DEPTH, BatchConverter, Floats, ImageList, Normalize, cuda_device, restart
@@ -30,6 +30,8 @@ from colabfast.sampler import BlockShuffleSampler
 __all__ = ["DataLoader", "collate", "plan", "BlockPlan", "ReaderPlan"]
 
 PREFETCH_FACTOR = 4
+# Batches each reader thread reads ahead: 2 threads x 2 = 4 batches (benchmarks/README.md, loader/reader).
+READER_PREFETCH = 2
 MAX_BLOCK_SIZE = 64  # blocks of 64 read cold 1.7-1.9x faster than random order (bench coldreads, benchmarks/)
 BLOCKS_PER_BATCH = 16  # so a batch from a class-sorted mirror still mixes >= 16 blocks (classes)
 
@@ -229,9 +231,11 @@ class BlockPlan(NamedTuple):
 
 
 class ReaderPlan(NamedTuple):
-    """In a :func:`plan`: batches read by ``threads`` threads of :mod:`colabfast.reader`."""
+    """In a :func:`plan`: batches read by ``threads`` threads of :mod:`colabfast.reader`, ``prefetch``
+    batches ahead of the one handed out."""
 
     threads: int
+    prefetch: int
 
     def __str__(self) -> str:
         return f"{self.threads} threads"
@@ -286,15 +290,25 @@ def plan(
     decode = _choose_decode(decode, dataset, cuda, batching, choices)
 
     threads = None
-    if num_workers is None and collate_fn is None and batch_sampler is None and batch_size and not iterable:
+    wants_workers = num_workers is not None or worker_init_fn is not None or multiprocessing_context is not None
+    if not wants_workers and collate_fn is None and batch_sampler is None and batch_size and not iterable:
         fits, why = reader.applies(dataset, transform_on_cpu=transform is not None and not cuda, decode=decode)
         threads = cpus if fits else None
-        choices["reader"] = (ReaderPlan(cpus) if fits else "none", why)
+        choices["reader"] = ("none", why)
     else:
-        choices["reader"] = ("none", "the caller chose workers, a collate_fn or a batch_sampler" if not iterable
-                             else "IterableDataset")
+        choices["reader"] = ("none", "IterableDataset" if iterable else
+                             "the caller chose workers (num_workers, worker_init_fn or multiprocessing_context), "
+                             "a collate_fn or a batch_sampler")
     if threads is not None:
         num_workers = choose("num_workers", None, 0, "the reader threads do the work (see reader)")
+        # torch's prefetch_factor counts batches per worker; the reader's threads take its place.
+        factor = choose("prefetch_factor", prefetch_factor, READER_PREFETCH,
+                        f"{READER_PREFETCH} batches read ahead per reader thread")
+        choices["reader"] = (ReaderPlan(threads, factor * threads), choices["reader"][1])
+        choices["persistent_workers"] = (False, "no worker processes: reader threads start in microseconds"
+                                         + (" (persistent_workers=True does not apply)" if persistent_workers else ""))
+        choose("pin_memory", pin_memory, cuda,
+               "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
     elif iterable:
         num_workers = choose("num_workers", num_workers, 0, "IterableDataset: every worker would replay the stream")
     elif spawns and _from_main(dataset, collate_fn, worker_init_fn, transform):
@@ -303,12 +317,13 @@ def plan(
     else:
         num_workers = choose("num_workers", num_workers, cpus, f"{cpus} CPUs (colabfast.env.cpu_count())")
     workers = num_workers > 0
-    choose("persistent_workers", persistent_workers, workers,
-           "workers survive between epochs" if workers else "no workers")
-    choose("prefetch_factor", prefetch_factor, PREFETCH_FACTOR if workers else None,
-           f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers")
-    choose("pin_memory", pin_memory, cuda,
-           "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
+    if threads is None:
+        choose("persistent_workers", persistent_workers, workers,
+               "workers survive between epochs" if workers else "no workers")
+        choose("prefetch_factor", prefetch_factor, PREFETCH_FACTOR if workers else None,
+               f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers")
+        choose("pin_memory", pin_memory, cuda,
+               "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
 
     if sampler is None and batch_sampler is None and shuffle and not iterable and is_mirror(dataset):
         if find_attr(dataset, "shuffled", False) or not batch_size:
@@ -382,10 +397,16 @@ class DataLoader(torch.utils.data.DataLoader):
             RandomHorizontalFlip()])``) transforms each batch at once; any other callable, e.g. a
             torchvision v2 transform, is called per image (slower on the GPU: ``loader.choices`` says
             which). Use it to bring images of different sizes to one size. It sees the image only:
-            transforms that must also move boxes belong in the dataset.
+            transforms that must also move boxes belong in the dataset. The random steps of a
+            :mod:`colabfast.transforms` transform drawing in this process (on CUDA, or with no
+            workers) are reseeded each epoch from ``generator`` (or torch's global RNG), so
+            ``torch.manual_seed`` before the loop repeats a run; one built with ``generator=`` is left alone.
+        feed_depth: on CUDA, converted batches the feeder thread queues ahead of the training loop
+            (:class:`~colabfast.prefetch.Feeder`, default 3): GPU memory for that many batches stays
+            allocated; 2-4 measured within noise of each other on an H100 (benchmarks/README.md).
 
     Raises:
-        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, or any error
+        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, or any error
             ``torch.utils.data.DataLoader`` raises for its arguments.
         RuntimeError: a CUDA ``device`` without a GPU.
 
@@ -419,8 +440,11 @@ class DataLoader(torch.utils.data.DataLoader):
         memory_format: Optional[torch.memory_format] = None,
         decode: str = "auto",
         transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        feed_depth: int = FEED_DEPTH,
         **kwargs: Any,
     ) -> None:
+        if feed_depth < 1:
+            raise ValueError(f"feed_depth must be >= 1 (converted batches queued ahead on the GPU), got {feed_depth}")
         choices = plan(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
                        num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                        worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
@@ -431,7 +455,10 @@ class DataLoader(torch.utils.data.DataLoader):
         num_workers, persistent_workers = choices["num_workers"][0], choices["persistent_workers"][0]
         prefetch_factor, pin_memory = choices["prefetch_factor"][0], choices["pin_memory"][0]
         decode = choices["decode"][0]
-        threads = choices["reader"][0].threads if isinstance(choices["reader"][0], ReaderPlan) else None
+        plan_reader = choices["reader"][0] if isinstance(choices["reader"][0], ReaderPlan) else None
+        threads = plan_reader.threads if plan_reader is not None else None
+        if threads is not None:
+            prefetch_factor = None  # torch's, per worker: the reader's threads have their own (ReaderPlan.prefetch)
         batching = batch_size is not None or batch_sampler is not None
         value, why = choices["sampler"]
         if isinstance(value, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
@@ -471,7 +498,7 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         self.device = target
         self.normalize = Normalize(dtype, mean, std, memory_format)
-        self.transform = transform
+        self.transform, self.feed_depth = transform, feed_depth
         choices["normalize"] = (self.normalize, "from dtype, mean, std, memory_format")
         if transform is not None:
             if not cuda:
@@ -485,7 +512,9 @@ class DataLoader(torch.utils.data.DataLoader):
         self._convert = BatchConverter(target, self.normalize, transform if cuda else None, non_blocking=cuda)
         self._reader = None
         if threads is not None:
-            self._reader = reader.BatchReader(dataset, threads=threads, pin_memory=pin_memory,  # type: ignore[arg-type]
+            assert plan_reader is not None
+            self._reader = reader.BatchReader(dataset, threads=threads, prefetch=plan_reader.prefetch,  # type: ignore[arg-type]
+                                              pin_memory=pin_memory,
                                               channels_last=cuda or memory_format == torch.channels_last)
         # One side stream per loader, made here and never per epoch (timm#2781).
         self._stream = torch.cuda.Stream(device=target) if cuda else None
@@ -500,9 +529,14 @@ class DataLoader(torch.utils.data.DataLoader):
 
     # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
     def __iter__(self) -> Iterator:  # type: ignore[override]
+        if self.transform is not None and (self._stream is not None or self.num_workers == 0):
+            # The transform draws in this process: a seed per epoch from the loader's generator, as
+            # torch draws its workers' base seed (workers reseed from that one themselves).
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+            transforms.reseed(self.transform, seed)
         if self._stream is None:
             return map(self._convert, self._batches())
-        feeder = restart(self._feeder, self._batches, self._convert, self._stream, FEED_DEPTH)
+        feeder = restart(self._feeder, self._batches, self._convert, self._stream, self.feed_depth)
         self._feeder = weakref.ref(feeder)
         return feeder
 

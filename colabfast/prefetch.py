@@ -322,9 +322,12 @@ class Feeder:
       repeats.
     - At most ``depth`` converted batches wait in the queue, plus one being converted: GPU memory is
       bounded by ``depth``.
-    - :meth:`close` (called when the iterator is exhausted, garbage-collected after a ``break``, or by
-      the owner at a new epoch, and at interpreter exit) stops the thread and joins it; the thread
-      closes ``batches`` (a DataLoader iterator shuts its workers down).
+    - :meth:`close` (called when the iterator is exhausted, garbage-collected after a ``break``, by
+      the owner at a new epoch, on a ``KeyboardInterrupt`` while waiting for a batch, and at
+      interpreter exit) stops the thread and joins it; the thread closes ``batches`` (a DataLoader
+      iterator shuts its workers down). An interrupt during the training step leaves the feeder
+      held by the notebook's traceback, blocked on its full queue (``depth`` batches), until the
+      next ``iter(loader)`` closes it.
 
     Args:
         batches: iterator of host batches, consumed in the feeder thread only.
@@ -368,6 +371,9 @@ class Feeder:
                 if not self._thread.is_alive() and self._queue.empty():  # died without a word: never
                     self.close()
                     raise RuntimeError("the colabfast feeder thread ended without handing over a batch") from None
+            except KeyboardInterrupt:  # a notebook's interrupt: the traceback would keep the thread alive
+                self.close()
+                raise
         if item is _END:
             self.close()
             raise StopIteration

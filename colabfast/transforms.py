@@ -46,7 +46,7 @@ from torch.utils.data import get_worker_info
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
-__all__ = ["BatchTransform", "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip"]
+__all__ = ["BatchTransform", "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "reseed"]
 
 Images = Union[torch.Tensor, Sequence[torch.Tensor]]
 Size = Union[int, Sequence[int]]
@@ -146,12 +146,18 @@ class _Random(BatchTransform):
     """A transform with its own ``torch.Generator`` (on the CPU: the same draws for any device)."""
 
     def __init__(self, generator: Optional[torch.Generator]) -> None:
+        self._given = generator is not None  # the caller's generator: a loader never reseeds it
         if generator is None:  # seeded from torch's global RNG, as RandomSampler seeds itself
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
             generator = torch.Generator().manual_seed(seed)
         self.generator = generator
         self._seed = generator.initial_seed()
         self._worker: Optional[int] = None
+
+    def reseed(self, seed: int) -> None:
+        """Start the draws again from ``seed`` (in workers: from ``seed`` and the worker's seed)."""
+        self.generator = torch.Generator().manual_seed(seed % 2**63)
+        self._seed, self._worker = self.generator.initial_seed(), None
 
     def rng(self) -> torch.Generator:
         """The generator; in a DataLoader worker, reseeded once from the worker's seed (each forked
@@ -327,6 +333,24 @@ class Compose(BatchTransform):
 
     def __repr__(self) -> str:
         return f"colabfast.transforms.Compose({self.transforms!r})"
+
+
+def reseed(transform: object, seed: int) -> bool:
+    """Reseed the random steps of ``transform`` (a :class:`BatchTransform`, through :class:`Compose`)
+    whose generator the caller did not give, each from ``seed`` and its position; True if any was.
+
+    :class:`colabfast.DataLoader` calls it at the start of each epoch with a seed drawn from its
+    ``generator`` (or torch's global RNG), as torch's DataLoader draws its workers' base seed, so
+    ``torch.manual_seed(s)`` before the loop repeats a run's crops and flips and each epoch draws new
+    ones. A transform built with ``generator=`` keeps its own stream.
+    """
+    def steps(t: object) -> list:
+        return [s for inner in t.transforms for s in steps(inner)] if isinstance(t, Compose) else [t]
+
+    own = [t for t in steps(transform) if isinstance(t, _Random) and not t._given]
+    for k, t in enumerate(own):
+        t.reseed(seed + k)
+    return bool(own)
 
 
 def _is_int(size: object) -> TypeIs[int]:

@@ -183,6 +183,36 @@ def test_gpu_scenario(tmp_path):
     assert all(r.seconds is not None and 0 <= r.metrics["data wait %"] <= 100 for r in measured), rows
 
 
+def test_dali_source_gives_each_epoch_a_permutation_of_the_mirror_in_whole_batches(tmp_path):
+    """DALI's external_source callback (batch_info=True: epoch_idx and iteration), checked without
+    DALI: each epoch is a permutation of the mirror's files and labels, whole batches only."""
+    from types import SimpleNamespace
+
+    from colabfast.datasets import H5ImageFolder
+    from colabfast.packing import pack
+    from colabfast.testing import data
+
+    tree = data.make_imagefolder(tmp_path / "tree", classes=3, per_class=5, size=(40, 30))
+    mirror = pack(tree, tmp_path / "m.h5", workers=1, progress=False)
+    source, ds = gpufeed.DaliSource(mirror, batch=4), H5ImageFolder(mirror, output="bytes")
+    expected = {bytes(ds[i][0].numpy()): ds[i][1] for i in range(len(ds))}
+    epochs = []
+    for epoch_idx in (0, 1):
+        seen, iteration = [], 0
+        while True:
+            try:
+                files, labels = source(SimpleNamespace(epoch_idx=epoch_idx, iteration=iteration))
+            except StopIteration:
+                break
+            assert len(files) == len(labels) == 4 and all(f.dtype.name == "uint8" for f in files)
+            seen += [(bytes(f), int(label[0])) for f, label in zip(files, labels)]
+            iteration += 1
+        assert iteration == len(ds) // 4 and len(set(seen)) == len(seen)
+        assert all(expected[f] == label for f, label in seen)
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]  # a new order each epoch
+
+
 def test_fast_collate_keeps_uint8():
     images, labels = gpufeed.fast_collate([(torch.full((3, 4, 4), i, dtype=torch.uint8), i) for i in range(3)])
     assert images.dtype == torch.uint8 and images.shape == (3, 3, 4, 4) and labels.tolist() == [0, 1, 2]

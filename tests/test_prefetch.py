@@ -265,6 +265,27 @@ def test_a_dropped_feeder_stops_its_thread_and_queue_is_bounded():
     assert not thread.is_alive()
 
 
+def test_an_interrupt_while_waiting_for_a_batch_stops_the_feeder():
+    """A notebook's interrupt (KeyboardInterrupt in the training thread) while the loop waits for a
+    batch: the traceback a notebook keeps would hold the feeder, so it must stop its thread itself."""
+    import _thread
+
+    def slow():
+        for _ in range(100):
+            time.sleep(0.3)
+            yield torch.zeros(1)
+
+    feeder = Feeder(slow(), convert_cpu, depth=2)
+    timer = threading.Timer(0.05, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(feeder)
+    timer.join()
+    assert not feeder._thread.is_alive()  # stopped and joined, though the exception still holds it
+    with pytest.raises(StopIteration):
+        next(feeder)
+
+
 def test_feeder_rejects_a_zero_depth():
     with pytest.raises(ValueError, match="depth"):
         Feeder(iter([]), convert_cpu, depth=0)

@@ -117,6 +117,27 @@ def test_where_the_reader_does_not_apply_the_loader_says_why(mirrors):
     assert given._reader is None and given.num_workers == 1  # the caller's choice stands
 
 
+def test_torch_worker_options_with_the_reader(mirrors):
+    """prefetch_factor and persistent_workers are habits from torch's DataLoader: with the reader
+    they must not crash torch's checks (they need workers there); prefetch_factor sets the reader's
+    read-ahead per thread. worker_init_fn or multiprocessing_context ask for worker processes."""
+    ds = H5ImageFolder(mirrors["raw"], output="tensor")
+    loader = cf.DataLoader(ds, 4, device="cpu", prefetch_factor=3, persistent_workers=True)
+    assert loader._reader is not None and loader._reader.prefetch == 3 * loader._reader.threads
+    assert loader.choices["prefetch_factor"] == (3, "set by caller")
+    persistent, why = loader.choices["persistent_workers"]
+    assert persistent is False and "does not apply" in why
+    assert sum(len(t) for _, t in _epoch(loader)) == len(ds)
+    for asks in ({"worker_init_fn": _noop}, {"multiprocessing_context": "fork"}):
+        workers = cf.DataLoader(ds, 4, device="cpu", **asks)
+        assert workers._reader is None and workers.num_workers > 0, asks
+        assert "the caller chose workers" in workers.choices["reader"][1]
+
+
+def _noop(worker_id):
+    pass
+
+
 def test_verify_catches_a_flipped_byte_in_the_reader(mirrors, tmp_path):
     import shutil
 
@@ -271,7 +292,8 @@ def test_plan_is_pure_and_is_what_the_loader_does(mirrors):
     assert torch.equal(state, torch.random.get_rng_state())  # no random number drawn
     assert isinstance(p["reader"][0], ReaderPlan) and p["num_workers"] == (0, p["num_workers"][1])
     assert "reader threads" in p["num_workers"][1]
-    assert p["sampler"][0] == BlockPlan(1) and p["prefetch_factor"][0] is None  # 8 // 16 blocks, at least 1
+    assert p["sampler"][0] == BlockPlan(1)  # 8 // 16 blocks, at least 1
+    assert p["prefetch_factor"][0] == 2 and p["reader"][0].prefetch == 2 * p["reader"][0].threads
     given = plan(ds, batch_size=8, num_workers=3, device="cpu")
     assert given["num_workers"] == (3, "set by caller") and given["reader"][0] == "none"
     assert given["persistent_workers"][0] is True and given["prefetch_factor"][0] == 4

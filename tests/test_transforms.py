@@ -140,3 +140,35 @@ def test_dataloader_takes_batched_transforms_and_workers_draw_different_crops():
     assert a.shape == b.shape == (4, 3, 24, 24)
     crops = torch.cat([a, b])
     assert len({bytes(c.flatten().tolist()) for c in crops}) == 8  # no worker repeats the other's crops
+
+
+def test_the_loader_reseeds_its_transforms_each_epoch_from_its_generator():
+    """The loader seeds the batched transforms (issue 11): the same torch.manual_seed repeats a run,
+    each epoch draws new crops, and a transform built with its own generator keeps that stream."""
+    from colabfast.loading import DataLoader
+
+    def run(seed, transform, epochs=2):
+        torch.manual_seed(seed)
+        loader = DataLoader(Same(8), 8, device="cpu", num_workers=0, transform=transform)
+        return [next(iter(loader))[0] for _ in range(epochs)]
+
+    t = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()])
+    first, again = run(1, t), run(1, t)  # the same transform object, reused: reseeded by the loader
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], first[1])  # a new epoch, new crops
+    assert not torch.equal(run(2, t)[0], first[0])
+
+    own = T.RandomResizedCrop(24, generator=torch.Generator().manual_seed(7))
+    twin = T.RandomResizedCrop(24, generator=torch.Generator().manual_seed(7))
+    expected = torch.stack([twin(Same().image) for _ in range(8)])  # on the CPU: per image, in order
+    assert torch.equal(run(1, own, epochs=1)[0], expected)  # not reseeded: the caller's stream
+
+
+def test_reseed_walks_nested_compose_and_skips_given_generators():
+    a, b = T.RandomResizedCrop(8), T.RandomHorizontalFlip(generator=torch.Generator().manual_seed(3))
+    c = T.RandomHorizontalFlip()
+    state = b.generator.get_state()
+    assert T.reseed(T.Compose([a, T.Compose([b, c])]), 100)
+    assert a.generator.initial_seed() == 100 and c.generator.initial_seed() == 101
+    assert torch.equal(b.generator.get_state(), state)
+    assert not T.reseed(T.Compose([T.CenterCrop(4)]), 5)

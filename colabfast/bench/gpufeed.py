@@ -277,6 +277,33 @@ def _imagenet(size: float, repeats: int, workers: int, steps: Optional[int],
     return rows
 
 
+class DaliSource:
+    """The callable DALI's ``fn.external_source(batch=True, batch_info=True)`` calls for each batch:
+    ``info.epoch_idx`` and ``info.iteration`` -> ``(files, labels)``, lists of 1-D uint8 and int64 [1]
+    numpy arrays for one batch of the mirror in a random order per epoch; StopIteration ends the
+    epoch. Batches are read by :class:`colabfast.reader.BatchReader` (one pread per run, no
+    per-sample dataset calls), so DALI waits on the mirror no longer than colabfast's loader does.
+    """
+
+    def __init__(self, mirror: Path, batch: int) -> None:
+        from colabfast.datasets import H5ImageFolder
+        from colabfast.reader import BatchReader
+
+        self.dataset = H5ImageFolder(mirror, output="bytes")
+        self.reader, self.batch = BatchReader(self.dataset, threads=1), batch
+
+    def __call__(self, info: Any) -> tuple[list, list]:
+        import numpy as np
+
+        start = info.iteration * self.batch
+        if start + self.batch > len(self.dataset):
+            raise StopIteration
+        order = np.random.default_rng(info.epoch_idx).permutation(len(self.dataset))
+        files, labels = self.reader.read(order[start:start + self.batch])
+        # DALI copies what the callback returns (no_copy=False), so views into the batch are safe.
+        return [f.numpy() for f in files], [label.reshape(1).numpy() for label in labels]
+
+
 def _dali(mirror: Path, batch: int, crop: int, threads: int) -> Union[str, Callable[[], Iterable]]:
     """A maker of DALI's ResNet-50 training pipeline over the mirror's bytes, or why there is none."""
     try:
@@ -284,25 +311,13 @@ def _dali(mirror: Path, batch: int, crop: int, threads: int) -> Union[str, Calla
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
     except ImportError:
         return "NVIDIA DALI is not installed (pip install nvidia-dali-cuda130); not measured"
-    import numpy as np
 
-    from colabfast.datasets import H5ImageFolder
-
-    dataset = H5ImageFolder(mirror, output="bytes")
-
-    def source(info: Any) -> tuple[np.ndarray, np.ndarray]:
-        order = np.random.default_rng(info.epoch_idx).permutation(len(dataset))
-        if (info.iteration + 1) * batch > len(order):
-            raise StopIteration
-        picked = order[info.iteration * batch:(info.iteration + 1) * batch]
-        items = [dataset[int(i)] for i in picked]
-        return [np.frombuffer(bytes(f.numpy()), dtype=np.uint8) for f, _ in items], \
-            [np.array([label], dtype=np.int64) for _, label in items]
+    source = DaliSource(mirror, batch)
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device())
     def pipe():  # type: ignore[no-untyped-def]
-        files, labels = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8,
-                                                                                           types.INT64])
+        files, labels = fn.external_source(source=source, num_outputs=2, batch=True, batch_info=True,
+                                           dtype=[types.UINT8, types.INT64])
         images = fn.decoders.image_random_crop(files, device="mixed", output_type=types.RGB)
         images = fn.resize(images, resize_x=crop, resize_y=crop)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", crop=(crop, crop),
