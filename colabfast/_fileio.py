@@ -242,6 +242,12 @@ def write_all(fd: int, data: bytes | memoryview, offset: Optional[int] = None) -
             offset += n
 
 
+def state_name(path: Path) -> str:
+    """A file name for colabfast's state about ``path`` (a record, a lock) kept in its cache folder,
+    not beside the user's files: unique per absolute path, readable by its first 64 characters."""
+    return f"{path.name[:64]}-{hashlib.sha256(os.fsencode(os.path.abspath(path))).hexdigest()[:24]}"
+
+
 @contextlib.contextmanager
 def locked(path: Path, what: str) -> Iterator[None]:
     """Hold an exclusive lock on the lock file ``path`` (created with its folder) while the block runs.

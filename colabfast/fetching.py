@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Optional
 
 from colabfast import env
-from colabfast._fileio import PathLike, locked, read_json, unchanged, write_json_atomic
+from colabfast._fileio import PathLike, locked, read_json, state_name, unchanged, write_json_atomic
 from colabfast.archive import ARCHIVE_SUFFIXES, archive_suffix, strip_archive_suffix
 from colabfast.errors import Error
 
 __all__ = ["FetchError", "DriveLink", "fetch", "parse_link"]
 
 DRIVE_HOSTS = ("drive.google.com", "docs.google.com", "drive.usercontent.google.com")
-STATE = ".colabfast-fetch"  # in the destination folder: one record and one lock per link, downloads in progress
+DOWNLOADING = ".colabfast-download-"  # a download in progress, in its destination folder (renamed from there)
 
 _ID = re.compile(r"[-\w]{10,}")
 _FILE_PATH = re.compile(r"/file(?:/u/\d+)?/d/([-\w]{10,})")
@@ -105,7 +105,7 @@ def fetch(
 
     The download goes to a temporary name next to its destination, is checked against ``hash``, and
     only then renamed into place, so a destination is always complete. A record next to it (in
-    ``.colabfast-fetch/``) makes the next call with the same link and destination free: no request
+    colabfast's cache folder, nothing beside your files) makes the next call with the same link and destination free: no request
     is made when the file is there and (with ``hash``) still matches, which is checked without
     rereading it when its size and modification time are unchanged.
 
@@ -138,13 +138,14 @@ def fetch(
     if link.folder and (want or extract):
         raise ValueError(f"{url_or_id} is a Drive folder: hash= and extract=True apply to one file")
     folder, name = _destination(dst, link)
-    state = folder / STATE
+    folder.mkdir(parents=True, exist_ok=True)
+    state = env.cache_dir() / "fetch-state" / state_name(folder)
     state.mkdir(parents=True, exist_ok=True)
     with locked(state / f"{link.id}.lock", f"fetching {link.id} into {folder}"):  # two fetches wait in turn
         record = _Record.load(state, link.id)
         path = _cached(folder, name, record, want, link)
         if path is None:
-            path = _download(link, url_or_id, folder, name, want, state, quiet)
+            path = _download(link, url_or_id, folder, name, want, quiet)
         if record is None or (record.name, record.folder) != (path.name, link.folder):
             record = _Record(link.id, link.folder, path.name)
         if path.is_file():
@@ -243,8 +244,10 @@ def _cached(folder: Path, name: Optional[str], record: Optional[_Record], want, 
     return None
 
 
-def _download(link, url_or_id, folder: Path, name: Optional[str], want, state: Path, quiet: bool) -> Path:
-    tmp = Path(tempfile.mkdtemp(prefix="download-", dir=state))
+def _download(link, url_or_id, folder: Path, name: Optional[str], want, quiet: bool) -> Path:
+    for stale in folder.glob(f"{DOWNLOADING}{link.id}-*"):  # a killed download of this link (we hold its lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{DOWNLOADING}{link.id}-", dir=folder))  # same disk: a rename
     try:
         if link.folder:
             _gdown_folder(link, url_or_id, tmp, quiet)

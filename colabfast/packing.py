@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from colabfast import env
-from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry, write_all
+from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry, state_name, write_all
 from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
 from colabfast.errors import Error
@@ -183,7 +183,7 @@ def pack(
     work.parent.mkdir(parents=True, exist_ok=True)
     # Two packs into one destination would delete each other's parts and publish a mix (seen in 2 of
     # 9 concurrent runs): the second waits for the first, saying so.
-    with locked(work.with_name(work.name + ".lock"), f"packing into {dst}"):
+    with locked(lock_path(dst), f"packing into {dst}"):
         archive: Optional[ArchiveSource] = None
         if streamed:
             archive = ArchiveSource(path, layout, split, labels, retries)
@@ -330,6 +330,12 @@ def _up_to_date(dst: Path, fingerprint: str) -> bool:
             return f.attrs.get("fingerprint") == fingerprint
     except (MirrorError, OSError):
         return False
+
+
+def lock_path(dst: Path) -> Path:
+    """The lock a running :func:`pack` into ``dst`` holds: in colabfast's cache folder, so nothing is
+    left beside the user's mirror."""
+    return env.cache_dir() / "locks" / f"pack-{state_name(dst)}.lock"
 
 
 def _work_dir(dst: Path) -> Path:

@@ -40,6 +40,7 @@ from colabfast._fileio import (
     read_json,
     retry,
     scan_tree,
+    state_name,
     unchanged,
     write_all,
     write_json_atomic,
@@ -326,11 +327,6 @@ def _mountpoint(path: Path) -> str:
     return m.mountpoint if m else str(path)
 
 
-def _key(dst: Path) -> str:
-    """A file name for colabfast's state about ``dst``, unique per absolute path."""
-    return f"{dst.name[:64]}-{hashlib.sha256(os.fsencode(os.path.abspath(dst))).hexdigest()[:24]}"
-
-
 def _record_path(dst: Path, single: bool) -> Path:
     """Where the record of a stage to ``dst`` lives: inside a staged folder (it travels and goes with
     the data), and in colabfast's cache folder for a single file (nothing beside it in your folder)."""
@@ -338,7 +334,7 @@ def _record_path(dst: Path, single: bool) -> Path:
         return dst / RECORD
     folder = env.cache_dir() / "stage"
     folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{_key(dst)}.json"
+    return folder / f"{state_name(dst)}.json"
 
 
 def _manifest_path(dst: Path) -> Path:
@@ -348,7 +344,7 @@ def _manifest_path(dst: Path) -> Path:
 
 @contextlib.contextmanager
 def _locked(dst: Path) -> Iterator[None]:
-    with locked(env.cache_dir() / "locks" / f"{_key(dst)}.lock", f"staging to {dst}"):
+    with locked(env.cache_dir() / "locks" / f"{state_name(dst)}.lock", f"staging to {dst}"):
         yield
 
 

@@ -235,9 +235,8 @@ def digest(data: bytes, algo: str = "sha256") -> str:
 
 
 def leftovers(folder) -> list[str]:
-    """Anything in the state folder besides records and locks (partial downloads)."""
-    state = folder / ".colabfast-fetch"
-    return sorted(p.name for p in state.iterdir() if not p.name.endswith((".json", ".lock")))
+    """Anything colabfast left in the user's folder: partial downloads, records, locks."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".colabfast"))
 
 
 # --- links ------------------------------------------------------------------------------------------
@@ -280,6 +279,18 @@ def test_file_is_downloaded_under_its_drive_name(drive, tmp_path):
     assert out == tmp_path / "weights.bin"
     assert out.read_bytes() == data
     assert leftovers(tmp_path) == []
+
+
+def test_state_lives_in_the_cache_and_a_killed_download_is_cleared(drive, tmp_path):
+    """Issue 13: nothing of colabfast's stays beside the user's files; a download killed midway
+    (its temporary folder left behind) is removed by the next fetch of that link."""
+    file_id = drive.add_file("a.bin", b"a" * 1000)
+    (tmp_path / f".colabfast-download-{file_id}-killed").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    out = fetch(file_id, tmp_path, quiet=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "notes.txt"] and out.read_bytes() == b"a" * 1000
+    n = drive.count()
+    assert fetch(file_id, tmp_path, quiet=True) == out and drive.count() == n  # the record in the cache serves it
 
 
 def test_big_file_goes_through_the_confirmation_page(drive, tmp_path):

@@ -260,8 +260,10 @@ def test_a_second_pack_into_the_same_destination_waits_for_the_first(inet, tmp_p
 
     from filelock import FileLock
 
+    from colabfast.packing import lock_path
+
     dst = tmp_path / "m.h5"
-    lock = FileLock(tmp_path / ".m.h5.colabfast-pack.lock")  # what a running pack() holds
+    lock = FileLock(lock_path(dst))  # what a running pack() holds
     lock.acquire()
     done = threading.Event()
     thread = threading.Thread(target=lambda: (pack(inet, dst, workers=0), done.set()))
@@ -276,6 +278,7 @@ def test_a_second_pack_into_the_same_destination_waits_for_the_first(inet, tmp_p
     lock.release()
     thread.join(60)
     assert done.is_set() and info(dst).complete and len(H5ImageFolder(dst)) == 25
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".m.h5")] == []  # no lock left beside it
 
 
 def test_concurrent_packs_with_different_options_both_succeed_with_one_complete_mirror(tmp_path):
