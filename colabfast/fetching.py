@@ -104,9 +104,9 @@ def fetch(
     """Download a file or folder shared on Google Drive, once.
 
     The download goes to a temporary name next to its destination, is checked against ``hash``, and
-    only then renamed into place, so a destination is always complete. A record next to it (in
-    colabfast's cache folder, nothing beside your files) makes the next call with the same link and destination free: no request
-    is made when the file is there and (with ``hash``) still matches, which is checked without
+    only then renamed into place, so a destination is always complete. A record of it (in
+    colabfast's cache folder: nothing is left beside your files) makes the next call with the same
+    link and destination free: no request is made when the file is there and (with ``hash``) still matches, which is checked without
     rereading it when its size and modification time are unchanged.
 
     Args:
