@@ -367,6 +367,44 @@ def test_second_source_is_refused_not_merged(tmp_path):
     assert_same_tree(b, dst)
 
 
+def test_a_single_file_is_not_staged_over_the_users_file(tmp_path):
+    """Issue 15, case 2, for one file: a file of the user's at the destination is never replaced."""
+    src = tmp_path / "weights.bin"
+    src.write_bytes(b"dataset" * 100)
+    dst = tmp_path / "mine.bin"
+    dst.write_bytes(b"my own work")
+    with pytest.raises(ValueError, match=rf"{dst} is a file colabfast did not stage: .* nothing was written"):
+        stage(src, dst, progress=False)
+    assert dst.read_bytes() == b"my own work"
+    stage(src, dst, overwrite=True, progress=False)
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_a_second_archive_is_refused_not_merged(tmp_path):
+    """Issue 15, case 3, for archives: extracting archive B into the folder staged from archive A."""
+    import tarfile
+
+    archives = []
+    for name, files in (("a", {"cat/1.jpg": b"1", "dog/3.jpg": b"3"}), ("b", {"cat/2.jpg": b"2", "eel/4.jpg": b"4"})):
+        for rel, data in files.items():
+            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / rel).write_bytes(data)
+        with tarfile.open(tmp_path / f"{name}.tar", "w") as tar:
+            tar.add(tmp_path / name, arcname=".")
+        archives.append(tmp_path / f"{name}.tar")
+    dst = tmp_path / "dst"
+    assert stage(archives[0], dst, progress=False) == dst
+
+    def images():
+        return sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*.jpg"))
+
+    with pytest.raises(ValueError, match=r"was staged from .*a\.tar, not .*b\.tar: staging there would mix two datasets"):
+        stage(archives[1], dst, progress=False)
+    assert images() == ["cat/1.jpg", "dog/3.jpg"]
+    stage(archives[1], dst, overwrite=True, progress=False)
+    assert images() == ["cat/2.jpg", "eel/4.jpg"]
+
+
 @pytest.mark.parametrize("path", ["small file", "big file"])
 def test_source_rewritten_during_copy_is_copied_again(tmp_path, monkeypatch, path):
     """Issue 15, case 4: a same-size rewrite in place during the copy gave a torn file (old bytes,
@@ -380,11 +418,12 @@ def test_source_rewritten_during_copy_is_copied_again(tmp_path, monkeypatch, pat
     victim = src / "data.bin"
     victim.write_bytes(os.urandom(3 << 20))
     os.utime(victim, ns=(10**18, 10**18))  # an old file: its rewrite gets a new mtime
-    versions = []
+    versions, reads = [], []
     real = stage_mod._Copier._check_abort
 
-    def rewrite_in_place(self):  # the copy has started: someone rewrites the source, same size
-        if len(versions) < rewrites:
+    def rewrite_in_place(self):  # called before each chunk: after the first, the source is rewritten
+        reads.append(1)
+        if len(reads) >= 2 and len(versions) < rewrites:  # old bytes were read already: a torn copy
             versions.append(os.urandom(3 << 20))
             with open(victim, "r+b") as f:
                 f.write(versions[-1])
@@ -395,6 +434,7 @@ def test_source_rewritten_during_copy_is_copied_again(tmp_path, monkeypatch, pat
     out = stage(src, tmp_path / "dst", workers=2, progress=False)
     assert (out / "data.bin").read_bytes() == versions[-1] == victim.read_bytes()
     rewrites = 100
+    reads.clear()
     victim.write_bytes(os.urandom(3 << 20))
     with pytest.raises(StageError, match=r"data.bin changed while it was copied"):
         stage(src, tmp_path / "dst", workers=2, retries=1, progress=False)
