@@ -106,8 +106,8 @@ def fetch(
     The download goes to a temporary name next to its destination, is checked against ``hash``, and
     only then renamed into place, so a destination is always complete. A record of it (in
     colabfast's cache folder: nothing is left beside your files) makes the next call with the same
-    link and destination free: no request is made when the file is there and (with ``hash``) still matches, which is checked without
-    rereading it when its size and modification time are unchanged.
+    link and destination free: no request is made when the file is there and (with ``hash``) still
+    matches, which is checked without rereading it when its size and modification time are unchanged.
 
     Args:
         url_or_id: a Drive share link or id (see :func:`parse_link`). The file or folder must be shared

@@ -398,7 +398,8 @@ def test_a_second_archive_is_refused_not_merged(tmp_path):
     def images():
         return sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*.jpg"))
 
-    with pytest.raises(ValueError, match=r"was staged from .*a\.tar, not .*b\.tar: staging there would mix two datasets"):
+    mixing = r"was staged from .*a\.tar, not .*b\.tar: staging there would mix two datasets"
+    with pytest.raises(ValueError, match=mixing):
         stage(archives[1], dst, progress=False)
     assert images() == ["cat/1.jpg", "dog/3.jpg"]
     stage(archives[1], dst, overwrite=True, progress=False)
