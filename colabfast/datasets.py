@@ -111,7 +111,12 @@ class MirrorReader:
         """
         # numpy's stubs declare ndarray a Buffer only from Python 3.12 on
         view, base = memoryview(cast("Buffer", out)).cast("B"), self.data_offset + start
-        handle = _Handle(self._handles(), self.path)
+        try:
+            handle = _Handle(self._handles(), self.path)
+        except OSError as exc:
+            if not is_transient(exc):
+                raise
+            raise self._mount_failed(exc, "opening it to read image data") from exc
 
         def preadv(n: int, offset: int) -> int:
             return os.preadv(handle.fd, [view[offset - base : offset - base + n]], offset)
@@ -124,10 +129,7 @@ class MirrorReader:
                 except OSError as exc:
                     if not is_transient(exc):
                         raise
-                    tries = getattr(exc, "attempts", RETRIES + 1)
-                    raise OSError(exc.errno, f"{self.path}: reading image data at byte {base + pos} failed {tries} "
-                                  f"times ({exc.strerror}): the mount it is on (Google Drive?) is failing. Try "
-                                  "again, or stage the mirror to local disk first (colabfast.stage).") from exc
+                    raise self._mount_failed(exc, f"reading image data at byte {base + pos}") from exc
                 if n == 0:
                     raise MirrorError(f"{self.path} ended early while reading image data at byte "
                                       f"{base + pos}: the file was truncated or replaced. "
@@ -135,6 +137,15 @@ class MirrorReader:
                 pos += n
         finally:
             handle.close()
+
+    def _mount_failed(self, exc: OSError, what: str) -> OSError:
+        """The error for a transient ``exc`` that outlasted the retries: what to do about the mount."""
+        from colabfast.drive import failure_advice
+
+        tries = getattr(exc, "attempts", RETRIES + 1)
+        advice = failure_advice(self.path, [exc]) or ("The mount it is on (Google Drive?) is failing. Try again, "
+                                                      "or stage the mirror to local disk first (colabfast.stage).")
+        return OSError(exc.errno, f"{self.path}: {what} failed {tries} times ({exc.strerror}). {advice}")
 
     def read(self, index: int) -> torch.Tensor:
         """The stored bytes of sample ``index`` as a new uint8 tensor ``[nbytes]`` of its own."""

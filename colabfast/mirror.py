@@ -145,9 +145,13 @@ def _on_flaky_mount(path: Path, fn: Callable[[], T]) -> T:
             if code is None:
                 raise
             if attempt >= OPEN_RETRIES:
+                from colabfast.drive import failure_advice
+
+                advice = failure_advice(path, [OSError(code, os.strerror(code))]) or (
+                    "The file may well be fine: the mount it is on (Google Drive?) is failing. Try again later, or "
+                    "copy it to local disk first (colabfast.stage).")
                 raise OSError(code, f"{path} could not be read: {os.strerror(code)} on each of {attempt + 1} tries. "
-                              "The file may well be fine: the mount it is on (Google Drive?) is failing. Try "
-                              "again later, or copy it to local disk first (colabfast.stage).") from exc
+                              f"{advice}") from exc
         time.sleep(backoff(attempt))
         attempt += 1
 

@@ -340,3 +340,21 @@ def test_opens_on_a_flaky_drive_are_retried_and_blame_the_mount(flaky_drive, tmp
             H5ImageFolder(mounted)
         assert e.value.errno == errno.EIO
         mirror._vetted.add(mirror._key(mounted))
+
+
+def test_a_dropped_drive_connection_says_to_remount(flaky_drive, monkeypatch):
+    """Issue 13: reads from a Drive whose client went away (ENOTCONN) end with Colab's fix,
+    colabfast.mount(force_remount=True), for the mirror's open and for its image reads alike."""
+    sim, mounted, _ = flaky_drive
+    reading, unread = (H5ImageFolder(mounted, output="tensor") for _ in range(2))  # opened while it works
+    reading[0]  # its file handle is open
+    monkeypatch.setattr(mirror, "OPEN_RETRIES", 1)
+    monkeypatch.setattr(mirror, "_vetted", {mirror._key(mounted)})
+    sim.disconnect(5)
+    with pytest.raises(OSError, match=r"m\.h5: reading image data at byte \d+ failed .*force_remount=True") as e:
+        reading[3]
+    assert e.value.errno == errno.ENOTCONN
+    with pytest.raises(OSError, match=r"m\.h5: opening it to read image data failed .*force_remount=True"):
+        unread[3]
+    with pytest.raises(OSError, match=r"m\.h5 could not be read: .*force_remount=True"):
+        H5ImageFolder(mounted)
