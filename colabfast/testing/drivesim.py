@@ -773,6 +773,11 @@ class DriveSim:
             raise
         return self
 
+    @property
+    def pid(self) -> Optional[int]:
+        """The server process's id while it runs (its CPU time is the simulated client's cost), else None."""
+        return self._proc.pid if self._proc is not None else None
+
     def stop(self) -> None:
         """Unmount (lazily when files are still open) and stop the server. Safe to call twice."""
         proc, self._proc = self._proc, None
