@@ -20,6 +20,8 @@ from typing import Iterator
 from colabfast import drive as _drive
 from colabfast import env
 
+__all__ = ["colab_shim", "is_shim"]
+
 MARK = "__colabfast_shim__"
 _NAMES = ("google", "google.colab", "google.colab.drive")
 _MISSING = object()

@@ -16,6 +16,8 @@ from PIL import Image, ImageDraw
 
 from colabfast._fileio import PathLike
 
+__all__ = ["make_imagefolder", "make_kitti", "make_files", "add_broken_images", "photo", "encode", "WNIDS"]
+
 # Real ImageNet class ids (wnids), so trees look like ILSVRC2012 train/ and val/.
 WNIDS = (
     "n01440764", "n01443537", "n01484850", "n01491361", "n01494475", "n01496331", "n01498041",

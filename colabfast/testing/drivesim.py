@@ -56,6 +56,9 @@ from typing import IO, Any, Callable, ClassVar, Iterator, Optional, Union
 
 from colabfast import env
 from colabfast._fileio import PathLike
+from colabfast.errors import Error
+
+__all__ = ["DriveSim", "DriveSimParams", "DriveSimError", "available", "serve", "main"]
 
 FSNAME = env.DRIVESIM_SOURCE  # the mount source, by which colabfast.env.drive_kind knows the simulator
 SUBTYPE = "drivesim"  # the mount type becomes fuse.drivesim
@@ -76,7 +79,7 @@ PARENT_POLL = 0.2  # seconds between checks that the parent process is alive
 ORPHAN_GRACE = 2.0  # seconds a server left alone waits for open files to close before it quits
 
 
-class DriveSimError(RuntimeError):
+class DriveSimError(Error, RuntimeError):
     """The simulator could not start, stop or answer (FUSE unusable, mount failed, server died)."""
 
 

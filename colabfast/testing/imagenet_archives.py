@@ -23,6 +23,8 @@ import numpy as np
 from colabfast._fileio import PathLike
 from colabfast.testing.data import WNIDS, _size, encode, photo
 
+__all__ = ["make_train_tar", "make_imagenet_archives", "make_kaggle_zip"]
+
 
 def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
     buf = io.BytesIO()
