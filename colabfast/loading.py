@@ -529,6 +529,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
     # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
     def __iter__(self) -> Iterator:  # type: ignore[override]
+        previous = self._feeder() if self._feeder is not None else None
+        if previous is not None:
+            previous.close()  # first: its thread may still be drawing from the transform's generator
         if self.transform is not None and (self._stream is not None or self.num_workers == 0):
             # The transform draws in this process: a seed per epoch from the loader's generator, as
             # torch draws its workers' base seed (workers reseed from that one themselves).
@@ -536,7 +539,7 @@ class DataLoader(torch.utils.data.DataLoader):
             transforms.reseed(self.transform, seed)
         if self._stream is None:
             return map(self._convert, self._batches())
-        feeder = restart(self._feeder, self._batches, self._convert, self._stream, self.feed_depth)
+        feeder = restart(None, self._batches, self._convert, self._stream, self.feed_depth)
         self._feeder = weakref.ref(feeder)
         return feeder
 
