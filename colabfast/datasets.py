@@ -292,7 +292,22 @@ class MirrorDataset(VisionDataset):
         """Sample ``index``'s image per ``output``: a PIL RGB image; a uint8 tensor [3, H, W] (a
         channels-last view, as ``torchvision.io.decode_image`` returns); or the encoded file's bytes
         as a uint8 tensor [nbytes]. Tensors own their memory."""
+        (index,) = self._checked([index])
         return compact(self._decode(index, self._stored([index])[0]))
+
+    def _checked(self, indices: Sequence[int]) -> list[int]:
+        """``indices`` as ints in ``range(len(self))``, negative ones counted from the end as a list's.
+
+        Raises:
+            IndexError: an index outside the dataset (``for x in dataset`` stops there).
+        """
+        n, out = len(self), []
+        for i in indices:
+            k = int(i)
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of range for {self.path}'s {n} samples")
+            out.append(k + n if k < 0 else k)
+        return out
 
     def _stored(self, indices: Sequence[int]) -> list[torch.Tensor]:
         views = self.reader.views(indices)
@@ -335,6 +350,7 @@ class MirrorDataset(VisionDataset):
         (transformed before anything is copied: a crop of a raw image copies only the crop), which
         is right only where nothing pickles them or whatever batches them copies them anyway
         (``colabfast.DataLoader``'s collate, which asks for views through the wrapper it owns)."""
+        indices = self._checked(indices)
         items = [self.sample(i, self._decode(i, data)) for i, data in zip(indices, self._stored(indices))]
         if views:
             return items

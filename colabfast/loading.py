@@ -513,7 +513,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._reader = None
         if threads is not None:
             assert plan_reader is not None
-            self._reader = reader.BatchReader(dataset, threads=threads, prefetch=plan_reader.prefetch,  # type: ignore[arg-type]
+            self._reader = reader.BatchReader(dataset, threads=threads, prefetch=plan_reader.prefetch,
                                               pin_memory=pin_memory,
                                               channels_last=cuda or memory_format == torch.channels_last)
         # One side stream per loader, made here and never per epoch (timm#2781).

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
+from torch.utils.data import Subset
 
 from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset
 from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, decode_cpu
@@ -35,14 +36,36 @@ from colabfast.prefetch import ImageList
 __all__ = ["BatchReader", "applies"]
 
 
+def mirror_of(dataset: Any) -> tuple[Any, Optional[np.ndarray]]:
+    """The dataset under any ``torch.utils.data.Subset`` wrappers, and the int64 array that maps the
+    outer dataset's indices onto its (None without a Subset).
+
+    Raises:
+        IndexError: a Subset's index is outside the dataset it wraps (as indexing it would).
+    """
+    mapping: Optional[np.ndarray] = None
+    while isinstance(dataset, Subset):
+        idx = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
+        mapping = idx if mapping is None else idx[mapping]
+        dataset = dataset.dataset
+    if mapping is not None:
+        n = len(dataset)
+        if len(mapping) and (mapping.min() < -n or mapping.max() >= n):
+            raise IndexError(f"a Subset index is outside its dataset of {n} samples")
+        mapping = np.where(mapping < 0, mapping + n, mapping)
+    return dataset, mapping
+
+
 def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool, str]:
     """Whether :class:`BatchReader` can read ``dataset``'s batches, and why (or why not).
 
-    It can for an :class:`~colabfast.H5ImageFolder` (not wrapped) with no ``transform`` or
-    ``target_transform`` of its own, ``output="tensor"`` or ``"bytes"``, and no per-image
-    ``DataLoader(transform=...)`` to run on the CPU: then a sample is its stored bytes, decoded or
-    not, and its label, which threads can produce without running the caller's Python per sample.
+    It can for an :class:`~colabfast.H5ImageFolder`, or a ``Subset`` of one (a train/validation
+    split), with no ``transform`` or ``target_transform`` of its own, ``output="tensor"`` or
+    ``"bytes"``, and no per-image ``DataLoader(transform=...)`` to run on the CPU: then a sample is
+    its stored bytes, decoded or not, and its label, which threads can produce without running the
+    caller's Python per sample.
     """
+    dataset = mirror_of(dataset)[0]
     if type(dataset) is not H5ImageFolder:
         kind = "a KITTI mirror (targets built per sample)" if isinstance(dataset, MirrorDataset) else "not a mirror"
         return False, f"worker processes: {kind}"
@@ -72,7 +95,8 @@ class BatchReader:
     reuses freed blocks itself, so the copy to the GPU is asynchronous.
 
     Args:
-        dataset: the mirror dataset (see :func:`applies`).
+        dataset: the mirror dataset, or a ``Subset`` of it (see :func:`applies`); the indices given to
+            :meth:`batches` and :meth:`read` are this dataset's.
         threads: batches read at once (default: the CPUs this process may use).
         prefetch: batches read ahead of the one handed out (default ``2 * threads``); memory is
             bounded by ``prefetch + threads + 2`` batches besides those the caller holds.
@@ -87,17 +111,18 @@ class BatchReader:
 
     def __init__(
         self,
-        dataset: H5ImageFolder,
+        dataset: Any,
         *,
         threads: int,
         prefetch: Optional[int] = None,
         channels_last: bool = False,
         pin_memory: bool = False,
     ) -> None:
-        self.dataset, self.threads = dataset, max(1, threads)
+        self.dataset, self._map = mirror_of(dataset)
+        self.threads = max(1, threads)
         self.prefetch = max(1, prefetch if prefetch is not None else 2 * self.threads)
         self.channels_last, self.pin_memory = channels_last, pin_memory
-        self._targets = torch.from_numpy(np.asarray(dataset.reader.index.targets, dtype=np.int64))
+        self._targets = torch.from_numpy(np.asarray(self.dataset.reader.index.targets, dtype=np.int64))
         self._memory = _Recycled(keep=self.prefetch + self.threads + 2)  # in flight, + the caller's
 
     def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[list]:
@@ -124,7 +149,8 @@ class BatchReader:
 
     def read(self, indices: Sequence[int]) -> list:
         """One batch for ``indices`` (see the class docstring)."""
-        indices = [int(i) for i in indices]
+        mapped = indices if self._map is None else self._map[np.asarray(indices, dtype=np.int64)]
+        indices = [int(i) for i in mapped]
         targets = self._targets[indices]
         if self.dataset.output == "bytes":
             return [self._read_bytes(indices), targets]

@@ -77,6 +77,22 @@ def test_pixels_equal_imagefolder(inet, mirrors, store, output):
         assert np.array_equal(np.asarray(a), np.asarray(b)), ref.samples[i][0]
 
 
+def test_indices_behave_as_imagefolders(inet, mirrors, kitti):
+    """Negative indices count from the end, as ImageFolder's list does; past the end is an IndexError,
+    so `for x in dataset` (the sequence protocol) stops there. A negative index read garbage before."""
+    ref = ImageFolder(inet)
+    ds = H5ImageFolder(mirrors["raw"], output="tensor")
+    for i in (-1, -22, 3):
+        assert np.array_equal(np.asarray(ref[i][0]), ds[i][0].permute(1, 2, 0).numpy()) and ref[i][1] == ds[i][1]
+    assert [y for _, y in ds.__getitems__([-1, 0, -2])] == [ref[-1][1], ref[0][1], ref[-2][1]]
+    for bad in (22, -23):
+        with pytest.raises(IndexError, match=f"index {bad} is out of range for .*raw.h5's 22 samples"):
+            ds[bad]
+    assert sum(1 for _ in ds) == 22
+    k = H5Kitti(kitti[1])
+    assert k[-1][1] == k[len(k) - 1][1]
+
+
 def test_transforms_apply_like_imagefolder(inet, mirrors):
     from torchvision import transforms
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from torch.utils.data import Subset
 
 import colabfast as cf
 from colabfast import reader
@@ -70,6 +71,24 @@ def test_threads_give_the_worker_paths_batches(mirrors, name, drop_last):
         loader.set_epoch(3)
     for x, y in zip(_epoch(threaded), _epoch(workers)):
         _same(x, y)
+
+
+@pytest.mark.parametrize("name", ["raw", "encoded-vary"])
+def test_a_subset_of_a_mirror_is_read_by_threads_as_the_workers_read_it(mirrors, name):
+    """A train/validation split (Subset, random_split, nested) keeps the reader: same batches."""
+    ds = H5ImageFolder(mirrors[name], output="tensor")
+    train, _ = torch.utils.data.random_split(ds, [0.75, 0.25], generator=torch.Generator().manual_seed(1))
+    for subset in (train, Subset(train, list(range(len(train) - 1, -1, -2))), Subset(ds, [-1, 0, 5, 6, 7])):
+        kw = dict(batch_size=4, shuffle=True, device="cpu")
+        threaded = cf.DataLoader(subset, generator=torch.Generator().manual_seed(2), **kw)
+        workers = cf.DataLoader(subset, generator=torch.Generator().manual_seed(2), num_workers=1, **kw)
+        assert threaded._reader is not None and "threads in this process" in threaded.choices["reader"][1]
+        a, b = _epoch(threaded), _epoch(workers)
+        assert len(a) == len(b) == len(threaded)
+        for x, y in zip(a, b):
+            _same(x, y)
+    with pytest.raises(IndexError, match=f"outside its dataset of {len(ds)} samples"):
+        cf.DataLoader(Subset(ds, [0, len(ds)]), 2, device="cpu")
 
 
 @pytest.mark.parametrize("memory_format", [None, torch.channels_last])
