@@ -172,3 +172,22 @@ def test_reseed_walks_nested_compose_and_skips_given_generators():
     assert a.generator.initial_seed() == 100 and c.generator.initial_seed() == 101
     assert torch.equal(b.generator.get_state(), state)
     assert not T.reseed(T.Compose([T.CenterCrop(4)]), 5)
+
+
+def test_one_image_on_the_cpu_is_torchvisions_own_resized_crop():
+    """DataLoader workers call the transforms one CPU image at a time: there the crop is rendered by
+    torchvision's resized_crop (antialiased), pixel for pixel, where the box lies on whole pixels."""
+    images = photos(6)
+    t = T.Compose([T.RandomResizedCrop(96, generator=torch.Generator().manual_seed(4)),
+                   T.RandomHorizontalFlip(generator=torch.Generator().manual_seed(5))])
+    twin = T.RandomResizedCrop(96, generator=torch.Generator().manual_seed(4))
+    flips = torch.Generator().manual_seed(5)
+    for image in images:
+        top, left, h, w = (int(v[0]) for v in twin.get_params(*sizes([image])))
+        want = F.resized_crop(image, top, left, h, w, [96, 96], antialias=True)
+        if bool(torch.rand(1, generator=flips) < 0.5):
+            want = want.flip(-1)
+        assert torch.equal(t(image), want)
+    fractional = T.Compose([T.Resize(100), T.CenterCrop(64)])(images[0])  # off whole pixels: roi_align
+    want = v2.CenterCrop(64)(v2.Resize(100, antialias=True)(images[0]))
+    assert fractional.shape == (3, 64, 64) and (fractional.int() - want.int()).abs().float().mean() < 1.5
