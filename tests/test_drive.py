@@ -209,6 +209,7 @@ class FakeColabDrive:
 
     def flush_and_unmount(self, timeout_ms=24 * 60 * 60 * 1000):
         self.calls.append(("flush_and_unmount", self.cache.exists()))
+        self.flush_timeout_ms = timeout_ms
         if self.flush_fails:
             raise ValueError("flush_and_unmount failed")
         self.mounted = False
@@ -241,9 +242,13 @@ def test_refresh_drivefs_flushes_before_dropping_the_cache(drivefs, capsys):
 
 
 def test_refresh_drivefs_keeps_the_cache_when_the_flush_fails(drivefs):
+    """Issue 13: the flush waits at most 30 minutes (Colab's own default is a day), and a flush that
+    fails or times out keeps the cache holding the unsynced writes, and says what to do."""
     drivefs.flush_fails = True
-    with pytest.raises(DriveError, match="was kept.*colabfast.flush_drive\\(\\) again"):
+    advice = "did not finish within 30 minutes.*was kept.*colabfast.flush_drive\\(\\) again"
+    with pytest.raises(DriveError, match=advice):
         drive.refresh_drive(drivefs.mountpoint, quiet=True)
+    assert drivefs.flush_timeout_ms == 30 * 60 * 1000
     assert drivefs.cache.exists()
     assert [c[0] for c in drivefs.calls] == ["flush_and_unmount"]
 

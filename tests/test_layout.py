@@ -111,3 +111,26 @@ def test_every_public_module_lists_its_public_names():
         assert isinstance(getattr(module, "__all__", None), list), f"{name} has no __all__"
         missing = [n for n in module.__all__ if not hasattr(module, n)]
         assert not missing, f"{name}.__all__ names what it does not define: {missing}"
+
+
+def test_one_repository_url_everywhere_a_user_installs_from():
+    """Issue 13: the notebooks' install cell, their Colab badges, the README and pyproject's URL name
+    the same repository, so a move or rename cannot leave one of them installing something else."""
+    import json
+    import re
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = PACKAGE.parent
+    home = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]["Homepage"]
+    slug = home.removeprefix("https://github.com/")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert f'pip install -q "git+{home}"' in readme and f"git clone {home}" in readme
+    for name in ("quickstart", "kitti", "imagenet"):
+        cells = json.loads((root / "notebooks" / f"{name}.ipynb").read_text(encoding="utf-8"))["cells"]
+        text = ["".join(c["source"]) for c in cells]
+        assert f'pip install -q "git+{home}"' in text[1], name  # the first code cell
+        badge = f"colab.research.google.com/github/{slug}/blob/main/notebooks/{name}.ipynb"
+        assert badge in text[0] and badge in readme, name
+        assert set(re.findall(r"github\.com/([\w.-]+/[\w.-]+)", "\n".join(text))) == {slug}, name
