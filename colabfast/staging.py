@@ -586,8 +586,7 @@ class _Source:
             self.fd = fd
 
     def same_as(self, st: os.stat_result) -> bool:
-        return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev) == \
-            (self.st.st_size, self.st.st_mtime_ns, self.st.st_ino, self.st.st_dev)
+        return _same_identity(st, self.st)
 
     def check_unchanged(self) -> None:
         """Raise _SourceChanged if the file at ``path`` is no longer what was opened (or was written)."""
@@ -864,6 +863,8 @@ class _BigFile:
 
 
 def _same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
+    """The same file, unchanged: size, modification time, inode and device (a same-size rewrite in
+    place changes the time; a replacement the inode)."""
     return b is not None and (a.st_size, a.st_mtime_ns, a.st_ino, a.st_dev) == \
         (b.st_size, b.st_mtime_ns, b.st_ino, b.st_dev)
 

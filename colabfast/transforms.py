@@ -137,7 +137,8 @@ class BatchTransform:
             widths = torch.tensor([i.shape[-1] for i in batch], dtype=torch.int64)
         geometry = Geometry.whole(heights, widths)
         self.plan(geometry)
-        if single and not images.is_cuda and _whole_pixels(geometry, heights, widths):
+        if single and isinstance(images, torch.Tensor) and not images.is_cuda \
+                and _whole_pixels(geometry, heights, widths):
             return _render_one(images, geometry)
         out = render(batch, geometry)
         return out[0] if single else out
