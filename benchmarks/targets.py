@@ -92,6 +92,17 @@ def main() -> None:
           metric(reader, "JPEG bytes 256px (decode='gpu' hand-over): reader threads", "images/s"),
           lambda v: v >= 50_000, " images/s")
 
+    print("Issue 11, the GPU feed (colabfast bench gpu, on a GPU, the process pinned to 2 CPUs):")
+    ours, dali = "colabfast.DataLoader (GPU decode, colabfast.transforms)", "NVIDIA DALI"
+    check("11", "ResNet-50, ImageNet-style: fraction of the data-on-GPU ceiling (target >= 0.9)",
+          metric("gpu/resnet50-imagenet", ours, "of ceiling"), lambda v: v >= 0.9, "")
+    check("11", "ResNet-50, ImageNet-style: vs NVIDIA DALI in the same run (target >= 1.0)",
+          ratio("gpu/resnet50-imagenet", ours, dali), lambda v: v >= 1.0)
+    check("11", "the GPU-decode loader alone (target >= 8,000 images/s on an H100)",
+          metric("gpu/resnet50-imagenet", ours, "loader images/s"), lambda v: v >= 8000, " images/s")
+    check("11", "ResNet-18, 256 px, GPU decode: data wait (target <= 10% of each step)",
+          metric("gpu/resnet18", "colabfast.DataLoader (GPU decode)", "data wait %"), lambda v: v <= 10, "%")
+
     print("Issue 4, feeding the GPU:")
     check("4", "CPU loader, colabfast.DataLoader vs a hand-tuned torch DataLoader (target: no slower, >= 1.0)",
           ratio("loader/cpu", "colabfast.DataLoader", "torch DataLoader, hand-tuned"), lambda v: v >= 1.0)
