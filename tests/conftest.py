@@ -38,3 +38,26 @@ def assert_same_tree(a, b) -> None:
     assert sorted(fa) == sorted(fb)
     different = [rel for rel in fa if fa[rel] != fb[rel]]
     assert not different, f"files differ: {different[:5]}"
+
+
+def assert_flat_over_epochs_with_breaks(loader, period: int, epochs: int = 50) -> None:
+    """Iterate ``loader`` (batches on CUDA, images first) ``epochs`` times, leaving epoch ``e`` after
+    batch ``e % period``: the thread count and ``torch.cuda.memory_allocated`` must stay flat."""
+    import gc
+    import threading
+
+    import torch
+
+    threads, allocated = None, []
+    for epoch in range(epochs):
+        for i, batch in enumerate(loader):
+            batch[0].float().mean()
+            if i == epoch % period:
+                break
+        gc.collect()
+        torch.cuda.synchronize()
+        if epoch == 2:
+            threads = threading.active_count()
+        allocated.append(torch.cuda.memory_allocated())
+    assert threading.active_count() == threads
+    assert max(allocated[5:]) <= allocated[4], allocated

@@ -416,8 +416,7 @@ def test_gpu_decode_through_the_loader():
 def test_cuda_loader_repeats_under_a_seed_and_fifty_epochs_with_breaks_stay_flat():
     """Issue 11 through colabfast.DataLoader itself: batched GPU transforms drawn in the feeder thread
     repeat under torch.manual_seed; 50 epochs with early breaks leave no thread and no memory behind."""
-    import gc
-    import threading
+    from conftest import assert_flat_over_epochs_with_breaks
 
     from colabfast import transforms as T
 
@@ -434,19 +433,7 @@ def test_cuda_loader_repeats_under_a_seed_and_fifty_epochs_with_breaks_stay_flat
     assert loader.choices["transform"][1].startswith("whole batches on the GPU")
     assert all(torch.equal(a, b) for a, b in zip(first, run(3)[1]))
     assert not all(torch.equal(a, b) for a, b in zip(first, [x.cpu() for x, _ in loader]))  # next epoch
-    threads, allocated = None, []
-    for epoch in range(50):
-        for i, (x, _) in enumerate(loader):
-            x.float().mean()
-            if i == epoch % 3:
-                break
-        gc.collect()
-        torch.cuda.synchronize()
-        if epoch == 2:
-            threads = threading.active_count()
-        allocated.append(torch.cuda.memory_allocated())
-    assert threading.active_count() == threads
-    assert max(allocated[5:]) <= allocated[4], allocated
+    assert_flat_over_epochs_with_breaks(loader, period=3)
 
 
 def test_torchvision_imagefolder_drop_in(tmp_path):

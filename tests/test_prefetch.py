@@ -11,6 +11,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from conftest import assert_flat_over_epochs_with_breaks
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
@@ -413,19 +414,7 @@ def test_gpu_decode_equals_cpu_decode_within_jpeg_tolerance():
 def test_feeder_on_cuda_fifty_epochs_with_breaks_keep_threads_and_memory_flat():
     need_cuda()
     pf = CUDAPrefetcher(host_batches(6, b=16, h=64, w=64), "cuda", mean=MEAN, std=STD, depth=2)
-    threads, allocated = None, []
-    for epoch in range(50):
-        for i, (x, _, _) in enumerate(pf):
-            x.mul(2).sum()
-            if i == epoch % 4:
-                break
-        gc.collect()
-        torch.cuda.synchronize()
-        if epoch == 2:
-            threads = threading.active_count()
-        allocated.append(torch.cuda.memory_allocated())
-    assert threading.active_count() == threads
-    assert max(allocated[5:]) <= allocated[4], allocated
+    assert_flat_over_epochs_with_breaks(pf, period=4)
 
 
 @cuda
