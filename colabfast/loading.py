@@ -307,8 +307,6 @@ def plan(
         choices["reader"] = (ReaderPlan(threads, factor * threads), choices["reader"][1])
         choices["persistent_workers"] = (False, "no worker processes: reader threads start in microseconds"
                                          + (" (persistent_workers=True does not apply)" if persistent_workers else ""))
-        choose("pin_memory", pin_memory, cuda,
-               "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
     elif iterable:
         num_workers = choose("num_workers", num_workers, 0, "IterableDataset: every worker would replay the stream")
     elif spawns and _from_main(dataset, collate_fn, worker_init_fn, transform):
@@ -322,8 +320,8 @@ def plan(
                "workers survive between epochs" if workers else "no workers")
         choose("prefetch_factor", prefetch_factor, PREFETCH_FACTOR if workers else None,
                f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers")
-        choose("pin_memory", pin_memory, cuda,
-               "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
+    choose("pin_memory", pin_memory, cuda,
+           "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
 
     if sampler is None and batch_sampler is None and shuffle and not iterable and is_mirror(dataset):
         if find_attr(dataset, "shuffled", False) or not batch_size:

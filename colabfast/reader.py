@@ -36,7 +36,7 @@ from colabfast.prefetch import ImageList
 __all__ = ["BatchReader", "applies"]
 
 
-def mirror_of(dataset: Any) -> tuple[Any, Optional[np.ndarray]]:
+def _mirror_of(dataset: Any) -> tuple[Any, Optional[np.ndarray]]:
     """The dataset under any ``torch.utils.data.Subset`` wrappers, and the int64 array that maps the
     outer dataset's indices onto its (None without a Subset).
 
@@ -65,7 +65,7 @@ def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool,
     its stored bytes, decoded or not, and its label, which threads can produce without running the
     caller's Python per sample.
     """
-    dataset = mirror_of(dataset)[0]
+    dataset = _mirror_of(dataset)[0]
     if type(dataset) is not H5ImageFolder:
         kind = "a KITTI mirror (targets built per sample)" if isinstance(dataset, MirrorDataset) else "not a mirror"
         return False, f"worker processes: {kind}"
@@ -118,7 +118,7 @@ class BatchReader:
         channels_last: bool = False,
         pin_memory: bool = False,
     ) -> None:
-        self.dataset, self._map = mirror_of(dataset)
+        self.dataset, self._map = _mirror_of(dataset)
         self.threads = max(1, threads)
         self.prefetch = max(1, prefetch if prefetch is not None else 2 * self.threads)
         self.channels_last, self.pin_memory = channels_last, pin_memory
