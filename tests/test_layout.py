@@ -134,3 +134,55 @@ def test_one_repository_url_everywhere_a_user_installs_from():
         badge = f"colab.research.google.com/github/{slug}/blob/main/notebooks/{name}.ipynb"
         assert badge in text[0] and badge in readme, name
         assert set(re.findall(r"github\.com/([\w.-]+/[\w.-]+)", "\n".join(text))) == {slug}, name
+
+
+def test_the_library_imports_only_what_it_declares():
+    """The wheel check in .ci/run reuses the test environment's packages, so an import of something
+    pyproject.toml does not list (scipy, say, which the test extra brings) would pass CI and fail a
+    user. Every third-party import in the library (not the bench and testing tools, whose extras
+    differ) is a declared dependency, or guarded: inside ``try: ... except ImportError`` with a clear
+    message, or under ``TYPE_CHECKING``."""
+    import importlib.metadata
+    import re
+    import sys
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = {re.split(r"[<>=!~;\[ ]", d)[0].lower().replace("_", "-") for d in project["dependencies"]}
+    dists = importlib.metadata.packages_distributions()
+    transitive = {"requests": "gdown"}  # used only for gdown's exception types; gdown requires it
+
+    def guarded(chain: list[ast.AST]) -> bool:
+        for parent in chain:
+            if isinstance(parent, ast.If) and "TYPE_CHECKING" in ast.unparse(parent.test):
+                return True
+            if isinstance(parent, ast.Try) and any(
+                h.type is not None and re.search(r"\b(ImportError|ModuleNotFoundError)\b", ast.unparse(h.type))
+                for h in parent.handlers
+            ):
+                return True
+        return False
+
+    def walk(node: ast.AST, chain: list[ast.AST]):
+        for child in ast.iter_child_nodes(node):
+            yield child, chain
+            yield from walk(child, chain + [child])
+
+    unguarded = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if module_name(path).startswith(("colabfast.bench", "colabfast.testing")):
+            continue
+        for node, chain in walk(ast.parse(path.read_text(encoding="utf-8")), []):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "colabfast":
+                    continue
+                dist = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                if dist & declared or transitive.get(top) in declared or guarded(chain):
+                    continue
+                unguarded.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {name}")
+    assert not unguarded, unguarded
