@@ -272,6 +272,7 @@ def plan(
     Raises:
         ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or batching.
         RuntimeError: a CUDA ``device`` without a GPU.
+        IndexError: a ``Subset`` of a mirror holds an index outside the mirror.
     """
     choices: dict[str, tuple[Any, str]] = {}
 
