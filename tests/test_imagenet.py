@@ -101,6 +101,20 @@ def test_info_says_where_labels_came_from(official, tmp_path):
     assert f"Labels from: {official['devkit']} (data/meta.mat" in repr(H5ImageFolder(dst))
 
 
+def test_progress_shows_archive_bytes_images_and_time_left(official, tmp_path, capsys):
+    """Issue 17: the bar counts the archive's bytes read (its total is the archive's size, so tqdm
+    shows the rate and the time left) and says how many images are packed."""
+    from tqdm import tqdm
+
+    size = official["train"].stat().st_size
+    pack(official["train"], tmp_path / "train.h5", image_size=24, workers=0, progress=True)
+    err = capsys.readouterr().err
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    total = tqdm.format_sizeof(size, divisor=1000)  # decimal units, as every colabfast bar counts
+    assert "pack: 100%" in last and "28 images packed" in last, last
+    assert f"{total}/{total}" in last and "B/s" in last and "<" in last, last  # bytes, rate, elapsed<left
+
+
 def test_a_missing_archive_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no archive at .*ILSVRC2012_img_train.tar"):
         pack(tmp_path / "ILSVRC2012_img_train.tar", tmp_path / "m.h5", progress=False)
