@@ -151,7 +151,8 @@ def test_loader_scenario(tmp_path):
     rows = loader.run(size=0.01, repeats=1, batch_size=16, num_workers=1, work=tmp_path)
     check_rows(rows, "loader/cpu")
     assert [r.method for r in rows] == ["torch DataLoader, defaults", "torch DataLoader, hand-tuned",
-                                        "colabfast.DataLoader"]
+                                        "colabfast.DataLoader, its defaults", "colabfast.DataLoader, worker processes"]
+    assert "reader threads" in rows[2].note and "num_workers=1" in rows[3].note
 
 
 def test_pack_scenario(tmp_path):
