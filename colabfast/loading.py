@@ -533,9 +533,9 @@ class DataLoader(torch.utils.data.DataLoader):
             previous.close()  # first: its thread may still be drawing from the transform's generator
         if self.transform is not None and (self._stream is not None or self.num_workers == 0):
             # The transform draws in this process: a seed per epoch from the loader's generator, as
-            # torch draws its workers' base seed (workers reseed from that one themselves).
-            seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
-            transforms.reseed(self.transform, seed)
+            # torch draws its workers' base seed (workers reseed from that one themselves); drawn
+            # only for colabfast.transforms' random steps.
+            transforms.reseed(self.transform, self.generator)
         if self._stream is None:
             return map(self._convert, self._batches())
         feeder = restart(None, self._batches, self._convert, self._stream, self.feed_depth)

@@ -341,21 +341,25 @@ class Compose(BatchTransform):
         return f"colabfast.transforms.Compose({self.transforms!r})"
 
 
-def reseed(transform: object, seed: int) -> bool:
+def reseed(transform: object, seed: Union[int, torch.Generator, None]) -> bool:
     """Reseed the random steps of ``transform`` (a :class:`BatchTransform`, through :class:`Compose`)
-    whose generator the caller did not give, each from ``seed`` and its position; True if any was.
+    whose generator the caller did not give, each from one seed and its position; True if any was.
 
-    :class:`colabfast.DataLoader` calls it at the start of each epoch with a seed drawn from its
-    ``generator`` (or torch's global RNG), as torch's DataLoader draws its workers' base seed, so
-    ``torch.manual_seed(s)`` before the loop repeats a run's crops and flips and each epoch draws new
-    ones. A transform built with ``generator=`` keeps its own stream.
+    ``seed`` is that seed, or a ``torch.Generator`` (None: torch's global RNG) to draw it from, drawn
+    only when there is a step to reseed: any other transform leaves the caller's random streams as
+    they are. :class:`colabfast.DataLoader` calls it at the start of each epoch with its
+    ``generator``, as torch's DataLoader draws its workers' base seed, so ``torch.manual_seed(s)``
+    before the loop repeats a run's crops and flips and each epoch draws new ones. A transform built
+    with ``generator=`` keeps its own stream.
     """
     def steps(t: object) -> list:
         return [s for inner in t.transforms for s in steps(inner)] if isinstance(t, Compose) else [t]
 
     own = [t for t in steps(transform) if isinstance(t, _Random) and not t._given]
+    if own and not isinstance(seed, int):
+        seed = int(torch.empty((), dtype=torch.int64).random_(generator=seed).item())
     for k, t in enumerate(own):
-        t.reseed(seed + k)
+        t.reseed(int(seed) + k)  # type: ignore[arg-type]  # an int once there are steps
     return bool(own)
 
 

@@ -172,6 +172,12 @@ def test_reseed_walks_nested_compose_and_skips_given_generators():
     assert a.generator.initial_seed() == 100 and c.generator.initial_seed() == 101
     assert torch.equal(b.generator.get_state(), state)
     assert not T.reseed(T.Compose([T.CenterCrop(4)]), 5)
+    state = torch.random.get_rng_state()
+    assert not T.reseed(T.CenterCrop(4), None) and not T.reseed(v2.RandomHorizontalFlip(), None)
+    assert torch.equal(torch.random.get_rng_state(), state)  # nothing to reseed: no number drawn
+    g = torch.Generator().manual_seed(9)
+    expected = int(torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(9)).item())
+    assert T.reseed(a, g) and a.generator.initial_seed() == expected % 2**63
 
 
 def test_one_image_on_the_cpu_is_torchvisions_own_resized_crop():
