@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -103,6 +105,32 @@ def test_stacked_batches_and_single_images():
     assert torch.equal(t(stacked), t(images)) and torch.equal(t(images[0]), t(images)[0])
     floats = T.Resize((20, 30))(stacked.float())
     assert floats.dtype == torch.float32 and floats.shape == (3, 3, 20, 30)
+
+
+def one(geometry: T.Geometry, k: int) -> T.Geometry:
+    return T.Geometry(*(getattr(geometry, f.name)[k:k + 1] for f in dataclasses.fields(T.Geometry)))
+
+
+@pytest.mark.parametrize("plan", [
+    # boxes inside each image, many touching its right or bottom edge: the repeated edge row/column
+    T.Compose([T.RandomResizedCrop((37, 53), scale=(0.7, 1.0), generator=torch.Generator().manual_seed(2)),
+               T.RandomHorizontalFlip(generator=torch.Generator().manual_seed(3))]),
+    T.Resize((41, 29)),  # the whole image: every box ends on the edge
+    T.Compose([T.Resize(300), T.CenterCrop((280, 330))]),  # boxes reaching outside: the mask path
+], ids=["crops", "whole", "outside"])
+def test_padding_a_ragged_batch_never_changes_a_pixel(plan):
+    """Ragged images are padded into one tensor for roi_align: each image must come out as it does
+    rendered alone, with no padding (float32 output, so rounding hides nothing)."""
+    images = [i.float() for i in photos(6, low=(200, 150), high=(320, 260))]
+    heights, widths = T._sizes(images)
+    geometry = T.Geometry.whole(heights, widths)
+    plan.plan(geometry)
+    batch = T.render(images, geometry)
+    for k, image in enumerate(images):
+        alone = T.render(image[None], one(geometry, k))[0]
+        got = batch[k]
+        assert got.shape == alone.shape
+        assert (got - alone).abs().max() < 1e-3, (k, (got - alone).abs().max())
 
 
 def test_bad_input_is_refused_with_the_reason():
