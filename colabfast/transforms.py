@@ -501,8 +501,6 @@ def _padded(images: Images, heights: torch.Tensor, widths: torch.Tensor,
     if padded.is_cuda:
         heights = heights.pin_memory().to(padded.device, non_blocking=True)
         widths = widths.pin_memory().to(padded.device, non_blocking=True)
-    else:
-        heights, widths = heights.clone(), widths.clone()
     if not outside:
         cols = widths.view(-1, 1, 1, 1).expand(n, channels, size[2], 1)
         padded.scatter_(3, cols, padded.gather(3, cols - 1))
