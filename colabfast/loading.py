@@ -24,7 +24,7 @@ from torch.utils.data import Dataset, IterableDataset, default_collate, get_work
 from colabfast import datasets, env, reader, transforms
 from colabfast.datasets import compact, unwrap
 from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu, empty_uint8, is_encoded, is_jpeg
-from colabfast.prefetch import FEED_DEPTH, BatchConverter, Floats, ImageList, Normalize, cuda_device, restart
+from colabfast.prefetch import FEED_DEPTH, BatchConverter, Feeder, Floats, ImageList, Normalize, cuda_device
 from colabfast.sampler import BlockShuffleSampler
 
 __all__ = ["DataLoader", "collate", "plan", "BlockPlan", "ReaderPlan"]
@@ -530,7 +530,9 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> Iterator:  # type: ignore[override]
         previous = self._feeder() if self._feeder is not None else None
         if previous is not None:
-            previous.close()  # first: its thread may still be drawing from the transform's generator
+            # first: its thread may still be drawing from the transform's generator, and two feeders
+            # must never read one DataLoader iterator at once (as colabfast.prefetch.restart says)
+            previous.close()
         if self.transform is not None and (self._stream is not None or self.num_workers == 0):
             # The transform draws in this process: a seed per epoch from the loader's generator, as
             # torch draws its workers' base seed (workers reseed from that one themselves); drawn
@@ -538,7 +540,7 @@ class DataLoader(torch.utils.data.DataLoader):
             transforms.reseed(self.transform, self.generator)
         if self._stream is None:
             return map(self._convert, self._batches())
-        feeder = restart(None, self._batches, self._convert, self._stream, self.feed_depth)
+        feeder = Feeder(self._batches(), self._convert, self._stream, self.feed_depth)
         self._feeder = weakref.ref(feeder)
         return feeder
 
