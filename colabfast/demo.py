@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from colabfast.drivesim import DriveSimParams
 from colabfast.testing import data
-from colabfast.testing.drivesim import DriveSimParams
 
 __all__ = ["main", "run", "report", "Row"]
 
@@ -51,7 +51,7 @@ def run(
     root: Optional[Path] = None,
     fuse: Optional[bool] = None,
 ) -> list[Row]:
-    """Measure the demo's rows; ``drive`` overrides :class:`~colabfast.testing.drivesim.DriveSimParams`'
+    """Measure the demo's rows; ``drive`` overrides :class:`~colabfast.drivesim.DriveSimParams`'
     defaults (Drive as measured from Colab), e.g. ``{"open_ms": 5}``; ``fuse=False`` skips the
     simulated Drive (default: use it where FUSE is available).
 
@@ -62,10 +62,10 @@ def run(
     from torchvision import transforms
     from torchvision.datasets import ImageFolder
 
+    from colabfast import drivesim
     from colabfast.datasets import H5ImageFolder
     from colabfast.packing import pack
     from colabfast.staging import stage
-    from colabfast.testing import drivesim
 
     with tempfile.TemporaryDirectory(prefix="colabfast-demo-", dir=root) as folder:
         tmp = Path(folder)
@@ -109,7 +109,7 @@ def report(rows: list[Row]) -> str:
 def main(quick: bool = False) -> int:
     """Print the demo's header and table; ``quick`` runs 40 images of 160x120 instead of 300 of 500x375
     (a few seconds: a check that an install works end to end)."""
-    from colabfast.testing import drivesim
+    from colabfast import drivesim
 
     classes, per_class, size = (4, 10, (160, 120)) if quick else (10, 30, (500, 375))
     print(f"colabfast demo: {classes * per_class} ImageNet-style JPEGs ({size[0]}x{size[1]}), one epoch each "

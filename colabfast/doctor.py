@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from colabfast import env, standin
+from colabfast import env, mounttable, standin
 from colabfast._fileio import PathLike, human_bytes
 from colabfast.staging import RAM_FRACTION, check_space
 
@@ -139,7 +139,7 @@ def _drive_advice(drives: list[env.DriveMount]) -> list[str]:
 def _where(data: str, size: Optional[int]) -> list[str]:
     """Advice on where ``data`` lives and where it should be staged."""
     where = env.storage(data)
-    m = env.mount_of(data)
+    m = mounttable.mount_of(data)
     if where in _REMOTE:
         advice = [
             f"your data is under {m.mountpoint if m else data} ({_KIND_NAMES[where]}): every file open is a "

@@ -24,7 +24,7 @@ from typing import Optional
 
 import psutil
 
-from colabfast import env, standin
+from colabfast import env, mounttable, standin
 from colabfast._fileio import PathLike, human_bytes
 from colabfast.standin import DriveError
 
@@ -185,7 +185,7 @@ def mount_standin(
         print(ALREADY_MOUNTED.format(mountpoint=mountpoint))
         return
     # Colab unmounts whatever is at the mountpoint before checking it; we take down only our own.
-    standin.unexpose(mountpoint, env.mount_of)
+    standin.unexpose(mountpoint)
     _check_mountpoint(mountpoint)
     standin.expose(mountpoint, readonly, may_mount=env.can_mount())
     print(MOUNTED.format(mountpoint=mountpoint))
@@ -207,7 +207,7 @@ def flush_and_unmount_standin(timeout_ms: int = COLAB_FLUSH_TIMEOUT_MS) -> None:
     try:
         os.sync()
         for mp in mountpoints:
-            standin.unexpose(mp, env.mount_of)
+            standin.unexpose(mp)
     except (OSError, DriveError) as e:
         raise ValueError("flush_and_unmount failed") from e
 
@@ -295,7 +295,7 @@ def _locate(mountpoint: PathLike) -> tuple[str, str]:
     kind = env.drive_kind(path)
     if kind is None:
         raise DriveError(f"no Google Drive is mounted at {path}; mount it first: colabfast.mount({path!r})")
-    mount = env.mount_of(path)
+    mount = mounttable.mount_of(path)
     if kind in ("drivefs", "ocamlfuse") and mount is not None:
         path = mount.mountpoint
     return kind, path

@@ -1,7 +1,9 @@
-"""Where colabfast runs and with what: Colab, Kaggle or plain Python; mounts; CPUs, RAM, disk, GPU.
+"""Where colabfast runs and with what: Colab, Kaggle or plain Python; Drive; CPUs, RAM, disk, GPU.
 
 Every other module asks this one instead of probing the machine itself, so there is one definition
-of "we are in Colab", "this path is on Drive" or "this path is in RAM".
+of "we are in Colab", "this path is on Drive" or "this path is in RAM". What is mounted where is read
+by :mod:`colabfast.mounttable` (below this module and the stand-in's, both of which ask it); this
+module says what each mount is.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from typing import Optional
 
 import psutil
 
-from colabfast import standin
+from colabfast import mounttable, standin
 from colabfast._fileio import PathLike
+from colabfast.mounttable import Mount
 
-__all__ = ["Mount", "DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "mounts", "mount_of",
-           "drive_kind", "drive_mounts", "standin_mountpoints", "drivefs_dir", "cache_dir", "work_dir",
+__all__ = ["DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "drive_kind", "drive_mounts",
+           "standin_mountpoints", "drivefs_dir", "cache_dir", "work_dir",
            "storage", "is_ram", "is_fuse", "cpu_count", "ram_total", "ram_available", "ram_headroom", "disk_free",
            "can_mount", "has_fuse", "shm_size", "recommended_num_workers", "gpu", "gpu_decode_available",
            "gpu_utilization"]
@@ -29,28 +32,8 @@ __all__ = ["Mount", "DriveMount", "in_colab", "in_kaggle", "in_notebook", "platf
 # the package installs anywhere, and colabfast's stand-in injects a module of that name.
 COLAB_MARKER = "/var/colab/hostname"
 COLAB_CONTENT = "/content"
-MOUNTINFO = "/proc/self/mountinfo"
-# The Drive simulator's mount source (owned by colabfast.standin), by which _client knows the simulator.
-DRIVESIM_SOURCE = standin.DRIVESIM_SOURCE
 
 GiB = 1 << 30
-
-
-@dataclasses.dataclass(frozen=True)
-class Mount:
-    """One entry of the mount table (``/proc/self/mountinfo``).
-
-    Attributes:
-        mountpoint: where it is mounted.
-        fstype: kernel filesystem type, e.g. ``"ext4"``, ``"tmpfs"``, ``"fuse.drive"``.
-        source: the mount source, e.g. ``"/dev/sda1"``, ``"drive"``, ``"colabfast-drivesim"``.
-        device: the filesystem's device number ``"major:minor"`` (``st_dev`` of files on it), or ``""``.
-    """
-
-    mountpoint: str
-    fstype: str
-    source: str
-    device: str = ""
 
 
 def in_colab() -> bool:
@@ -81,41 +64,9 @@ def platform() -> str:
     return "jupyter" if in_notebook() else "python"
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...).
-    return field.encode().decode("unicode_escape") if "\\" in field else field
-
-
-def mounts() -> list[Mount]:
-    """The mount table of this process, in mount order (later entries shadow earlier ones)."""
-    table = []
-    try:
-        with open(MOUNTINFO, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields, tail = left.split(), right.split()
-                if len(fields) >= 5 and len(tail) >= 2:
-                    table.append(Mount(_unescape(fields[4]), tail[0], _unescape(tail[1]), fields[2]))
-    except OSError:  # not Linux: report every path as on one unknown filesystem
-        pass
-    return table
-
-
-def mount_of(path: PathLike) -> Optional[Mount]:
-    """The mount that holds ``path`` (the longest mountpoint prefix of its real path), or None."""
-    real = os.path.realpath(path)
-    best: Optional[Mount] = None
-    for m in mounts():
-        mp = m.mountpoint
-        if real == mp or real.startswith(mp.rstrip("/") + "/"):
-            if best is None or len(mp) >= len(best.mountpoint):
-                best = m
-    return best
-
-
 def _client(m: Mount) -> Optional[str]:
     """Which Drive client a mount is, from the mount table alone (no I/O on the mount)."""
-    if m.source == DRIVESIM_SOURCE:
+    if m.source == mounttable.DRIVESIM_SOURCE:
         return "drivesim"
     if m.fstype == "fuse.drive":
         return "drivefs"
@@ -133,7 +84,7 @@ def drive_kind(path: PathLike) -> Optional[str]:
         Drive), ``"standin"`` (colabfast's local stand-in folder, also where :func:`colabfast.mount`
         exposed it by a bind mount or a folder of symlinks), or None for anything else.
     """
-    m = mount_of(path)
+    m = mounttable.mount_of(path)
     if m is not None:
         client = _client(m)
         if client is not None:
@@ -162,9 +113,8 @@ class DriveMount:
 
 def standin_mountpoints() -> list[str]:
     """Mountpoints where :func:`colabfast.mount` exposed Drive locally and that still expose it: the
-    stand-in's registry checked against this machine's mount table (:func:`colabfast.standin.mountpoints`
-    with :func:`mount_of`)."""
-    return standin.mountpoints(mount_of)
+    stand-in's registry checked against this machine's mount table (:func:`colabfast.standin.mountpoints`)."""
+    return standin.mountpoints()
 
 
 def drive_mounts() -> list[DriveMount]:
@@ -174,7 +124,7 @@ def drive_mounts() -> list[DriveMount]:
     the stand-in from :func:`standin_mountpoints`.
     """
     found: dict[str, str] = {}
-    for m in mounts():
+    for m in mounttable.mounts():
         kind = _client(m) or ("standin" if m.mountpoint != "/" and standin.is_bind(m) else None)
         if kind is not None:
             found[m.mountpoint] = kind
@@ -208,12 +158,12 @@ def _on_fuse(m: Optional[Mount]) -> bool:
 
 def is_ram(path: PathLike) -> bool:
     """True if ``path`` lives in RAM (a ``tmpfs`` or ``ramfs`` mount, e.g. ``/dev/shm``)."""
-    return _in_ram(mount_of(path))
+    return _in_ram(mounttable.mount_of(path))
 
 
 def is_fuse(path: PathLike) -> bool:
     """True if ``path`` is on a FUSE filesystem (Drive, the simulator, sshfs, ...)."""
-    return _on_fuse(mount_of(path))
+    return _on_fuse(mounttable.mount_of(path))
 
 
 def storage(path: PathLike) -> str:
@@ -228,7 +178,7 @@ def storage(path: PathLike) -> str:
     kind = drive_kind(path)
     if kind is not None:
         return kind
-    m = mount_of(path)
+    m = mounttable.mount_of(path)
     return "fuse" if _on_fuse(m) else "ram" if _in_ram(m) else "disk"
 
 

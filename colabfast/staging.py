@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Optional, Sequence, TextIO, Union, cast
 
-from colabfast import env
+from colabfast import env, mounttable
 from colabfast._fileio import (
     PARTIAL_SUFFIX,
     STATE_PREFIX,
@@ -323,7 +323,7 @@ def _same_filesystem(a: Path, b: Path) -> bool:
 
 
 def _mountpoint(path: Path) -> str:
-    m = env.mount_of(Path(path).parent if not Path(path).exists() else path)
+    m = mounttable.mount_of(Path(path).parent if not Path(path).exists() else path)
     return m.mountpoint if m else str(path)
 
 

@@ -5,12 +5,12 @@ default ``~/colabfast-drive``, holding ``MyDrive/`` and ``Shareddrives/`` as Dri
 mountpoint in one of three forms: a bind mount of the folder, a folder of symlinks into it, or the FUSE
 Drive simulator serving it. This module owns all of it: the folder, the registry of mountpoints where
 it is exposed, recognising each form, exposing it and taking it down, and starting the simulator
-(``colabfast.testing.drivesim``, imported only when ``$COLABFAST_DRIVE_SIM`` asks for it).
+(:mod:`colabfast.drivesim`, imported only when ``$COLABFAST_DRIVE_SIM`` asks for it).
 
 It sits below :mod:`colabfast.env`, whose ``drive_kind``, ``drive_mounts`` and ``storage`` ask it
-whether a mount or a folder is the stand-in, so it imports no other colabfast module that probes the
-machine: the functions that must know what is mounted take env's ``mount_of`` as an argument, and
-:func:`expose` is told whether this process may mount (``env.can_mount()``).
+whether a mount or a folder is the stand-in; what is mounted where it reads from
+:mod:`colabfast.mounttable`, as env does, and :func:`expose` is told whether this process may mount
+(``env.can_mount()``).
 :mod:`colabfast.drive` keeps Colab's side (``mount``, ``flush_and_unmount`` and their messages) and
 calls this module for the local case.
 """
@@ -23,19 +23,19 @@ import shutil
 import subprocess
 import warnings
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Optional
 
+from colabfast import mounttable
 from colabfast._fileio import PathLike
 from colabfast.errors import Error
+from colabfast.mounttable import Mount
 
-__all__ = ["DriveError", "DEFAULT_MOUNTPOINT", "DRIVESIM_SOURCE", "SIM_VAR", "REGISTRY", "LINKS", "root",
+__all__ = ["DriveError", "DEFAULT_MOUNTPOINT", "SIM_VAR", "REGISTRY", "LINKS", "root",
            "prepare_root", "registered", "register", "unregister", "is_bind", "is_links", "form", "mountpoints",
            "expose", "unexpose", "run", "fusermount"]
 
 # Where notebooks written for Colab expect Drive; colabfast.mount() puts the stand-in there too.
 DEFAULT_MOUNTPOINT = "/content/drive"
-# The Drive simulator's mount source: colabfast.testing.drivesim mounts with it, env.drive_kind knows it by it.
-DRIVESIM_SOURCE = "colabfast-drivesim"
 # Set (e.g. "open_ms=100,mbps=60"), colabfast.mount() serves the stand-in through the simulator.
 SIM_VAR = "COLABFAST_DRIVE_SIM"
 # In the stand-in root: the mountpoints where colabfast.mount() exposed it (a folder of symlinks does
@@ -54,26 +54,6 @@ class DriveError(Error, RuntimeError):
 
     Defined here, where the stand-in raises it too, and exported as ``colabfast.DriveError`` and
     ``colabfast.drive.DriveError``."""
-
-
-class MountLike(Protocol):
-    """What this module reads of an entry of the mount table (:class:`colabfast.env.Mount`)."""
-
-    @property
-    def mountpoint(self) -> str: ...
-
-    @property
-    def fstype(self) -> str: ...
-
-    @property
-    def source(self) -> str: ...
-
-    @property
-    def device(self) -> str: ...
-
-
-# env.mount_of: the mount holding a path, or None
-MountOf = Callable[[str], Optional[MountLike]]
 
 
 # --- the folder and its registry ----------------------------------------------------------------
@@ -133,7 +113,7 @@ def _write_registry(mountpoints: list[str]) -> None:
 # --- recognising it -----------------------------------------------------------------------------
 
 
-def is_bind(m: MountLike) -> bool:
+def is_bind(m: Mount) -> bool:
     """True if the mount ``m`` is a bind mount of the stand-in root (its top is the root's inode)."""
     if m.fstype == "fuse" or m.fstype.startswith("fuse."):
         return False  # never stat a FUSE mount here: a dead one hangs or fails
@@ -152,33 +132,31 @@ def is_links(folder: PathLike) -> bool:
     return os.path.islink(link) and os.path.realpath(link) == os.path.realpath(root() / "MyDrive")
 
 
-def form(mountpoint: PathLike, mount_of: MountOf) -> Optional[str]:
+def form(mountpoint: PathLike) -> Optional[str]:
     """How ``mountpoint`` itself exposes Drive locally: ``"bind"`` (a bind mount of the stand-in root),
     ``"links"`` (a folder of symlinks into it), ``"drivesim"`` (the simulator is mounted there), or
     None (nothing of colabfast's; a symlink ``mountpoint`` is never followed).
-
-    ``mount_of`` is :func:`colabfast.env.mount_of`, which reads the mount table.
     """
     if os.path.islink(mountpoint):
         return None
     real = os.path.realpath(mountpoint)
-    m = mount_of(real)
+    m = mounttable.mount_of(real)
     if m is not None and m.mountpoint == real:
-        if m.source == DRIVESIM_SOURCE:
+        if m.source == mounttable.DRIVESIM_SOURCE:
             return "drivesim"
         if is_bind(m):
             return "bind"
     return "links" if is_links(real) else None
 
 
-def mountpoints(mount_of: MountOf) -> list[str]:
+def mountpoints() -> list[str]:
     """Mountpoints where :func:`colabfast.mount` exposed Drive locally and that still expose it.
 
     Read from the registry ``root()/.colabfast-mounts`` (:func:`register`), plus
-    :data:`DEFAULT_MOUNTPOINT`; each is checked with :func:`form` (``mount_of`` as there).
+    :data:`DEFAULT_MOUNTPOINT`; each is checked with :func:`form`.
     """
     candidates = [DEFAULT_MOUNTPOINT, *registered()]
-    return [mp for mp in dict.fromkeys(c for c in candidates if c) if form(mp, mount_of) is not None]
+    return [mp for mp in dict.fromkeys(c for c in candidates if c) if form(mp) is not None]
 
 
 # --- exposing it and taking it down -------------------------------------------------------------
@@ -216,14 +194,14 @@ def expose(mountpoint: str, readonly: bool, *, may_mount: bool) -> str:
     return shown
 
 
-def unexpose(mountpoint: str, mount_of: MountOf) -> None:
-    """Take down the stand-in at ``mountpoint``, if that is what is there (:func:`form`, with
-    ``mount_of`` as there), and :func:`unregister` it. The files stay in :func:`root`.
+def unexpose(mountpoint: str) -> None:
+    """Take down the stand-in at ``mountpoint``, if that is what is there (:func:`form`), and
+    :func:`unregister` it. The files stay in :func:`root`.
 
     Raises:
         DriveError: an unmount command failed (with the next step).
     """
-    shown = form(mountpoint, mount_of)
+    shown = form(mountpoint)
     if shown == "drivesim":
         sim = _SIMS.pop(os.path.realpath(mountpoint), None)
         if sim is not None:
@@ -280,13 +258,9 @@ def _sim_options() -> Optional[dict]:
 
 
 def _start_sim(top: Path, mountpoint: str, options: dict, readonly: bool) -> str:
-    try:
-        from colabfast.testing.drivesim import DriveSim  # the test harness, only when asked for
-    except ImportError as e:
-        raise DriveError(
-            f"{SIM_VAR} is set but the Drive simulator cannot load ({e}); install it "
-            f"(pip install mfusepy; sudo apt-get install -y fuse3) or unset {SIM_VAR}"
-        ) from e
+    # Imported only when asked for: importing the library loads none of the simulator.
+    from colabfast.drivesim import DriveSim
+
     try:
         sim = DriveSim(top, mountpoint, readonly=readonly, **options).start()
     except (TypeError, ValueError, RuntimeError) as e:  # unknown or out-of-range option, FUSE unusable

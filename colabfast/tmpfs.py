@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from colabfast import env
+from colabfast import env, mounttable
 from colabfast._fileio import PathLike, human_bytes
 
 __all__ = ["RamDisk", "ramdisk", "release_ramdisk", "ramdisk_path", "default_path"]
@@ -102,7 +102,7 @@ def release_ramdisk(path: Optional[PathLike] = None) -> bool:
     """
     target = Path(path) if path is not None else default_path()
     if os.path.ismount(target) and env.is_ram(target):
-        m = env.mount_of(target)
+        m = mounttable.mount_of(target)
         if m is None or m.source != MOUNT_SOURCE:
             raise ValueError(f"{target} is a RAM disk colabfast did not mount ({m.source if m else '?'}): "
                              f"left alone")

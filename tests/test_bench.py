@@ -16,7 +16,7 @@ import torch
 
 from colabfast.bench import cli, epoch, gpufeed, packing, peers, report, staging
 from colabfast.bench.timing import Result
-from colabfast.testing.drivesim import available
+from colabfast.drivesim import available
 
 ROOT = Path(__file__).resolve().parents[1]
 # A quick Drive: the plumbing is what is tested, not the latency.
@@ -58,7 +58,7 @@ def test_staging_scenario(need_fuse, tmp_path):
 
 
 def test_staging_without_fuse_says_why(monkeypatch):
-    import colabfast.testing.drivesim as drivesim
+    import colabfast.drivesim as drivesim
 
     monkeypatch.setattr(drivesim, "available", lambda: (False, "no /dev/fuse here"))
     rows = staging.run(size=0.004, cases=("small-files", "zip"))

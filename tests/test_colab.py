@@ -34,7 +34,7 @@ def colab(standin):
         yield drive
         for mp in env.standin_mountpoints():
             if mp.startswith(str(standin.parent)):
-                standin_module.unexpose(mp, env.mount_of)
+                standin_module.unexpose(mp)
 
 
 def test_signatures_match_colabs(colab):

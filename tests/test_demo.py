@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from colabfast import demo
-from colabfast.testing import drivesim
+from colabfast import demo, drivesim
 
 FAST = {"open_ms": 5.0, "read_ms": 1.0, "mbps": None}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from colabfast import doctor, env
-from colabfast.env import Mount
+from colabfast import doctor, env, mounttable
+from colabfast.mounttable import Mount
 
 
 @pytest.fixture
@@ -29,8 +29,8 @@ def quiet_machine(monkeypatch, tmp_path):
 
 
 def fake_drive(monkeypatch, mountpoint, fstype="fuse.drive", source="drive"):
-    real = env.mounts()
-    monkeypatch.setattr(env, "mounts", lambda: [*real, Mount(str(mountpoint), fstype, source, "0:99")])
+    real = mounttable.mounts()
+    monkeypatch.setattr(mounttable, "mounts", lambda: [*real, Mount(str(mountpoint), fstype, source, "0:99")])
 
 
 def test_describe_says_to_stage_data_on_drive(quiet_machine, monkeypatch, tmp_path, standin):

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from colabfast import drive, env
+from colabfast import drive, env, mounttable
 from colabfast import standin as standin_module
 from colabfast.drive import DriveError
-from colabfast.env import Mount
+from colabfast.mounttable import Mount
 
 
 def _umount_leftovers(under) -> None:
-    for m in reversed(env.mounts()):
+    for m in reversed(mounttable.mounts()):
         if m.mountpoint.startswith(str(under)):
             subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
 
@@ -36,7 +36,7 @@ def standin(tmp_path, monkeypatch):
     yield root
     for mp in env.standin_mountpoints():
         if mp.startswith(str(tmp_path)):
-            standin_module.unexpose(mp, env.mount_of)
+            standin_module.unexpose(mp)
     _umount_leftovers(tmp_path)
 
 
@@ -57,7 +57,7 @@ def test_mount_as_links(links, tmp_path, capsys):
     (my_drive / "data" / "a.txt").write_text("hello")
     assert (mp / "My Drive" / "data" / "a.txt").read_text() == "hello"
     assert (links / "MyDrive" / "data" / "a.txt").read_text() == "hello"
-    assert standin_module.form(mp, env.mount_of) == "links"
+    assert standin_module.form(mp) == "links"
     assert env.drive_kind(my_drive / "data") == "standin"
     assert env.DriveMount(str(mp), "standin") in env.drive_mounts()
 
@@ -78,14 +78,14 @@ def test_mount_twice_and_force_remount(links, tmp_path, capsys):
 def test_mount_binds_where_it_may_mount(standin, tmp_path):
     mp = tmp_path / "drive"
     (drive.mount(mp) / "kept.txt").write_text("x")
-    is_mount = env.mount_of(mp).mountpoint == str(mp)  # os.path.ismount misses binds within one file system
+    is_mount = mounttable.mount_of(mp).mountpoint == str(mp)  # os.path.ismount misses binds within one file system
     if env.can_mount():
-        assert is_mount and standin_module.form(mp, env.mount_of) == "bind"
+        assert is_mount and standin_module.form(mp) == "bind"
     else:
-        assert not is_mount and standin_module.form(mp, env.mount_of) == "links"
+        assert not is_mount and standin_module.form(mp) == "links"
     assert env.drive_kind(mp / "MyDrive" / "kept.txt") == "standin"
     drive.flush_and_unmount()
-    assert env.mount_of(mp).mountpoint != str(mp) and os.listdir(mp) == []
+    assert mounttable.mount_of(mp).mountpoint != str(mp) and os.listdir(mp) == []
     assert (standin / "MyDrive" / "kept.txt").read_text() == "x"
 
 
@@ -165,17 +165,17 @@ def test_nothing_mounted(links, tmp_path):
 
 @pytest.mark.fuse
 def test_mount_through_the_simulator(standin, tmp_path, monkeypatch, capsys):
-    pytest.importorskip("colabfast.testing.drivesim")
+    pytest.importorskip("colabfast.drivesim")
     monkeypatch.setenv(standin_module.SIM_VAR, "open_ms=5,mbps=200")
     mp = tmp_path / "drive"
     my_drive = drive.mount(mp)
     assert capsys.readouterr().out == f"Mounted at {mp}\n"
-    assert standin_module.form(mp, env.mount_of) == "drivesim" and env.drive_kind(my_drive) == "drivesim"
+    assert standin_module.form(mp) == "drivesim" and env.drive_kind(my_drive) == "drivesim"
     (my_drive / "a.txt").write_text("through FUSE")
     assert (mp / "My Drive" / "a.txt").read_text() == "through FUSE"
     assert drive.refresh_drive(mp, quiet=True).kind == "drivesim"
     drive.flush_and_unmount()
-    assert standin_module.form(mp, env.mount_of) is None and os.listdir(mp) == []
+    assert standin_module.form(mp) is None and os.listdir(mp) == []
     assert (standin / "MyDrive" / "a.txt").read_text() == "through FUSE"
 
 
@@ -196,9 +196,9 @@ class FakeColabDrive:
         self.mountpoint, self.cache = str(mountpoint), cache
         self.calls, self.mounted = [], True
         self.flush_fails = self.mount_fails = False
-        real = env.mounts()
+        real = mounttable.mounts()
         monkeypatch.setattr(
-            env,
+            mounttable,
             "mounts",
             lambda: real + ([Mount(self.mountpoint, "fuse.drive", "drive", "0:98")] if self.mounted else []),
         )
@@ -391,9 +391,9 @@ class FakeOcamlfuse:
         monkeypatch.setenv("HOME", str(tmp_path / "home"))
         monkeypatch.setenv("FAKE_LOG", str(self.log))
         monkeypatch.setenv("FAKE_STATE", str(self.state))
-        real = env.mounts()
+        real = mounttable.mounts()
         entry = Mount(self.mountpoint, "fuse.google-drive-ocamlfuse", "google-drive-ocamlfuse", "0:97")
-        monkeypatch.setattr(env, "mounts", lambda: real + ([entry] if self.state.exists() else []))
+        monkeypatch.setattr(mounttable, "mounts", lambda: real + ([entry] if self.state.exists() else []))
         self.client = None
 
     def start(self, *argv):

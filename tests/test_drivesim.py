@@ -1,4 +1,4 @@
-"""Tests for colabfast.testing.drivesim: real FUSE mounts of small folders, no mocks."""
+"""Tests for colabfast.drivesim: real FUSE mounts of small folders, no mocks."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from colabfast import env
-from colabfast.testing.drivesim import DriveSim, DriveSimError, DriveSimParams, available, build_parser
+from colabfast import env, mounttable
+from colabfast.drivesim import DriveSim, DriveSimError, DriveSimParams, available, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.fuse
@@ -54,7 +54,7 @@ def src(tmp_path: Path) -> Path:
 
 
 def mounted(path: Path) -> bool:
-    return any(m.mountpoint == os.path.realpath(path) for m in env.mounts())
+    return any(m.mountpoint == os.path.realpath(path) for m in mounttable.mounts())
 
 
 def process_gone(pid: int) -> bool:
@@ -131,7 +131,7 @@ def test_listings_carry_the_same_attributes_as_stat(src):
 
 def test_mount_table_and_drive_kind(src):
     with DriveSim(src, **FAST) as sim:
-        m = env.mount_of(sim.mountpoint)
+        m = mounttable.mount_of(sim.mountpoint)
         assert (m.source, m.fstype) == ("colabfast-drivesim", "fuse.drivesim")
         assert env.drive_kind(sim.mountpoint) == "drivesim"
         assert env.drive_kind(sim.mountpoint / "sub" / "a.txt") == "drivesim"
@@ -401,7 +401,7 @@ def test_params_are_checked(src):
 def test_server_exits_and_unmounts_when_parent_is_killed(src):
     child = textwrap.dedent(f"""
         import sys, time
-        from colabfast.testing.drivesim import DriveSim
+        from colabfast.drivesim import DriveSim
         sim = DriveSim({str(src)!r}, open_ms=0, read_ms=0, mbps=None).start()
         print(sim.mountpoint, sim._proc.pid, flush=True)
         time.sleep(120)
@@ -437,7 +437,7 @@ def test_cli_runs_in_foreground_and_unmounts_on_sigterm(src, tmp_path):
         [
             sys.executable,
             "-m",
-            "colabfast.testing.drivesim",
+            "colabfast.drivesim",
             str(src),
             str(mp),
             "--open-ms",
@@ -468,7 +468,7 @@ def test_cli_runs_in_foreground_and_unmounts_on_sigterm(src, tmp_path):
 
 def test_cli_help_names_every_option():
     out = subprocess.run(
-        [sys.executable, "-m", "colabfast.testing.drivesim", "--help"],
+        [sys.executable, "-m", "colabfast.drivesim", "--help"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

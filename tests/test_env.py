@@ -1,5 +1,6 @@
 """colabfast.env under faked markers: Colab/Kaggle detection, a faked mount table with every Drive
-client, where a path lives, the stand-in's forms and machine facts."""
+client (colabfast.mounttable parses it: test_mounttable.py), where a path lives, the stand-in's forms
+and machine facts."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import types
 
 import pytest
 
-from colabfast import env
+from colabfast import env, mounttable
 from colabfast import standin as standin_module
-from colabfast.env import DriveMount, Mount
+from colabfast.env import DriveMount
 
 MOUNTINFO = r"""22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
 30 22 0:26 / /dev/shm rw,nosuid,nodev shared:5 - tmpfs tmpfs rw,size=6094848k
@@ -37,7 +38,7 @@ def standin(tmp_path, monkeypatch):
 def fake_table(tmp_path, monkeypatch):
     path = tmp_path / "mountinfo"
     path.write_text(MOUNTINFO)
-    monkeypatch.setattr(env, "MOUNTINFO", str(path))
+    monkeypatch.setattr(mounttable, "MOUNTINFO", str(path))
 
 
 def test_colab_is_detected_by_its_marker_file_only(tmp_path, monkeypatch):
@@ -56,11 +57,7 @@ def test_kaggle(tmp_path, monkeypatch):
     assert env.platform() == "kaggle"
 
 
-def test_mount_table_is_parsed(fake_table):
-    table = {m.mountpoint: m for m in env.mounts()}
-    assert table["/content/drive"] == Mount("/content/drive", "fuse.drive", "drive", "0:50")
-    assert table["/mnt/My Data"].device == "253:16"  # \040 unescaped
-    assert env.mount_of("/content/drive/MyDrive/data/x.jpg").mountpoint == "/content/drive"
+def test_ram_and_fuse_from_the_mount_table(fake_table):
     assert env.is_ram("/dev/shm/colabfast") and not env.is_ram("/content/drive/MyDrive")
     assert env.is_fuse("/gdrive/x") and not env.is_fuse("/mnt/My Data/x")
 
@@ -110,12 +107,12 @@ def test_standin_forms(standin, tmp_path):
     links = tmp_path / "drive"
     links.mkdir()
     (links / "MyDrive").symlink_to(standin / "MyDrive")
-    assert standin_module.form(links, env.mount_of) == "links"
+    assert standin_module.form(links) == "links"
     assert env.drive_kind(links) == "standin"
-    assert standin_module.form(tmp_path, env.mount_of) is None and env.drive_kind(tmp_path) is None
+    assert standin_module.form(tmp_path) is None and env.drive_kind(tmp_path) is None
     alias = tmp_path / "alias"
     alias.symlink_to(links)
-    assert standin_module.form(alias, env.mount_of) is None  # a symlinked mountpoint is never followed
+    assert standin_module.form(alias) is None  # a symlinked mountpoint is never followed
 
 
 def test_standin_mountpoints_come_from_the_registry(standin, tmp_path):

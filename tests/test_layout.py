@@ -65,34 +65,49 @@ def test_the_graph_is_read_from_the_source():
     assert cycle({"a": {"b"}, "b": set()}) == []
 
 
-def test_the_library_has_no_import_cycles():
-    library = {name: deps for name, deps in graph().items() if not name.startswith(TOOLS)}
-    assert cycle({name: {d for d in deps if d in library} for name, deps in library.items()}) == []
+def test_the_package_has_no_import_cycles():
+    """Issue 24, item 1: the whole package, its tools and colabfast.testing included, with no edge
+    excused."""
+    assert cycle(graph()) == []
 
 
 def test_env_probes_only():
     """env sits at the bottom: everything asks it about the machine, and it asks no other module but
-    the stand-in's (to recognise it where drive_kind, drive_mounts and storage look)."""
-    assert graph()["colabfast.env"] <= {"colabfast._fileio", "colabfast.standin"}
+    the mount table's and the stand-in's (to recognise it where drive_kind, drive_mounts and storage
+    look)."""
+    assert graph()["colabfast.env"] <= {"colabfast._fileio", "colabfast.mounttable", "colabfast.standin"}
+
+
+def test_the_mount_table_has_one_reader_below_env_the_standin_and_the_simulator():
+    """Issue 24, item 1: colabfast.mounttable reads /proc/self/mountinfo for env, the stand-in and the
+    Drive simulator, which all import it, and it imports none of them."""
+    edges = graph()
+    assert edges["colabfast.mounttable"] <= {"colabfast._fileio"}
+    for user in ("colabfast.env", "colabfast.standin", "colabfast.drivesim"):
+        assert "colabfast.mounttable" in edges[user], user
 
 
 def test_the_standin_has_one_owner_below_env():
     """Issue 16, item 4: colabfast.standin owns the local stand-in for Drive and sits below env (which
-    asks it), so it imports no module that probes the machine; drive calls it for the local case."""
+    asks it), so it imports no module that probes the machine but the mount table's, and the
+    simulator it starts; drive calls it for the local case."""
     edges = graph()
-    assert edges["colabfast.standin"] <= {"colabfast._fileio", "colabfast.errors", "colabfast.testing.drivesim"}
+    assert edges["colabfast.standin"] <= {"colabfast._fileio", "colabfast.errors", "colabfast.mounttable",
+                                          "colabfast.drivesim"}
+    assert edges["colabfast.drivesim"] <= {"colabfast._fileio", "colabfast.errors", "colabfast.mounttable"}
     assert "colabfast.standin" in edges["colabfast.drive"]
 
 
-def test_the_library_never_imports_the_test_harness_at_import_time():
-    """Issue 16, item 4: importing the library (and using its Drive module) loads no colabfast.testing;
-    the simulator is imported only when a stand-in mount asks for it."""
+def test_the_library_never_imports_the_simulator_or_the_test_tools_at_import_time():
+    """Issue 16, item 4: importing the library (and using its Drive module) loads neither
+    colabfast.testing nor the Drive simulator; the simulator is imported only when a stand-in mount
+    asks for it."""
     import subprocess
     import sys
 
     code = ("import sys, colabfast as cf, colabfast.drive, colabfast.env, colabfast.standin, colabfast.staging, "
             "colabfast.loading\ncf.env.drive_kind('/'); cf.env.standin_mountpoints()\n"
-            "print(sorted(m for m in sys.modules if m.startswith('colabfast.testing')))")
+            "print(sorted(m for m in sys.modules if m.startswith(('colabfast.testing', 'colabfast.drivesim'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -255,7 +255,7 @@ def test_memory_stays_flat_over_20_epochs(mirrors):
 def test_mirror_reads_from_a_flaky_drive_are_retried(mirrors, tmp_path):
     """Issue 15, case 12: reading a mirror straight from Drive had no EIO retry (one epoch of three
     crashed). Reads now retry the transient errors stage() retries, at the failing offset."""
-    from colabfast.testing.drivesim import DriveSim, available
+    from colabfast.drivesim import DriveSim, available
 
     ok, why = available()
     if not ok:

@@ -189,7 +189,7 @@ def test_drivefs_needs_twice_the_space(tmp_path, monkeypatch):
 @pytest.fixture
 def drive(tmp_path):
     """A folder of 120 files served by the Drive simulator (10 ms per open: quick, yet Drive-shaped)."""
-    from colabfast.testing.drivesim import DriveSim, available
+    from colabfast.drivesim import DriveSim, available
 
     ok, why = available()
     if not ok:
@@ -240,7 +240,7 @@ def test_permanent_failures_are_named_and_the_rest_stays(drive, tmp_path):
 
 
 def test_killed_while_copying_from_drive_resumes(tmp_path):
-    from colabfast.testing.drivesim import DriveSim
+    from colabfast.drivesim import DriveSim
 
     src = make_files(tmp_path / "drive" / "data", 200, 20_000, per_folder=50)
     dst = tmp_path / "dst"
@@ -266,7 +266,7 @@ def test_killed_while_copying_from_drive_resumes(tmp_path):
 
 
 def test_big_file_ranges_from_drive(tmp_path, monkeypatch):
-    from colabfast.testing.drivesim import DriveSim
+    from colabfast.drivesim import DriveSim
 
     monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
     monkeypatch.setattr(stage_mod, "RANGE", 256 << 10)
@@ -283,7 +283,7 @@ def test_big_file_ranges_from_drive(tmp_path, monkeypatch):
 def test_archive_from_drive(tmp_path):
     import tarfile
 
-    from colabfast.testing.drivesim import DriveSim
+    from colabfast.drivesim import DriveSim
 
     src = make_files(tmp_path / "data", 50, 20_000, per_folder=10)
     (tmp_path / "drive").mkdir()
@@ -479,7 +479,7 @@ def test_flaky_mount_large_files_retry_per_range(tmp_path, monkeypatch):
     """Issue 15, case 8: with 10% of read requests failing (EIO), a large file read as a few big
     requests failed every time once a range was retried whole; now a failed read is retried in
     smaller requests at its offset, and the files arrive intact."""
-    from colabfast.testing.drivesim import DriveSim, available
+    from colabfast.drivesim import DriveSim, available
 
     ok, why = available()
     if not ok:

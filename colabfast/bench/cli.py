@@ -53,7 +53,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _drive_settings(text: str) -> dict[str, float]:
     """``"open_ms=100,mbps=60"`` -> ``{"open_ms": 100.0, "mbps": 60.0}`` (DriveSim's live parameters)."""
-    from colabfast.testing.drivesim import DriveSimParams
+    from colabfast.drivesim import DriveSimParams
 
     live = DriveSimParams.LIVE
     settings = {}
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         ValueError: an unknown peer name, or a bad ``--size``/``--repeats``.
     """
     from colabfast.bench import report
-    from colabfast.testing.drivesim import DriveSimParams
+    from colabfast.drivesim import DriveSimParams
 
     if args.size <= 0 or args.repeats < 1:
         raise ValueError(f"need --size > 0 and --repeats >= 1, got {args.size} and {args.repeats}")

@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from colabfast.bench.timing import Result, measure
 from colabfast.datasets import H5ImageFolder
+from colabfast.drivesim import DriveSim
 from colabfast.packing import pack
 from colabfast.sampler import BlockShuffleSampler
 from colabfast.testing import data
-from colabfast.testing.drivesim import DriveSim
 
 
 def _as_lists(batch: list) -> tuple:
@@ -37,7 +37,7 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, workers: int 
         repeats: epochs per sampler (median reported), each with fresh workers.
         batch_size, workers: the DataLoader's.
         image_size: short side the mirror is packed at (ImageNet is commonly packed at 128-256).
-        drive: simulator settings over :class:`~colabfast.testing.drivesim.DriveSimParams`' defaults
+        drive: simulator settings over :class:`~colabfast.drivesim.DriveSimParams`' defaults
             (100 ms per open, 2 ms per read request, 60 MB/s).
     """
     rows = []

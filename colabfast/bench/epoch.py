@@ -412,7 +412,7 @@ def run(
             as on Colab: 2); also the processes each method's preparation may use.
         peers: the peers to run (default: all of :data:`colabfast.bench.peers.PEERS`; those not
             installed get a row with a note).
-        drive: simulator settings over :class:`~colabfast.testing.drivesim.DriveSimParams`' defaults
+        drive: simulator settings over :class:`~colabfast.drivesim.DriveSimParams`' defaults
             (100 ms per open, 2 ms per read, 60 MB/s).
         work: where to put the data (default: a temp folder).
 
@@ -449,7 +449,7 @@ def run(
             if "local" in sources:
                 rows += _local(f"epoch/{key}/local", methods, root, repeats, baseline_repeats, min_seconds)
         if "drive" in sources:
-            from colabfast.testing.drivesim import DriveSim, available
+            from colabfast.drivesim import DriveSim, available
 
             ok, why = available()
             if not ok:

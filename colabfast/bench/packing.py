@@ -119,8 +119,8 @@ def run_archive(size: float = 1.0, repeats: int = 3, workers: int = 2, image_siz
         bounds as reference rows; or one row saying why the simulator cannot run.
     """
     from colabfast.archivesource import ArchiveSource
+    from colabfast.drivesim import DriveSim, DriveSimParams, available
     from colabfast.packing import _encode_chunk, pack
-    from colabfast.testing.drivesim import DriveSim, DriveSimParams, available
     from colabfast.testing.imagenet_archives import make_train_tar
 
     scenario = "pack/archive"

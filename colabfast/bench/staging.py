@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from colabfast.bench.timing import Result, measure
+from colabfast.drivesim import DriveSim, DriveSimParams
 from colabfast.staging import stage
 from colabfast.testing import data
-from colabfast.testing.drivesim import DriveSim, DriveSimParams
 
 CONCURRENCY = 64  # colabfast.stage's default from a FUSE mount
 
@@ -82,7 +82,7 @@ def run(size: float = 1.0, repeats: int = 3, baseline_repeats: int = 1, drive: O
             files x 0.1 s at 1.0 (``cp -r`` of 2000 files: ~3.5 minutes).
         repeats: repetitions of colabfast's methods (median reported).
         baseline_repeats: repetitions of the slow serial baselines.
-        drive: simulator settings over :class:`~colabfast.testing.drivesim.DriveSimParams`' defaults
+        drive: simulator settings over :class:`~colabfast.drivesim.DriveSimParams`' defaults
             (100 ms per open, 2 ms per read, 60 MB/s), e.g. ``{"eio_read": 0.001}`` to inject faults;
             a method that fails under faults gets a row with a note.
         work: where to put the data (default: a temp folder).
@@ -92,7 +92,7 @@ def run(size: float = 1.0, repeats: int = 3, baseline_repeats: int = 1, drive: O
         Rows with ``MB/s``, ``files/s`` and ``link_fraction``; without a usable FUSE, one row per case
         saying why.
     """
-    from colabfast.testing.drivesim import available
+    from colabfast.drivesim import available
 
     ok, why = available()
     if not ok:

@@ -4,7 +4,8 @@ Reading from Drive is slow for reasons a local disk does not show: every open co
 trip, every read request waits a little, all readers share one link, and the client fails now and
 then with ``EIO`` or, after hours, with ``ENOTCONN`` ("Transport endpoint is not connected"). This
 module reproduces those costs on any Linux machine with FUSE so that tests and benchmarks can measure
-what colabfast gains, without Colab:
+what colabfast gains, without Colab; :func:`colabfast.mount` serves its local stand-in through it when
+``$COLABFAST_DRIVE_SIM`` is set, and ``colabfast drivesim`` runs it on the command line:
 
     with DriveSim("data/", open_ms=100, read_ms=2, mbps=60) as sim:
         files = sorted(sim.mountpoint.rglob("*.jpg"))   # the same tree, slow like Drive
@@ -23,14 +24,15 @@ The model, per request the kernel sends:
 - faults: ``EIO`` on opens and reads with given probabilities (seeded), and ``ENOTCONN`` on every
   request during a window, set at start or opened live with :meth:`DriveSim.disconnect`.
 
-The server is a separate process (``python -m colabfast.testing.drivesim``) built on ``mfusepy`` and
+The server is a separate process (``python -m colabfast.drivesim``) built on ``mfusepy`` and
 libfuse3 (Debian ``fuse3``), so the test process's GIL does not distort its timings. It runs up to 512
 worker threads: libfuse3's default of 10 would serialise the simulated latencies (1000 files of 100 kB
 read by 64 client threads took 14.3 s with 10 workers, 1.8 s with 512, against 1.7 s for the link).
-It unmounts and exits when its parent dies. The mount shows source ``colabfast-drivesim`` and type
-``fuse.drivesim`` in the mount table, which :func:`colabfast.env.drive_kind` reports as
-``"drivesim"``. The page cache stays at libfuse's default: a file's cached pages are dropped each
-time it is opened, so every open reads through the simulated link again.
+It unmounts and exits when its parent dies. The mount shows source ``colabfast-drivesim``
+(:data:`colabfast.mounttable.DRIVESIM_SOURCE`) and type ``fuse.drivesim`` in the mount table, which
+:func:`colabfast.env.drive_kind` reports as ``"drivesim"``. The page cache stays at libfuse's
+default: a file's cached pages are dropped each time it is opened, so every open reads through the
+simulated link again.
 """
 
 from __future__ import annotations
@@ -54,13 +56,13 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, ClassVar, Iterator, Optional, Union
 
-from colabfast import env
+from colabfast import mounttable
 from colabfast._fileio import PathLike
 from colabfast.errors import Error
 
 __all__ = ["DriveSim", "DriveSimParams", "DriveSimError", "available", "serve", "main"]
 
-FSNAME = env.DRIVESIM_SOURCE  # the mount source, by which colabfast.env.drive_kind knows the simulator
+FSNAME = mounttable.DRIVESIM_SOURCE  # the mount source, by which colabfast.env.drive_kind knows the simulator
 SUBTYPE = "drivesim"  # the mount type becomes fuse.drivesim
 MB = 1e6  # bytes; `mbps` is in megabytes (not mebibytes) per second
 
@@ -161,7 +163,7 @@ class DriveSimParams:
         return dataclasses.replace(self, **changes)
 
     def argv(self) -> list[str]:
-        """These parameters as options of ``python -m colabfast.testing.drivesim`` (see :meth:`from_args`)."""
+        """These parameters as options of ``python -m colabfast.drivesim`` (see :meth:`from_args`)."""
         args = []
         for field in dataclasses.fields(self):
             value, flag = getattr(self, field.name), "--" + field.name.replace("_", "-")
@@ -232,7 +234,7 @@ def _unmount(mountpoint: PathLike, lazy: bool = False) -> bool:
 def _is_mounted(mountpoint: PathLike) -> bool:
     """True when ``mountpoint`` carries a simulator mount (read from the mount table, no FUSE call)."""
     target = os.path.realpath(mountpoint)
-    return any(m.mountpoint == target and m.source == FSNAME for m in env.mounts())
+    return any(m.mountpoint == target and m.source == FSNAME for m in mounttable.mounts())
 
 
 class _Fault(OSError):
@@ -575,10 +577,16 @@ def serve(
 
     Returns:
         0 once the mount ends after it succeeded (unmounted or signalled), else libfuse's error code.
+
+    Raises:
+        DriveSimError: mfusepy is not installed.
     """
     # mfusepy prefers libfuse2 when both are installed; the thread options need libfuse3.
     os.environ.setdefault("FUSE_LIBRARY_PATH", ctypes.util.find_library("fuse3") or "libfuse3.so.3")
-    import mfusepy
+    try:
+        import mfusepy
+    except ImportError as e:  # available() says so before a mount is tried; serve() called directly too
+        raise DriveSimError("the Drive simulator needs mfusepy: pip install 'colabfast[fuse]'") from e
 
     mountpoint = os.path.realpath(mountpoint)
     params = params or DriveSimParams()
@@ -731,7 +739,7 @@ class DriveSim:
 
     def _command(self) -> list[str]:
         """The server's command line: this module's CLI plus the hidden ``--control`` flag."""
-        module = [sys.executable, "-m", "colabfast.testing.drivesim", str(self.source), str(self.mountpoint)]
+        module = [sys.executable, "-m", "colabfast.drivesim", str(self.source), str(self.mountpoint)]
         return [*module, *self.params.argv(), "--control", str(os.getpid())]
 
     def start(self) -> DriveSim:
@@ -754,7 +762,7 @@ class DriveSim:
         if os.path.ismount(self.mountpoint):
             raise DriveSimError(f"{self.mountpoint} is already a mountpoint; unmount it or pick another")
         # The child must import this package even when it is not installed (a checkout on sys.path).
-        package_root = str(Path(__file__).resolve().parents[2])
+        package_root = str(Path(__file__).resolve().parents[1])
         child_env = dict(os.environ)
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
         self._stderr = tempfile.TemporaryFile()
@@ -922,8 +930,8 @@ def cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m colabfast.testing.drivesim SRC MOUNTPOINT [options]``."""
-    parser = build_parser(argparse.ArgumentParser(prog="python -m colabfast.testing.drivesim"))
+    """``python -m colabfast.drivesim SRC MOUNTPOINT [options]``."""
+    parser = build_parser(argparse.ArgumentParser(prog="python -m colabfast.drivesim"))
     return cli(parser.parse_args(argv))
 
 
