@@ -1,143 +1,40 @@
-"""A drop-in ``torch.utils.data.DataLoader`` that keeps the GPU fed: :class:`DataLoader`, :func:`collate`.
+"""A drop-in ``torch.utils.data.DataLoader`` that keeps the GPU fed: :class:`DataLoader`, :func:`plan`.
 
 Change ``torch.utils.data.DataLoader`` to ``colabfast.DataLoader`` and the loader picks tuned defaults
 for the machine (workers, pinned memory, persistent workers, prefetch depth, a block-shuffling sampler
 for h5 mirrors), batches images as uint8, and, on a GPU, copies and normalises them ahead on
 a side CUDA stream in a feeder thread (:mod:`colabfast.prefetch`), decoding JPEG bytes with nvJPEG
-(:mod:`colabfast.gpudecode`). Every choice is listed in ``loader.choices`` and ``repr(loader)``;
-nothing overrides an argument the caller passed.
+(:mod:`colabfast.gpudecode`), with the uint8 collate of :mod:`colabfast.collate`. Every choice is made
+by :func:`plan`, a pure function, and listed in ``loader.choices`` and ``repr(loader)``; nothing
+overrides an argument the caller passed.
 """
 
 from __future__ import annotations
 
-import collections.abc
-import copy
+import dataclasses
 import functools
 import operator
-import weakref
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Sized, Union, cast
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sized, Union, cast
 
 import torch
 import torch.utils.data
-from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, Subset
+from torchvision.datasets.vision import StandardTransform
 
 from colabfast import datasets, env, reader, transforms
-from colabfast.datasets import compact, unwrap
-from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu, empty_uint8, is_encoded, is_jpeg
-from colabfast.prefetch import FEED_DEPTH, BatchConverter, Feeder, Floats, ImageList, Normalize, cuda_device
+from colabfast.collate import collate
+from colabfast.datasets import unwrap
+from colabfast.gpudecode import Encoded, decode_cpu, is_encoded, is_jpeg
+from colabfast.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize, cuda_device
 from colabfast.sampler import BlockShuffleSampler
 
-__all__ = ["DataLoader", "collate", "plan", "BlockPlan", "ReaderPlan"]
+__all__ = ["DataLoader", "plan", "Plan", "BlockPlan", "ReaderPlan"]
 
 PREFETCH_FACTOR = 4
 # Batches each reader thread reads ahead: 2 threads x 2 = 4 batches (benchmarks/README.md, loader/reader).
 READER_PREFETCH = 2
 MAX_BLOCK_SIZE = 64  # blocks of 64 read cold 1.7-1.9x faster than random order (bench coldreads, benchmarks/)
 BLOCKS_PER_BATCH = 16  # so a batch from a class-sorted mirror still mixes >= 16 blocks (classes)
-
-
-# --- the uint8 collate -----------------------------------------------------------------------------
-
-
-def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.channels_last) -> Any:
-    """``default_collate`` for image datasets: images stay uint8 and are batched with one memcpy each.
-
-    The image is a sample's first element (torchvision's ``(image, target)`` convention) or the sample
-    itself when it is a tensor. Images:
-
-    - same-shape uint8 ``[C, H, W]``: one tensor allocated as ``[B, H, W, C]`` (in shared memory in a
-      worker, as ``default_collate`` does) and returned as its ``permute(0, 3, 1, 2)`` view, a
-      channels-last ``[B, C, H, W]`` batch; a sample that is a CHW view of HWC memory (what
-      ``torchvision.io.decode_jpeg`` returns) is copied with one memcpy. With
-      ``memory_format=torch.contiguous_format`` the batch is a contiguous ``[B, C, H, W]`` instead.
-    - different sizes: an :class:`~colabfast.prefetch.ImageList` (a list) of the images.
-    - encoded files (1-D uint8 JPEG/PNG bytes): one :class:`~colabfast.gpudecode.EncodedImages` that
-      packs all files into a single tensor plus their lengths.
-    - other tensors (e.g. float images from a transform): stacked as ``default_collate`` does.
-
-    Everything else is collated like ``default_collate`` (numbers to tensors, dicts per key,
-    namedtuples, equal-length sequences transposed), except that a sequence of dicts, a sequence
-    whose length differs between samples, an empty sequence, or None is kept per sample (a list of
-    the samples' values): KITTI target lists are never transposed and a test split's None targets
-    pass.
-
-    Args:
-        batch: the samples.
-        memory_format: layout of same-shape uint8 image batches (see above).
-
-    Returns:
-        The batch, structured like one sample.
-    """
-    elem = batch[0]
-    if _is_image(elem):
-        return _collate_images(batch, memory_format)
-    if isinstance(elem, (tuple, list)) and elem and _is_image(elem[0]) and _same_length(batch):
-        images = _collate_images([sample[0] for sample in batch], memory_format)
-        rest = [collate_value(parts) for parts in list(zip(*batch))[1:]]
-        if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
-            return type(elem)(images, *rest)
-        return [images, *rest]  # default_collate also turns tuples into lists
-    return collate_value(batch)
-
-
-def collate_value(values: Sequence[Any]) -> Any:
-    """``default_collate`` of one part of the samples, keeping dict lists, ragged lists and None per sample."""
-    elem = values[0]
-    if elem is None:
-        return list(values)
-    if isinstance(elem, collections.abc.Mapping):
-        collated = {key: collate_value([v[key] for v in values]) for key in elem}
-        try:
-            if isinstance(elem, collections.abc.MutableMapping):
-                clone = copy.copy(elem)
-                clone.update(collated)
-                return clone
-            mapping_type: Any = type(elem)  # a concrete mapping class; a TypeError if it takes no dict
-            return mapping_type(collated)
-        except TypeError:
-            return collated
-    if isinstance(elem, tuple) and hasattr(elem, "_fields"):
-        return type(elem)(*(collate_value(parts) for parts in zip(*values)))
-    if isinstance(elem, collections.abc.Sequence) and not isinstance(elem, (str, bytes)):
-        if not elem or not _same_length(values) or all(isinstance(x, collections.abc.Mapping) for x in elem):
-            return list(values)
-        transposed = [collate_value(parts) for parts in zip(*values)]
-        if isinstance(elem, tuple):
-            return transposed
-        try:
-            copied: Any = copy.copy(elem)  # a mutable sequence, else the assignment raises TypeError
-            copied[:] = transposed
-            return copied
-        except TypeError:
-            return transposed
-    return default_collate(cast(list, values))  # torch types the batch a list; any sequence collates
-
-
-def _same_length(values: Sequence[Any]) -> bool:
-    return all(len(v) == len(values[0]) for v in values)
-
-
-def _is_image(x: Any) -> bool:
-    return is_encoded(x) or (isinstance(x, torch.Tensor) and x.dim() == 3)
-
-
-def _collate_images(images: Sequence[Any], memory_format: torch.memory_format) -> Any:
-    encoded = [is_encoded(x) for x in images]
-    if all(encoded):
-        files = [x.data if isinstance(x, Encoded) else x for x in images]
-        indices = [x.index for x in images] if all(isinstance(x, Encoded) for x in images) else None
-        return EncodedImages.pack(files, indices, shared=get_worker_info() is not None)
-    if any(encoded) or not all(isinstance(x, torch.Tensor) and x.dim() == 3 for x in images):
-        return ImageList([compact(x) for x in images])  # some decoded in the worker, some left for the GPU
-    first = images[0]
-    if any(x.shape != first.shape or x.dtype != first.dtype for x in images):
-        return ImageList([compact(x) for x in images])  # passed on as they are: they must own their memory
-    if first.dtype != torch.uint8 or memory_format != torch.channels_last:
-        return default_collate(list(images))
-    c, h, w = first.shape
-    out = empty_uint8((len(images), h, w, c), shared=get_worker_info() is not None)
-    torch.stack([x.permute(1, 2, 0) for x in images], out=out)
-    return out.permute(0, 3, 1, 2)
 
 
 # --- decoding and transforming in the workers --------------------------------------------------------
@@ -241,6 +138,61 @@ class ReaderPlan(NamedTuple):
         return f"{self.threads} threads"
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What :class:`DataLoader` does with its arguments, as :func:`plan` decides it: one field per
+    decision, and why each was made.
+
+    Attributes:
+        device: where batches arrive.
+        decode: where encoded images are decoded: ``"cpu"`` (in the workers), ``"gpu"`` (JPEGs in
+            batches by nvJPEG, in the feeder thread), or ``"auto"`` (they arrive decoded).
+        reader: the threads of :mod:`colabfast.reader` that read whole batches, or None: torch's
+            workers (or the main process) read and collate.
+        num_workers: torch's worker processes (0 with a reader).
+        persistent_workers: whether the workers survive between epochs.
+        prefetch_factor: batches read ahead per worker, or per reader thread with a reader (torch then
+            gets None); None without either.
+        pin_memory: whether batches are put in pinned memory (asynchronous copies to CUDA).
+        sampler: a :class:`BlockPlan` (the loader builds that sampler), the caller's ``sampler`` or
+            ``batch_sampler``, or the name of torch's default (``"RandomSampler"``, ``"SequentialSampler"``).
+        layout: the memory format of the uint8 image batches that :func:`colabfast.collate.collate` and
+            the reader build (channels-last for CUDA), or None where neither batches: the caller's
+            ``collate_fn``, or no batching.
+        collate_fn: what torch collates with: :func:`colabfast.collate.collate` in ``layout``, the
+            caller's ``collate_fn``, or None (torch's ``default_convert``, without batching).
+        reasons: decision name -> why, for every field above.
+    """
+
+    device: torch.device
+    decode: str
+    reader: Optional[ReaderPlan]
+    num_workers: int
+    persistent_workers: bool
+    prefetch_factor: Optional[int]
+    pin_memory: bool
+    sampler: Any
+    layout: Optional[torch.memory_format]
+    collate_fn: Optional[Callable]
+    reasons: dict[str, str]
+
+    def choices(self) -> dict[str, tuple[Any, str]]:
+        """The decisions as ``loader.choices`` lists them: name -> ``(value, why)``, in this order:
+        ``device``, ``decode``, ``reader`` (``"none"`` without one), ``num_workers``,
+        ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``sampler``, ``collate_fn``
+        (``"colabfast.collate.collate"``, the caller's, or ``"default_convert"``)."""
+        collate_fn: Any = self.collate_fn
+        if self.layout is not None:
+            collate_fn = "colabfast.collate.collate"
+        elif collate_fn is None:
+            collate_fn = "default_convert"
+        shown = {"device": self.device, "decode": self.decode, "reader": self.reader or "none",
+                 "num_workers": self.num_workers, "persistent_workers": self.persistent_workers,
+                 "prefetch_factor": self.prefetch_factor, "pin_memory": self.pin_memory, "sampler": self.sampler,
+                 "collate_fn": collate_fn}
+        return {name: (value, self.reasons[name]) for name, value in shown.items()}
+
+
 def plan(
     dataset: Any,
     *,
@@ -259,89 +211,137 @@ def plan(
     memory_format: Optional[torch.memory_format] = None,
     decode: str = "auto",
     transform: Optional[Callable] = None,
-) -> dict[str, tuple[Any, str]]:
-    """What :class:`DataLoader` will choose for these arguments: name -> ``(value, why)``.
+) -> Plan:
+    """What :class:`DataLoader` will do with these arguments: a :class:`Plan`.
 
     A pure function of its arguments and the machine (CPUs, GPU, start method): it starts no worker,
     opens nothing and draws no random number, so the defaults can be read and tested before a
-    loader exists. Keys: ``device``, ``decode``, ``reader`` (a :class:`ReaderPlan` or ``"none"``),
-    ``num_workers``, ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``sampler`` (a
-    :class:`BlockPlan` where the loader builds a block sampler), ``collate_fn``. The arguments are
-    :class:`DataLoader`'s; see there for what each default means.
+    loader exists. The arguments are :class:`DataLoader`'s; see there for what each default means.
 
     Raises:
-        ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or batching.
+        ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or
+            batching; or a mirror dataset gives PIL images (``output="pil"``) that nothing turns into
+            tensors before they are batched.
         RuntimeError: a CUDA ``device`` without a GPU.
         IndexError: a ``Subset`` of a mirror holds an index outside the mirror.
     """
-    choices: dict[str, tuple[Any, str]] = {}
+    reasons: dict[str, str] = {}
 
     def choose(name: str, given: Any, default: Any, why: str) -> Any:
-        choices[name] = (given, "set by caller") if given is not None else (default, why)
-        return choices[name][0]
+        reasons[name] = "set by caller" if given is not None else why
+        return given if given is not None else default
 
     target = _resolve_device(device)
     cuda = target.type == "cuda"
-    choices["device"] = (target, ("torch sees a GPU" if cuda else "torch sees no GPU") if device == "auto"
-                         else "set by caller")
+    reasons["device"] = ("torch sees a GPU" if cuda else "torch sees no GPU") if device == "auto" else "set by caller"
     iterable = isinstance(dataset, IterableDataset)
     batching = batch_size is not None or batch_sampler is not None
-    cpus = env.cpu_count()
-    spawns = multiprocessing_context is None and _spawned()
-    decode = _choose_decode(decode, dataset, cuda, batching, choices)
+    decode, reasons["decode"] = _choose_decode(decode, dataset, cuda, batching)
+    layout: Optional[torch.memory_format] = None
+    collate_with = collate_fn
+    if collate_fn is None and batching:
+        _check_batchable(dataset, per_image_transform=transform is not None and not cuda)
+        layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
+        collate_with = functools.partial(collate, memory_format=layout)
+        reasons["collate_fn"] = f"uint8 images batched {_layout_name(layout)}"
+    else:
+        reasons["collate_fn"] = "set by caller" if collate_fn is not None else "torch's default without batching"
 
     threads = None
     wants_workers = num_workers is not None or worker_init_fn is not None or multiprocessing_context is not None
-    if not wants_workers and collate_fn is None and batch_sampler is None and batch_size and not iterable:
-        fits, why = reader.applies(dataset, transform_on_cpu=transform is not None and not cuda, decode=decode)
-        threads = cpus if fits else None
-        choices["reader"] = ("none", why)
+    if not wants_workers and layout is not None and batch_sampler is None and batch_size and not iterable:
+        fits, reasons["reader"] = reader.applies(dataset, transform_on_cpu=transform is not None and not cuda,
+                                                 decode=decode)
+        threads = env.cpu_count() if fits else None
     else:
-        choices["reader"] = ("none", "IterableDataset" if iterable else
+        reasons["reader"] = ("IterableDataset" if iterable else
                              "the caller chose workers (num_workers, worker_init_fn or multiprocessing_context), "
                              "a collate_fn or a batch_sampler")
+    batch_reader = None
     if threads is not None:
-        num_workers = choose("num_workers", None, 0, "the reader threads do the work (see reader)")
+        workers = choose("num_workers", None, 0, "the reader threads do the work (see reader)")
         # torch's prefetch_factor counts batches per worker; the reader's threads take its place.
         factor = choose("prefetch_factor", prefetch_factor, READER_PREFETCH,
                         f"{READER_PREFETCH} batches read ahead per reader thread")
-        choices["reader"] = (ReaderPlan(threads, factor * threads), choices["reader"][1])
-        choices["persistent_workers"] = (False, "no worker processes: reader threads start in microseconds"
+        batch_reader = ReaderPlan(threads, factor * threads)
+        persistent = False
+        reasons["persistent_workers"] = ("no worker processes: reader threads start in microseconds"
                                          + (" (persistent_workers=True does not apply)" if persistent_workers else ""))
-    elif iterable:
-        num_workers = choose("num_workers", num_workers, 0, "IterableDataset: every worker would replay the stream")
-    elif spawns and _from_main(dataset, collate_fn, worker_init_fn, transform):
-        why = "workers are spawned here and cannot import what a notebook (__main__) defines"
-        num_workers = choose("num_workers", num_workers, 0, why)
     else:
-        num_workers = choose("num_workers", num_workers, cpus, f"{cpus} CPUs (colabfast.env.cpu_count())")
-    workers = num_workers > 0
-    if threads is None:
-        choose("persistent_workers", persistent_workers, workers,
-               "workers survive between epochs" if workers else "no workers")
-        choose("prefetch_factor", prefetch_factor, PREFETCH_FACTOR if workers else None,
-               f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers")
-    choose("pin_memory", pin_memory, cuda,
-           "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
+        workers = choose("num_workers", num_workers, *_default_workers(dataset, iterable, multiprocessing_context,
+                                                                       collate_fn, worker_init_fn, transform))
+        persistent = choose("persistent_workers", persistent_workers, workers > 0,
+                            "workers survive between epochs" if workers else "no workers")
+        factor = choose("prefetch_factor", prefetch_factor, PREFETCH_FACTOR if workers else None,
+                        f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers")
+    pin = choose("pin_memory", pin_memory, cuda,
+                 "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
+    order, reasons["sampler"] = _choose_sampler(dataset, sampler, batch_sampler, shuffle, batch_size, iterable)
+    return Plan(device=target, decode=decode, reader=batch_reader, num_workers=workers, persistent_workers=persistent,
+                prefetch_factor=factor, pin_memory=pin, sampler=order, layout=layout, collate_fn=collate_with,
+                reasons=reasons)
 
+
+def _choose_decode(decode: str, dataset: Any, cuda: bool, batching: bool) -> tuple[str, str]:
+    if decode not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"decode must be 'auto', 'cpu' or 'gpu', got {decode!r}")
+    if decode == "gpu" and not (cuda and batching):
+        raise ValueError("decode='gpu' needs a CUDA device and batching (a batch_size or batch_sampler)")
+    if decode != "auto":
+        return decode, "set by caller"
+    if find_attr(dataset, "output") != "bytes":
+        return "auto", "images arrive decoded (dataset.output is not 'bytes')"
+    if cuda and batching:
+        return "gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches"
+    return "cpu", "dataset yields bytes, batches stay on the CPU: decoded in the workers"
+
+
+def _default_workers(dataset: Any, iterable: bool, context: Any, *functions: Any) -> tuple[int, str]:
+    """The worker processes for a caller who asked for none, and why."""
+    if iterable:
+        return 0, "IterableDataset: every worker would replay the stream"
+    if context is None and _spawned() and _from_main(dataset, *functions):
+        return 0, "workers are spawned here and cannot import what a notebook (__main__) defines"
+    cpus = env.cpu_count()
+    return cpus, f"{cpus} CPUs (colabfast.env.cpu_count())"
+
+
+def _choose_sampler(dataset: Any, sampler: Any, batch_sampler: Any, shuffle: Optional[bool],
+                    batch_size: Optional[int], iterable: bool) -> tuple[Any, str]:
     if sampler is None and batch_sampler is None and shuffle and not iterable and is_mirror(dataset):
-        if find_attr(dataset, "shuffled", False) or not batch_size:
+        if find_attr(dataset, "shuffled", False):
             block, why = MAX_BLOCK_SIZE, "a mirror packed in shuffled order: blocks mix classes"
+        elif not batch_size:
+            block, why = MAX_BLOCK_SIZE, "no batches to mix"
         else:
             block = min(MAX_BLOCK_SIZE, max(1, batch_size // BLOCKS_PER_BATCH))
-            why = f"a batch mixes {BLOCKS_PER_BATCH} blocks (pack(shuffle=True) allows {MAX_BLOCK_SIZE})"
-        choices["sampler"] = (BlockPlan(block), f"h5 mirror, shuffle=True, blocks of {block}: {why}")
-    elif sampler is not None or batch_sampler is not None:
-        choices["sampler"] = (sampler if sampler is not None else batch_sampler, "set by caller")
-    else:
-        choices["sampler"] = ("RandomSampler" if shuffle else "SequentialSampler", "torch's default")
+            spans = -(-batch_size // block)  # blocks that a batch's consecutive positions cover, at least
+            why = f"a batch of {batch_size} mixes at least {spans} blocks (pack(shuffle=True) allows {MAX_BLOCK_SIZE})"
+        return BlockPlan(block), f"h5 mirror, shuffle=True, blocks of {block}: {why}"
+    if sampler is not None or batch_sampler is not None:
+        return (sampler if sampler is not None else batch_sampler), "set by caller"
+    return ("RandomSampler" if shuffle else "SequentialSampler"), "torch's default"
 
-    if collate_fn is None and batching:
-        layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
-        choices["collate_fn"] = ("colabfast.loading.collate", f"uint8 images batched {_layout_name(layout)}")
-    else:
-        choose("collate_fn", collate_fn, "default_convert", "torch's default without batching")
-    return choices
+
+def _check_batchable(dataset: Any, *, per_image_transform: bool) -> None:
+    """Refuse, before any worker starts, a mirror dataset whose PIL images would reach the collate:
+    ``output="pil"`` (the default, as torchvision's) with no transform of its own, nor a
+    ``DataLoader(transform=...)`` run per image before batching, to make them tensors. torch's own
+    error comes later, from a worker, and names neither the dataset nor the fix."""
+    mirror = dataset
+    while isinstance(mirror, Subset):
+        mirror = mirror.dataset
+    if not isinstance(mirror, datasets.MirrorDataset) or mirror.output != "pil" or per_image_transform:
+        return
+    if mirror.transform is not None or not (mirror.transforms is None or isinstance(mirror.transforms,
+                                                                                      StandardTransform)):
+        return  # its own transform (or H5Kitti's joint transforms) may make tensors
+    raise ValueError(
+        f"{type(mirror).__name__}({str(mirror.path)!r}) gives PIL images (output='pil', the default, as "
+        f"torchvision's) and a batch cannot hold them: pass output='tensor' (uint8 [3, H, W] tensors) or "
+        f"output='bytes' (decoded by the loader, on the GPU when there is one), or a transform that makes "
+        f"tensors, e.g. transform=torchvision.transforms.v2.PILToTensor()"
+    )
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -366,8 +366,8 @@ class DataLoader(torch.utils.data.DataLoader):
       dataset is an h5 mirror (``dataset.is_mirror``, also through ``Subset``), seeded from
       ``generator`` or torch's global RNG as ``RandomSampler`` is; blocks of 64 items for a mirror
       packed with ``shuffle=True``, else of ``min(64, batch_size // 16)`` so batches mix classes.
-    - ``collate_fn``: :func:`collate` (uint8 images, batched channels-last for the GPU; contiguous on
-      the CPU unless ``memory_format=torch.channels_last``).
+    - ``collate_fn``: :func:`colabfast.collate.collate` (uint8 images, batched channels-last for the
+      GPU; contiguous on the CPU unless ``memory_format=torch.channels_last``).
 
     Args:
         dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
@@ -405,8 +405,10 @@ class DataLoader(torch.utils.data.DataLoader):
             allocated; 2-4 measured within noise of each other on an H100 (benchmarks/README.md).
 
     Raises:
-        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, or any error
-            ``torch.utils.data.DataLoader`` raises for its arguments.
+        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a mirror
+            dataset giving PIL images (``output="pil"``, the default) that nothing makes tensors before
+            batching (the message says what to pass), or any error ``torch.utils.data.DataLoader``
+            raises for its arguments.
         RuntimeError: a CUDA ``device`` without a GPU.
 
     Differences from a plain DataLoader, all visible in ``choices``: ``iter(loader)`` is a generator
@@ -444,80 +446,52 @@ class DataLoader(torch.utils.data.DataLoader):
     ) -> None:
         if feed_depth < 1:
             raise ValueError(f"feed_depth must be >= 1 (converted batches queued ahead on the GPU), got {feed_depth}")
-        choices = plan(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
-                       num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
-                       worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
-                       prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, device=device,
-                       memory_format=memory_format, decode=decode, transform=transform)
-        target: torch.device = choices["device"][0]
-        cuda = target.type == "cuda"
-        num_workers, persistent_workers = choices["num_workers"][0], choices["persistent_workers"][0]
-        prefetch_factor, pin_memory = choices["prefetch_factor"][0], choices["pin_memory"][0]
-        decode = choices["decode"][0]
-        plan_reader = choices["reader"][0] if isinstance(choices["reader"][0], ReaderPlan) else None
-        threads = plan_reader.threads if plan_reader is not None else None
-        if threads is not None:
-            prefetch_factor = None  # torch's, per worker: the reader's threads have their own (ReaderPlan.prefetch)
-        batching = batch_size is not None or batch_sampler is not None
-        value, why = choices["sampler"]
-        if isinstance(value, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
+        p = plan(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+                 num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, worker_init_fn=worker_init_fn,
+                 multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
+                 persistent_workers=persistent_workers, device=device, memory_format=memory_format, decode=decode,
+                 transform=transform)
+        cuda = p.device.type == "cuda"
+        if isinstance(p.sampler, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
             # torch's Dataset declares no __len__; a mirror (a map-style dataset) has one
-            sampler, shuffle = BlockShuffleSampler(cast(Sized, dataset), value.block_size, seed=seed), None
-            choices["sampler"] = (sampler, why)
-
-        if threads is None and (decode in ("cpu", "gpu") or (transform is not None and not cuda)):
-            dataset = _Prepared(dataset, keep_jpeg=decode == "gpu", transform=None if cuda else transform,
-                                views=collate_fn is None and num_workers > 0)
-        elif threads is None and collate_fn is None and num_workers > 0 and isinstance(dataset, datasets.MirrorDataset):
-            # The collate below copies every image it batches: the mirror's images may stay views.
-            dataset = _Prepared(dataset, keep_jpeg=False, transform=None, decode=False, views=True)
-
-        if collate_fn is None and batching:
-            layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
-            collate_fn = functools.partial(collate, memory_format=layout)
-
+            sampler, shuffle = BlockShuffleSampler(cast(Sized, dataset), p.sampler.block_size, seed=seed), None
         super().__init__(
-            dataset,
+            _prepared(dataset, p, transform),
             batch_size,
             shuffle,
             sampler,
             batch_sampler,
-            num_workers,
-            collate_fn,
-            pin_memory,
+            p.num_workers,
+            p.collate_fn,
+            p.pin_memory,
             drop_last,
             timeout,
             worker_init_fn,
             multiprocessing_context,
             generator,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
+            # torch's, per worker: a reader's threads have their own (ReaderPlan.prefetch)
+            prefetch_factor=None if p.reader is not None else p.prefetch_factor,
+            persistent_workers=p.persistent_workers,
             **kwargs,
         )
-        self.device = target
+        self.device = p.device
         self.normalize = Normalize(dtype, mean, std, memory_format)
         self.transform, self.feed_depth = transform, feed_depth
-        choices["normalize"] = (self.normalize, "from dtype, mean, std, memory_format")
+        self.choices = p.choices()
+        if isinstance(p.sampler, BlockPlan):
+            self.choices["sampler"] = (self.sampler, p.reasons["sampler"])
+        self.choices["normalize"] = (self.normalize, "from dtype, mean, std, memory_format")
         if transform is not None:
-            if not cuda:
-                why = "per image in the workers"
-            elif getattr(transform, "batched", False):
-                why = "whole batches on the GPU, in the feeder thread"
-            else:
-                why = "per image on the GPU, in the feeder thread (fallback: colabfast.transforms batch)"
-            choices["transform"] = (transform, why)
-        self.choices = choices
-        self._convert = BatchConverter(target, self.normalize, transform if cuda else None, non_blocking=cuda)
+            self.choices["transform"] = (transform, _where_transform_runs(transform, cuda))
+        self._convert = BatchConverter(p.device, self.normalize, transform if cuda else None, non_blocking=cuda)
         self._reader = None
-        if threads is not None:
-            assert plan_reader is not None
-            self._reader = reader.BatchReader(dataset, threads=threads, prefetch=plan_reader.prefetch,
-                                              pin_memory=pin_memory,
-                                              channels_last=cuda or memory_format == torch.channels_last)
-        # One side stream per loader, made here and never per epoch (timm#2781).
-        self._stream = torch.cuda.Stream(device=target) if cuda else None
-        self._feeder: Any = None  # weakref to this epoch's feeder thread (colabfast.prefetch.Feeder)
+        if p.reader is not None:
+            self._reader = reader.BatchReader(dataset, threads=p.reader.threads, prefetch=p.reader.prefetch,
+                                              pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last)
+        # On CUDA each epoch's batches are converted by a feeder thread on the loader's one side stream,
+        # made here and never per epoch (timm#2781).
+        self._feeding = Feeding(self._convert, torch.cuda.Stream(device=p.device), feed_depth) if cuda else None
 
     def _batches(self) -> Iterator:
         if self._reader is not None:
@@ -528,21 +502,17 @@ class DataLoader(torch.utils.data.DataLoader):
 
     # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
     def __iter__(self) -> Iterator:  # type: ignore[override]
-        previous = self._feeder() if self._feeder is not None else None
-        if previous is not None:
-            # first: its thread may still be drawing from the transform's generator, and two feeders
-            # must never read one DataLoader iterator at once (as colabfast.prefetch.restart says)
-            previous.close()
-        if self.transform is not None and (self._stream is not None or self.num_workers == 0):
+        if self._feeding is not None:
+            # first: the last epoch's feeder thread may still be drawing from the transform's generator
+            self._feeding.stop()
+        if self.transform is not None and (self._feeding is not None or self.num_workers == 0):
             # The transform draws in this process: a seed per epoch from the loader's generator, as
             # torch draws its workers' base seed (workers reseed from that one themselves); drawn
             # only for colabfast.transforms' random steps.
             transforms.reseed(self.transform, self.generator)
-        if self._stream is None:
+        if self._feeding is None:
             return map(self._convert, self._batches())
-        feeder = Feeder(self._batches(), self._convert, self._stream, self.feed_depth)
-        self._feeder = weakref.ref(feeder)
-        return feeder
+        return self._feeding.start(self._batches)
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the sampler (and batch sampler) that have ``set_epoch``, e.g. for DDP."""
@@ -567,22 +537,27 @@ class DataLoader(torch.utils.data.DataLoader):
         return "\n".join(lines)
 
 
-def _choose_decode(decode: str, dataset: Any, cuda: bool, batching: bool, choices: dict) -> str:
-    if decode not in ("auto", "cpu", "gpu"):
-        raise ValueError(f"decode must be 'auto', 'cpu' or 'gpu', got {decode!r}")
-    if decode == "gpu" and not (cuda and batching):
-        raise ValueError("decode='gpu' needs a CUDA device and batching (a batch_size or batch_sampler)")
-    if decode != "auto":
-        choices["decode"] = (decode, "set by caller")
-        return decode
-    if find_attr(dataset, "output") != "bytes":
-        choices["decode"] = ("auto", "images arrive decoded (dataset.output is not 'bytes')")
-        return "auto"
-    if cuda and batching:
-        choices["decode"] = ("gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches")
-        return "gpu"
-    choices["decode"] = ("cpu", "dataset yields bytes, batches stay on the CPU: decoded in the workers")
-    return "cpu"
+def _prepared(dataset: Any, p: Plan, transform: Optional[Callable]) -> Any:
+    """The dataset torch's workers read: the caller's, or wrapped (:class:`_Prepared`) to decode and
+    transform its images there, or to hand a mirror's images to the collate as views of its read
+    buffer (the collate copies every image it batches). A reader reads the caller's dataset itself."""
+    cuda = p.device.type == "cuda"
+    if p.reader is not None:
+        return dataset
+    if p.decode in ("cpu", "gpu") or (transform is not None and not cuda):
+        return _Prepared(dataset, keep_jpeg=p.decode == "gpu", transform=None if cuda else transform,
+                         views=p.layout is not None and p.num_workers > 0)
+    if p.layout is not None and p.num_workers > 0 and isinstance(dataset, datasets.MirrorDataset):
+        return _Prepared(dataset, keep_jpeg=False, transform=None, decode=False, views=True)
+    return dataset
+
+
+def _where_transform_runs(transform: Callable, cuda: bool) -> str:
+    if not cuda:
+        return "per image in the workers"
+    if getattr(transform, "batched", False):
+        return "whole batches on the GPU, in the feeder thread"
+    return "per image on the GPU, in the feeder thread (fallback: colabfast.transforms batch)"
 
 
 def _spawned() -> bool:

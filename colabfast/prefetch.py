@@ -323,7 +323,7 @@ class Feeder:
     - At most ``depth`` converted batches wait in the queue, plus one being converted: GPU memory is
       bounded by ``depth``.
     - :meth:`close` (called when the iterator is exhausted, garbage-collected after a ``break``, by
-      the owner at a new epoch, on a ``KeyboardInterrupt`` while waiting for a batch, and at
+      its :class:`Feeding` at a new epoch, on a ``KeyboardInterrupt`` while waiting for a batch, and at
       interpreter exit) stops the thread and joins it; the thread closes ``batches`` (a DataLoader
       iterator shuts its workers down). An interrupt during the training step leaves the feeder
       held by the notebook's traceback, blocked on its full queue (``depth`` batches), until the
@@ -458,18 +458,40 @@ def _close_all() -> None:
         feeder.close()
 
 
-def restart(previous: Optional[Callable[[], Optional[Feeder]]], batches: Callable[[], Iterator],
-            convert: Callable[[Any], Any], stream: Optional[torch.cuda.Stream], depth: int) -> Feeder:
-    """A new epoch's :class:`Feeder`, after closing the previous one if it is still running.
+class Feeding:
+    """The feeders of one loader, one epoch at a time: the only place a :class:`Feeder` is made and the
+    previous one closed (:class:`colabfast.DataLoader` and :class:`CUDAPrefetcher` each hold one).
 
-    Two feeders must never read one DataLoader iterator at once (persistent workers reuse it), so the
-    previous epoch's thread is stopped before ``batches()`` makes the next iterator. ``previous`` is a
-    ``weakref`` to the last feeder (or None); hold the returned feeder's weakref the same way.
+    Two feeders must never read one DataLoader iterator at once (persistent workers reuse it), so
+    :meth:`start` stops the previous epoch's thread before ``batches()`` makes the next iterator. Only
+    a weak reference to the running feeder is kept: one dropped after a ``break`` is collected and
+    stops itself.
+
+    Args:
+        convert, stream, depth: as :class:`Feeder`, for every epoch's feeder.
     """
-    feeder = previous() if previous is not None else None
-    if feeder is not None:
-        feeder.close()
-    return Feeder(batches(), convert, stream, depth)
+
+    def __init__(self, convert: Callable[[Any], Any], stream: Optional[torch.cuda.Stream], depth: int) -> None:
+        self.convert, self.stream, self.depth = convert, stream, depth
+        self._running: Optional[weakref.ref[Feeder]] = None
+
+    def stop(self) -> None:
+        """Close the running feeder, if there is one; idempotent."""
+        feeder = self._running() if self._running is not None else None
+        if feeder is not None:
+            feeder.close()
+        self._running = None
+
+    def start(self, batches: Callable[[], Iterator]) -> Feeder:
+        """A new epoch's :class:`Feeder` over ``batches()``, called once the previous feeder has stopped.
+
+        Raises:
+            ValueError: ``depth`` < 1.
+        """
+        self.stop()
+        feeder = Feeder(batches(), self.convert, self.stream, self.depth)
+        self._running = weakref.ref(feeder)
+        return feeder
 
 
 class CUDAPrefetcher:
@@ -477,7 +499,7 @@ class CUDAPrefetcher:
 
     For users who keep their own ``torch.utils.data.DataLoader`` (``colabfast.DataLoader`` does this
     itself). Give that loader ``pin_memory=True``, or the copies cannot overlap with compute, and a
-    uint8 collate (:func:`colabfast.loading.collate`) so images cross the PCIe bus as bytes.
+    uint8 collate (:func:`colabfast.collate.collate`) so images cross the PCIe bus as bytes.
 
     Args:
         loader: any iterable of batches (re-iterable for several epochs).
@@ -512,12 +534,10 @@ class CUDAPrefetcher:
         self.device = cuda_device(device)
         self.stream = torch.cuda.Stream(device=self.device)  # once per prefetcher (timm#2781)
         self.convert = BatchConverter(self.device, Normalize(dtype, mean, std, memory_format), transform, True)
-        self._feeder: Optional[weakref.ref] = None
+        self._feeding = Feeding(self.convert, self.stream, depth)
 
     def __iter__(self) -> Iterator:
-        feeder = restart(self._feeder, lambda: iter(self.loader), self.convert, self.stream, self.depth)
-        self._feeder = weakref.ref(feeder)
-        return feeder
+        return self._feeding.start(lambda: iter(self.loader))
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]

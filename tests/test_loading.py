@@ -1,169 +1,23 @@
-"""colabfast.loading: the uint8 collate and the drop-in DataLoader (CPU; CUDA tests are marked)."""
+"""colabfast.loading: the plan and the drop-in DataLoader (CPU; CUDA tests are marked). The collate is
+tested in test_collate.py; the datasets here are samples.py's."""
 
 from __future__ import annotations
 
-import collections
 import multiprocessing
 
-import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from samples import Images, Kitti, assert_same, hwc_image
 from torch.utils.data import Dataset, IterableDataset, Subset, default_collate
 from torchvision.transforms import v2
 
 import colabfast.loading as loading
-from colabfast.gpudecode import Encoded, EncodedImages, decode_cpu
-from colabfast.loading import DataLoader, collate
-from colabfast.prefetch import ImageList
+from colabfast.gpudecode import decode_cpu
+from colabfast.loading import DataLoader
 from colabfast.sampler import BlockShuffleSampler
-from colabfast.testing.data import KITTI_TYPES, encode, photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def hwc_image(h: int, w: int, seed: int) -> torch.Tensor:
-    """uint8 [3, H, W] viewing HWC memory, as torchvision.io.decode_jpeg and H5ImageFolder return."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g).permute(2, 0, 1)
-
-
-class Images(Dataset):
-    """(image, label) like H5ImageFolder: output="tensor" (HWC views) or "bytes" (JPEG files)."""
-
-    classes = ["a", "b"]
-
-    def __init__(self, n=12, size=(12, 10), *, output="tensor", mirror=False, ragged=False, broken=()):
-        self.n, self.size, self.output, self.is_mirror = n, size, output, mirror
-        self.ragged, self.broken = ragged, broken
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        h, w = self.size
-        if self.ragged:
-            h, w = h + i % 3, w + i % 2
-        if self.output == "bytes":
-            if i in self.broken:
-                return torch.tensor([0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3], dtype=torch.uint8), i % 2
-            jpeg = encode(photo(w, h, np.random.default_rng(i)))
-            return torch.frombuffer(bytearray(jpeg), dtype=torch.uint8), i % 2
-        return hwc_image(h, w, i), i % 2
-
-
-class Kitti(Dataset):
-    """KITTI-like: PNG-sized ragged images and a list of object dicts per image (None in the test split)."""
-
-    def __init__(self, n=6, test_split=False):
-        self.n, self.test_split = n, test_split
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.test_split:
-            return hwc_image(20 + i % 2, 60 - i % 3, i), None
-        objects = [
-            {
-                "type": KITTI_TYPES[(i + k) % len(KITTI_TYPES)],
-                "truncated": 0.0,
-                "occluded": k % 3,
-                "alpha": -1.5,
-                "bbox": [10.0 * k, 5.0, 10.0 * k + 8, 15.0],
-                "dimensions": [1.5, 1.6, 3.9],
-                "location": [1.0, 1.7, 10.0 + k],
-                "rotation_y": 0.1 * k,
-            }
-            for k in range(i % 3)  # image 0 has no objects
-        ]
-        return hwc_image(20 + i % 2, 60 - i % 3, i), objects
-
-
-def assert_same(a, b):
-    """Recursive equality of collated batches (tensors by value and dtype)."""
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    else:
-        assert a == b
-
-
-# --- collate ------------------------------------------------------------------------------------------
-
-
-def test_collate_batches_hwc_images_channels_last_with_default_collate_values():
-    samples = [Images()[i] for i in range(4)]
-    images, labels = collate(samples)
-    want_images, want_labels = default_collate(samples)
-    assert images.shape == (4, 3, 12, 10) and images.dtype == torch.uint8
-    assert images.is_contiguous(memory_format=torch.channels_last) and images.permute(0, 2, 3, 1).is_contiguous()
-    assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
-    flat, _ = collate(samples, memory_format=torch.contiguous_format)
-    assert flat.is_contiguous() and torch.equal(flat, want_images)
-
-
-def test_collate_bare_image_samples_and_ragged_images():
-    same = collate([hwc_image(5, 6, s) for s in range(3)])
-    assert same.shape == (3, 3, 5, 6)
-    ragged = collate([hwc_image(5, 6, 0), hwc_image(7, 6, 1)])
-    assert isinstance(ragged, ImageList) and [tuple(x.shape) for x in ragged] == [(3, 5, 6), (3, 7, 6)]
-
-
-def test_collate_keeps_kitti_targets_per_sample():
-    ds = Kitti()
-    samples = [ds[i] for i in range(4)]
-    images, targets = collate(samples)
-    assert isinstance(images, ImageList) and len(images) == 4
-    assert targets == [s[1] for s in samples]  # not transposed, nothing lost
-    assert targets[0] == [] and len(targets[2]) == 2
-    _, none = collate([Kitti(test_split=True)[i] for i in range(3)])
-    assert none == [None, None, None]
-    # equal lengths, all dicts: still per sample
-    _, same_len = collate([samples[1], samples[1]])
-    assert same_len == [samples[1][1], samples[1][1]]
-
-
-def test_collate_mirrors_default_collate_elsewhere():
-    Point = collections.namedtuple("Point", "x y")
-    samples = [
-        (hwc_image(4, 4, i), i, 0.5 * i, f"s{i}", {"k": i, "v": [i, i + 1]}, Point(i, 2 * i), np.float32(i))
-        for i in range(3)
-    ]
-    got, want = collate(samples), default_collate(samples)
-    assert_same(got[1:], want[1:])
-    assert torch.equal(got[0], want[0])
-    no_images = [({"a": i, "b": (i, 2.0)}, [i, i]) for i in range(3)]
-    assert_same(collate(no_images), default_collate(no_images))
-    with pytest.raises(TypeError):  # as default_collate: PIL images need a transform
-        collate([(photo(8, 8, np.random.default_rng(0)), 0)] * 2)
-
-
-def test_collate_packs_encoded_files_into_one_tensor():
-    ds = Images(4, output="bytes")
-    samples = [ds[i] for i in range(4)]
-    packed, labels = collate(samples)
-    assert isinstance(packed, EncodedImages) and packed.indices is None and len(packed) == 4
-    assert packed.data.dim() == 1 and packed.lengths.tolist() == [len(s[0]) for s in samples]
-    assert all(torch.equal(f, s[0]) for f, s in zip(packed, samples))
-    tagged = collate([(Encoded(s[0], 10 + k), s[1]) for k, s in enumerate(samples)])
-    assert tagged[0].indices.tolist() == [10, 11, 12, 13] and tagged[0].where(2) == "dataset index 12"
-
-
-def test_collate_uses_shared_memory_in_a_worker(monkeypatch):
-    monkeypatch.setattr(loading, "get_worker_info", lambda: object())
-    images, _ = collate([Images()[i] for i in range(2)])
-    assert images.is_shared()
-    packed, _ = collate([Images(2, output="bytes")[i] for i in range(2)])
-    assert packed.data.is_shared()
 
 
 # --- DataLoader: outputs ------------------------------------------------------------------------------

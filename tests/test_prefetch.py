@@ -6,7 +6,6 @@ import gc
 import io
 import threading
 import time
-import weakref
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from torchvision.transforms import v2
 
 from colabfast import transforms
 from colabfast.gpudecode import EncodedImages, decode_batch, decode_cpu
-from colabfast.prefetch import BatchConverter, CUDAPrefetcher, Feeder, ImageList, Normalize, normalize, restart
+from colabfast.prefetch import BatchConverter, CUDAPrefetcher, Feeder, Feeding, ImageList, Normalize, normalize
 from colabfast.testing.data import encode, photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -231,18 +230,29 @@ def test_feeder_raises_at_the_batch_where_the_error_happened():
 
 
 def test_fifty_epochs_with_early_breaks_leave_no_thread_running():
+    """One owner of the feeders (Feeding, as DataLoader and CUDAPrefetcher hold it): each epoch's source
+    iterator is made only once the previous epoch's feeder has stopped and closed its own."""
     loader = Batches(40)
-    previous = None
+    feeding = Feeding(convert_cpu, None, 2)
     threads = threading.active_count()
+
+    def batches():
+        assert loader.open == 0  # no feeder is still reading the previous epoch's iterator
+        return iter(loader)
+
     for epoch in range(50):
-        feeder = restart(previous, lambda: iter(loader), convert_cpu, None, 2)
-        previous = weakref.ref(feeder)
+        feeder = feeding.start(batches)
         for i, _ in enumerate(feeder):
             if i == epoch % 5:
                 break
-        if epoch % 2:  # dropped, as after `break`; on even epochs it lives on until restart() closes it
+        if epoch % 2:  # dropped, as after `break`; on even epochs it lives on until start() closes it
             del feeder
-    feeder = None
+    last = feeding.start(batches)
+    next(last)
+    feeding.stop()
+    assert last._done and not last._thread.is_alive()  # stopped though still referenced
+    feeding.stop()  # idempotent
+    feeder = last = None
     gc.collect()
     assert threading.active_count() == threads
     assert loader.open == 0  # each epoch's source iterator was closed, in the thread that ran it

@@ -15,9 +15,10 @@ from torch.utils.data import Subset
 
 import colabfast as cf
 from colabfast import reader
+from colabfast.collate import collate
 from colabfast.datasets import H5ImageFolder
 from colabfast.gpudecode import EncodedImages
-from colabfast.loading import _Prepared, collate
+from colabfast.loading import _Prepared
 from colabfast.mirror import MirrorError
 from colabfast.packing import pack
 from colabfast.sampler import BlockShuffleSampler
@@ -131,7 +132,8 @@ def test_where_the_reader_does_not_apply_the_loader_says_why(mirrors):
     ds = H5ImageFolder(mirrors["raw"], output="tensor", transform=lambda x: x)
     loader = cf.DataLoader(ds, 4, device="cpu")
     assert loader._reader is None and "transforms run per sample" in loader.choices["reader"][1]
-    assert cf.DataLoader(H5ImageFolder(mirrors["raw"]), 4, device="cpu")._reader is None  # PIL
+    pil = reader.applies(H5ImageFolder(mirrors["raw"]), transform_on_cpu=False, decode="auto")
+    assert pil == (False, "worker processes: output='pil' makes PIL images per sample")  # the loader refuses it
     given = cf.DataLoader(H5ImageFolder(mirrors["raw"], output="tensor"), 4, num_workers=1, device="cpu")
     assert given._reader is None and given.num_workers == 1  # the caller's choice stands
 
@@ -309,14 +311,15 @@ def test_plan_is_pure_and_is_what_the_loader_does(mirrors):
     state = torch.random.get_rng_state()
     p = plan(ds, batch_size=8, shuffle=True, device="cpu")
     assert torch.equal(state, torch.random.get_rng_state())  # no random number drawn
-    assert isinstance(p["reader"][0], ReaderPlan) and p["num_workers"] == (0, p["num_workers"][1])
-    assert "reader threads" in p["num_workers"][1]
-    assert p["sampler"][0] == BlockPlan(1)  # 8 // 16 blocks, at least 1
-    assert p["prefetch_factor"][0] == 2 and p["reader"][0].prefetch == 2 * p["reader"][0].threads
+    assert isinstance(p.reader, ReaderPlan) and p.num_workers == 0
+    assert "reader threads" in p.reasons["num_workers"]
+    assert p.sampler == BlockPlan(1)  # 8 // 16 blocks, at least 1
+    assert p.prefetch_factor == 2 and p.reader.prefetch == 2 * p.reader.threads
     given = plan(ds, batch_size=8, num_workers=3, device="cpu")
-    assert given["num_workers"] == (3, "set by caller") and given["reader"][0] == "none"
-    assert given["persistent_workers"][0] is True and given["prefetch_factor"][0] == 4
+    assert (given.num_workers, given.reasons["num_workers"]) == (3, "set by caller") and given.reader is None
+    assert given.choices()["reader"][0] == "none"
+    assert given.persistent_workers is True and given.prefetch_factor == 4
     loader = cf.DataLoader(ds, 8, shuffle=True, device="cpu")
     for name in ("num_workers", "pin_memory", "prefetch_factor", "decode", "collate_fn", "device"):
-        assert loader.choices[name] == p[name], name
+        assert loader.choices[name] == p.choices()[name], name
     assert isinstance(loader.sampler, BlockShuffleSampler) and loader.sampler.block_size == 1

@@ -136,7 +136,8 @@ def _reader_loaders(ds: H5ImageFolder, workers: int, batch_size: int,
                     layout: Optional[torch.memory_format]) -> dict[str, Iterable]:
     """The three ways of reading ``ds`` that ``run_reader`` compares (FFCV, where installed, is added
     there)."""
-    from colabfast.loading import _Prepared, collate
+    from colabfast.collate import collate
+    from colabfast.loading import _Prepared
     from colabfast.reader import BatchReader
 
     blob = torch.from_numpy(_load(ds))
