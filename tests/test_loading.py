@@ -303,3 +303,75 @@ def test_torchvision_imagefolder_drop_in(tmp_path):
         assert type(x) is torch.Tensor and x.shape == px.shape
         torch.testing.assert_close(x, manual(px.as_subclass(torch.Tensor)), rtol=0, atol=1e-6)
         assert torch.equal(y, py)
+
+
+# --- the plan -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    from colabfast.packing import pack
+    from colabfast.testing.data import make_imagefolder
+
+    out = tmp_path_factory.mktemp("loading")
+    return pack(make_imagefolder(out / "src", classes=2, per_class=4, size=(20, 16)), out / "m.h5", progress=False)
+
+
+def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch):
+    """Issue 24, item 2: one field per decision, their reasons, and loader.choices in its old shape
+    (name -> (value, why)) made from the same plan."""
+    import dataclasses
+
+    monkeypatch.setattr(loading.env, "cpu_count", lambda: 2)
+    p = loading.plan(Images(), batch_size=4, device="cpu", memory_format=torch.channels_last)
+    assert isinstance(p, loading.Plan) and p.device == torch.device("cpu")
+    assert (p.num_workers, p.persistent_workers, p.prefetch_factor, p.pin_memory) == (2, True, 4, False)
+    assert p.layout == torch.channels_last and p.collate_fn.keywords == {"memory_format": torch.channels_last}
+    assert p.reader is None and p.sampler == "SequentialSampler" and p.decode == "auto"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.num_workers = 0  # type: ignore[misc]
+    assert set(p.reasons) == set(p.choices())
+    dl = DataLoader(Images(), 4, device="cpu", memory_format=torch.channels_last)
+    assert list(dl.choices)[:9] == list(p.choices()) and all(dl.choices[k] == v for k, v in p.choices().items())
+    assert dl.choices["collate_fn"] == ("colabfast.collate.collate", "uint8 images batched channels-last")
+    assert dl.collate_fn.keywords == {"memory_format": torch.channels_last}
+    assert all(isinstance(why, str) for _, why in dl.choices.values())
+    unbatched = loading.plan(Images(), batch_size=None, device="cpu", num_workers=0)
+    assert unbatched.layout is None and unbatched.collate_fn is None
+    assert unbatched.choices()["collate_fn"] == ("default_convert", "torch's default without batching")
+
+
+def test_a_pil_mirror_is_refused_before_iterating_with_the_fix(mirror):
+    """Issue 23, item 13: H5ImageFolder's default output="pil" met torch's default_collate error in a
+    worker; the loader refuses it when made, naming the mirror and what to pass."""
+    from colabfast.datasets import H5ImageFolder
+
+    for ds in (H5ImageFolder(mirror), Subset(H5ImageFolder(mirror), [0, 1, 2])):
+        with pytest.raises(ValueError, match=r"H5ImageFolder\('.*m\.h5'\) gives PIL images") as e:
+            DataLoader(ds, 2, device="cpu")
+        assert "output='tensor'" in str(e.value) and "PILToTensor()" in str(e.value)
+        with pytest.raises(ValueError, match="gives PIL images"):
+            loading.plan(ds, batch_size=2, device="cpu")
+    # Whatever makes tensors before batching is left alone: the dataset's transform, a per-image
+    # loader transform on the CPU, the caller's collate_fn, no batching, or output="tensor".
+    images, labels = next(iter(DataLoader(H5ImageFolder(mirror, transform=v2.PILToTensor()), 2, num_workers=0)))
+    assert images.shape == (2, 3, 16, 20) and labels.tolist() == [0, 0]
+    cpu = DataLoader(H5ImageFolder(mirror), 2, num_workers=0, device="cpu", transform=v2.PILToTensor())
+    assert torch.equal(next(iter(cpu))[0], images)
+    assert len(next(iter(DataLoader(H5ImageFolder(mirror), 2, num_workers=0, collate_fn=list)))) == 2
+    assert next(iter(DataLoader(H5ImageFolder(mirror), None, num_workers=0, device="cpu")))[0].size == (20, 16)
+    assert torch.equal(next(iter(DataLoader(H5ImageFolder(mirror, output="tensor"), 2, device="cpu")))[0], images)
+
+
+@pytest.mark.parametrize("batch_size, block, spans", [(2, 1, 2), (16, 1, 16), (100, 6, 17), (4096, 64, 64)])
+def test_the_block_sampler_says_how_many_blocks_a_batch_mixes(batch_size, block, spans):
+    """Issue 23, item 16: the reason said "a batch mixes 16 blocks" whatever the batch size."""
+    p = loading.plan(Images(40, mirror=True), batch_size=batch_size, shuffle=True, num_workers=0, device="cpu")
+    assert p.sampler == loading.BlockPlan(block)
+    assert p.reasons["sampler"] == (f"h5 mirror, shuffle=True, blocks of {block}: a batch of {batch_size} mixes at "
+                                    f"least {spans} blocks (pack(shuffle=True) allows 64)")
+    order = list(BlockShuffleSampler(range(400), block, seed=0))
+    first = order[:batch_size]
+    assert len({i // block for i in first}) >= min(spans, 400 // block)  # what the sentence claims
+    unbatched = loading.plan(Images(40, mirror=True), batch_size=None, shuffle=True, num_workers=0, device="cpu")
+    assert unbatched.reasons["sampler"] == "h5 mirror, shuffle=True, blocks of 64: no batches to mix"
