@@ -339,9 +339,15 @@ def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch):
     unbatched = loading.plan(Images(), batch_size=None, device="cpu", num_workers=0)
     assert unbatched.layout is None and unbatched.collate_fn is None
     assert unbatched.choices()["collate_fn"] == ("default_convert", "torch's default without batching")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # planning needs no GPU, only its index
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cuda = loading.plan(Images(output="bytes"), batch_size=4)
+    assert cuda.device == torch.device("cuda", 0) and cuda.layout == torch.channels_last and cuda.pin_memory
+    assert cuda.choices()["decode"] == ("gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches")
+    assert cuda.reasons["collate_fn"] == "uint8 images batched channels-last"
 
 
-def test_a_pil_mirror_is_refused_before_iterating_with_the_fix(mirror):
+def test_a_pil_mirror_is_refused_before_iterating_with_the_fix(mirror, monkeypatch):
     """Issue 23, item 13: H5ImageFolder's default output="pil" met torch's default_collate error in a
     worker; the loader refuses it when made, naming the mirror and what to pass."""
     from colabfast.datasets import H5ImageFolder
@@ -361,6 +367,10 @@ def test_a_pil_mirror_is_refused_before_iterating_with_the_fix(mirror):
     assert len(next(iter(DataLoader(H5ImageFolder(mirror), 2, num_workers=0, collate_fn=list)))) == 2
     assert next(iter(DataLoader(H5ImageFolder(mirror), None, num_workers=0, device="cpu")))[0].size == (20, 16)
     assert torch.equal(next(iter(DataLoader(H5ImageFolder(mirror, output="tensor"), 2, device="cpu")))[0], images)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(ValueError, match="gives PIL images"):  # on CUDA the loader's transform runs after batching
+        loading.plan(H5ImageFolder(mirror), batch_size=2, transform=v2.PILToTensor())
 
 
 @pytest.mark.parametrize("batch_size, block, spans", [(2, 1, 2), (16, 1, 16), (100, 6, 17), (4096, 64, 64)])
