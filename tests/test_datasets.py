@@ -41,7 +41,10 @@ def inet(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def mirrors(inet, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("mirrors")
-    return {store: pack(inet, out / f"{store}.h5", store=store, progress=False) for store in ("encoded", "raw")}
+    made = {store: pack(inet, out / f"{store}.h5", store=store, progress=False) for store in ("encoded", "raw")}
+    # stored in a seeded random order; its indices are still ImageFolder's (issue 23 item 9)
+    made["shuffled"] = pack(inet, out / "shuffled.h5", shuffle=True, seed=2, progress=False)
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def test_imagefolder_attributes_match(inet, mirrors):
         assert "Mirror:" in repr(ds)
 
 
-@pytest.mark.parametrize("store", ["encoded", "raw"])
+@pytest.mark.parametrize("store", ["encoded", "raw", "shuffled"])
 @pytest.mark.parametrize("output", ["pil", "tensor"])
 def test_pixels_equal_imagefolder(inet, mirrors, store, output):
     ref = ImageFolder(inet)
@@ -113,8 +116,18 @@ def test_bytes_output_is_the_stored_file(inet, mirrors):
         H5ImageFolder(mirrors["raw"], output="bytes")
 
 
-def test_kitti_matches_torchvision(kitti):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_kitti_matches_torchvision(kitti, shuffle, tmp_path):
     base, mirror = kitti
+    if shuffle:  # stored in a random order, indexed in file-name order all the same (issue 23 item 9)
+        mirror = pack(base, tmp_path / "shuffled.h5", shuffle=True, seed=1, progress=False)
+        plain = H5Kitti(kitti[1])
+        assert H5Kitti(mirror).reader.positions is not None
+        assert H5Kitti(mirror).images == plain.images and H5Kitti(mirror).targets == plain.targets
+        assert H5Kitti(mirror, train=False).images == H5Kitti(kitti[1], train=False).images
+        for i in range(len(plain)):
+            assert {k: v.tolist() for k, v in H5Kitti(mirror).calib(i).items()} == \
+                {k: v.tolist() for k, v in plain.calib(i).items()}
     for train in (True, False):
         ref, ds = Kitti(base, train=train), H5Kitti(mirror, train=train)
         assert len(ref) == len(ds)
