@@ -17,13 +17,15 @@ a dataset in stored order, so a block of consecutive stored samples is still one
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import io
+import itertools
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union, cast
 
 import numpy as np
 import torch
@@ -45,6 +47,7 @@ __all__ = ["H5ImageFolder", "H5Kitti", "MirrorDataset", "MirrorReader", "read_or
 OUTPUTS = ("pil", "tensor", "bytes")
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
 RETRIES = 5  # retries of a transient read error at one offset, as colabfast.stage's default
+IOV_MAX = 512  # buffers per os.preadv call, below every system's limit (1024 on Linux)
 
 
 class MirrorReader:
@@ -111,8 +114,9 @@ class MirrorReader:
             self._pid = os.getpid()
         return self._fd
 
-    def read_into(self, out: np.ndarray, start: int) -> None:
-        """Fill ``out`` (any contiguous array) with the image data from byte ``start`` on.
+    def read_into(self, out: Union[np.ndarray, Sequence[np.ndarray]], start: int) -> None:
+        """Fill ``out`` (any contiguous array, or a list of them filled one after the other: one read
+        scattered into a batch's slots, ``os.preadv``) with the image data from byte ``start`` on.
 
         Transient errors of a flaky mount (EIO, ENOTCONN, ...) are retried as :func:`colabfast.stage`
         retries them (:func:`colabfast._fileio.pread_retrying`): ``RETRIES`` times at the failing
@@ -125,7 +129,9 @@ class MirrorReader:
             OSError: a read still fails after the retries.
         """
         # numpy's stubs declare ndarray a Buffer only from Python 3.12 on
-        view, base = memoryview(cast("Buffer", out)).cast("B"), self.data_offset + start
+        pieces = [memoryview(cast("Buffer", o)).cast("B") for o in ([out] if isinstance(out, np.ndarray) else out)]
+        ends = list(itertools.accumulate(len(piece) for piece in pieces))
+        total, base = (ends[-1] if ends else 0), self.data_offset + start
         try:
             handle = _Handle(self._handles(), self.path)
         except OSError as exc:
@@ -134,13 +140,13 @@ class MirrorReader:
             raise self._mount_failed(exc, "opening it to read image data") from exc
 
         def preadv(n: int, offset: int) -> int:
-            return os.preadv(handle.fd, [view[offset - base : offset - base + n]], offset)
+            return os.preadv(handle.fd, _buffers(pieces, ends, offset - base, n), offset)
 
         try:
             pos = 0
-            while pos < len(view):
+            while pos < total:
                 try:
-                    n = pread_retrying(preadv, len(view) - pos, base + pos, RETRIES, handle.reopen)
+                    n = pread_retrying(preadv, total - pos, base + pos, RETRIES, handle.reopen)
                 except OSError as exc:
                     if not is_transient(exc):
                         raise
@@ -206,6 +212,19 @@ class MirrorReader:
         for start in range(0, nbytes, step):
             self.read_into(blob[start : start + step].numpy(), start)
         return blob
+
+
+def _buffers(pieces: list[memoryview], ends: list[int], at: int, n: int) -> list[memoryview]:
+    """Where bytes ``at .. at + n`` of ``pieces`` filled one after the other go (``ends``: their
+    cumulative lengths): at most ``IOV_MAX`` buffers, so a longer request reads short (callers loop)."""
+    out: list[memoryview] = []
+    k = bisect.bisect_right(ends, at)
+    while k < len(pieces) and n > 0 and len(out) < IOV_MAX:
+        lo = at - (ends[k] - len(pieces[k]))
+        piece = pieces[k][lo : lo + n]
+        out.append(piece)
+        at, n, k = at + len(piece), n - len(piece), k + 1
+    return out
 
 
 class _Handle:

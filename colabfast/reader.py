@@ -141,17 +141,29 @@ class BatchReader:
 
     # --- reading ---------------------------------------------------------------------------------
 
-    def _runs(self, indices: Sequence[int]) -> list[tuple[int, int]]:
-        """``(first, last)`` sample of each run of consecutive stored positions in ``indices``' order,
-        split so that no read exceeds ``MAX_READ`` bytes."""
+    def _read_runs(self, indices: Sequence[int], batch: torch.Tensor, starts: Sequence[int]) -> None:
+        """Fill ``batch[starts[k]:starts[k + 1]]`` (1-D uint8) with stored sample ``indices[k]``: one
+        read per run of consecutive stored positions, whatever their order in the batch (a block the
+        sampler shuffled inside), scattered into their places; no read exceeds ``MAX_READ`` bytes."""
         offsets = self.dataset.reader.offsets
-        runs, first = [], indices[0]
-        for prev, i in zip(indices, indices[1:]):
-            if i != prev + 1 or offsets[i + 1] - offsets[first] > MAX_READ:
-                runs.append((first, prev))
-                first = i
-        runs.append((first, indices[-1]))
-        return runs
+
+        def read(run: list[int]) -> None:  # places in the batch, in stored order
+            buffers, first = [], 0
+            for j in range(1, len(run) + 1):  # places next to each other in the batch too: one buffer
+                if j == len(run) or run[j] != run[j - 1] + 1:
+                    buffers.append(batch[starts[run[first]] : starts[run[j - 1] + 1]])
+                    first = j
+            self._fill(buffers, int(offsets[indices[run[0]]]))
+
+        run: list[int] = []
+        for k in np.argsort(indices, kind="stable").tolist():
+            i = indices[k]
+            if run and (i != indices[run[-1]] + 1 or offsets[i + 1] - offsets[indices[run[0]]] > MAX_READ):
+                read(run)
+                run = []
+            run.append(k)
+        if run:
+            read(run)
 
     def _read_bytes(self, indices: list[int], keys: list[int]) -> EncodedImages:
         """The stored files at positions ``indices``; ``keys`` (their dataset indices) name them in
@@ -159,17 +171,13 @@ class BatchReader:
         offsets = self.dataset.reader.offsets
         lengths = torch.from_numpy((offsets[np.add(indices, 1)] - offsets[indices]).astype(np.int64))
         data = self._memory.empty((int(lengths.sum()),))
-        pos = 0
-        for first, last in self._runs(indices):
-            n = int(offsets[last + 1] - offsets[first])
-            self._fill(data[pos : pos + n], int(offsets[first]))
-            pos += n
+        starts = np.concatenate(([0], np.cumsum(lengths.numpy())))
+        self._read_runs(indices, data, starts.tolist())
         if self.dataset.verify:
             self.dataset.reader.index.check_samples(indices, [f.numpy() for f in data.split(lengths.tolist())])
         # Only JPEGs go to nvJPEG (the worker path decodes others on the CPU): the signature of every
         # file at once, no per-sample Python.
-        starts = np.concatenate(([0], np.cumsum(lengths.numpy())[:-1]))
-        head = data.numpy()[np.minimum(starts[:, None] + np.arange(3), len(data) - 1)]
+        head = data.numpy()[np.minimum(starts[:-1, None] + np.arange(3), len(data) - 1)]
         jpeg = (lengths.numpy() >= 3) & (head == np.frombuffer(JPEG_MAGIC, np.uint8)).all(axis=1)
         if not jpeg.all():
             k = int(np.flatnonzero(~jpeg)[0])
@@ -186,16 +194,10 @@ class BatchReader:
             h, w, c = (int(v) for v in shapes[0])
             shape = (len(indices), h, w, c)
             hwc = self._empty(shape) if self.channels_last else self._memory.empty(shape)
-            flat = hwc.view(-1)
-            pos = 0
-            for first, last in self._runs(indices):
-                n = int(reader.offsets[last + 1] - reader.offsets[first])
-                self._fill(flat[pos : pos + n], int(reader.offsets[first]))
-                pos += n
+            per = h * w * c
+            self._read_runs(indices, hwc.view(-1), range(0, (len(indices) + 1) * per, per))
             if self.dataset.verify:
-                per = h * w * c
-                images = [flat[k * per : (k + 1) * per].numpy() for k in range(len(indices))]
-                reader.index.check_samples(indices, images)
+                reader.index.check_samples(indices, [image.numpy() for image in hwc.view(len(indices), -1)])
             if self.channels_last:
                 return hwc.permute(0, 3, 1, 2)
             out = self._empty((len(indices), c, h, w))
@@ -238,14 +240,17 @@ class BatchReader:
             return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         return self._memory.empty(shape)
 
-    def _fill(self, out: torch.Tensor, start: int) -> None:
-        """``out`` (a 1-D uint8 tensor) from the image data at ``start``: from RAM for ``in_memory``
-        mirrors, else ``pread`` with retries of transient errors (:meth:`MirrorReader.read_into`)."""
+    def _fill(self, out: list[torch.Tensor], start: int) -> None:
+        """``out`` (1-D uint8 tensors, filled one after the other) from the image data at ``start``:
+        from RAM for ``in_memory`` mirrors, else one ``preadv`` with retries of transient errors
+        (:meth:`MirrorReader.read_into`)."""
         reader = self.dataset.reader
         if reader.blob is not None:
-            np.copyto(out.numpy(), reader.blob[start : start + out.numel()].numpy())
+            for part in out:
+                np.copyto(part.numpy(), reader.blob[start : start + part.numel()].numpy())
+                start += part.numel()
         else:
-            reader.read_into(out.numpy(), start)
+            reader.read_into([part.numpy() for part in out], start)
 
 
 

@@ -344,6 +344,30 @@ def test_long_runs_from_a_flaky_drive_are_retried_in_smaller_requests(flaky_driv
     assert sim.stats()["eio"] > 0
 
 
+def test_a_read_scattered_into_many_buffers_is_retried_like_one(flaky_drive, monkeypatch):
+    """Issue 23 item 9: a run of consecutive stored samples is one preadv scattered into the places of
+    the batch they go to (a block the sampler shuffled inside); it is retried at the failing offset
+    like one buffer, across buffers of any size, and in several calls past IOV_MAX buffers."""
+    from colabfast import datasets
+
+    sim, mounted, local = flaky_drive
+    expected = np.concatenate([v.numpy() for v in MirrorReader(local).views(range(80))])
+    cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, len(expected)), 300, replace=False))
+    monkeypatch.setattr(datasets, "IOV_MAX", 7)
+    for eio in (0.0, 0.2):
+        reader = MirrorReader(mounted)
+        sim.set(eio_read=eio)
+        pieces = [np.full(len(part), 1, np.uint8) for part in np.split(expected, cuts)]
+        reader.read_into(pieces, 0)
+        sim.set(eio_read=0.0)
+        os.close(reader._fd)
+        assert np.array_equal(np.concatenate(pieces), expected)
+        tail = [np.zeros(5, np.uint8), np.zeros(0, np.uint8), np.zeros(9, np.uint8)]
+        MirrorReader(local).read_into(tail, 1000)
+        assert np.array_equal(np.concatenate(tail), expected[1000:1014])
+    assert sim.stats()["eio"] > 0
+
+
 def test_opens_on_a_flaky_drive_are_retried_and_blame_the_mount(flaky_drive, tmp_path, monkeypatch):
     """Issue 15, case 12: opening a mirror on a flaky mount (h5py's open, its index, the child process
     that vets it) had no retry: at 30% EIO 2 of 8 opens failed, one as "truncated (an interrupted
