@@ -18,7 +18,8 @@ thousands of small ones. Format version 2, all datasets contiguous and unfiltere
         paths, path_offsets  uint8 [bytes], int64 [N + 1]: each sample's source path (UTF-8),
                              relative to the source folder
         order                int64 [N]: each stored sample's index in the source's own order
-                             (differs from 0..N-1 when packed with shuffle=True)
+                             (torchvision's; not rising when packed with shuffle=True or from an
+                             archive): dataset index i is the stored sample of the i-th smallest order
         targets              int64 [N]: class index (imagefolder; files: label or -1)
         objects/...          kitti training only: per-object columns, sample i owns rows
                              object_offsets[i]:object_offsets[i + 1] (int64 [N + 1]):

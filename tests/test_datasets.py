@@ -411,3 +411,18 @@ def test_a_dropped_drive_connection_says_to_remount(flaky_drive, monkeypatch):
         unread[3]
     with pytest.raises(OSError, match=r"m\.h5 could not be read: .*force_remount=True"):
         H5ImageFolder(mounted)
+
+
+def test_stored_positions_map_indices_to_where_samples_are_stored():
+    """Issue 23 item 9: the one index -> stored position array, from the order dataset: None where
+    the file is in source order (gaps from skipped files included), else the stored samples sorted by
+    source index; an order claiming one source index twice is a corrupt mirror."""
+    from colabfast.datasets import stored_positions
+
+    assert stored_positions(np.arange(5), "m.h5") is None
+    assert stored_positions(np.array([0, 2, 7], dtype=np.int64), "m.h5") is None
+    assert stored_positions(np.zeros(0, dtype=np.int64), "m.h5") is None
+    assert stored_positions(np.array([3, 1, 2, 0]), "m.h5").tolist() == [3, 1, 2, 0]
+    assert stored_positions(np.array([9, 1, 4]), "m.h5").tolist() == [1, 2, 0]
+    with pytest.raises(MirrorError, match="m.h5: its order dataset lists source index 2 twice"):
+        stored_positions(np.array([2, 0, 2]), "m.h5")
