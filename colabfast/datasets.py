@@ -5,22 +5,33 @@ calls or across a fork, and a dataset pickles as its path (workers re-read the s
 Images are read with one ``os.pread`` at the image's place in the file (the mirror's datasets are
 contiguous, so their file offset is fixed), which skips HDF5's per-call overhead and its global
 lock; per sample the dataset holds a few integers (offsets, shape, label), not Python objects.
+
+Two orders meet here. A dataset's index ``i`` is the source's sample ``i``, in torchvision's order;
+the file stores its samples in the order they were packed (a seeded random order with
+``pack(shuffle=True)``, an archive's member order). The mirror's ``order`` dataset records each stored
+sample's source index, and :func:`stored_positions` turns it into the one array that maps an index to
+its stored position (None, free, where the two orders agree). Everything that reads works on stored
+positions (:meth:`MirrorReader.views`, :mod:`colabfast.reader`); :func:`read_order` lets a sampler walk
+a dataset in stored order, so a block of consecutive stored samples is still one read.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import io
+import itertools
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union, cast
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from PIL import Image
-from torch.utils.data import ConcatDataset, get_worker_info
+from torch.utils.data import ConcatDataset, Subset, get_worker_info
 from torchvision.datasets import VisionDataset
 
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
@@ -30,15 +41,21 @@ from colabfast.mirror import Index, MirrorError, header, load_index, read_h5, re
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["H5ImageFolder", "H5Kitti", "MirrorDataset", "MirrorReader", "unwrap"]
+__all__ = ["H5ImageFolder", "H5Kitti", "MirrorDataset", "MirrorReader", "read_order", "stored_positions",
+           "through_subsets", "unwrap"]
 
 OUTPUTS = ("pil", "tensor", "bytes")
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
 RETRIES = 5  # retries of a transient read error at one offset, as colabfast.stage's default
+IOV_MAX = 512  # buffers per os.preadv call, below every system's limit (1024 on Linux)
 
 
 class MirrorReader:
-    """Reads the images of one sample table of a mirror, fast and fork-safe.
+    """Reads the images of one sample table of a mirror, fast and fork-safe, by stored position.
+
+    ``positions`` (int64 ``[N]``, or None where the mirror stores its samples in source order) maps
+    a dataset index to the stored position of its sample (:func:`stored_positions`); it is loaded with
+    the rest of the metadata in each process, never pickled.
 
     Args:
         path: the mirror file.
@@ -75,6 +92,7 @@ class MirrorReader:
         self.shapes: np.ndarray = self.index.shapes
         self.store = self.index.header.store
         self.data_offset: int = self.index.data_offset
+        self.positions: Optional[np.ndarray] = stored_positions(self.index.order, self.path)
         self._fd = None
         self._pid = -1
 
@@ -96,8 +114,9 @@ class MirrorReader:
             self._pid = os.getpid()
         return self._fd
 
-    def read_into(self, out: np.ndarray, start: int) -> None:
-        """Fill ``out`` (any contiguous array) with the image data from byte ``start`` on.
+    def read_into(self, out: Union[np.ndarray, Sequence[np.ndarray]], start: int) -> None:
+        """Fill ``out`` (any contiguous array, or a list of them filled one after the other: one read
+        scattered into a batch's slots, ``os.preadv``) with the image data from byte ``start`` on.
 
         Transient errors of a flaky mount (EIO, ENOTCONN, ...) are retried as :func:`colabfast.stage`
         retries them (:func:`colabfast._fileio.pread_retrying`): ``RETRIES`` times at the failing
@@ -110,7 +129,9 @@ class MirrorReader:
             OSError: a read still fails after the retries.
         """
         # numpy's stubs declare ndarray a Buffer only from Python 3.12 on
-        view, base = memoryview(cast("Buffer", out)).cast("B"), self.data_offset + start
+        pieces = [memoryview(cast("Buffer", o)).cast("B") for o in ([out] if isinstance(out, np.ndarray) else out)]
+        ends = list(itertools.accumulate(len(piece) for piece in pieces))
+        total, base = (ends[-1] if ends else 0), self.data_offset + start
         try:
             handle = _Handle(self._handles(), self.path)
         except OSError as exc:
@@ -119,13 +140,13 @@ class MirrorReader:
             raise self._mount_failed(exc, "opening it to read image data") from exc
 
         def preadv(n: int, offset: int) -> int:
-            return os.preadv(handle.fd, [view[offset - base : offset - base + n]], offset)
+            return os.preadv(handle.fd, _buffers(pieces, ends, offset - base, n), offset)
 
         try:
             pos = 0
-            while pos < len(view):
+            while pos < total:
                 try:
-                    n = pread_retrying(preadv, len(view) - pos, base + pos, RETRIES, handle.reopen)
+                    n = pread_retrying(preadv, total - pos, base + pos, RETRIES, handle.reopen)
                 except OSError as exc:
                     if not is_transient(exc):
                         raise
@@ -147,14 +168,15 @@ class MirrorReader:
                                                       "or stage the mirror to local disk first (colabfast.stage).")
         return OSError(exc.errno, f"{self.path}: {what} failed {tries} times ({exc.strerror}). {advice}")
 
-    def read(self, index: int) -> torch.Tensor:
-        """The stored bytes of sample ``index`` as a new uint8 tensor ``[nbytes]`` of its own."""
-        return self.views([index])[0].clone()
+    def read(self, position: int) -> torch.Tensor:
+        """The bytes of stored sample ``position`` as a new uint8 tensor ``[nbytes]`` of its own."""
+        return self.views([position])[0].clone()
 
     def views(self, indices: Sequence[int]) -> list[torch.Tensor]:
-        """The stored bytes of several samples as uint8 tensors ``[nbytes]``, in ``indices`` order.
+        """The bytes of several stored samples (stored positions, not dataset indices: see
+        ``positions``) as uint8 tensors ``[nbytes]``, in ``indices`` order.
 
-        They view a larger buffer: the in-memory data, or one read per run of consecutive indices.
+        They view a larger buffer: the in-memory data, or one read per run of consecutive positions.
         On a FUSE mount such as Drive a batch drawn by
         :class:`colabfast.BlockShuffleSampler` is then a few large reads instead of one small read per
         sample, which is what makes cold storage fast. Pass them through :func:`compact` before
@@ -192,6 +214,19 @@ class MirrorReader:
         return blob
 
 
+def _buffers(pieces: list[memoryview], ends: list[int], at: int, n: int) -> list[memoryview]:
+    """Where bytes ``at .. at + n`` of ``pieces`` filled one after the other go (``ends``: their
+    cumulative lengths): at most ``IOV_MAX`` buffers, so a longer request reads short (callers loop)."""
+    out: list[memoryview] = []
+    k = bisect.bisect_right(ends, at)
+    while k < len(pieces) and n > 0 and len(out) < IOV_MAX:
+        lo = at - (ends[k] - len(pieces[k]))
+        piece = pieces[k][lo : lo + n]
+        out.append(piece)
+        at, n, k = at + len(piece), n - len(piece), k + 1
+    return out
+
+
 class _Handle:
     """The file handle one :meth:`MirrorReader.read_into` call reads through: the reader's shared one,
     until an error; then one of its own. A restarted Drive client (ENOTCONN) invalidates open
@@ -211,6 +246,84 @@ class _Handle:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.own = False
+
+
+def stored_positions(order: np.ndarray, path: PathLike) -> Optional[np.ndarray]:
+    """Where each sample of a mirror is stored, from its ``order`` dataset.
+
+    Args:
+        order: int64 ``[N]``, each stored sample's index in the source's order (torchvision's index;
+            with gaps where ``pack(on_error="skip")`` left files out).
+        path: the mirror, for the error.
+
+    Returns:
+        int64 ``[N]``: entry ``i`` is the stored position of the dataset's sample ``i`` (the stored
+        samples sorted by source index); None when they are stored in that order (every mirror packed
+        from a folder without ``shuffle``), so that indexing costs nothing extra.
+
+    Raises:
+        MirrorError: two stored samples claim one source index.
+    """
+    if bool(np.all(order[1:] > order[:-1])):
+        return None
+    positions = np.argsort(order, kind="stable")
+    ranked = order[positions]
+    twice = ranked[1:][ranked[1:] == ranked[:-1]]
+    if len(twice):
+        raise MirrorError(f"{path}: its order dataset lists source index {int(twice[0])} twice: the mirror is "
+                          "corrupt. Copy it again, or pack it again.")
+    return positions.astype(np.int64)
+
+
+def through_subsets(dataset: Any) -> tuple[Any, Optional[np.ndarray]]:
+    """The dataset under any ``torch.utils.data.Subset`` wrappers (``random_split`` makes them), and
+    the int64 array that maps the outer dataset's indices onto its (None without a Subset), with
+    negative indices counted from the end.
+
+    Raises:
+        IndexError: a Subset's index is outside the dataset it wraps (as indexing it would).
+    """
+    mapping: Optional[np.ndarray] = None
+    while isinstance(dataset, Subset):
+        idx = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
+        mapping = idx if mapping is None else idx[mapping]
+        dataset = dataset.dataset
+    if mapping is not None:
+        n = len(dataset)
+        if len(mapping) and (mapping.min() < -n or mapping.max() >= n):
+            raise IndexError(f"a Subset index is outside its dataset of {n} samples")
+        mapping = np.where(mapping < 0, mapping + n, mapping)
+    return dataset, mapping
+
+
+def read_order(dataset: Any) -> Optional[NDArray[np.int64]]:
+    """The indices of ``dataset`` in the order its samples are stored, for samplers that read the file
+    in runs (:class:`colabfast.BlockShuffleSampler`).
+
+    Args:
+        dataset: a mirror dataset, a ``Subset`` of one (nested or not), or any other dataset.
+
+    Returns:
+        int64 ``[len(dataset)]``, a permutation of ``arange(len(dataset))``: consecutive entries are
+        samples stored one after the other (or, in a Subset, at rising places in the file); None when
+        that is ``0 .. len - 1`` already, or ``dataset`` is not a mirror (or a Subset of one).
+
+    Raises:
+        IndexError: a Subset's index is outside the dataset it wraps.
+    """
+    base, mapping = through_subsets(dataset)
+    if not isinstance(base, MirrorDataset):
+        return None
+    positions = base.reader.positions
+    if positions is not None:
+        stored = positions if mapping is None else positions[mapping]
+    elif mapping is not None:
+        stored = mapping
+    else:
+        return None
+    if bool(np.all(stored[1:] >= stored[:-1])):
+        return None
+    return np.argsort(stored, kind="stable").astype(np.int64)
 
 
 def unwrap(dataset: Any) -> Iterator[Any]:
@@ -276,7 +389,8 @@ class MirrorDataset(VisionDataset):
         self.path = Path(os.path.abspath(path))
         self.output = output
         self.reader = MirrorReader(path, split, in_memory=in_memory)
-        self.shuffled = self.reader.index.header.shuffled  # packed in a seeded random order
+        # packed in a seeded random order: reads in stored order (BlockShuffleSampler) mix classes
+        self.shuffled = self.reader.index.header.shuffled
         self.verify = verify
         if verify and self.reader.index.crc32 is None:
             raise MirrorError(f"verify=True needs checksums, and {path} is a format version "
@@ -292,8 +406,8 @@ class MirrorDataset(VisionDataset):
         """Sample ``index``'s image per ``output``: a PIL RGB image; a uint8 tensor [3, H, W] (a
         channels-last view, as ``torchvision.io.decode_image`` returns); or the encoded file's bytes
         as a uint8 tensor [nbytes]. Tensors own their memory."""
-        (index,) = self._checked([index])
-        return compact(self._decode(index, self._stored([index])[0]))
+        (position,) = self.positions_of(self._checked([index]))
+        return compact(self._decode(position, self._stored([position])[0]))
 
     def _checked(self, indices: Sequence[int]) -> list[int]:
         """``indices`` as ints in ``range(len(self))``, negative ones counted from the end as a list's.
@@ -309,13 +423,20 @@ class MirrorDataset(VisionDataset):
             out.append(k + n if k < 0 else k)
         return out
 
-    def _stored(self, indices: Sequence[int]) -> list[torch.Tensor]:
-        views = self.reader.views(indices)
+    def positions_of(self, indices: Sequence[int]) -> list[int]:
+        """The stored positions of samples ``indices`` (in ``range(len(self))``): where
+        :class:`MirrorReader` finds them (see :func:`stored_positions`)."""
+        at = self.reader.positions
+        return [int(i) for i in indices] if at is None else at[np.asarray(indices, dtype=np.int64)].tolist()
+
+    def _stored(self, positions: Sequence[int]) -> list[torch.Tensor]:
+        views = self.reader.views(positions)
         if self.verify:  # zlib.crc32 of every image read: its cost is measured in the README's format section
-            self.reader.index.check_samples(indices, [v.numpy() for v in views])
+            self.reader.index.check_samples(positions, [v.numpy() for v in views])
         return views
 
     def _decode(self, index: int, stored: torch.Tensor) -> Any:
+        """Stored sample ``index`` (a stored position) decoded per ``output``."""
         if self.reader.store == "raw":  # load_index checked that H x W x 3 is the stored size
             h, w, c = (int(v) for v in self.reader.shapes[index])
             hwc = stored.view(h, w, c)
@@ -351,7 +472,9 @@ class MirrorDataset(VisionDataset):
         is right only where nothing pickles them or whatever batches them copies them anyway
         (``colabfast.DataLoader``'s collate, which asks for views through the wrapper it owns)."""
         indices = self._checked(indices)
-        items = [self.sample(i, self._decode(i, data)) for i, data in zip(indices, self._stored(indices))]
+        positions = self.positions_of(indices)
+        images = [self._decode(p, data) for p, data in zip(positions, self._stored(positions))]
+        items = [self.sample(i, image) for i, image in zip(indices, images)]
         if views:
             return items
         return [tuple(compact(x) for x in item) if isinstance(item, tuple) else compact(item) for item in items]
@@ -359,8 +482,9 @@ class MirrorDataset(VisionDataset):
     @cached_property
     def source_paths(self) -> list[str]:
         """Where each sample came from (absolute paths at pack time), in dataset order."""
-        root = self.reader.index.header.source
-        return [os.path.join(root, rel) for rel in read_paths(self.path, self.reader.split)]
+        root, stored = self.reader.index.header.source, read_paths(self.path, self.reader.split)
+        rels = stored if self.reader.positions is None else [stored[p] for p in self.reader.positions.tolist()]
+        return [os.path.join(root, rel) for rel in rels]
 
     def extra_repr(self) -> str:
         return f"Mirror: {self.path} ({self.reader.store} images), output={self.output!r}"
@@ -375,8 +499,13 @@ class H5ImageFolder(MirrorDataset):
     """A drop-in for ``torchvision.datasets.ImageFolder`` reading a mirror made by :func:`colabfast.pack`.
 
     Same ``classes``, ``class_to_idx``, ``targets``, ``samples`` and ``imgs``, the same sample order
-    (unless packed with ``shuffle=True``: then the stored, shuffled order), and items
+    (index ``i`` is ``ImageFolder``'s sample ``i``, or ``torchvision.datasets.ImageNet``'s for a mirror
+    packed from ImageNet's archives, whatever order the samples are stored in), and items
     ``(image, class_index)`` whose pixels equal what ``ImageFolder`` + PIL give for the source files.
+    A mirror packed with ``shuffle=True`` stores its samples in a seeded random order: its indices
+    are the same, and reading it in stored order (:class:`colabfast.BlockShuffleSampler`, which
+    ``colabfast.DataLoader(shuffle=True)`` uses) reads runs of consecutive stored samples whose
+    classes are mixed.
 
     Args:
         path: the mirror (``layout`` imagefolder or files).
@@ -417,7 +546,8 @@ class H5ImageFolder(MirrorDataset):
         self.classes: list[str] = self.reader.index.header.classes or []
         targets = self.reader.index.targets
         assert targets is not None  # not a KITTI mirror (checked above): load_index read its targets
-        self._targets: np.ndarray = targets
+        positions = self.reader.positions
+        self._targets: np.ndarray = targets if positions is None else targets[positions]  # in dataset order
         # archive packs: the devkit, Kaggle's CSV, ...
         self.labels_from = read_h5(self.path, lambda f: str(f.attrs.get("labels", "")))
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
@@ -454,7 +584,8 @@ class H5Kitti(MirrorDataset):
     pixels, ``dimensions`` [h, w, l] metres, ``location`` [x, y, z] metres in camera coordinates,
     ``rotation_y`` float radians), values equal to torchvision's parse of the label files; ``None``
     for the test split. Images are sorted by file name (torchvision uses ``os.listdir``'s
-    arbitrary order).
+    arbitrary order), also in a mirror packed with ``shuffle=True`` (stored shuffled, as in
+    :class:`H5ImageFolder`).
 
     Args:
         path: a KITTI mirror.
@@ -510,7 +641,8 @@ class H5Kitti(MirrorDataset):
             return None
         o, names, offsets = self._objects, self._type_names, self._object_offsets
         assert o is not None and names is not None and offsets is not None  # load_index reads them for training
-        a, b = int(offsets[index]), int(offsets[index + 1])
+        (at,) = self.positions_of(self._checked([index]))
+        a, b = int(offsets[at]), int(offsets[at + 1])
         return [
             {
                 "type": names[o["type"][j]],
@@ -530,7 +662,8 @@ class H5Kitti(MirrorDataset):
         matrices, ``R0_rect`` [3, 3], ``Tr_velo_to_cam`` and ``Tr_imu_to_velo`` [3, 4]; empty if
         the source had no calib folder."""
         calib = self.reader.index.calib or {}
-        return {k: rows[index].reshape(3, 3 if k == "R0_rect" else 4) for k, rows in calib.items()}
+        (at,) = self.positions_of(self._checked([index]))
+        return {k: rows[at].reshape(3, 3 if k == "R0_rect" else 4) for k, rows in calib.items()}
 
     def sample(self, index: int, image: Any) -> tuple[Any, Any]:
         target = self.target(index)

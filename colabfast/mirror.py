@@ -18,7 +18,8 @@ thousands of small ones. Format version 2, all datasets contiguous and unfiltere
         paths, path_offsets  uint8 [bytes], int64 [N + 1]: each sample's source path (UTF-8),
                              relative to the source folder
         order                int64 [N]: each stored sample's index in the source's own order
-                             (differs from 0..N-1 when packed with shuffle=True)
+                             (torchvision's; not rising when packed with shuffle=True or from an
+                             archive): dataset index i is the stored sample of the i-th smallest order
         targets              int64 [N]: class index (imagefolder; files: label or -1)
         objects/...          kitti training only: per-object columns, sample i owns rows
                              object_offsets[i]:object_offsets[i + 1] (int64 [N + 1]):
@@ -613,6 +614,7 @@ class Index:
     shapes: np.ndarray  # int32 [N, 3]
     targets: Optional[np.ndarray]  # int64 [N]; None for kitti
     crc32: Optional[np.ndarray]  # uint32 [N]; None for version 1
+    order: np.ndarray  # int64 [N]: each stored sample's index in the source's order
     object_offsets: Optional[np.ndarray] = None  # int64 [N + 1], kitti training
     objects: Optional[dict[str, np.ndarray]] = None  # column -> [M, ...]
     type_names: Optional[list[str]] = None
@@ -680,10 +682,11 @@ def _load_index(f: h5py.File, path: Path, split: str) -> Index:
                          f"{int(np.prod(shapes[i].astype(np.int64)))}")
     if head.store == "encoded" and np.any(sizes == 0):
         raise _bad(path, f"encoded image {int(np.flatnonzero(sizes == 0)[0])} has 0 bytes")
-    for name, dtype, shape in (("order", "<i8", (n,)), ("paths", "u1", (None,)), ("path_offsets", "<i8", (n + 1,))):
+    for name, dtype, shape in (("paths", "u1", (None,)), ("path_offsets", "<i8", (n + 1,))):
         _dataset(g, name, path, dtype, shape)  # read when asked for (read_paths, verify)
     index = Index(path, split, head, images.id.get_offset() or 0, offsets, shapes, None,
-                  _array(g, "image_crc32", path, "<u4", (n,), v) if v >= 2 else None)
+                  _array(g, "image_crc32", path, "<u4", (n,), v) if v >= 2 else None,
+                  _array(g, "order", path, "<i8", (n,), v))
     if head.layout != "kitti":
         targets = _array(g, "targets", path, "<i8", (n,), v)
         if head.layout == "imagefolder" and not head.classes:

@@ -26,34 +26,13 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Subset
 
-from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset
+from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets
 from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, decode_cpu
 from colabfast.mirror import MirrorError
 from colabfast.prefetch import ImageList
 
 __all__ = ["BatchReader", "applies"]
-
-
-def _mirror_of(dataset: Any) -> tuple[Any, Optional[np.ndarray]]:
-    """The dataset under any ``torch.utils.data.Subset`` wrappers, and the int64 array that maps the
-    outer dataset's indices onto its (None without a Subset).
-
-    Raises:
-        IndexError: a Subset's index is outside the dataset it wraps (as indexing it would).
-    """
-    mapping: Optional[np.ndarray] = None
-    while isinstance(dataset, Subset):
-        idx = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
-        mapping = idx if mapping is None else idx[mapping]
-        dataset = dataset.dataset
-    if mapping is not None:
-        n = len(dataset)
-        if len(mapping) and (mapping.min() < -n or mapping.max() >= n):
-            raise IndexError(f"a Subset index is outside its dataset of {n} samples")
-        mapping = np.where(mapping < 0, mapping + n, mapping)
-    return dataset, mapping
 
 
 def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool, str]:
@@ -65,7 +44,7 @@ def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool,
     its stored bytes, decoded or not, and its label, which threads can produce without running the
     caller's Python per sample.
     """
-    dataset = _mirror_of(dataset)[0]
+    dataset = through_subsets(dataset)[0]
     if type(dataset) is not H5ImageFolder:
         kind = "a KITTI mirror (targets built per sample)" if isinstance(dataset, MirrorDataset) else "not a mirror"
         return False, f"worker processes: {kind}"
@@ -96,7 +75,9 @@ class BatchReader:
 
     Args:
         dataset: the mirror dataset, or a ``Subset`` of it (see :func:`applies`); the indices given to
-            :meth:`batches` and :meth:`read` are this dataset's.
+            :meth:`batches` and :meth:`read` are this dataset's. They are mapped to stored positions
+            (through the Subsets, then :meth:`~colabfast.datasets.MirrorDataset.positions_of`), and
+            everything is read by position: a run of consecutive stored samples is one read.
         threads: batches read at once (default: the CPUs this process may use).
         prefetch: batches read ahead of the one handed out (default ``2 * threads``); memory is
             bounded by ``prefetch + threads + 2`` batches besides those the caller holds.
@@ -118,10 +99,11 @@ class BatchReader:
         channels_last: bool = False,
         pin_memory: bool = False,
     ) -> None:
-        self.dataset, self._map = _mirror_of(dataset)
+        self.dataset, self._map = through_subsets(dataset)
         self.threads = max(1, threads)
         self.prefetch = max(1, prefetch if prefetch is not None else 2 * self.threads)
         self.channels_last, self.pin_memory = channels_last, pin_memory
+        # in stored order, as everything read
         self._targets = torch.from_numpy(np.asarray(self.dataset.reader.index.targets, dtype=np.int64))
         self._memory = _Recycled(keep=self.prefetch + self.threads + 2)  # in flight, + the caller's
 
@@ -150,49 +132,61 @@ class BatchReader:
     def read(self, indices: Sequence[int]) -> list:
         """One batch for ``indices`` (see the class docstring)."""
         mapped = indices if self._map is None else self._map[np.asarray(indices, dtype=np.int64)]
-        indices = [int(i) for i in mapped]
-        targets = self._targets[indices]
+        indices = [int(i) for i in mapped]  # the mirror's
+        positions = self.dataset.positions_of(indices)  # where they are stored: all reads go by these
+        targets = self._targets[positions]
         if self.dataset.output == "bytes":
-            return [self._read_bytes(indices), targets]
-        return [self._read_images(indices), targets]
+            return [self._read_bytes(positions, indices), targets]
+        return [self._read_images(positions), targets]
 
     # --- reading ---------------------------------------------------------------------------------
 
-    def _runs(self, indices: Sequence[int]) -> list[tuple[int, int]]:
-        """``(first, last)`` sample of each run of consecutive indices in ``indices``' order, split so
-        that no read exceeds ``MAX_READ`` bytes."""
+    def _read_runs(self, indices: Sequence[int], batch: torch.Tensor, starts: Sequence[int]) -> None:
+        """Fill ``batch[starts[k]:starts[k + 1]]`` (1-D uint8) with stored sample ``indices[k]``: one
+        read per run of consecutive stored positions, whatever their order in the batch (a block the
+        sampler shuffled inside), scattered into their places; no read exceeds ``MAX_READ`` bytes."""
         offsets = self.dataset.reader.offsets
-        runs, first = [], indices[0]
-        for prev, i in zip(indices, indices[1:]):
-            if i != prev + 1 or offsets[i + 1] - offsets[first] > MAX_READ:
-                runs.append((first, prev))
-                first = i
-        runs.append((first, indices[-1]))
-        return runs
 
-    def _read_bytes(self, indices: list[int]) -> EncodedImages:
+        def read(run: list[int]) -> None:  # places in the batch, in stored order
+            buffers, first = [], 0
+            for j in range(1, len(run) + 1):  # places next to each other in the batch too: one buffer
+                if j == len(run) or run[j] != run[j - 1] + 1:
+                    buffers.append(batch[starts[run[first]] : starts[run[j - 1] + 1]])
+                    first = j
+            self._fill(buffers, int(offsets[indices[run[0]]]))
+
+        run: list[int] = []
+        for k in np.argsort(indices, kind="stable").tolist():
+            i = indices[k]
+            if run and (i != indices[run[-1]] + 1 or offsets[i + 1] - offsets[indices[run[0]]] > MAX_READ):
+                read(run)
+                run = []
+            run.append(k)
+        if run:
+            read(run)
+
+    def _read_bytes(self, indices: list[int], keys: list[int]) -> EncodedImages:
+        """The stored files at positions ``indices``; ``keys`` (their dataset indices) name them in
+        decoding errors, as the worker path's do."""
         offsets = self.dataset.reader.offsets
         lengths = torch.from_numpy((offsets[np.add(indices, 1)] - offsets[indices]).astype(np.int64))
         data = self._memory.empty((int(lengths.sum()),))
-        pos = 0
-        for first, last in self._runs(indices):
-            n = int(offsets[last + 1] - offsets[first])
-            self._fill(data[pos : pos + n], int(offsets[first]))
-            pos += n
+        starts = np.concatenate(([0], np.cumsum(lengths.numpy())))
+        self._read_runs(indices, data, starts.tolist())
         if self.dataset.verify:
             self.dataset.reader.index.check_samples(indices, [f.numpy() for f in data.split(lengths.tolist())])
         # Only JPEGs go to nvJPEG (the worker path decodes others on the CPU): the signature of every
         # file at once, no per-sample Python.
-        starts = np.concatenate(([0], np.cumsum(lengths.numpy())[:-1]))
-        head = data.numpy()[np.minimum(starts[:, None] + np.arange(3), len(data) - 1)]
+        head = data.numpy()[np.minimum(starts[:-1, None] + np.arange(3), len(data) - 1)]
         jpeg = (lengths.numpy() >= 3) & (head == np.frombuffer(JPEG_MAGIC, np.uint8)).all(axis=1)
         if not jpeg.all():
             k = int(np.flatnonzero(~jpeg)[0])
-            raise MirrorError(f"{self.dataset.path}: sample {indices[k]} is not a JPEG, and decode='gpu' decodes "
+            raise MirrorError(f"{self.dataset.path}: sample {keys[k]} is not a JPEG, and decode='gpu' decodes "
                               "JPEGs only: pass decode='cpu'")
-        return EncodedImages(data, lengths, torch.tensor(indices, dtype=torch.int64))
+        return EncodedImages(data, lengths, torch.tensor(keys, dtype=torch.int64))
 
     def _read_images(self, indices: list[int]) -> Any:
+        """The images at stored positions ``indices``."""
         reader = self.dataset.reader
         shapes = reader.shapes[indices]
         same = bool((shapes == shapes[0]).all())
@@ -200,16 +194,10 @@ class BatchReader:
             h, w, c = (int(v) for v in shapes[0])
             shape = (len(indices), h, w, c)
             hwc = self._empty(shape) if self.channels_last else self._memory.empty(shape)
-            flat = hwc.view(-1)
-            pos = 0
-            for first, last in self._runs(indices):
-                n = int(reader.offsets[last + 1] - reader.offsets[first])
-                self._fill(flat[pos : pos + n], int(reader.offsets[first]))
-                pos += n
+            per = h * w * c
+            self._read_runs(indices, hwc.view(-1), range(0, (len(indices) + 1) * per, per))
             if self.dataset.verify:
-                per = h * w * c
-                images = [flat[k * per : (k + 1) * per].numpy() for k in range(len(indices))]
-                reader.index.check_samples(indices, images)
+                reader.index.check_samples(indices, [image.numpy() for image in hwc.view(len(indices), -1)])
             if self.channels_last:
                 return hwc.permute(0, 3, 1, 2)
             out = self._empty((len(indices), c, h, w))
@@ -252,14 +240,17 @@ class BatchReader:
             return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         return self._memory.empty(shape)
 
-    def _fill(self, out: torch.Tensor, start: int) -> None:
-        """``out`` (a 1-D uint8 tensor) from the image data at ``start``: from RAM for ``in_memory``
-        mirrors, else ``pread`` with retries of transient errors (:meth:`MirrorReader.read_into`)."""
+    def _fill(self, out: list[torch.Tensor], start: int) -> None:
+        """``out`` (1-D uint8 tensors, filled one after the other) from the image data at ``start``:
+        from RAM for ``in_memory`` mirrors, else one ``preadv`` with retries of transient errors
+        (:meth:`MirrorReader.read_into`)."""
         reader = self.dataset.reader
         if reader.blob is not None:
-            np.copyto(out.numpy(), reader.blob[start : start + out.numel()].numpy())
+            for part in out:
+                np.copyto(part.numpy(), reader.blob[start : start + part.numel()].numpy())
+                start += part.numel()
         else:
-            reader.read_into(out.numpy(), start)
+            reader.read_into([part.numpy() for part in out], start)
 
 
 

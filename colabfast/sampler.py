@@ -7,10 +7,15 @@ indices, and the items inside each block, keeps most of the randomness while the
 land close together in the file and close together in time. The same idea as FFCV's quasi-random
 order and WebDataset's shard shuffle; typed like MosaicML Streaming's ``shuffle/`` functions.
 
+The blocks are of consecutive *stored* samples: a mirror's index ``i`` is torchvision's sample ``i``,
+while the file may store its samples in another order (``pack(shuffle=True)``, an archive's member
+order); the sampler walks the dataset in stored order (:func:`colabfast.datasets.read_order`, also
+through ``Subset``/``random_split``) and yields the dataset's indices, so each block is still one read.
+
 Batches mix about ``batch_size / block_size`` blocks, so on a class-sorted mirror a batch holds at
-most that many classes. Either pack the mirror with ``shuffle=True`` (its blocks then mix classes:
-tensorpack's pre-shuffled file plus FFCV's block order), or keep ``block_size`` well below the batch
-size; :class:`colabfast.DataLoader` does one or the other.
+most that many classes. Either pack the mirror with ``shuffle=True`` (its stored blocks then mix
+classes: tensorpack's pre-shuffled file plus FFCV's block order), or keep ``block_size`` well below the
+batch size; :class:`colabfast.DataLoader` does one or the other.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch.utils.data import Sampler
+
+from colabfast.datasets import read_order
 
 __all__ = ["BlockShuffleSampler", "block_shuffle", "replica_share"]
 
@@ -72,12 +79,16 @@ def replica_share(order: NDArray[np.int64], num_replicas: int, rank: int, drop_l
 
 
 class BlockShuffleSampler(Sampler[int]):
-    """Sampler that shuffles blocks of consecutive indices, for datasets stored in one file.
+    """Sampler that shuffles blocks of consecutively stored samples, for datasets stored in one file.
 
     Args:
-        data_source: the dataset (only its ``len`` is used).
-        block_size: consecutive indices per block.
-        shuffle: False keeps indices in order (each replica still reads its contiguous share).
+        data_source: the dataset: its ``len``, and for a mirror or a ``Subset`` of one where its
+            samples are stored (:func:`colabfast.datasets.read_order`, found once, here). Blocks are
+            of samples stored one after the other; for any other dataset, of consecutive indices.
+        block_size: consecutive stored samples per block.
+        shuffle: False reads in stored order, front to back (each replica its contiguous share): the
+            dataset's index order for a mirror stored in source order, the packed random order for
+            one packed with ``shuffle=True``. For torchvision's order, use no sampler (``shuffle=False``).
         seed: fixes every epoch's order together with the epoch; every replica must use the same.
         num_replicas: processes sharing the epoch (distributed training); each gets a contiguous,
             equal share of the global order (see :func:`replica_share`). Default: the world size
@@ -115,6 +126,7 @@ class BlockShuffleSampler(Sampler[int]):
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
         self.data_source = data_source
+        self.stored = read_order(data_source)  # the dataset's indices in stored order; None: 0..n-1
         self.block_size = block_size
         self.shuffle = shuffle
         self.seed = seed
@@ -133,6 +145,8 @@ class BlockShuffleSampler(Sampler[int]):
         """This replica's indices for ``epoch``, as an int64 array."""
         n = len(self.data_source)
         full = block_shuffle(n, self.block_size, self.seed, epoch) if self.shuffle else np.arange(n, dtype=np.int64)
+        if self.stored is not None:  # ranks in stored order -> the dataset's indices
+            full = self.stored[full]
         return replica_share(full, self.num_replicas, self.rank, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:

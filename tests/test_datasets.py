@@ -41,7 +41,10 @@ def inet(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def mirrors(inet, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("mirrors")
-    return {store: pack(inet, out / f"{store}.h5", store=store, progress=False) for store in ("encoded", "raw")}
+    made = {store: pack(inet, out / f"{store}.h5", store=store, progress=False) for store in ("encoded", "raw")}
+    # stored in a seeded random order; its indices are still ImageFolder's (issue 23 item 9)
+    made["shuffled"] = pack(inet, out / "shuffled.h5", shuffle=True, seed=2, progress=False)
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def test_imagefolder_attributes_match(inet, mirrors):
         assert "Mirror:" in repr(ds)
 
 
-@pytest.mark.parametrize("store", ["encoded", "raw"])
+@pytest.mark.parametrize("store", ["encoded", "raw", "shuffled"])
 @pytest.mark.parametrize("output", ["pil", "tensor"])
 def test_pixels_equal_imagefolder(inet, mirrors, store, output):
     ref = ImageFolder(inet)
@@ -113,8 +116,18 @@ def test_bytes_output_is_the_stored_file(inet, mirrors):
         H5ImageFolder(mirrors["raw"], output="bytes")
 
 
-def test_kitti_matches_torchvision(kitti):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_kitti_matches_torchvision(kitti, shuffle, tmp_path):
     base, mirror = kitti
+    if shuffle:  # stored in a random order, indexed in file-name order all the same (issue 23 item 9)
+        mirror = pack(base, tmp_path / "shuffled.h5", shuffle=True, seed=1, progress=False)
+        plain = H5Kitti(kitti[1])
+        assert H5Kitti(mirror).reader.positions is not None
+        assert H5Kitti(mirror).images == plain.images and H5Kitti(mirror).targets == plain.targets
+        assert H5Kitti(mirror, train=False).images == H5Kitti(kitti[1], train=False).images
+        for i in range(len(plain)):
+            assert {k: v.tolist() for k, v in H5Kitti(mirror).calib(i).items()} == \
+                {k: v.tolist() for k, v in plain.calib(i).items()}
     for train in (True, False):
         ref, ds = Kitti(base, train=train), H5Kitti(mirror, train=train)
         assert len(ref) == len(ds)
@@ -331,6 +344,30 @@ def test_long_runs_from_a_flaky_drive_are_retried_in_smaller_requests(flaky_driv
     assert sim.stats()["eio"] > 0
 
 
+def test_a_read_scattered_into_many_buffers_is_retried_like_one(flaky_drive, monkeypatch):
+    """Issue 23 item 9: a run of consecutive stored samples is one preadv scattered into the places of
+    the batch they go to (a block the sampler shuffled inside); it is retried at the failing offset
+    like one buffer, across buffers of any size, and in several calls past IOV_MAX buffers."""
+    from colabfast import datasets
+
+    sim, mounted, local = flaky_drive
+    expected = np.concatenate([v.numpy() for v in MirrorReader(local).views(range(80))])
+    cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, len(expected)), 300, replace=False))
+    monkeypatch.setattr(datasets, "IOV_MAX", 7)
+    for eio in (0.0, 0.2):
+        reader = MirrorReader(mounted)
+        sim.set(eio_read=eio)
+        pieces = [np.full(len(part), 1, np.uint8) for part in np.split(expected, cuts)]
+        reader.read_into(pieces, 0)
+        sim.set(eio_read=0.0)
+        os.close(reader._fd)
+        assert np.array_equal(np.concatenate(pieces), expected)
+        tail = [np.zeros(5, np.uint8), np.zeros(0, np.uint8), np.zeros(9, np.uint8)]
+        MirrorReader(local).read_into(tail, 1000)
+        assert np.array_equal(np.concatenate(tail), expected[1000:1014])
+    assert sim.stats()["eio"] > 0
+
+
 def test_opens_on_a_flaky_drive_are_retried_and_blame_the_mount(flaky_drive, tmp_path, monkeypatch):
     """Issue 15, case 12: opening a mirror on a flaky mount (h5py's open, its index, the child process
     that vets it) had no retry: at 30% EIO 2 of 8 opens failed, one as "truncated (an interrupted
@@ -374,3 +411,18 @@ def test_a_dropped_drive_connection_says_to_remount(flaky_drive, monkeypatch):
         unread[3]
     with pytest.raises(OSError, match=r"m\.h5 could not be read: .*force_remount=True"):
         H5ImageFolder(mounted)
+
+
+def test_stored_positions_map_indices_to_where_samples_are_stored():
+    """Issue 23 item 9: the one index -> stored position array, from the order dataset: None where
+    the file is in source order (gaps from skipped files included), else the stored samples sorted by
+    source index; an order claiming one source index twice is a corrupt mirror."""
+    from colabfast.datasets import stored_positions
+
+    assert stored_positions(np.arange(5), "m.h5") is None
+    assert stored_positions(np.array([0, 2, 7], dtype=np.int64), "m.h5") is None
+    assert stored_positions(np.zeros(0, dtype=np.int64), "m.h5") is None
+    assert stored_positions(np.array([3, 1, 2, 0]), "m.h5").tolist() == [3, 1, 2, 0]
+    assert stored_positions(np.array([9, 1, 4]), "m.h5").tolist() == [1, 2, 0]
+    with pytest.raises(MirrorError, match="m.h5: its order dataset lists source index 2 twice"):
+        stored_positions(np.array([2, 0, 2]), "m.h5")

@@ -58,8 +58,8 @@ def _rel(path: str, root: str) -> str:
     return os.path.relpath(path, root).replace(os.sep, "/")
 
 
-def _by_torchvision_index(mirror: Path) -> tuple[list[str], list[int], np.ndarray]:
-    """The mirror's (paths, targets) sorted into torchvision's order, and the stored index of each."""
+def _by_torchvision_index(mirror: Path) -> tuple[list[str], list[int]]:
+    """The mirror file's (paths, targets) sorted into torchvision's order by its ``order`` dataset."""
     with h5py.File(mirror, "r") as f:
         order = f["order"][:]
         offsets = f["path_offsets"][:]
@@ -68,7 +68,22 @@ def _by_torchvision_index(mirror: Path) -> tuple[list[str], list[int], np.ndarra
     paths = [blob[offsets[i]:offsets[i + 1]].decode() for i in range(len(order))]
     stored = np.argsort(order)
     assert np.array_equal(order[stored], np.arange(len(order)))  # a permutation of torchvision's indices
-    return [paths[j] for j in stored], [int(targets[j]) for j in stored], stored
+    return [paths[j] for j in stored], [int(targets[j]) for j in stored]
+
+
+def _equal_index_for_index(mirror: H5ImageFolder, ds, resize=lambda img: img) -> None:
+    """Issue 23 item 9: the mirror dataset is ``ds`` (torchvision's) index for index, whatever order
+    the archive stored it in: paths, targets, samples, imgs and pixels."""
+    source = mirror.reader.index.header.source
+    root = getattr(ds, "split_folder", ds.root)
+    assert [_rel(p, source) for p, _ in mirror.samples] == [_rel(p, root) for p, _ in ds.samples]
+    assert mirror.targets == ds.targets and [t for _, t in mirror.imgs] == ds.targets
+    assert [t for _, t in mirror.__getitems__(list(range(len(ds))))] == ds.targets
+    for i in range(len(ds)):
+        image, target = mirror[i]
+        expected, expected_target = ds[i]
+        assert target == expected_target
+        assert np.array_equal(np.asarray(image), np.asarray(resize(expected))), ds.samples[i][0]
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
@@ -78,7 +93,7 @@ def test_official_archives_match_torchvision_imagenet(official, oracle, tmp_path
     dst = tmp_path / f"{split}.h5"
     pack(official[split], dst, labels=official["devkit"], store="raw", image_size=image_size, workers=2,
          progress=False)
-    paths, targets, stored = _by_torchvision_index(dst)
+    paths, targets = _by_torchvision_index(dst)
     assert paths == [_rel(p, ds.split_folder) for p, _ in ds.samples]
     assert targets == ds.targets
     mirror = H5ImageFolder(dst)
@@ -86,12 +101,9 @@ def test_official_archives_match_torchvision_imagenet(official, oracle, tmp_path
     with h5py.File(dst, "r") as f:
         assert [tuple(names) for names in __import__("json").loads(f.attrs["class_names"])] == ds.classes
         assert "ILSVRC2012_devkit_t12.tar.gz (data/meta.mat" in f.attrs["labels"]
-    resize = transforms.Resize(image_size) if image_size else (lambda img: img)
-    for i in range(len(ds)):
-        image, target = mirror[int(stored[i])]
-        expected, expected_target = ds[i]
-        assert target == expected_target
-        assert np.array_equal(np.asarray(image), np.asarray(resize(expected))), ds.samples[i][0]
+        order = f["order"][:].tolist()
+    assert order != sorted(order)  # stored in the archive's order: the index mapping is what is tested
+    _equal_index_for_index(mirror, ds, transforms.Resize(image_size) if image_size else (lambda img: img))
 
 
 def test_info_says_where_labels_came_from(official, tmp_path):
@@ -146,12 +158,11 @@ def test_kaggle_zip_matches_imagefolder_of_its_tree(tmp_path, split):
     _extract_kaggle(archive, tmp_path / "tree")
     ds = torchvision.datasets.ImageFolder(tmp_path / "tree" / split)
     dst = pack(archive, tmp_path / f"{split}.h5", split=split, store="raw", workers=2, progress=False)
-    paths, targets, stored = _by_torchvision_index(dst)
+    paths, targets = _by_torchvision_index(dst)
     assert paths == [_rel(p, ds.root) for p, _ in ds.samples] and targets == ds.targets
     mirror = H5ImageFolder(dst)
     assert mirror.classes == ds.classes
-    for i in range(len(ds)):
-        assert np.array_equal(np.asarray(mirror[int(stored[i])][0]), np.asarray(ds[i][0]))
+    _equal_index_for_index(mirror, ds)
     with h5py.File(dst, "r") as f:
         assert "LOC_synset_mapping.txt" in f.attrs["labels"]
         assert ("LOC_val_solution.csv" in f.attrs["labels"]) == (split == "val")
@@ -170,11 +181,11 @@ def test_archive_of_an_imagefolder_tree(tmp_path, kind):
         shutil.rmtree(hidden) if hidden.is_dir() else hidden.unlink()
     ds = torchvision.datasets.ImageFolder(tree)
     dst = pack(archive, tmp_path / "m.h5", store="raw", workers=0, progress=False)
-    paths, targets, stored = _by_torchvision_index(dst)
+    paths, targets = _by_torchvision_index(dst)
     assert paths == [_rel(p, str(tree)) for p, _ in ds.samples] and targets == ds.targets
     mirror = H5ImageFolder(dst)
     assert mirror.classes == ds.classes
-    assert np.array_equal(np.asarray(mirror[int(stored[-1])][0]), np.asarray(ds[len(ds) - 1][0]))
+    _equal_index_for_index(mirror, ds)
 
 
 @pytest.mark.parametrize("kind", ["tar", "zip"])
@@ -202,10 +213,9 @@ def test_a_repeated_member_is_packed_once_as_its_last_copy(tmp_path, kind):
     dst = pack(archive, tmp_path / "m.h5", store="raw", workers=0, progress=False)
     mirror = H5ImageFolder(dst)
     assert len(mirror) == len(ds) == 6
-    paths, targets, stored = _by_torchvision_index(dst)
+    paths, targets = _by_torchvision_index(dst)
     assert paths == [_rel(p, str(tree)) for p, _ in ds.samples] and targets == ds.targets
-    for i in range(len(ds)):
-        assert np.array_equal(np.asarray(mirror[int(stored[i])][0]), np.asarray(ds[i][0])), ds.samples[i][0]
+    _equal_index_for_index(mirror, ds)
     with h5py.File(dst, "r") as f:
         assert json.loads(f.attrs["skipped"]) == []  # an earlier copy is not an unreadable file
 
@@ -379,3 +389,38 @@ def test_an_archive_larger_than_the_disk_on_drivefs_warns_about_its_cache(offici
     with pytest.warns(UserWarning, match=r"refresh_drive\(\).*continues from the archive member"):
         with pytest.raises(OSError):  # and the mirror cannot be built in 1000 bytes either
             pack(official["train"], tmp_path / "m.h5", image_size=24, workers=0, progress=False)
+
+
+def test_an_archive_out_of_order_is_read_in_imagefolders_order(tmp_path):
+    """Issue 23 item 9: a zip of a/1, a/2, b/3, b/4 with its members written b/4, a/2, b/3, a/1 is
+    stored in that order (one sequential stream), and index i of the mirror is ImageFolder's sample i
+    of the extracted tree: through the dataset, a Subset, and the loader with shuffle=False, read by
+    threads or by worker processes (the archive's order came out: targets [1, 0, 1, 0])."""
+    import torch
+
+    import colabfast as cf
+
+    names = ["a/1.png", "a/2.png", "b/3.png", "b/4.png"]
+    archive = tmp_path / "ab.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name in ["b/4.png", "a/2.png", "b/3.png", "a/1.png"]:
+            png = io.BytesIO()
+            k = names.index(name)
+            Image.new("RGB", (6, 5), (60 * k, 250 - 60 * k, 7 * k)).save(png, format="PNG")
+            z.writestr(name, png.getvalue())
+        z.extractall(tmp_path / "tree")
+    ds = torchvision.datasets.ImageFolder(tmp_path / "tree")
+    dst = pack(archive, tmp_path / "ab.h5", workers=0, progress=False)
+    with h5py.File(dst, "r") as f:
+        assert f["order"][:].tolist() == [3, 1, 2, 0] and f["targets"][:].tolist() == [1, 0, 1, 0]
+    _equal_index_for_index(H5ImageFolder(dst), ds)
+    mirror = H5ImageFolder(dst, output="tensor")
+    expected = torch.stack([torch.from_numpy(np.array(ds[i][0])).permute(2, 0, 1) for i in range(4)])
+    for workers in (None, 1):  # None: the loader's reader threads
+        loader = cf.DataLoader(mirror, 4, num_workers=workers, device="cpu")
+        assert (loader._reader is not None) == (workers is None)
+        ((images, targets),) = list(loader)
+        assert targets.tolist() == [0, 0, 1, 1] and torch.equal(images, expected)
+        subset = torch.utils.data.Subset(mirror, [3, 0, 2])
+        ((images, targets),) = list(cf.DataLoader(subset, 3, num_workers=workers, device="cpu"))
+        assert targets.tolist() == [1, 0, 1] and torch.equal(images, expected[[3, 0, 2]])

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import psutil
 import pytest
+import torch
 from PIL import Image
 from torchvision import transforms
 
@@ -68,7 +69,7 @@ def test_resized_encoded_is_jpeg_at_quality(inet, tmp_path):
     assert info(tmp_path / "small.h5").quality == 70
 
 
-def test_shuffle_records_the_order(inet, tmp_path):
+def test_shuffle_stores_a_random_order_and_indexes_in_the_sources(inet, tmp_path):
     pack(inet, tmp_path / "plain.h5", progress=False)
     pack(inet, tmp_path / "shuf.h5", shuffle=True, seed=3, progress=False)
     plain, shuf = H5ImageFolder(tmp_path / "plain.h5", output="tensor"), H5ImageFolder(tmp_path / "shuf.h5",
@@ -77,10 +78,17 @@ def test_shuffle_records_the_order(inet, tmp_path):
         order = f["order"][:]
     assert sorted(order) == list(range(len(plain))) and list(order) != sorted(order)
     assert np.array_equal(order, np.random.default_rng(3).permutation(len(plain)))
+    with h5py.File(tmp_path / "plain.h5", "r") as f:
+        assert f["order"][:].tolist() == list(range(len(plain)))  # a folder is stored in its own order
+    assert plain.reader.positions is None  # so indexing it maps nothing
+    assert shuf.reader.positions.tolist() == np.argsort(order).tolist()
+    # Issue 23 item 9: the file is shuffled, the dataset is not: index i is the source's sample i.
+    assert shuf.targets == plain.targets and shuf.samples == plain.samples and shuf.imgs == plain.imgs
+    assert shuf.source_paths == plain.source_paths
     for i in range(len(shuf)):
-        assert shuf.targets[i] == plain.targets[order[i]]
-        assert shuf.samples[i][0] == plain.samples[order[i]][0]
-        assert np.array_equal(shuf[i][0].numpy(), plain[order[i]][0].numpy())
+        assert np.array_equal(shuf[i][0].numpy(), plain[i][0].numpy())
+        stored_at = int(shuf.reader.positions[i])  # the file holds sample i there
+        assert torch.equal(shuf.reader.read(stored_at), plain.reader.read(i))
 
 
 def test_broken_images_raise_listing_all_and_write_nothing(inet, tmp_path):

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -35,6 +36,8 @@ def mirrors(tmp_path_factory) -> dict[str, Path]:
         "encoded": pack(same, out / "encoded.h5", progress=False),
         "raw-vary": pack(vary, out / "raw-vary.h5", store="raw", progress=False),
         "encoded-vary": pack(vary, out / "encoded-vary.h5", progress=False),
+        # stored in a random order; indexed in the source's (issue 23 item 9)
+        "shuffled": pack(same, out / "shuffled.h5", store="raw", shuffle=True, seed=4, progress=False),
     }
 
 
@@ -54,7 +57,7 @@ def _same(a, b) -> None:
         assert torch.equal(ia, ib)
 
 
-@pytest.mark.parametrize("name", ["raw", "encoded", "raw-vary", "encoded-vary"])
+@pytest.mark.parametrize("name", ["raw", "encoded", "raw-vary", "encoded-vary", "shuffled"])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_threads_give_the_worker_paths_batches(mirrors, name, drop_last):
     """Same samples, order, pixels and labels as the worker processes for one shuffle seed."""
@@ -74,7 +77,7 @@ def test_threads_give_the_worker_paths_batches(mirrors, name, drop_last):
         _same(x, y)
 
 
-@pytest.mark.parametrize("name", ["raw", "encoded-vary"])
+@pytest.mark.parametrize("name", ["raw", "encoded-vary", "shuffled"])
 def test_a_subset_of_a_mirror_is_read_by_threads_as_the_workers_read_it(mirrors, name):
     """A train/validation split (Subset, random_split, nested) keeps the reader: same batches."""
     ds = H5ImageFolder(mirrors[name], output="tensor")
@@ -111,6 +114,37 @@ def test_in_memory_replicas_and_layout(mirrors, memory_format):
                 assert x[0].is_contiguous(memory_format=torch.channels_last)
             else:
                 assert x[0].is_contiguous()
+
+
+@pytest.mark.parametrize("workers", [None, 0])  # the reader's threads; torch's path (__getitems__)
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_a_shuffled_mirror_reads_whole_blocks_and_gives_the_sources_samples(mirrors, workers, in_memory,
+                                                                          monkeypatch):
+    """Issue 23 item 9: index i of a mirror packed with shuffle=True is the source's sample i (as in
+    the mirror packed in order), and the loader with shuffle=False gives them in that order; the
+    BlockShuffleSampler reads it in stored order: a batch of one block is one read, also for each
+    of two replicas and through a Subset of the blocks."""
+    ds = H5ImageFolder(mirrors["shuffled"], output="tensor", in_memory=in_memory)
+    plain = H5ImageFolder(mirrors["raw"], output="tensor")
+    assert ds.reader.positions is not None and ds.targets == plain.targets and ds.samples == plain.samples
+    kw = dict(num_workers=workers, device="cpu")
+    ((images, targets),) = list(cf.DataLoader(ds, 42, **kw))
+    assert targets.tolist() == plain.targets and torch.equal(images, torch.stack([x for x, _ in plain]))
+    reads: list[int] = []
+    real = ds.reader.read_into
+    monkeypatch.setattr(ds.reader, "read_into", lambda out, start: (reads.append(start), real(out, start)))
+    first_stored = [int(i) for i in np.argsort(ds.reader.positions)[:21]]  # the samples stored at 0..20
+    for dataset, replicas in ((ds, 1), (ds, 2), (Subset(ds, first_stored), 1)):
+        for rank in range(replicas):
+            sampler = BlockShuffleSampler(dataset, 7, seed=rank, num_replicas=replicas, rank=rank)
+            order = list(sampler.order(0))
+            sampler.set_epoch(0)
+            reads.clear()
+            batches = list(cf.DataLoader(dataset, 7, sampler=sampler, **kw))
+            assert len(reads) == (0 if in_memory else len(batches))  # in_memory: no read at all
+            mirror_indices = order if dataset is ds else [first_stored[i] for i in order]
+            assert torch.cat([t for _, t in batches]).tolist() == [plain.targets[i] for i in mirror_indices]
+            assert torch.equal(torch.cat([x for x, _ in batches]), torch.stack([plain[i][0] for i in mirror_indices]))
 
 
 def test_bytes_batches_equal_the_collated_worker_batches(mirrors):

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from colabfast.datasets import H5ImageFolder, read_order
+from colabfast.packing import pack
 from colabfast.sampler import BlockShuffleSampler, block_shuffle, replica_share
+from colabfast.testing.data import make_imagefolder
 
 
 def blocks_of(order: np.ndarray, block_size: int) -> list[int]:
@@ -118,3 +121,52 @@ def test_bad_arguments():
         BlockShuffleSampler(range(10), 0)
     with pytest.raises(ValueError, match="rank"):
         BlockShuffleSampler(range(10), 2, num_replicas=2, rank=2)
+
+
+@pytest.fixture(scope="module")
+def mirrors(tmp_path_factory) -> dict[str, H5ImageFolder]:
+    out = tmp_path_factory.mktemp("sampler")
+    src = make_imagefolder(out / "src", classes=2, per_class=12, size=(8, 8))
+    return {"plain": H5ImageFolder(pack(src, out / "plain.h5", store="raw", progress=False)),
+            "shuffled": H5ImageFolder(pack(src, out / "shuffled.h5", store="raw", shuffle=True, seed=1,
+                                           progress=False))}
+
+
+def test_blocks_are_runs_of_stored_samples_of_a_reordered_mirror(mirrors):
+    """Issue 23 item 9: a mirror's index i is torchvision's sample i, stored elsewhere in a shuffled
+    mirror; the sampler walks it in stored order, so every block is still consecutive stored samples,
+    with replicas too, and shuffle=False reads the file front to back."""
+    ds = mirrors["shuffled"]
+    at = ds.reader.positions  # index -> stored position
+    assert at is not None and np.array_equal(np.sort(at), np.arange(24))
+    assert read_order(ds).tolist() == np.argsort(at).tolist()
+    for replicas in (1, 2):
+        shares = [BlockShuffleSampler(ds, 4, seed=3, num_replicas=replicas, rank=r).order(0) for r in range(replicas)]
+        for share in shares:
+            assert sorted(blocks_of(at[share], 4)) == sorted(set((at[share] // 4).tolist()))
+        assert sorted(np.concatenate(shares).tolist()) == list(range(24))
+    runs = blocks_of(at[BlockShuffleSampler(ds, 4, seed=3).order(0)], 4)
+    assert runs != sorted(runs)  # still shuffled
+    assert at[list(BlockShuffleSampler(ds, 4, shuffle=False))].tolist() == list(range(24))
+
+
+def test_a_subset_of_a_mirror_is_walked_in_stored_order(mirrors):
+    """random_split's Subsets hold indices in random order; the sampler reads their samples at rising
+    places in the file (blocks of neighbours), yielding the Subset's own indices."""
+    for ds in mirrors.values():
+        at = ds.reader.positions if ds.reader.positions is not None else np.arange(len(ds))
+        train, _ = torch.utils.data.random_split(ds, [16, 8], generator=torch.Generator().manual_seed(0))
+        stored = at[np.asarray(train.indices)]  # where each of the Subset's samples is stored
+        assert list(BlockShuffleSampler(train, 4, shuffle=False)) == np.argsort(stored).tolist()
+        order = BlockShuffleSampler(train, 4, seed=2).order(0)
+        assert sorted(order.tolist()) == list(range(16))
+        rank = np.argsort(np.argsort(stored))  # each Subset index's rank in stored order
+        assert sorted(blocks_of(rank[order], 4)) == [0, 1, 2, 3]
+
+
+def test_a_mirror_stored_in_its_own_order_needs_no_mapping(mirrors):
+    plain = mirrors["plain"]
+    assert plain.reader.positions is None and read_order(plain) is None
+    assert read_order(torch.utils.data.Subset(plain, [2, 3, 9])) is None
+    assert list(BlockShuffleSampler(plain, 4, shuffle=False)) == list(range(24))
+    assert list(BlockShuffleSampler(plain, 4, seed=1)) == list(BlockShuffleSampler(range(24), 4, seed=1))
