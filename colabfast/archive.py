@@ -37,7 +37,7 @@ import tarfile
 import time
 import zipfile
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Optional
+from typing import IO, Any, Callable, Iterator, Mapping, Optional
 
 from colabfast._fileio import ReadaheadFile, human_bytes, partial_name, unchanged, write_all
 from colabfast.errors import Error
@@ -241,11 +241,12 @@ def extract(
             modification time are skipped, so an interrupted extraction resumes. An entry that
             appears twice is written twice: the last one wins, as with ``tar`` and ``unzip``.
         allow_links: extract symbolic and hard links instead of refusing them. Each link's target
-            is resolved, link by link, in the tree extracted so far (and all links again at the end,
-            since a later link can change where an earlier one leads); one that leads outside
-            ``dst`` is refused. Files are never written through a link either way. When the
-            extraction fails, the symbolic links it made are removed, so none left in ``dst`` can
-            lead outside.
+            is resolved, link by link, in the tree extracted so far (and every link in ``dst`` again
+            at the end, those an interrupted earlier run left included, since a later link can
+            change where an earlier one leads); one that leads outside ``dst`` is refused. Files
+            are never written through a link either way. When the extraction fails, the symbolic
+            links it made (and any it refused) are removed, so none left in ``dst`` can lead
+            outside. Without ``allow_links``, a link found in ``dst`` at the end is refused too.
         retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...).
         on_progress: called with the number of archive bytes read so far.
 
@@ -350,6 +351,20 @@ def _extract_zip(out: _Extraction, f: IO[bytes], report: Callable[[], None]) -> 
                 with zf.open(info) as src:
                     out.file(name, src, info.file_size, mtime_ns, mode or 0o644)
                 report()
+
+
+def _links_under(root: Path) -> Iterator[str]:
+    """The relative paths of the symbolic links under ``root``, following none."""
+    folders = [""]
+    while folders:
+        rel = folders.pop()
+        with os.scandir(os.path.join(root, rel)) as entries:
+            for entry in entries:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                if entry.is_symlink():
+                    yield path
+                elif entry.is_dir(follow_symlinks=False):
+                    folders.append(path)
 
 
 class _Extraction:
@@ -596,20 +611,24 @@ class _Extraction:
         return "/".join(parts)
 
     def check_links(self) -> None:
-        """Resolve every link again now that all are in place: a later link (say ``a -> .``) can
-        change where an earlier one (``up -> a/b/../..``) leads."""
-        for rel in self.links:
-            dfd, name = self._parent(rel)
-            if not stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-                continue  # replaced by a later file of that name
-            target = os.readlink(name, dir_fd=dfd)
+        """Resolve every link under ``dst`` now that all are in place: a later link (say ``a -> .``) can
+        change where an earlier one (``up -> a/b/../..``) leads, and links an earlier, interrupted run
+        left are checked as much as this run's. Without ``allow_links`` no link may be there at all."""
+        for rel in _links_under(self.dst):
+            target = os.readlink(os.path.join(self.dst, rel))
+            if not self.allow_links:
+                self.links.append(rel)  # removed on the way out
+                raise UnsafeArchiveError(self.archive, rel, f"is a link (to {quoted(target)}), left by an earlier "
+                                                            f"extraction", _LINK_FIX)
             if self.resolve(posixpath.dirname(rel), target) is None:
+                self.links.append(rel)
                 raise UnsafeArchiveError(self.archive, rel, f"is a link to {quoted(target)}, which with the links "
                                                             f"after it leads outside the destination")
 
     def _remove_links(self) -> None:
-        """Remove the symbolic links this extraction made: it failed, perhaps on one that leads outside
-        ``dst`` (or a write through one), and none may be left there to be followed later."""
+        """Remove the symbolic links this extraction made and those :meth:`check_links` refused: it failed,
+        perhaps on a link that leads outside ``dst`` (or a write through one), and none may be left there
+        to be followed later."""
         for rel in reversed(self.links):
             folder, _, name = rel.rpartition("/")
             try:

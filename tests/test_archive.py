@@ -503,3 +503,20 @@ def test_error_messages_quote_long_names_cut_short(tmp_path):
     err = UnsafeArchiveError(tmp_path / "a.tar", "z" * 100_000, "is odd")
     assert len(str(err)) < 600 and f"'{'z' * 200}...'" in str(err)
     assert err.member == "z" * 100_000
+
+
+def test_links_an_interrupted_run_left_are_checked_again(tmp_path):
+    """Issue 23 item B: a run killed right after making 'up -> a/b/c/d/../../../..' (inside: a..d do
+    not exist yet), then an archive that makes 'a'..'d' -> '.': each new link is harmless alone, but
+    'up' now leads four levels above dst. Every link in dst is resolved at the end of every run, and
+    the one leading outside is refused and removed."""
+    first = _tar_with(tmp_path / "first.tar", [_member("up", type=tarfile.SYMTYPE, linkname="a/b/c/d/../../../..")])
+    extract(first, tmp_path / "dst", allow_links=True)
+    second = _tar_with(tmp_path / "second.tar",
+                       [_member(n, type=tarfile.SYMTYPE, linkname=".") for n in "abcd"])
+    with pytest.raises(UnsafeArchiveError, match="'up' is a link to 'a/b/c/d/../../../..', which with the links"):
+        extract(second, tmp_path / "dst", allow_links=True)
+    assert not [p for p in (tmp_path / "dst").rglob("*") if p.is_symlink()]
+    extract(first, tmp_path / "again", allow_links=True)
+    with pytest.raises(UnsafeArchiveError, match="'up' is a link .* left by an earlier extraction"):
+        extract(_tar_with(tmp_path / "plain.tar", [_member("f.txt", b"x")]), tmp_path / "again")
