@@ -45,7 +45,7 @@ from colabfast._fileio import (
     write_all,
     write_json_atomic,
 )
-from colabfast.archive import UnsafeArchiveError, archive_suffix, extract, extracted_size, strip_archive_suffix
+from colabfast.archive import archive_suffix, extract, extracted_size, strip_archive_suffix
 from colabfast.errors import Error
 
 __all__ = ["stage", "StageError", "check_space"]
@@ -113,8 +113,9 @@ def stage(
     skipped, so re-running a cell after an interruption or a kill copies only what is missing. Each
     file is written as ``.NAME.colabfast-partial`` and renamed only once its full size is written
     (a short write or a full disk is an error, never a hole) and verified, so nothing partial ever
-    looks complete. A file whose size, modification time or inode changes while it is copied is
-    copied again. A record ``.colabfast-stage.json`` inside a staged folder (for a single file: in
+    looks complete. A file whose size, modification or change time, or inode changes while it is
+    copied is copied again (an archive that changes while it is extracted is an error). A record
+    ``.colabfast-stage.json`` inside a staged folder (for a single file: in
     :func:`colabfast.env.cache_dir`) says what was staged there; a lock in the cache folder keeps
     two runs from staging to one destination at once.
 
@@ -163,10 +164,15 @@ def stage(
             (from DriveFS, reading also fills Drive's local cache, so a single file or an archive
             needs twice its size; for a folder that is only a warning, as DriveFS evicts its cache
             as the disk fills), or when the disk fills while copying or an archive expands beyond
-            the free space (its partial extraction is removed).
+            the free space; ``errno.EAGAIN`` when an archive changed while it was extracted; or an
+            archive could not be read after the retries (a re-run resumes its extraction).
         StageError: some files (or sub-folders that cannot be listed) failed after their retries,
             or kept changing while copied; it lists them. The others stay staged.
-        colabfast.archive.UnsafeArchiveError: a hostile archive; nothing is left at ``dst``.
+        colabfast.archive.UnsafeArchiveError: a hostile archive.
+        tarfile.TarError, zipfile.BadZipFile, EOFError: a corrupt or truncated archive.
+
+        An archive that fails leaves nothing at ``dst`` or beside it, except after an interrupt or
+        a read error, when its partial extraction stays for a re-run to resume.
     """
     if verify not in ("size", "sha256"):
         raise ValueError(f"verify must be 'size' or 'sha256', not {verify!r}")
@@ -559,11 +565,11 @@ def _remove_partials(root: Optional[Path], targets: list[Path]) -> None:
 
 
 class _SourceChanged(OSError):
-    """A source file's size, modification time or inode differs before and after its copy."""
+    """A source file's size, modification or change time, or inode differs before and after its copy."""
 
-    def __init__(self, path: Path):
-        super().__init__(errno.EAGAIN, f"{path} changed while it was copied (size, modification time or inode "
-                                       f"differ before and after): is something writing to it?")
+    def __init__(self, path: Path, what: str = "copied"):
+        super().__init__(errno.EAGAIN, f"{path} changed while it was {what} (size, modification or change time, "
+                                       f"or inode differ before and after): is something writing to it?")
 
 
 class _Source:
@@ -863,10 +869,11 @@ class _BigFile:
 
 
 def _same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
-    """The same file, unchanged: size, modification time, inode and device (a same-size rewrite in
-    place changes the time; a replacement the inode)."""
-    return b is not None and (a.st_size, a.st_mtime_ns, a.st_ino, a.st_dev) == \
-        (b.st_size, b.st_mtime_ns, b.st_ino, b.st_dev)
+    """The same file, unchanged: size, modification and change time, inode and device (a same-size
+    rewrite in place changes the modification time, and the change time even when the modification
+    time is put back; a replacement changes the inode)."""
+    return b is not None and (a.st_size, a.st_mtime_ns, a.st_ctime_ns, a.st_ino, a.st_dev) == \
+        (b.st_size, b.st_mtime_ns, b.st_ctime_ns, b.st_ino, b.st_dev)
 
 
 # --- archives --------------------------------------------------------------------------------------
@@ -875,8 +882,9 @@ def _same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
 def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     """Extract ``archives`` (one, or several that together make one dataset) into the folder ``dst``.
 
-    They are extracted into ``.NAME.colabfast-partial`` beside ``dst`` (resumable: entries already
-    extracted there are skipped), which is renamed to ``dst`` when complete.
+    They are extracted into ``.NAME.colabfast-partial`` beside ``dst`` (resumable after an interrupt
+    or a read error: entries already extracted there are skipped; removed after any other error),
+    which is renamed to ``dst`` when complete.
     """
     from tqdm.auto import tqdm
 
@@ -910,9 +918,10 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
             try:
                 extract(archive, work, allow_links=opts.allow_links, retries=retries,
                         on_progress=functools.partial(advance, done))
-            except (UnsafeArchiveError, OSError) as exc:
-                # Keep nothing an attacker chose, nor a bomb's output; a read error may resume.
-                if isinstance(exc, UnsafeArchiveError) or exc.errno == errno.ENOSPC:
+                if not _same_identity(retry(functools.partial(os.stat, archive), retries), st):
+                    raise _SourceChanged(archive, "extracted")  # what was extracted may be torn
+            except BaseException as exc:
+                if not _resumable(exc):
                     shutil.rmtree(work, ignore_errors=True)
                 raise
             done += st.st_size
@@ -925,6 +934,15 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
         shutil.rmtree(dst)  # an older staged version of these archives
     os.replace(work, dst)
     return _single_top_folder(dst)
+
+
+def _resumable(exc: BaseException) -> bool:
+    """Whether a partial extraction that ``exc`` stopped is kept for a re-run to resume: after an
+    interrupt or a read error, yes; nothing an attacker chose, a bomb's output, an extraction of a
+    corrupt archive or of one that changed meanwhile is kept."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, OSError) and not isinstance(exc, _SourceChanged) and exc.errno != errno.ENOSPC
 
 
 def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opts: _Options) -> None:
