@@ -53,6 +53,7 @@ __all__ = ["stage", "StageError", "check_space"]
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
 RECORD = f"{STATE_PREFIX}stage.json"  # inside a staged folder: what it was staged from, and hashes
+JOURNAL = RECORD.replace(".json", ".sha256.jsonl")  # beside it: hashes appended as files are verified
 CHUNK = 1 << 20  # bytes per read() when copying a file
 BIG_FILE = 64 << 20  # files at least this large are copied as parallel ranges
 RANGE = 16 << 20  # bytes per range of a big file
@@ -120,7 +121,9 @@ def stage(
     two runs from staging to one destination at once.
 
     Args:
-        src: a folder (copied recursively, following symlinks), a single file, or an archive
+        src: a folder (copied recursively, following symlinks; names colabfast keeps for its own
+            files, ``*.colabfast-partial`` and ``.colabfast-*``, are left out with a warning that
+            lists them, records of an earlier stage quietly), a single file, or an archive
             (``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``),
             which is extracted while it is read, with no intermediate copy (see
             :mod:`colabfast.archive` for what is refused as unsafe); or a list of archives that
@@ -204,7 +207,9 @@ def stage(
 
     if stat.S_ISDIR(st.st_mode):
         unreadable: dict[str, OSError] = {}
-        files, dirs = scan_tree(src, workers, retries, unreadable=unreadable)
+        reserved: list[str] = []
+        files, dirs = scan_tree(src, workers, retries, unreadable=unreadable, reserved=reserved)
+        _warn_reserved(src, reserved)
         target = _destination(src.name, dst, to, sum(f.size for f in files), single=False)
         _check_not_nested(src, target)
         if not files and not unreadable:
@@ -238,6 +243,19 @@ class _Options(NamedTuple):
     progress: bool
     overwrite: bool
     allow_links: bool
+
+
+def _warn_reserved(src: Path, reserved: list[str]) -> None:
+    """Say which files of ``src`` are not staged because colabfast keeps such names for its own
+    bookkeeping in the destination (``*.colabfast-partial``, ``.colabfast-*``); records of an earlier
+    stage (``.colabfast-stage.json`` and its journal) describe that stage, not this one, and are
+    left out without a word."""
+    theirs = sorted(rel for rel in reserved if os.path.basename(rel) not in (RECORD, JOURNAL))
+    if theirs:
+        shown = ", ".join(theirs[:10]) + (f" and {len(theirs) - 10} more" if len(theirs) > 10 else "")
+        warnings.warn(f"{len(theirs)} entries of {src} are not staged: {shown}. Names ending in "
+                      f"{PARTIAL_SUFFIX} or starting with {STATE_PREFIX} are colabfast's own (its temporary "
+                      f"files and records in the destination); rename them to stage them.", stacklevel=3)
 
 
 def _not_found(path: Path) -> FileNotFoundError:

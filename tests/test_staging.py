@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -705,3 +706,21 @@ def test_corrupt_archive_leaves_nothing(tmp_path):
     with pytest.raises(zipfile.BadZipFile):
         stage(archive, tmp_path / "out" / "d", progress=False)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_files_named_like_colabfasts_own_are_listed_not_skipped_silently(tmp_path):
+    """Issue 23 item F: a user's files named '*.colabfast-partial' or '.colabfast-*' were left out
+    and stage reported success. They still cannot be staged (colabfast writes and deletes such
+    names in the destination), but a warning names them and the fix; an earlier stage's record is
+    colabfast's own and is left out quietly."""
+    src = make_files(tmp_path / "src", 3, 100)
+    (src / "notes.colabfast-partial").write_text("mine")
+    (src / "d").mkdir()
+    (src / "d" / ".colabfast-settings").write_text("mine too")
+    stage(src, tmp_path / "first", progress=False)  # leaves its record in first/
+    with pytest.warns(UserWarning, match=r"2 entries of .* are not staged: d/.colabfast-settings, "
+                                         r"notes.colabfast-partial\. .*rename them to stage them"):
+        stage(src, tmp_path / "dst", progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stage(tmp_path / "first", tmp_path / "again", progress=False)  # first/.colabfast-stage.json: ours
