@@ -353,7 +353,7 @@ def _extract_zip(out: _Extraction, f: IO[bytes], report: Callable[[], None]) -> 
                 report()
 
 
-def _links_under(root: Path) -> Iterator[str]:
+def links_under(root: Path) -> Iterator[str]:
     """The relative paths of the symbolic links under ``root``, following none."""
     folders = [""]
     while folders:
@@ -614,7 +614,7 @@ class _Extraction:
         """Resolve every link under ``dst`` now that all are in place: a later link (say ``a -> .``) can
         change where an earlier one (``up -> a/b/../..``) leads, and links an earlier, interrupted run
         left are checked as much as this run's. Without ``allow_links`` no link may be there at all."""
-        for rel in _links_under(self.dst):
+        for rel in links_under(self.dst):
             target = os.readlink(os.path.join(self.dst, rel))
             if not self.allow_links:
                 self.links.append(rel)  # removed on the way out

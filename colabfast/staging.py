@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import threading
 import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -45,7 +46,7 @@ from colabfast._fileio import (
     write_all,
     write_json_atomic,
 )
-from colabfast.archive import archive_suffix, extract, extracted_size, strip_archive_suffix
+from colabfast.archive import archive_suffix, extract, extracted_size, links_under, strip_archive_suffix
 from colabfast.errors import Error
 
 __all__ = ["stage", "StageError", "check_space"]
@@ -131,8 +132,9 @@ def stage(
             ``data_object_image_2.zip``, ``data_object_label_2.zip`` and ``data_object_calib.zip``).
         dst: where to put it. For a folder or an archive, the folder to create; for a file, the
             file path (or an existing folder to put it in). Default: ``/content/<name>`` in Colab,
-            ``<tempdir>/colabfast/<name>`` elsewhere, or ``<ramdisk>/<name>`` per ``to``; an
-            archive's name loses its suffix (``kitti.tar.gz`` -> ``kitti``).
+            ``<tempdir>/colabfast-data-<uid>/<name>`` elsewhere (see
+            :func:`colabfast.env.work_dir`), or ``<ramdisk>/<name>`` per ``to``; an archive's name
+            loses its suffix (``kitti.tar.gz`` -> ``kitti``).
         to: where a default ``dst`` goes: ``"disk"``, ``"ram"`` (a tmpfs from
             :func:`colabfast.ramdisk`) or ``"auto"``: where an earlier stage of the same source
             already is; else, in Colab, RAM when the data takes at most half of the RAM colabfast
@@ -146,7 +148,8 @@ def stage(
         retries: retries for transient mount errors (EIO, ENOTCONN, ETIMEDOUT, EAGAIN), waiting
             0.25 s, 0.5 s, 1 s, ... (capped at 8 s) between attempts: per open of a file, and per
             read request at one offset (a failed read is retried, in smaller requests, not the file).
-        progress: show a tqdm progress bar (a widget in notebooks) with bytes, files and MB/s.
+        progress: show a tqdm progress bar (a widget in notebooks) with bytes, files and MB/s, or,
+            when nothing needs copying, the line "DST is up to date, nothing copied" (on stderr).
         overwrite: replace what is at ``dst`` when it holds other files (a folder colabfast did not
             stage, or one staged from another source): they are deleted first. Without it that is
             an error, and nothing is written.
@@ -156,7 +159,9 @@ def stage(
 
     Returns:
         The staged path: the folder, the file, or for an archive the extraction folder (or, when
-        the archive holds a single top-level folder, that folder inside it).
+        the archive holds a single top-level folder, that folder inside it; one named like the
+        extraction folder, ``other/`` in ``other.tar.gz`` staged to ``.../other``, is that folder
+        itself, not ``.../other/other``, unless it holds links).
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
@@ -243,6 +248,12 @@ class _Options(NamedTuple):
     progress: bool
     overwrite: bool
     allow_links: bool
+
+
+def _say_up_to_date(dst: Path, opts: _Options) -> None:
+    """A re-run that finds nothing to do says so, where a copy would show its progress bar."""
+    if opts.progress:
+        print(f"{dst} is up to date, nothing copied", file=sys.stderr)
 
 
 def _warn_reserved(src: Path, reserved: list[str]) -> None:
@@ -545,6 +556,7 @@ def _stage_tree(
         exc.folder = True  # type: ignore[attr-defined]
         failures[f"{rel}/"] = exc
     if not todo and not failures:
+        _say_up_to_date(target_of(files[0].rel) if single else dst, opts)
         if not old.get("complete"):
             write_json_atomic(record_path, _new_manifest(src if not single else src / files[0].rel, True,
                                                          sha256=hashes.digests or None))
@@ -915,7 +927,8 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     ours = _ours(old) and old.get("source") == source
     if ours and old.get("complete") and old.get("archive") == identity and dst.is_dir():
         if opts.verify != "sha256" or _hashes_match(dst, old.get("sha256") or {}):
-            return _single_top_folder(dst)
+            _say_up_to_date(dst, opts)
+            return _staged_root(dst, old)
     if not ours:
         _refuse_or_clear_archive(dst, source, old, opts)
 
@@ -943,15 +956,24 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
                     shutil.rmtree(work, ignore_errors=True)
                 raise
             done += st.st_size
+    # An archive holding one folder named like dst (other.tar.gz holding other/) becomes dst itself,
+    # not dst/other; with links it stays as it is (a link may lead through that folder's name).
+    top = _single_top_folder(work)
+    hoist = top != work and top.name == dst.name and not (top / RECORD).exists() and \
+        next(links_under(top), None) is None
+    root = top if hoist else work
     hashes = None
     if opts.verify == "sha256":
-        hashes = {p.relative_to(work).as_posix(): _sha256_of(p) for p in sorted(work.rglob("*"))
+        hashes = {p.relative_to(root).as_posix(): _sha256_of(p) for p in sorted(root.rglob("*"))
                   if p.is_file() and not p.is_symlink() and p != progress_record}
-    write_json_atomic(progress_record, _new_manifest(source, True, archive=identity, sha256=hashes))
+    returned = "" if hoist or top == work else top.name
+    write_json_atomic(root / RECORD, _new_manifest(source, True, archive=identity, sha256=hashes, top=returned))
     if dst.exists():
         shutil.rmtree(dst)  # an older staged version of these archives
-    os.replace(work, dst)
-    return _single_top_folder(dst)
+    os.replace(root, dst)
+    if hoist:
+        shutil.rmtree(work)  # now only its progress record
+    return dst / returned
 
 
 def _resumable(exc: BaseException) -> bool:
@@ -981,6 +1003,14 @@ def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opt
 
 def _hashes_match(root: Path, hashes: dict[str, str]) -> bool:
     return all((root / rel).is_file() and _sha256_of(root / rel) == digest for rel, digest in hashes.items())
+
+
+def _staged_root(dst: Path, record: dict) -> Path:
+    """The path a finished stage of archives to ``dst`` returned, as its record says."""
+    top = record.get("top")
+    if isinstance(top, str) and "/" not in top and top not in (".", "..") and (dst / top).is_dir():
+        return dst / top
+    return _single_top_folder(dst)  # recorded before colabfast said, or no longer there
 
 
 def _single_top_folder(root: Path) -> Path:

@@ -717,10 +717,52 @@ def test_files_named_like_colabfasts_own_are_listed_not_skipped_silently(tmp_pat
     (src / "notes.colabfast-partial").write_text("mine")
     (src / "d").mkdir()
     (src / "d" / ".colabfast-settings").write_text("mine too")
-    stage(src, tmp_path / "first", progress=False)  # leaves its record in first/
     with pytest.warns(UserWarning, match=r"2 entries of .* are not staged: d/.colabfast-settings, "
                                          r"notes.colabfast-partial\. .*rename them to stage them"):
-        stage(src, tmp_path / "dst", progress=False)
+        stage(src, tmp_path / "first", progress=False)  # leaves its record in first/
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         stage(tmp_path / "first", tmp_path / "again", progress=False)  # first/.colabfast-stage.json: ours
+
+
+def test_default_destination_is_this_users_and_not_named_like_the_package(tmp_path, monkeypatch):
+    """Issue 23 item 18: the default destination outside Colab was <tempdir>/colabfast/<name>: shared
+    by every user, and a script run from the temp folder imported the staged data as `colabfast`.
+    It is <tempdir>/colabfast-data-<uid>/<name>, made for this user alone; a folder of that name
+    that someone else made is refused."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    src = make_files(tmp_path / "src", 3, 100)
+    out = stage(src, progress=False)
+    assert out == tmp_path / "tmp" / f"colabfast-data-{os.getuid()}" / "src"
+    assert out.parent.stat().st_mode & 0o777 == 0o700
+    assert_same_tree(src, out)
+    other = tmp_path / "other-tmp"
+    monkeypatch.setattr(tempfile, "tempdir", str(other))
+    (other / f"colabfast-data-{os.getuid()}").mkdir(parents=True)
+    os.chown(other / f"colabfast-data-{os.getuid()}", os.getuid() + 1, -1)  # as another user made it
+    with pytest.raises(PermissionError, match="is not a folder of yours"):
+        stage(src, progress=False)
+
+
+@pytest.mark.parametrize("verify", ["size", "sha256"])
+def test_archive_of_one_folder_named_like_it_is_not_nested(tmp_path, capsys, verify):
+    """Issue 23 item 18: `colabfast stage other.tar.gz` landed in .../other/other. A single top folder
+    named like the destination becomes the destination; a re-run returns the same path, copies
+    nothing (with sha256: the recorded hashes match) and says so."""
+    src = make_files(tmp_path / "other", 4, 100)
+    archive = tmp_path / "other.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(src, arcname="other")
+    out = stage(archive, tmp_path / "dst" / "other", verify=verify, progress=False)
+    assert out == tmp_path / "dst" / "other"
+    assert_same_tree(src, out)
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == ["other"]  # no partial left beside it
+    ino = next(out.rglob("*.bin")).stat().st_ino
+    capsys.readouterr()
+    assert stage(archive, tmp_path / "dst" / "other", verify=verify) == out
+    assert next(out.rglob("*.bin")).stat().st_ino == ino
+    assert f"{out} is up to date, nothing copied" in capsys.readouterr().err
+    assert stage(archive, tmp_path / "elsewhere", progress=False) == tmp_path / "elsewhere" / "other"
