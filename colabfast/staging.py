@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -189,6 +190,67 @@ def stage(
     if dst is not None and to != "auto":
         raise ValueError(f"pass dst or to, not both: to={to!r} only picks a default destination")
     opts = _Options(verify, retries, progress, overwrite, allow_links)
+    source = _resolve(src, retries)
+    if workers is None:
+        workers = 64 if env.is_fuse(source.path) else 16
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    if source.kind == "folder":
+        source = source.scanned(workers, retries)
+        _warn_reserved(source.path, source.reserved)
+    target = _destination(source.name, dst, to, source.nbytes, single=source.kind == "file")
+    if source.kind == "file" and target.is_dir():
+        target = target / source.name
+    for path in source.archives or [source.path]:
+        _check_not_nested(path, target)
+    if source.kind == "folder" and not source.files and not source.unreadable:
+        warnings.warn(f"{source.path} holds no files: staging it makes an empty folder at {target}", stacklevel=2)
+
+    with _locked(target):
+        if source.kind == "archives":
+            return _stage_archive(source.archives, target, opts)
+        if source.kind == "folder":
+            _prepare_folder(target, str(source.path), opts)
+            _stage_tree(source.path, target, source.files, source.dirs, workers, opts, unreadable=source.unreadable)
+        else:
+            entry = source.files[0]
+            _prepare_file(target, source.path, entry, opts)
+            _stage_tree(source.path.parent, target.parent, [entry], [], workers, opts,
+                        rename={entry.rel: target.name})
+    return target
+
+
+@dataclasses.dataclass(frozen=True)
+class _Input:
+    """stage()'s ``src`` resolved once into what it is, and what its destination needs to know."""
+
+    kind: str  # "folder", "file" or "archives" (one archive, or several making one dataset)
+    path: Path  # the folder or the file; the first archive
+    name: str  # a default destination's name: the source's own, an archive's without its suffix
+    nbytes: int  # bytes it takes once staged (for archives, as they declare it: a first estimate)
+    archives: list[Path] = dataclasses.field(default_factory=list)
+    files: list[FileEntry] = dataclasses.field(default_factory=list)  # a folder's files, or the file
+    dirs: list[str] = dataclasses.field(default_factory=list)  # a folder's sub-folders
+    unreadable: dict[str, OSError] = dataclasses.field(default_factory=dict)  # sub-folders not listed
+    reserved: list[str] = dataclasses.field(default_factory=list)  # left out for their names
+
+    def scanned(self, workers: int, retries: int) -> _Input:
+        """This folder with its files and sub-folders listed (in parallel: on Drive each is a round trip)."""
+        unreadable: dict[str, OSError] = {}
+        reserved: list[str] = []
+        files, dirs = scan_tree(self.path, workers, retries, unreadable=unreadable, reserved=reserved)
+        return dataclasses.replace(self, nbytes=sum(f.size for f in files), files=files, dirs=dirs,
+                                   unreadable=unreadable, reserved=reserved)
+
+
+def _resolve(src: Union[PathLike, Sequence[PathLike]], retries: int) -> _Input:
+    """What ``src`` is: a list of archives, a folder (not listed yet: see :meth:`_Input.scanned`),
+    an archive, or another file.
+
+    Raises:
+        FileNotFoundError: it (or one of the archives) does not exist.
+        ValueError: a list holding something other than archives.
+    """
     if isinstance(src, (list, tuple)):
         archives = [Path(os.path.abspath(a)) for a in src]
         if not archives or not all(archive_suffix(a) for a in archives):
@@ -197,47 +259,18 @@ def stage(
             if not a.is_file():
                 raise _not_found(a)
         size = sum(retry(functools.partial(extracted_size, a), retries) for a in archives)
-        target = _destination(strip_archive_suffix(archives[0].name), dst, to, size, single=False)
-        with _locked(target):
-            return _stage_archive(archives, target, opts)
-    src = Path(os.path.abspath(cast(PathLike, src)))
+        return _Input("archives", archives[0], strip_archive_suffix(archives[0].name), size, archives=archives)
+    path = Path(os.path.abspath(cast(PathLike, src)))
     try:
-        st = retry(lambda: os.stat(src), retries)  # Drive may be briefly disconnected even now
+        st = retry(lambda: os.stat(path), retries)  # Drive may be briefly disconnected even now
     except FileNotFoundError:
-        raise _not_found(src) from None
-    if workers is None:
-        workers = 64 if env.is_fuse(src) else 16
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers}")
-
+        raise _not_found(path) from None
     if stat.S_ISDIR(st.st_mode):
-        unreadable: dict[str, OSError] = {}
-        reserved: list[str] = []
-        files, dirs = scan_tree(src, workers, retries, unreadable=unreadable, reserved=reserved)
-        _warn_reserved(src, reserved)
-        target = _destination(src.name, dst, to, sum(f.size for f in files), single=False)
-        _check_not_nested(src, target)
-        if not files and not unreadable:
-            warnings.warn(f"{src} holds no files: staging it makes an empty folder at {target}", stacklevel=2)
-        with _locked(target):
-            _prepare_folder(target, str(src), opts)
-            _stage_tree(src, target, files, dirs, workers, opts, unreadable=unreadable)
-        return target
-    if archive_suffix(src):
-        target = _destination(strip_archive_suffix(src.name), dst, to, retry(lambda: extracted_size(src), retries),
-                              single=False)
-        _check_not_nested(src, target)
-        with _locked(target):
-            return _stage_archive([src], target, opts)
-    target = _destination(src.name, dst, to, st.st_size, single=True)
-    if target.is_dir():
-        target = target / src.name
-    _check_not_nested(src, target)
-    entry = FileEntry(src.name, st.st_size, st.st_mtime_ns)
-    with _locked(target):
-        _prepare_file(target, src, entry, opts)
-        _stage_tree(src.parent, target.parent, [entry], [], workers, opts, rename={src.name: target.name})
-    return target
+        return _Input("folder", path, path.name, 0)
+    if archive_suffix(path):
+        size = retry(lambda: extracted_size(path), retries)
+        return _Input("archives", path, strip_archive_suffix(path.name), size, archives=[path])
+    return _Input("file", path, path.name, st.st_size, files=[FileEntry(path.name, st.st_size, st.st_mtime_ns)])
 
 
 class _Options(NamedTuple):
