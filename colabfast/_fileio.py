@@ -109,7 +109,8 @@ class FileEntry(NamedTuple):
 
 
 def scan_tree(
-    root: Path, workers: int = 32, retries: int = 5, unreadable: Optional[dict[str, OSError]] = None
+    root: Path, workers: int = 32, retries: int = 5, unreadable: Optional[dict[str, OSError]] = None,
+    reserved: Optional[list[str]] = None,
 ) -> tuple[list[FileEntry], list[str]]:
     """All regular files under ``root`` (following symlinks) and all folders, sorted, listed in parallel.
 
@@ -121,6 +122,8 @@ def scan_tree(
         unreadable: if given, a sub-folder that cannot be listed (after the retries) is recorded
             here (relative path -> error) and left out, as ``cp -r`` goes on past it; if None, the
             error is raised.
+        reserved: if given, the relative paths left out for their names (colabfast's own: partial
+            files, stage records) are appended here, so that the caller can say so.
 
     Returns:
         (files, folders), with paths relative to ``root`` in POSIX form.
@@ -140,6 +143,8 @@ def scan_tree(
                 for entry in it:
                     name = f"{rel}/{entry.name}" if rel else entry.name
                     if entry.name.endswith(PARTIAL_SUFFIX) or entry.name.startswith(STATE_PREFIX):
+                        if reserved is not None:
+                            reserved.append(name)
                         continue
                     try:
                         st = entry.stat()  # follows symlinks

@@ -9,6 +9,10 @@ links earlier entries made. The standard library's tar ``data`` filter is not re
 releases without the fix for CVE-2025-4517 (before 3.9.23, 3.10.18, 3.11.13, 3.12.11, 3.13.4) a tar
 whose link chain outgrows ``realpath``'s limit gets past it.
 
+Headers are bounded before they are read: a tar header record (pax, GNU long name or link) over
+1 MiB, a name or link target over 4096 characters, a zip link whose target is larger, are refused
+(``tarfile`` alone would read a header declaring 1 GiB whole, into RAM).
+
 Bytes are counted as they are written: an archive that expands beyond the destination's free space
 (a decompression bomb, or a forged gzip size) stops with ``ENOSPC`` and a clear message before the
 disk is full.
@@ -33,7 +37,7 @@ import tarfile
 import time
 import zipfile
 from pathlib import Path
-from typing import IO, Any, Callable, Optional
+from typing import IO, Any, Callable, Iterator, Mapping, Optional
 
 from colabfast._fileio import ReadaheadFile, human_bytes, partial_name, unchanged, write_all
 from colabfast.errors import Error
@@ -46,6 +50,10 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", "
 CHUNK = 1 << 20  # bytes per write
 SPACE_MARGIN = (1 << 20, 256 << 20)  # bytes left free on the destination: 2% of its size, within these
 LINK_HOPS = 40  # links followed while resolving one link target (Linux's own limit, MAXSYMLINKS)
+MAX_NAME = 4096  # bytes in an entry's name or link target (Linux's PATH_MAX)
+MAX_HEADER = 1 << 20  # bytes in one tar header record (pax, GNU long name), checked before it is read
+MAX_HEADERS = 8  # header records before one member (a pax header, a long name and a long link need 3)
+QUOTED = 200  # characters of a name quoted in an error message
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _UNSAFE_FIX = ("The archive is unsafe (or was made with absolute paths); nothing outside the destination "
@@ -65,7 +73,12 @@ class UnsafeArchiveError(Error, ValueError):
 
     def __init__(self, archive: os.PathLike | str, member: str, why: str, fix: str = _UNSAFE_FIX):
         self.archive, self.member = str(archive), member
-        super().__init__(f"refusing to extract {archive}: entry {member!r} {why}. {fix}")
+        super().__init__(f"refusing to extract {archive}: entry {quoted(member)} {why}. {fix}")
+
+
+def quoted(name: str) -> str:
+    """``name`` quoted for a message, cut to :data:`QUOTED` characters: a hostile name may be megabytes."""
+    return repr(name if len(name) <= QUOTED else name[:QUOTED] + "...")
 
 
 def archive_suffix(path: os.PathLike | str) -> Optional[str]:
@@ -118,6 +131,8 @@ def safe_relpath(archive: os.PathLike | str, name: str, *, backslash_separators:
     """
     if "\x00" in name:
         raise UnsafeArchiveError(archive, name, "contains a NUL byte")
+    if len(name) > MAX_NAME:  # characters; the bytes are checked where a file is made (ENAMETOOLONG)
+        raise UnsafeArchiveError(archive, name, f"has a name of {len(name)} characters (at most {MAX_NAME})")
     path = name.replace("\\", "/") if backslash_separators else name
     if path.startswith("/") or re.match(r"[A-Za-z]:[/\\]", path):
         raise UnsafeArchiveError(archive, name, "has an absolute path")
@@ -140,12 +155,73 @@ def check_tar_member(archive: os.PathLike | str, member: tarfile.TarInfo, *, all
     if member.issym() or member.islnk():
         if not allow_links:
             kind = "symbolic" if member.issym() else "hard"
-            raise UnsafeArchiveError(archive, member.name, f"is a {kind} link (to {member.linkname!r})", _LINK_FIX)
+            raise UnsafeArchiveError(archive, member.name, f"is a {kind} link (to {quoted(member.linkname)})",
+                                     _LINK_FIX)
+        if len(member.linkname) > MAX_NAME:
+            raise UnsafeArchiveError(archive, member.name, f"is a link to a target of {len(member.linkname)} "
+                                                           f"characters (at most {MAX_NAME})")
     elif not (member.isfile() or member.isdir()):
         raise UnsafeArchiveError(archive, member.name, "is a device file, pipe or other special file")
     if not name and not member.isdir():
         raise UnsafeArchiveError(archive, member.name, "has no name")
     return name
+
+
+def open_tar(archive: os.PathLike | str, stream: IO[bytes]) -> tarfile.TarFile:
+    """``tarfile.open(fileobj=stream, mode="r:")`` for the tar ``archive``, with header records bounded.
+
+    ``tarfile`` reads a pax header or a GNU long name or link record whole, whatever size its header
+    declares: 1 MB of gzip can declare a 1 GiB name and take gigabytes of RAM. Here each record's
+    declared size is checked before it is read (at most :data:`MAX_HEADER` bytes, :data:`MAX_HEADERS`
+    records before one member, :data:`MAX_HEADER` bytes of global pax fields), and sparse files whose
+    map goes on past their header (GNU's extended sparse headers, pax sparse format 1.0), an
+    unbounded read too, are refused.
+
+    Raises:
+        UnsafeArchiveError: a header record over those bounds (here, or while iterating members).
+        tarfile.TarError, EOFError: the archive is corrupt or truncated.
+    """
+    return tarfile.open(fileobj=stream, mode="r:", tarinfo=_bounded_tarinfo(archive))
+
+
+def _bounded_tarinfo(archive: os.PathLike | str) -> type[tarfile.TarInfo]:
+    """A ``TarInfo`` class that checks each header record's size before ``tarfile`` reads it (its
+    documented extension point, ``_proc_member``), naming ``archive`` in its errors."""
+
+    def refuse(info: tarfile.TarInfo, why: str) -> UnsafeArchiveError:
+        return UnsafeArchiveError(archive, info.name or f"(the header at byte {info.offset})", why)
+
+    class BoundedTarInfo(tarfile.TarInfo):
+        def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+            records = {tarfile.GNUTYPE_LONGNAME: "GNU long name", tarfile.GNUTYPE_LONGLINK: "GNU long link",
+                       tarfile.XHDTYPE: "pax header", tarfile.SOLARIS_XHDTYPE: "pax header",
+                       tarfile.XGLTYPE: "global pax header"}
+            if self.type in records:
+                what = records[self.type]
+                chain = getattr(tar, "_colabfast_headers", 0) + 1
+                if self.size > MAX_HEADER:
+                    raise refuse(self, f"is a {what} record of {self.size} bytes (at most {MAX_HEADER})")
+                if chain > MAX_HEADERS:
+                    raise refuse(self, f"is header record {chain} in a row (at most {MAX_HEADERS})")
+                if self.type == tarfile.XGLTYPE and self.size + _pax_size(tar.pax_headers) > MAX_HEADER:
+                    raise refuse(self, f"takes the global pax fields over {MAX_HEADER} bytes")
+                tar._colabfast_headers = chain  # type: ignore[attr-defined]
+            else:
+                tar._colabfast_headers = 0  # type: ignore[attr-defined]
+                if self.type == tarfile.GNUTYPE_SPARSE and self._sparse_structs[1]:  # type: ignore[attr-defined]
+                    raise refuse(self, "is a sparse file whose map goes on past its header (tar --sparse): "
+                                       "datasets need none")
+            return super()._proc_member(tar)  # type: ignore[misc]
+
+        def _proc_gnusparse_10(self, next: tarfile.TarInfo, pax_headers: dict, tar: tarfile.TarFile) -> None:
+            raise refuse(next, "is a sparse file in pax format 1.0 (tar --sparse), whose map is read from "
+                               "its data: datasets need none")
+
+    return BoundedTarInfo
+
+
+def _pax_size(fields: Mapping[str, str]) -> int:
+    return sum(len(k) + len(v) for k, v in fields.items())
 
 
 def extract(
@@ -165,11 +241,12 @@ def extract(
             modification time are skipped, so an interrupted extraction resumes. An entry that
             appears twice is written twice: the last one wins, as with ``tar`` and ``unzip``.
         allow_links: extract symbolic and hard links instead of refusing them. Each link's target
-            is resolved, link by link, in the tree extracted so far (and all links again at the end,
-            since a later link can change where an earlier one leads); one that leads outside
-            ``dst`` is refused. Files are never written through a link either way. When the
-            extraction fails, the symbolic links it made are removed, so none left in ``dst`` can
-            lead outside.
+            is resolved, link by link, in the tree extracted so far (and every link in ``dst`` again
+            at the end, those an interrupted earlier run left included, since a later link can
+            change where an earlier one leads); one that leads outside ``dst`` is refused. Files
+            are never written through a link either way. When the extraction fails, the symbolic
+            links it made (and any it refused) are removed, so none left in ``dst`` can lead
+            outside. Without ``allow_links``, a link found in ``dst`` at the end is refused too.
         retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...).
         on_progress: called with the number of archive bytes read so far.
 
@@ -200,7 +277,7 @@ def extract(
 def _extract_tar(out: _Extraction, f: io.BufferedReader[Any], report: Callable[[], None]) -> None:
     # tarfile's own stream mode re-slices its buffer on every read (1.5x slower here); a
     # decompressing file object read strictly forwards in "r:" mode is the same single pass.
-    with _decompressed(f) as stream, tarfile.open(fileobj=stream, mode="r:") as tar:
+    with _decompressed(f) as stream, open_tar(out.archive, stream) as tar:
         for member in tar:
             name = check_tar_member(out.archive, member, allow_links=out.allow_links)
             if member.isdir():
@@ -245,6 +322,9 @@ def _zip_entry(archive: Path, info: zipfile.ZipInfo, allow_links: bool) -> tuple
     if stat.S_ISLNK(mode):
         if not allow_links:
             raise UnsafeArchiveError(archive, info.filename, "is a symbolic link", _LINK_FIX)
+        if info.file_size > MAX_NAME:  # its data is the target, read whole: check before reading
+            raise UnsafeArchiveError(archive, info.filename, f"is a link to a target of {info.file_size} bytes "
+                                                             f"(at most {MAX_NAME})")
         kind = "link"
     elif stat.S_IFMT(mode) in (0, stat.S_IFREG):  # no type bits (zipfile.writestr's 0o600): a file
         kind = "file"
@@ -271,6 +351,20 @@ def _extract_zip(out: _Extraction, f: IO[bytes], report: Callable[[], None]) -> 
                 with zf.open(info) as src:
                     out.file(name, src, info.file_size, mtime_ns, mode or 0o644)
                 report()
+
+
+def links_under(root: Path) -> Iterator[str]:
+    """The relative paths of the symbolic links under ``root``, following none."""
+    folders = [""]
+    while folders:
+        rel = folders.pop()
+        with os.scandir(os.path.join(root, rel)) as entries:
+            for entry in entries:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                if entry.is_symlink():
+                    yield path
+                elif entry.is_dir(follow_symlinks=False):
+                    folders.append(path)
 
 
 class _Extraction:
@@ -391,7 +485,7 @@ class _Extraction:
                     self._refresh()
                     self._no_space(rel, len(chunk))
             if written != size or os.fstat(fd).st_size != size:
-                raise OSError(errno.EIO, f"{self.archive}: entry {rel!r} gave {written} of its {size} bytes "
+                raise OSError(errno.EIO, f"{self.archive}: entry {quoted(rel)} gave {written} of its {size} bytes "
                                          f"(a truncated or corrupt archive?)")
             os.utime(fd, ns=(mtime_ns, mtime_ns))
         except BaseException:
@@ -428,7 +522,7 @@ class _Extraction:
         self._since_check = 0
 
     def _no_space(self, rel: str, nbytes: int) -> None:
-        raise OSError(errno.ENOSPC, f"{self.archive} does not fit in {self.dst}: entry {rel!r} needs "
+        raise OSError(errno.ENOSPC, f"{self.archive} does not fit in {self.dst}: entry {quoted(rel)} needs "
                                     f"{human_bytes(nbytes)} more, {human_bytes(max(self._free, 0))} is free and "
                                     f"{human_bytes(self.margin)} is kept spare ({human_bytes(self.extracted)} "
                                     f"extracted so far). The archive expands beyond the free space (a "
@@ -450,7 +544,7 @@ class _Extraction:
 
     def symlink(self, rel: str, target: str) -> None:
         if self.resolve(posixpath.dirname(rel), target) is None:
-            raise UnsafeArchiveError(self.archive, rel, f"is a link to {target!r}, outside the destination")
+            raise UnsafeArchiveError(self.archive, rel, f"is a link to {quoted(target)}, outside the destination")
         dfd, name = self._parent(rel)
         self._replace(dfd, name, rel)
         os.symlink(target, name, dir_fd=dfd)
@@ -467,7 +561,7 @@ class _Extraction:
         try:
             st = os.stat(tname, dir_fd=tfd, follow_symlinks=False) if tfd is not None else None
             if st is None or not stat.S_ISREG(st.st_mode):
-                raise UnsafeArchiveError(self.archive, rel, f"is a hard link to {target!r}, which is not a file "
+                raise UnsafeArchiveError(self.archive, rel, f"is a hard link to {quoted(target)}, which is not a file "
                                                             f"extracted before it")
             dfd, name = self._parent(rel)
             self._replace(dfd, name, rel)
@@ -517,20 +611,24 @@ class _Extraction:
         return "/".join(parts)
 
     def check_links(self) -> None:
-        """Resolve every link again now that all are in place: a later link (say ``a -> .``) can
-        change where an earlier one (``up -> a/b/../..``) leads."""
-        for rel in self.links:
-            dfd, name = self._parent(rel)
-            if not stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-                continue  # replaced by a later file of that name
-            target = os.readlink(name, dir_fd=dfd)
+        """Resolve every link under ``dst`` now that all are in place: a later link (say ``a -> .``) can
+        change where an earlier one (``up -> a/b/../..``) leads, and links an earlier, interrupted run
+        left are checked as much as this run's. Without ``allow_links`` no link may be there at all."""
+        for rel in links_under(self.dst):
+            target = os.readlink(os.path.join(self.dst, rel))
+            if not self.allow_links:
+                self.links.append(rel)  # removed on the way out
+                raise UnsafeArchiveError(self.archive, rel, f"is a link (to {quoted(target)}), left by an earlier "
+                                                            f"extraction", _LINK_FIX)
             if self.resolve(posixpath.dirname(rel), target) is None:
-                raise UnsafeArchiveError(self.archive, rel, f"is a link to {target!r}, which with the links "
+                self.links.append(rel)
+                raise UnsafeArchiveError(self.archive, rel, f"is a link to {quoted(target)}, which with the links "
                                                             f"after it leads outside the destination")
 
     def _remove_links(self) -> None:
-        """Remove the symbolic links this extraction made: it failed, perhaps on one that leads outside
-        ``dst`` (or a write through one), and none may be left there to be followed later."""
+        """Remove the symbolic links this extraction made and those :meth:`check_links` refused: it failed,
+        perhaps on a link that leads outside ``dst`` (or a write through one), and none may be left there
+        to be followed later."""
         for rel in reversed(self.links):
             folder, _, name = rel.rpartition("/")
             try:

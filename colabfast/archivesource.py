@@ -13,7 +13,8 @@ Layouts:
 
 Labels and sample order are torchvision's (``datasets.ImageNet`` / ``datasets.ImageFolder``). Member
 names are only ever used as labels and paths: each is checked by :func:`colabfast.archive.safe_relpath`
-(absolute or ``..`` names are refused), links and special files are never read, inner tars are opened
+(absolute or ``..`` names are refused), tar header records are bounded before they are read
+(:func:`colabfast.archive.open_tar`), links and special files are never read, inner tars are opened
 one level deep only, and no member larger than :data:`MAX_IMAGE` is read into memory.
 """
 
@@ -31,7 +32,7 @@ from typing import Callable, Collection, Iterator, NamedTuple, Optional, Union
 import numpy as np
 
 from colabfast._fileio import ReadaheadFile, retry
-from colabfast.archive import _decompressed, archive_suffix, safe_relpath
+from colabfast.archive import _decompressed, archive_suffix, open_tar, quoted, safe_relpath
 from colabfast.errors import Error
 from colabfast.imagenet import KAGGLE_SYNSETS, KAGGLE_VAL_SOLUTION, ImageNetLabels, read_devkit, read_kaggle_labels
 from colabfast.sources import is_image
@@ -54,7 +55,7 @@ class ArchiveReadError(Error, ValueError):
     def __init__(self, archive: Union[str, os.PathLike], member: str, why: str):
         self.archive, self.member = str(archive), member
         super().__init__(
-            f"{archive}: cannot read member {member!r}: {why}. The archive is truncated or corrupt (an "
+            f"{archive}: cannot read member {quoted(member)}: {why}. The archive is truncated or corrupt (an "
             "interrupted upload or download?). The images packed before it are kept: put the complete archive "
             "at the same path and run pack() again to continue from there."
         )
@@ -123,7 +124,7 @@ class ArchiveSource:
             return layout
         with self._open_plain() as f, _decompressed(f) as stream:
             try:
-                tar = tarfile.open(fileobj=stream, mode="r:")
+                tar = open_tar(self.path, stream)
                 first = next((m for m in tar if m.isfile()), None)
             except (tarfile.TarError, EOFError, zlib.error) as exc:
                 raise ArchiveReadError(self.path, "(the first member)", f"{type(exc).__name__}: {exc}") from exc
@@ -227,7 +228,7 @@ class ArchiveSource:
         current = "(the archive's start)"
         with _decompressed(f) as stream:
             try:
-                tar = tarfile.open(fileobj=stream, mode="r:")
+                tar = open_tar(self.path, stream)
                 for member in tar:
                     current = member.name
                     name = safe_relpath(self.path, member.name)
@@ -250,7 +251,7 @@ class ArchiveSource:
         assert inner_file is not None
         current = name
         try:
-            with tarfile.open(fileobj=inner_file, mode="r:") as inner:
+            with open_tar(self.path, inner_file) as inner:
                 done = 0
                 for m in inner:
                     current = f"{name}/{m.name}"

@@ -93,9 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stage", help="copy a dataset (folder, file or archive) from Drive to local disk or RAM",
                        description="Copy a folder, file or archive (.zip, .tar[.gz|.bz2|.xz]) from a slow "
                                    "mount such as Google Drive to local disk or RAM; re-runs copy only what "
-                                   "is missing. Prints the staged path.")
+                                   "is missing. Prints the staged path (and, on stderr, when a re-run "
+                                   "had nothing to copy).")
     p.add_argument("src", help="folder, file or archive to stage")
-    p.add_argument("dst", nargs="?", help="destination (default: /content/<name> in Colab, else a temp folder)")
+    p.add_argument("dst", nargs="?", help="destination (default: /content/<name> in Colab, else "
+                                          "<tempdir>/colabfast-data-<uid>/<name>)")
     p.add_argument("--ram", action="store_true", help="stage into a tmpfs RAM disk")
     p.add_argument("--workers", type=int, help="files copied at once (default: 64 from FUSE mounts, else 16)")
     p.add_argument("--verify", choices=["size", "sha256"], default="size",
@@ -112,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Mount a tmpfs RAM disk (or reuse the one mounted) and print its path; "
                                    "with --release, unmount it, deleting what is on it, to free its RAM.")
     p.add_argument("size", nargs="?", help="most it may hold, e.g. 8G (default: the RAM colabfast may use)")
-    p.add_argument("--path", help="mount point (default: /content/ramdisk in Colab, else a temp folder)")
+    p.add_argument("--path", help="mount point (default: /content/ramdisk in Colab, else "
+                                  "<tempdir>/colabfast-data-<uid>/ramdisk)")
     p.add_argument("--release", action="store_true", help="unmount the RAM disk, deleting what is on it")
     p.set_defaults(run=_ramdisk)
 

@@ -8,9 +8,11 @@ module says what each mount is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -214,10 +216,26 @@ def disk_free(path: PathLike) -> int:
 
 
 def work_dir() -> Path:
-    """Where colabfast puts local data by default: ``/content`` in Colab, else a temp folder."""
+    """Where colabfast puts local data by default: ``/content`` in Colab, else
+    ``<tempdir>/colabfast-data-<uid>``, made for this user alone (mode 0700).
+
+    Per user, since the temp folder is shared; and not named ``colabfast``, which a script run from
+    the temp folder would import instead of this package.
+
+    Raises:
+        PermissionError: that folder exists but is not this user's own folder (another user, or a
+            link, put it there first).
+    """
     if in_colab():
         return Path(COLAB_CONTENT)
-    return Path(tempfile.gettempdir()) / "colabfast"
+    path = Path(tempfile.gettempdir()) / f"colabfast-data-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise PermissionError(f"{path} is not a folder of yours (uid {os.getuid()}): someone else made it, so "
+                              f"colabfast will not put your data there. Remove it, or set TMPDIR elsewhere.")
+    return path
 
 
 def is_root() -> bool:

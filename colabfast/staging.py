@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import threading
 import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -45,7 +47,7 @@ from colabfast._fileio import (
     write_all,
     write_json_atomic,
 )
-from colabfast.archive import UnsafeArchiveError, archive_suffix, extract, extracted_size, strip_archive_suffix
+from colabfast.archive import archive_suffix, extract, extracted_size, links_under, strip_archive_suffix
 from colabfast.errors import Error
 
 __all__ = ["stage", "StageError", "check_space"]
@@ -53,6 +55,7 @@ __all__ = ["stage", "StageError", "check_space"]
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
 RECORD = f"{STATE_PREFIX}stage.json"  # inside a staged folder: what it was staged from, and hashes
+JOURNAL = RECORD.replace(".json", ".sha256.jsonl")  # beside it: hashes appended as files are verified
 CHUNK = 1 << 20  # bytes per read() when copying a file
 BIG_FILE = 64 << 20  # files at least this large are copied as parallel ranges
 RANGE = 16 << 20  # bytes per range of a big file
@@ -113,13 +116,16 @@ def stage(
     skipped, so re-running a cell after an interruption or a kill copies only what is missing. Each
     file is written as ``.NAME.colabfast-partial`` and renamed only once its full size is written
     (a short write or a full disk is an error, never a hole) and verified, so nothing partial ever
-    looks complete. A file whose size, modification time or inode changes while it is copied is
-    copied again. A record ``.colabfast-stage.json`` inside a staged folder (for a single file: in
+    looks complete. A file whose size, modification or change time, or inode changes while it is
+    copied is copied again (an archive that changes while it is extracted is an error). A record
+    ``.colabfast-stage.json`` inside a staged folder (for a single file: in
     :func:`colabfast.env.cache_dir`) says what was staged there; a lock in the cache folder keeps
     two runs from staging to one destination at once.
 
     Args:
-        src: a folder (copied recursively, following symlinks), a single file, or an archive
+        src: a folder (copied recursively, following symlinks; names colabfast keeps for its own
+            files, ``*.colabfast-partial`` and ``.colabfast-*``, are left out with a warning that
+            lists them, records of an earlier stage quietly), a single file, or an archive
             (``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``),
             which is extracted while it is read, with no intermediate copy (see
             :mod:`colabfast.archive` for what is refused as unsafe); or a list of archives that
@@ -127,8 +133,9 @@ def stage(
             ``data_object_image_2.zip``, ``data_object_label_2.zip`` and ``data_object_calib.zip``).
         dst: where to put it. For a folder or an archive, the folder to create; for a file, the
             file path (or an existing folder to put it in). Default: ``/content/<name>`` in Colab,
-            ``<tempdir>/colabfast/<name>`` elsewhere, or ``<ramdisk>/<name>`` per ``to``; an
-            archive's name loses its suffix (``kitti.tar.gz`` -> ``kitti``).
+            ``<tempdir>/colabfast-data-<uid>/<name>`` elsewhere (see
+            :func:`colabfast.env.work_dir`), or ``<ramdisk>/<name>`` per ``to``; an archive's name
+            loses its suffix (``kitti.tar.gz`` -> ``kitti``).
         to: where a default ``dst`` goes: ``"disk"``, ``"ram"`` (a tmpfs from
             :func:`colabfast.ramdisk`) or ``"auto"``: where an earlier stage of the same source
             already is; else, in Colab, RAM when the data takes at most half of the RAM colabfast
@@ -142,7 +149,8 @@ def stage(
         retries: retries for transient mount errors (EIO, ENOTCONN, ETIMEDOUT, EAGAIN), waiting
             0.25 s, 0.5 s, 1 s, ... (capped at 8 s) between attempts: per open of a file, and per
             read request at one offset (a failed read is retried, in smaller requests, not the file).
-        progress: show a tqdm progress bar (a widget in notebooks) with bytes, files and MB/s.
+        progress: show a tqdm progress bar (a widget in notebooks) with bytes, files and MB/s, or,
+            when nothing needs copying, the line "DST is up to date, nothing copied" (on stderr).
         overwrite: replace what is at ``dst`` when it holds other files (a folder colabfast did not
             stage, or one staged from another source): they are deleted first. Without it that is
             an error, and nothing is written.
@@ -152,7 +160,9 @@ def stage(
 
     Returns:
         The staged path: the folder, the file, or for an archive the extraction folder (or, when
-        the archive holds a single top-level folder, that folder inside it).
+        the archive holds a single top-level folder, that folder inside it; one named like the
+        extraction folder, ``other/`` in ``other.tar.gz`` staged to ``.../other``, is that folder
+        itself, not ``.../other/other``, unless it holds links).
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
@@ -163,10 +173,15 @@ def stage(
             (from DriveFS, reading also fills Drive's local cache, so a single file or an archive
             needs twice its size; for a folder that is only a warning, as DriveFS evicts its cache
             as the disk fills), or when the disk fills while copying or an archive expands beyond
-            the free space (its partial extraction is removed).
+            the free space; ``errno.EAGAIN`` when an archive changed while it was extracted; or an
+            archive could not be read after the retries (a re-run resumes its extraction).
         StageError: some files (or sub-folders that cannot be listed) failed after their retries,
             or kept changing while copied; it lists them. The others stay staged.
-        colabfast.archive.UnsafeArchiveError: a hostile archive; nothing is left at ``dst``.
+        colabfast.archive.UnsafeArchiveError: a hostile archive.
+        tarfile.TarError, zipfile.BadZipFile, EOFError: a corrupt or truncated archive.
+
+        An archive that fails leaves nothing at ``dst`` or beside it, except after an interrupt or
+        a read error, when its partial extraction stays for a re-run to resume.
     """
     if verify not in ("size", "sha256"):
         raise ValueError(f"verify must be 'size' or 'sha256', not {verify!r}")
@@ -175,6 +190,67 @@ def stage(
     if dst is not None and to != "auto":
         raise ValueError(f"pass dst or to, not both: to={to!r} only picks a default destination")
     opts = _Options(verify, retries, progress, overwrite, allow_links)
+    source = _resolve(src, retries)
+    if workers is None:
+        workers = 64 if env.is_fuse(source.path) else 16
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    if source.kind == "folder":
+        source = source.scanned(workers, retries)
+        _warn_reserved(source.path, source.reserved)
+    target = _destination(source.name, dst, to, source.nbytes, single=source.kind == "file")
+    if source.kind == "file" and target.is_dir():
+        target = target / source.name
+    for path in source.archives or [source.path]:
+        _check_not_nested(path, target)
+    if source.kind == "folder" and not source.files and not source.unreadable:
+        warnings.warn(f"{source.path} holds no files: staging it makes an empty folder at {target}", stacklevel=2)
+
+    with _locked(target):
+        if source.kind == "archives":
+            return _stage_archive(source.archives, target, opts)
+        if source.kind == "folder":
+            _prepare_folder(target, str(source.path), opts)
+            _stage_tree(source.path, target, source.files, source.dirs, workers, opts, unreadable=source.unreadable)
+        else:
+            entry = source.files[0]
+            _prepare_file(target, source.path, entry, opts)
+            _stage_tree(source.path.parent, target.parent, [entry], [], workers, opts,
+                        rename={entry.rel: target.name})
+    return target
+
+
+@dataclasses.dataclass(frozen=True)
+class _Input:
+    """stage()'s ``src`` resolved once into what it is, and what its destination needs to know."""
+
+    kind: str  # "folder", "file" or "archives" (one archive, or several making one dataset)
+    path: Path  # the folder or the file; the first archive
+    name: str  # a default destination's name: the source's own, an archive's without its suffix
+    nbytes: int  # bytes it takes once staged (for archives, as they declare it: a first estimate)
+    archives: list[Path] = dataclasses.field(default_factory=list)
+    files: list[FileEntry] = dataclasses.field(default_factory=list)  # a folder's files, or the file
+    dirs: list[str] = dataclasses.field(default_factory=list)  # a folder's sub-folders
+    unreadable: dict[str, OSError] = dataclasses.field(default_factory=dict)  # sub-folders not listed
+    reserved: list[str] = dataclasses.field(default_factory=list)  # left out for their names
+
+    def scanned(self, workers: int, retries: int) -> _Input:
+        """This folder with its files and sub-folders listed (in parallel: on Drive each is a round trip)."""
+        unreadable: dict[str, OSError] = {}
+        reserved: list[str] = []
+        files, dirs = scan_tree(self.path, workers, retries, unreadable=unreadable, reserved=reserved)
+        return dataclasses.replace(self, nbytes=sum(f.size for f in files), files=files, dirs=dirs,
+                                   unreadable=unreadable, reserved=reserved)
+
+
+def _resolve(src: Union[PathLike, Sequence[PathLike]], retries: int) -> _Input:
+    """What ``src`` is: a list of archives, a folder (not listed yet: see :meth:`_Input.scanned`),
+    an archive, or another file.
+
+    Raises:
+        FileNotFoundError: it (or one of the archives) does not exist.
+        ValueError: a list holding something other than archives.
+    """
     if isinstance(src, (list, tuple)):
         archives = [Path(os.path.abspath(a)) for a in src]
         if not archives or not all(archive_suffix(a) for a in archives):
@@ -183,45 +259,18 @@ def stage(
             if not a.is_file():
                 raise _not_found(a)
         size = sum(retry(functools.partial(extracted_size, a), retries) for a in archives)
-        target = _destination(strip_archive_suffix(archives[0].name), dst, to, size, single=False)
-        with _locked(target):
-            return _stage_archive(archives, target, opts)
-    src = Path(os.path.abspath(cast(PathLike, src)))
+        return _Input("archives", archives[0], strip_archive_suffix(archives[0].name), size, archives=archives)
+    path = Path(os.path.abspath(cast(PathLike, src)))
     try:
-        st = retry(lambda: os.stat(src), retries)  # Drive may be briefly disconnected even now
+        st = retry(lambda: os.stat(path), retries)  # Drive may be briefly disconnected even now
     except FileNotFoundError:
-        raise _not_found(src) from None
-    if workers is None:
-        workers = 64 if env.is_fuse(src) else 16
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers}")
-
+        raise _not_found(path) from None
     if stat.S_ISDIR(st.st_mode):
-        unreadable: dict[str, OSError] = {}
-        files, dirs = scan_tree(src, workers, retries, unreadable=unreadable)
-        target = _destination(src.name, dst, to, sum(f.size for f in files), single=False)
-        _check_not_nested(src, target)
-        if not files and not unreadable:
-            warnings.warn(f"{src} holds no files: staging it makes an empty folder at {target}", stacklevel=2)
-        with _locked(target):
-            _prepare_folder(target, str(src), opts)
-            _stage_tree(src, target, files, dirs, workers, opts, unreadable=unreadable)
-        return target
-    if archive_suffix(src):
-        target = _destination(strip_archive_suffix(src.name), dst, to, retry(lambda: extracted_size(src), retries),
-                              single=False)
-        _check_not_nested(src, target)
-        with _locked(target):
-            return _stage_archive([src], target, opts)
-    target = _destination(src.name, dst, to, st.st_size, single=True)
-    if target.is_dir():
-        target = target / src.name
-    _check_not_nested(src, target)
-    entry = FileEntry(src.name, st.st_size, st.st_mtime_ns)
-    with _locked(target):
-        _prepare_file(target, src, entry, opts)
-        _stage_tree(src.parent, target.parent, [entry], [], workers, opts, rename={src.name: target.name})
-    return target
+        return _Input("folder", path, path.name, 0)
+    if archive_suffix(path):
+        size = retry(lambda: extracted_size(path), retries)
+        return _Input("archives", path, strip_archive_suffix(path.name), size, archives=[path])
+    return _Input("file", path, path.name, st.st_size, files=[FileEntry(path.name, st.st_size, st.st_mtime_ns)])
 
 
 class _Options(NamedTuple):
@@ -232,6 +281,25 @@ class _Options(NamedTuple):
     progress: bool
     overwrite: bool
     allow_links: bool
+
+
+def _say_up_to_date(dst: Path, opts: _Options) -> None:
+    """A re-run that finds nothing to do says so, where a copy would show its progress bar."""
+    if opts.progress:
+        print(f"{dst} is up to date, nothing copied", file=sys.stderr)
+
+
+def _warn_reserved(src: Path, reserved: list[str]) -> None:
+    """Say which files of ``src`` are not staged because colabfast keeps such names for its own
+    bookkeeping in the destination (``*.colabfast-partial``, ``.colabfast-*``); records of an earlier
+    stage (``.colabfast-stage.json`` and its journal) describe that stage, not this one, and are
+    left out without a word."""
+    theirs = sorted(rel for rel in reserved if os.path.basename(rel) not in (RECORD, JOURNAL))
+    if theirs:
+        shown = ", ".join(theirs[:10]) + (f" and {len(theirs) - 10} more" if len(theirs) > 10 else "")
+        warnings.warn(f"{len(theirs)} entries of {src} are not staged: {shown}. Names ending in "
+                      f"{PARTIAL_SUFFIX} or starting with {STATE_PREFIX} are colabfast's own (its temporary "
+                      f"files and records in the destination); rename them to stage them.", stacklevel=3)
 
 
 def _not_found(path: Path) -> FileNotFoundError:
@@ -521,6 +589,7 @@ def _stage_tree(
         exc.folder = True  # type: ignore[attr-defined]
         failures[f"{rel}/"] = exc
     if not todo and not failures:
+        _say_up_to_date(target_of(files[0].rel) if single else dst, opts)
         if not old.get("complete"):
             write_json_atomic(record_path, _new_manifest(src if not single else src / files[0].rel, True,
                                                          sha256=hashes.digests or None))
@@ -559,11 +628,11 @@ def _remove_partials(root: Optional[Path], targets: list[Path]) -> None:
 
 
 class _SourceChanged(OSError):
-    """A source file's size, modification time or inode differs before and after its copy."""
+    """A source file's size, modification or change time, or inode differs before and after its copy."""
 
-    def __init__(self, path: Path):
-        super().__init__(errno.EAGAIN, f"{path} changed while it was copied (size, modification time or inode "
-                                       f"differ before and after): is something writing to it?")
+    def __init__(self, path: Path, what: str = "copied"):
+        super().__init__(errno.EAGAIN, f"{path} changed while it was {what} (size, modification or change time, "
+                                       f"or inode differ before and after): is something writing to it?")
 
 
 class _Source:
@@ -863,10 +932,11 @@ class _BigFile:
 
 
 def _same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
-    """The same file, unchanged: size, modification time, inode and device (a same-size rewrite in
-    place changes the time; a replacement the inode)."""
-    return b is not None and (a.st_size, a.st_mtime_ns, a.st_ino, a.st_dev) == \
-        (b.st_size, b.st_mtime_ns, b.st_ino, b.st_dev)
+    """The same file, unchanged: size, modification and change time, inode and device (a same-size
+    rewrite in place changes the modification time, and the change time even when the modification
+    time is put back; a replacement changes the inode)."""
+    return b is not None and (a.st_size, a.st_mtime_ns, a.st_ctime_ns, a.st_ino, a.st_dev) == \
+        (b.st_size, b.st_mtime_ns, b.st_ctime_ns, b.st_ino, b.st_dev)
 
 
 # --- archives --------------------------------------------------------------------------------------
@@ -875,8 +945,9 @@ def _same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
 def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     """Extract ``archives`` (one, or several that together make one dataset) into the folder ``dst``.
 
-    They are extracted into ``.NAME.colabfast-partial`` beside ``dst`` (resumable: entries already
-    extracted there are skipped), which is renamed to ``dst`` when complete.
+    They are extracted into ``.NAME.colabfast-partial`` beside ``dst`` (resumable after an interrupt
+    or a read error: entries already extracted there are skipped; removed after any other error),
+    which is renamed to ``dst`` when complete.
     """
     from tqdm.auto import tqdm
 
@@ -889,7 +960,8 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     ours = _ours(old) and old.get("source") == source
     if ours and old.get("complete") and old.get("archive") == identity and dst.is_dir():
         if opts.verify != "sha256" or _hashes_match(dst, old.get("sha256") or {}):
-            return _single_top_folder(dst)
+            _say_up_to_date(dst, opts)
+            return _staged_root(dst, old)
     if not ours:
         _refuse_or_clear_archive(dst, source, old, opts)
 
@@ -910,21 +982,40 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
             try:
                 extract(archive, work, allow_links=opts.allow_links, retries=retries,
                         on_progress=functools.partial(advance, done))
-            except (UnsafeArchiveError, OSError) as exc:
-                # Keep nothing an attacker chose, nor a bomb's output; a read error may resume.
-                if isinstance(exc, UnsafeArchiveError) or exc.errno == errno.ENOSPC:
+                if not _same_identity(retry(functools.partial(os.stat, archive), retries), st):
+                    raise _SourceChanged(archive, "extracted")  # what was extracted may be torn
+            except BaseException as exc:
+                if not _resumable(exc):
                     shutil.rmtree(work, ignore_errors=True)
                 raise
             done += st.st_size
+    # An archive holding one folder named like dst (other.tar.gz holding other/) becomes dst itself,
+    # not dst/other; with links it stays as it is (a link may lead through that folder's name).
+    top = _single_top_folder(work)
+    hoist = top != work and top.name == dst.name and not (top / RECORD).exists() and \
+        next(links_under(top), None) is None
+    root = top if hoist else work
     hashes = None
     if opts.verify == "sha256":
-        hashes = {p.relative_to(work).as_posix(): _sha256_of(p) for p in sorted(work.rglob("*"))
+        hashes = {p.relative_to(root).as_posix(): _sha256_of(p) for p in sorted(root.rglob("*"))
                   if p.is_file() and not p.is_symlink() and p != progress_record}
-    write_json_atomic(progress_record, _new_manifest(source, True, archive=identity, sha256=hashes))
+    returned = "" if hoist or top == work else top.name
+    write_json_atomic(root / RECORD, _new_manifest(source, True, archive=identity, sha256=hashes, top=returned))
     if dst.exists():
         shutil.rmtree(dst)  # an older staged version of these archives
-    os.replace(work, dst)
-    return _single_top_folder(dst)
+    os.replace(root, dst)
+    if hoist:
+        shutil.rmtree(work)  # now only its progress record
+    return dst / returned
+
+
+def _resumable(exc: BaseException) -> bool:
+    """Whether a partial extraction that ``exc`` stopped is kept for a re-run to resume: after an
+    interrupt or a read error, yes; nothing an attacker chose, a bomb's output, an extraction of a
+    corrupt archive or of one that changed meanwhile is kept."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, OSError) and not isinstance(exc, _SourceChanged) and exc.errno != errno.ENOSPC
 
 
 def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opts: _Options) -> None:
@@ -945,6 +1036,14 @@ def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opt
 
 def _hashes_match(root: Path, hashes: dict[str, str]) -> bool:
     return all((root / rel).is_file() and _sha256_of(root / rel) == digest for rel, digest in hashes.items())
+
+
+def _staged_root(dst: Path, record: dict) -> Path:
+    """The path a finished stage of archives to ``dst`` returned, as its record says."""
+    top = record.get("top")
+    if isinstance(top, str) and "/" not in top and top not in (".", "..") and (dst / top).is_dir():
+        return dst / top
+    return _single_top_folder(dst)  # recorded before colabfast said, or no longer there
 
 
 def _single_top_folder(root: Path) -> Path:

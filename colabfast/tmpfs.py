@@ -132,7 +132,7 @@ def ramdisk(size: Union[int, str, None] = None, path: Optional[PathLike] = None)
         size: the most it may hold, in bytes or as ``"8G"``/``"512M"``. Default: the RAM colabfast
             may use, i.e. free RAM minus :func:`colabfast.env.ram_headroom` (max(2 GiB, 25% of RAM)),
             which stays free for training.
-        path: mount point. Default: ``/content/ramdisk`` in Colab, ``<tempdir>/colabfast/ramdisk``
+        path: mount point. Default: ``/content/ramdisk`` in Colab, ``<tempdir>/colabfast-data-<uid>/ramdisk``
             elsewhere. It must be missing, empty, or already a tmpfs.
 
     It stays mounted, holding what is stored in it, until :meth:`RamDisk.release` (or

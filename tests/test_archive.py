@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gzip
 import io
 import os
 import subprocess
@@ -435,3 +436,87 @@ def test_several_archives_make_one_folder(tmp_path):
     assert stage(zips, tmp_path / "staged", progress=False) == out  # unchanged: nothing to do
     with pytest.raises(ValueError, match="must be archives"):
         stage([zips[0], kitti], tmp_path / "x", progress=False)
+
+
+def _declared_record(kind: bytes, declared: int, actual: bytes) -> bytes:
+    """A tar header record (GNU long name "L", pax "x", ...) whose header declares ``declared`` bytes
+    while ``actual`` follow: what a 1 MB gzip declaring a 1 GiB name amounts to, without the GiB."""
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = kind, declared
+    head = info.tobuf(tarfile.GNU_FORMAT)
+    return head + actual + b"\0" * (-len(actual) % 512)
+
+
+def _header_bomb(path: Path, kind: str) -> Path:
+    if kind == "huge pax path":  # real bytes: a 2 MB pax 'path' record (tarfile writes it whole)
+        with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as t:
+            t.addfile(_member("x" * (2 << 20), b"data")[0], io.BytesIO(b"data"))
+        return path
+    if kind == "huge GNU long name":
+        with tarfile.open(path, "w:gz", format=tarfile.GNU_FORMAT) as t:
+            t.addfile(_member("y" * (2 << 20), b"data")[0], io.BytesIO(b"data"))
+        return path
+    record = {"declared 1 GiB long name": tarfile.GNUTYPE_LONGNAME, "declared 1 GiB pax header": tarfile.XHDTYPE,
+              "declared 1 GiB long link": tarfile.GNUTYPE_LONGLINK}
+    if kind in record:
+        body = _declared_record(record[kind], 1 << 30, b"x" * 4096)
+    else:  # "chained headers": a pax header before a pax header before ...
+        body = b"".join(_declared_record(tarfile.XHDTYPE, 11, b"11 a=bcdef\n") for _ in range(5000))
+    info, data = _member("a/f.txt", b"data")
+    body += info.tobuf(tarfile.GNU_FORMAT) + data + b"\0" * 508 + b"\0" * 1024
+    path.write_bytes(gzip.compress(body))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["huge pax path", "huge GNU long name", "declared 1 GiB long name",
+                                  "declared 1 GiB pax header", "declared 1 GiB long link", "chained headers"])
+@pytest.mark.parametrize("reader", ["stage", "pack"])
+def test_tar_header_bombs_are_refused_before_reading(tmp_path, kind, reader):
+    """Issue 23 item 4: tarfile reads a pax or GNU long-name record whole, whatever size its header
+    declares (a 1 MB tar.gz declaring a 1 GiB name took 6.2 GB of RAM, and pack then said "no images").
+    Records are bounded before they are read, by stage and by pack's archive streams alike: an
+    UnsafeArchiveError naming the archive, with the name quoted cut short, and nothing left at dst."""
+    from colabfast.archivesource import ArchiveSource
+
+    archive = _header_bomb(tmp_path / "bomb.tar.gz", kind)
+    with pytest.raises(UnsafeArchiveError) as err:
+        if reader == "stage":
+            stage(archive, tmp_path / "dst", progress=False)
+        else:
+            list(ArchiveSource(archive).images())
+    assert "bomb.tar.gz" in str(err.value)
+    assert len(str(err.value)) < 1000
+    assert not (tmp_path / "dst").exists()
+    assert {p.name for p in tmp_path.iterdir()} <= {"bomb.tar.gz", "cache"}  # no partial extraction either
+
+
+def test_zip_link_with_a_huge_target_is_refused_before_reading(tmp_path):
+    """Issue 23 item 4: a zip symlink's target is its data, read whole (a 1 GiB target took 4.1 GB with
+    allow_links=True): its declared size is checked first."""
+    archive = _zip_with(tmp_path / "bomb.zip", [("ok.txt", b"ok"), (_unix("link", 0o120777), b"a/" * 5000)])
+    with pytest.raises(UnsafeArchiveError, match="bomb.zip.*'link' is a link to a target of 10000 bytes"):
+        stage(archive, tmp_path / "dst", progress=False, allow_links=True)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_error_messages_quote_long_names_cut_short(tmp_path):
+    err = UnsafeArchiveError(tmp_path / "a.tar", "z" * 100_000, "is odd")
+    assert len(str(err)) < 600 and f"'{'z' * 200}...'" in str(err)
+    assert err.member == "z" * 100_000
+
+
+def test_links_an_interrupted_run_left_are_checked_again(tmp_path):
+    """Issue 23 item B: a run killed right after making 'up -> a/b/c/d/../../../..' (inside: a..d do
+    not exist yet), then an archive that makes 'a'..'d' -> '.': each new link is harmless alone, but
+    'up' now leads four levels above dst. Every link in dst is resolved at the end of every run, and
+    the one leading outside is refused and removed."""
+    first = _tar_with(tmp_path / "first.tar", [_member("up", type=tarfile.SYMTYPE, linkname="a/b/c/d/../../../..")])
+    extract(first, tmp_path / "dst", allow_links=True)
+    second = _tar_with(tmp_path / "second.tar",
+                       [_member(n, type=tarfile.SYMTYPE, linkname=".") for n in "abcd"])
+    with pytest.raises(UnsafeArchiveError, match="'up' is a link to 'a/b/c/d/../../../..', which with the links"):
+        extract(second, tmp_path / "dst", allow_links=True)
+    assert not [p for p in (tmp_path / "dst").rglob("*") if p.is_symlink()]
+    extract(first, tmp_path / "again", allow_links=True)
+    with pytest.raises(UnsafeArchiveError, match="'up' is a link .* left by an earlier extraction"):
+        extract(_tar_with(tmp_path / "plain.tar", [_member("f.txt", b"x")]), tmp_path / "again")

@@ -160,3 +160,14 @@ def test_pack_imagenet_validation_tar_from_the_command_line(tmp_path):
     assert out.returncode == 0, out.stderr
     info = run("info", str(tmp_path / "val.h5")).stdout
     assert "4 images" in info and f"labels from {paths['devkit']}" in info
+
+
+def test_stage_rerun_says_it_is_up_to_date(tmp_path):
+    """Issue 23 item 18: a re-run printed only the path; it says that nothing needed copying (on
+    stderr: stdout stays the path, for scripts)."""
+    src = make_files(tmp_path / "src", 3, 100)
+    first = run("stage", str(src), str(tmp_path / "dst"))
+    assert first.returncode == 0 and "up to date" not in first.stderr
+    again = run("stage", str(src), str(tmp_path / "dst"))
+    assert again.returncode == 0 and again.stdout.strip() == str(tmp_path / "dst")
+    assert f"{tmp_path / 'dst'} is up to date, nothing copied" in again.stderr

@@ -7,6 +7,9 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
+import warnings
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -627,3 +630,139 @@ def test_a_retried_read_never_asks_for_more_than_the_caller_did():
     assert asked[1] <= n
     asked.clear()
     assert len(pread_retrying(flaky, 8 * MIN_READ, 0, retries=2, reopen=None)) == 2 * MIN_READ  # a quarter
+
+
+@pytest.mark.parametrize("verify", ["size", "sha256"])
+@pytest.mark.parametrize("path", ["small file", "big file"])
+def test_source_rewritten_with_its_mtime_put_back_is_copied_again(tmp_path, monkeypatch, path, verify):
+    """Issue 23 item E: a same-size rewrite during the copy, its modification time then put back
+    (6 of 6 torn copies were accepted, with verify="sha256" too, and kept by re-runs): the change
+    time differs, so the file is copied again and the copy is the new bytes."""
+    if path == "big file":
+        monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
+        monkeypatch.setattr(stage_mod, "RANGE", 1 << 20)
+    src = tmp_path / "src"
+    src.mkdir()
+    victim = src / "data.bin"
+    victim.write_bytes(os.urandom(3 << 20))
+    os.utime(victim, ns=(10**18, 10**18))
+    versions, reads = [], []
+    real = stage_mod._Copier._check_abort
+
+    def rewrite_in_place(self):  # after the first chunk: new bytes, the old modification time
+        reads.append(1)
+        if len(reads) == 2:
+            versions.append(os.urandom(3 << 20))
+            with open(victim, "r+b") as f:
+                f.write(versions[-1])
+            os.utime(victim, ns=(10**18, 10**18))
+        real(self)
+
+    monkeypatch.setattr(stage_mod._Copier, "_check_abort", rewrite_in_place)
+    out = stage(src, tmp_path / "dst", workers=2, verify=verify, progress=False)
+    torn = (out / "data.bin").read_bytes() != versions[-1]  # a bool: no diff of 3 MB when it fails
+    assert len(versions) == 1 and not torn
+
+
+def test_tar_rewritten_while_extracted_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
+    """Issue 23 item E: an uncompressed .tar rewritten during its extraction was accepted (tar has no
+    checksum of the data). Its identity is compared before and after, as a file's is: an error
+    naming it, nothing left behind; a re-run once it is stable stages the new bytes."""
+    src = tmp_path / "src" / "d"
+    src.mkdir(parents=True)
+    (src / "a.bin").write_bytes(b"old" * 1000)
+    archive = tmp_path / "d.tar"
+    with tarfile.open(archive, "w") as t:
+        t.add(src, arcname="d")
+    real = stage_mod.extract
+
+    def extract_then_rewrite(path, dst, **kwargs):
+        real(path, dst, **kwargs)
+        if not rewritten:
+            rewritten.append(1)
+            data = archive.read_bytes().replace(b"old" * 1000, b"new" * 1000)
+            mtime = archive.stat().st_mtime_ns
+            archive.write_bytes(data)
+            os.utime(archive, ns=(mtime, mtime))
+
+    rewritten: list[int] = []
+    monkeypatch.setattr(stage_mod, "extract", extract_then_rewrite)
+    with pytest.raises(OSError, match=r"d.tar changed while it was extracted") as err:
+        stage(archive, tmp_path / "out" / "d", progress=False)
+    assert err.value.errno == errno.EAGAIN
+    assert list((tmp_path / "out").iterdir()) == []
+    out = stage(archive, tmp_path / "out" / "d", progress=False)
+    assert (out / "a.bin").read_bytes() == b"new" * 1000
+
+
+def test_corrupt_archive_leaves_nothing(tmp_path):
+    """Issue 23 item 8: a zip whose data does not match its CRC-32 ends in BadZipFile, and its partial
+    extraction (the files before the bad one) is removed: an archive that fails leaves nothing."""
+    archive = tmp_path / "lying.zip"
+    with zipfile.ZipFile(archive, "w") as z:  # stored: the bytes are in the file as written
+        z.writestr("d/a.txt", b"a" * 5000)
+        z.writestr("d/b.txt", b"b" * 5000)
+    archive.write_bytes(archive.read_bytes().replace(b"b" * 5000, b"b" * 4999 + b"c"))
+    with pytest.raises(zipfile.BadZipFile):
+        stage(archive, tmp_path / "out" / "d", progress=False)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_files_named_like_colabfasts_own_are_listed_not_skipped_silently(tmp_path):
+    """Issue 23 item F: a user's files named '*.colabfast-partial' or '.colabfast-*' were left out
+    and stage reported success. They still cannot be staged (colabfast writes and deletes such
+    names in the destination), but a warning names them and the fix; an earlier stage's record is
+    colabfast's own and is left out quietly."""
+    src = make_files(tmp_path / "src", 3, 100)
+    (src / "notes.colabfast-partial").write_text("mine")
+    (src / "d").mkdir()
+    (src / "d" / ".colabfast-settings").write_text("mine too")
+    with pytest.warns(UserWarning, match=r"2 entries of .* are not staged: d/.colabfast-settings, "
+                                         r"notes.colabfast-partial\. .*rename them to stage them"):
+        stage(src, tmp_path / "first", progress=False)  # leaves its record in first/
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stage(tmp_path / "first", tmp_path / "again", progress=False)  # first/.colabfast-stage.json: ours
+
+
+def test_default_destination_is_this_users_and_not_named_like_the_package(tmp_path, monkeypatch):
+    """Issue 23 item 18: the default destination outside Colab was <tempdir>/colabfast/<name>: shared
+    by every user, and a script run from the temp folder imported the staged data as `colabfast`.
+    It is <tempdir>/colabfast-data-<uid>/<name>, made for this user alone; a folder of that name
+    that someone else made is refused."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    src = make_files(tmp_path / "src", 3, 100)
+    out = stage(src, progress=False)
+    assert out == tmp_path / "tmp" / f"colabfast-data-{os.getuid()}" / "src"
+    assert out.parent.stat().st_mode & 0o777 == 0o700
+    assert_same_tree(src, out)
+    other = tmp_path / "other-tmp"
+    monkeypatch.setattr(tempfile, "tempdir", str(other))
+    (other / f"colabfast-data-{os.getuid()}").mkdir(parents=True)
+    os.chown(other / f"colabfast-data-{os.getuid()}", os.getuid() + 1, -1)  # as another user made it
+    with pytest.raises(PermissionError, match="is not a folder of yours"):
+        stage(src, progress=False)
+
+
+@pytest.mark.parametrize("verify", ["size", "sha256"])
+def test_archive_of_one_folder_named_like_it_is_not_nested(tmp_path, capsys, verify):
+    """Issue 23 item 18: `colabfast stage other.tar.gz` landed in .../other/other. A single top folder
+    named like the destination becomes the destination; a re-run returns the same path, copies
+    nothing (with sha256: the recorded hashes match) and says so."""
+    src = make_files(tmp_path / "other", 4, 100)
+    archive = tmp_path / "other.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(src, arcname="other")
+    out = stage(archive, tmp_path / "dst" / "other", verify=verify, progress=False)
+    assert out == tmp_path / "dst" / "other"
+    assert_same_tree(src, out)
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == ["other"]  # no partial left beside it
+    ino = next(out.rglob("*.bin")).stat().st_ino
+    capsys.readouterr()
+    assert stage(archive, tmp_path / "dst" / "other", verify=verify) == out
+    assert next(out.rglob("*.bin")).stat().st_ino == ino
+    assert f"{out} is up to date, nothing copied" in capsys.readouterr().err
+    assert stage(archive, tmp_path / "elsewhere", progress=False) == tmp_path / "elsewhere" / "other"
