@@ -1,21 +1,25 @@
 """``colabfast doctor``: this machine, where your data lives, and how to feed the GPU from here.
 
 :func:`describe` turns what :mod:`colabfast.env` probes (platform, CPUs, RAM, disk, mounts, GPU) into a
-report with advice, worded with the rules :func:`colabfast.stage` applies (its free-space preflight and
-its RAM share), so the advice matches what staging will do.
+report with advice. Where staging would put your data and whether it fits come from
+:mod:`colabfast.staging` itself (:func:`~colabfast.staging.default_destination`, its free-space
+preflight :func:`~colabfast.staging.check_space`), so the advice is what ``stage`` will do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Optional
 
 from colabfast import env, mounttable, standin
 from colabfast._fileio import PathLike, human_bytes
-from colabfast.staging import RAM_FRACTION, check_space
+from colabfast.archive import archive_suffix, extracted_size, strip_archive_suffix
+from colabfast.staging import Destination, check_space, default_destination
 
 __all__ = ["describe"]
 
@@ -55,7 +59,7 @@ def describe(data: Optional[PathLike] = None) -> str:
     rows = _machine_rows(work, gpu_info, decode, drives)
 
     advice = []
-    size = None
+    path, plan = None, None
     if data is None:
         advice += _drive_advice(drives)
     else:
@@ -71,8 +75,9 @@ def describe(data: Optional[PathLike] = None) -> str:
                 rows.append(("data", f"{path}: over {files:,} files (listing slow)"))
             else:
                 rows.append(("data", f"{path}: {human_bytes(size)} in {files:,} files"))
-            advice += _where(path, size)
-    advice.append(_ram_advice(size, work))
+            plan = _stage_plan(path, size)
+            advice += _where(path, plan)
+    advice.append(_ram_advice(path, plan))
     advice += _compute_advice(gpu_info, decode)
 
     width = max(len(name) for name, _ in rows)
@@ -136,23 +141,37 @@ def _drive_advice(drives: list[env.DriveMount]) -> list[str]:
     return advice
 
 
-def _where(data: str, size: Optional[int]) -> list[str]:
-    """Advice on where ``data`` lives and where it should be staged."""
+def _stage_plan(path: str, size: Optional[int]) -> Optional[tuple[int, Destination]]:
+    """What ``colabfast.stage(path)`` would stage: the bytes (an archive's once extracted) and where
+    they go, by stage's own rule; None while the size is unknown (listing it took too long)."""
+    if size is None:
+        return None
+    name, single = os.path.basename(path), os.path.isfile(path)
+    if single and archive_suffix(path):
+        name, single = strip_archive_suffix(name), False
+        with contextlib.suppress(OSError, ValueError, zipfile.BadZipFile):  # stage() reports a broken archive
+            size = extracted_size(path)
+    return size, default_destination(name, size, single=single)
+
+
+def _where(data: str, plan: Optional[tuple[int, Destination]]) -> list[str]:
+    """Advice on where ``data`` lives, and whether staging it (``plan``) fits."""
     where = env.storage(data)
     m = mounttable.mount_of(data)
     if where in _REMOTE:
         advice = [
             f"your data is under {m.mountpoint if m else data} ({_KIND_NAMES[where]}): every file open is a "
-            f"network round trip, so training would wait on Drive; stage it to local disk first: "
+            f"network round trip, so training would wait on Drive; stage it first: "
             f"colabfast.stage({data!r})"
         ]
-        if size is not None:
+        if plan is not None:
+            nbytes, chosen = plan
             # stage()'s own preflight: twice the size when DriveFS caches what it reads, where a
             # folder only warns (DriveFS evicts its cache as the disk fills): its warning is advice here
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    check_space(size, env.work_dir() / os.path.basename(data), Path(data),
+                    check_space(nbytes, chosen.path or env.work_dir() / os.path.basename(data), Path(data),
                                 folder=os.path.isdir(data))
                 except OSError as e:
                     advice.append(e.strerror or str(e))
@@ -185,19 +204,24 @@ def _ram_room() -> tuple[int, str]:
     return room, how
 
 
-def _ram_advice(size: Optional[int], work: Path) -> str:
-    """Whether data of ``size`` bytes (None: unknown) goes on a RAM disk, by stage()'s rule."""
+def _ram_advice(data: Optional[str], plan: Optional[tuple[int, Destination]]) -> str:
+    """Where ``colabfast.stage(data)`` puts the data (``plan``, from stage's own rule), and whether a
+    RAM disk could hold it; without a plan, how much a RAM disk can hold."""
     room, how = _ram_room()
-    if size is None:
+    if plan is None:
         return f"a RAM disk can hold up to {human_bytes(room)} ({how})"
-    if size <= RAM_FRACTION * room:
-        where = "colabfast.stage() puts it on a RAM disk"
-    elif size <= room:
-        where = "it fits on a RAM disk but leaves little RAM spare: colabfast.stage() puts it on local disk"
-    else:
-        free = human_bytes(env.disk_free(work))
-        where = f"too big for a RAM disk: colabfast.stage() puts it on local disk ({free} free)"
-    return f"your data takes {human_bytes(size)}, RAM has room for {human_bytes(room)} ({how}): {where}"
+    nbytes, chosen = plan
+    line = f"your data takes {human_bytes(nbytes)}: colabfast.stage() puts it on "
+    if chosen.ram:
+        return line + f"a RAM disk ({chosen.why})"
+    line += f"local disk, at {chosen.path} ({chosen.why})"
+    if nbytes > room:
+        return line + f"; it is too big for a RAM disk (room for {human_bytes(room)}: {how})"
+    if env.in_colab():
+        return line + f"; a RAM disk could hold it (room for {human_bytes(room)}: {how}), leaving little RAM spare"
+    return (line + f"; a RAM disk can hold it (room for {human_bytes(room)}: {how}): "
+            f"colabfast.stage({data!r}, to='ram') puts it there, and `colabfast ramdisk --release` "
+            f"gives the RAM back")
 
 
 def _compute_advice(gpu_info: Optional[dict], decode: bool) -> list[str]:

@@ -50,7 +50,7 @@ from colabfast._fileio import (
 from colabfast.archive import archive_suffix, extract, extracted_size, links_under, strip_archive_suffix
 from colabfast.errors import Error
 
-__all__ = ["stage", "StageError", "check_space"]
+__all__ = ["stage", "StageError", "check_space", "default_destination", "Destination"]
 
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
@@ -315,24 +315,61 @@ def _not_found(path: Path) -> FileNotFoundError:
 def _destination(name: str, dst: Optional[PathLike], to: str, nbytes: int, single: bool) -> Path:
     if dst is not None:
         return Path(os.path.abspath(dst))
-    disk = env.work_dir() / name
-    if to == "disk":
-        return disk
-    from colabfast.tmpfs import ramdisk, ramdisk_path
+    chosen = default_destination(name, nbytes, to, single=single)
+    if chosen.path is not None:
+        return chosen.path
+    from colabfast.tmpfs import ramdisk
 
     if to == "ram":
         return ramdisk().path / name
+    with contextlib.suppress(OSError, ValueError):
+        return ramdisk().path / name
+    return env.work_dir() / name
+
+
+class Destination(NamedTuple):
+    """Where :func:`stage` puts data when no ``dst`` is given (see :func:`default_destination`).
+
+    Attributes:
+        ram: on a RAM disk.
+        path: the staged path; None for a RAM disk :func:`colabfast.ramdisk` mounts (or grows) first.
+        why: the rule that chose it, in words.
+    """
+
+    ram: bool
+    path: Optional[Path]
+    why: str
+
+
+def default_destination(name: str, nbytes: int, to: str = "auto", *, single: bool = False) -> Destination:
+    """Where ``stage(src, to=to)`` puts data named ``name`` taking ``nbytes`` bytes, decided without
+    mounting anything: ``colabfast doctor`` asks this too, so its advice is what stage does.
+
+    ``name`` is the staged name (an archive's without its suffix); ``single``: a single file, whose
+    record of an earlier stage lives in the cache folder.
+    """
+    disk = env.work_dir() / name
+    if to == "disk":
+        return Destination(False, disk, "to='disk'")
+    if to == "ram":
+        return Destination(True, None, "to='ram'")
     if _record_path(disk, single).exists():
-        return disk
+        return Destination(False, disk, f"an earlier stage of it is at {disk}")
+    from colabfast.tmpfs import ramdisk_path
+
     mounted = ramdisk_path()
     if mounted is not None and _record_path(mounted / name, single).exists():
-        return mounted / name
+        return Destination(True, mounted / name, f"an earlier stage of it is at {mounted / name}")
     # Outside Colab a RAM disk is the user's call (to="ram"): mounting one unasked would hold RAM
     # after the process ends. In Colab the runtime is the user's alone and goes away with them.
-    if env.in_colab() and nbytes <= RAM_FRACTION * (env.ram_available() - env.ram_headroom()):
-        with contextlib.suppress(OSError, ValueError):
-            return ramdisk().path / name
-    return disk
+    if not env.in_colab():
+        return Destination(False, disk, "outside Colab, to='auto' never mounts a RAM disk; to='ram' does")
+    spare = env.ram_available() - env.ram_headroom()
+    if nbytes <= RAM_FRACTION * spare:
+        return Destination(True, None, f"in Colab, data taking at most half the {human_bytes(max(spare, 0))} "
+                                       f"of RAM colabfast may use goes to a RAM disk")
+    return Destination(False, disk, f"it takes more than half the {human_bytes(max(spare, 0))} of RAM colabfast "
+                                    f"may use")
 
 
 def _check_not_nested(src: Path, dst: Path) -> None:

@@ -44,7 +44,7 @@ def test_describe_says_to_stage_data_on_drive(quiet_machine, monkeypatch, tmp_pa
     assert f"colabfast.stage('{data}')" in text
     assert f"Google Drive (DriveFS) at {mp}" in text  # the Drive row
     assert "5.0 kB in 1 files" in text
-    assert "colabfast.stage() puts it on a RAM disk" in text
+    assert "colabfast.stage() puts it on local disk" in text  # outside Colab, "auto" never mounts a RAM disk
 
 
 def test_describe_warns_when_the_disk_cannot_hold_two_copies(quiet_machine, monkeypatch, tmp_path, standin):
@@ -81,9 +81,12 @@ def test_describe_ram_and_local_data(quiet_machine, monkeypatch, tmp_path):
     text = doctor.describe(tmp_path)
     assert "your data is on local disk" in text
     monkeypatch.setattr(doctor, "_tree_size", lambda path: (17 * 10**9, 1000))
-    assert "too big for a RAM disk: colabfast.stage() puts it on local disk" in doctor.describe(tmp_path)
+    text = doctor.describe(tmp_path)
+    assert "colabfast.stage() puts it on local disk" in text and "too big for a RAM disk (room for 16.0 GB" in text
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "x.bin"))  # in Colab: "auto" may pick a RAM disk
     monkeypatch.setattr(doctor, "_tree_size", lambda path: (12 * 10**9, 1000))
-    assert "leaves little RAM spare" in doctor.describe(tmp_path)
+    text = doctor.describe(tmp_path)
+    assert "colabfast.stage() puts it on local disk" in text and "leaving little RAM spare" in text
     if env.is_ram("/dev/shm"):
         assert "your data is in RAM (tmpfs at /dev/shm)" in doctor.describe("/dev/shm")
 
@@ -111,3 +114,60 @@ def test_describe_in_colab_with_a_gpu(quiet_machine, monkeypatch, tmp_path, stan
     assert "Tesla T4, 15.0 GB; JPEG decode on GPU: yes" in text
     assert "Drive is not mounted: colabfast.mount() mounts it" in text
     assert "torchvision.io.decode_jpeg(data, device='cuda')" in text
+
+
+@pytest.fixture
+def work(monkeypatch, tmp_path):
+    """colabfast's local work folder (where stage() puts data by default) in tmp_path."""
+    folder = tmp_path / "work"
+    monkeypatch.setattr(env, "work_dir", lambda: folder)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return folder
+
+
+def test_describe_outside_colab_says_where_stage_really_puts_small_data(quiet_machine, monkeypatch, tmp_path,
+                                                                      standin, work):
+    """Outside Colab stage(to="auto") never mounts a RAM disk: the doctor says local disk, and stage agrees."""
+    mp = tmp_path / "drive"
+    data = mp / "MyDrive" / "small"
+    data.mkdir(parents=True)
+    (data / "a.bin").write_bytes(b"x" * 5000)
+    fake_drive(monkeypatch, mp)
+    text = doctor.describe(data)
+    assert "puts it on a RAM disk" not in text
+    assert f"colabfast.stage() puts it on local disk, at {work / 'small'} (outside Colab" in text
+    assert f"colabfast.stage('{data}', to='ram') puts it there" in text
+    assert cf_stage(data) == work / "small"  # what stage() does with the same machine
+
+
+def test_describe_in_colab_follows_stages_rule(quiet_machine, monkeypatch, tmp_path, standin, work):
+    """In Colab small data goes to a RAM disk, large to local disk, and an earlier stage stays where it is:
+    the doctor says what staging.default_destination decides."""
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "hostname"))
+    (tmp_path / "hostname").write_text("vm")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.bin").write_bytes(b"x" * 5000)
+    assert "colabfast.stage() puts it on a RAM disk (in Colab, data taking at most half" in doctor.describe(data)
+    monkeypatch.setattr(env, "ram_available", lambda: 4 * 10**9 + 9000)  # 9 kB spare: 5 kB is more than half
+    assert f"puts it on local disk, at {work / 'data'} (it takes more than half" in doctor.describe(data)
+    monkeypatch.setattr(env, "ram_available", lambda: 20 * 10**9)
+    (work / "data").mkdir(parents=True)
+    (work / "data" / ".colabfast-stage.json").write_text("{}")  # an earlier stage on disk: stage() reuses it
+    assert f"puts it on local disk, at {work / 'data'} (an earlier stage of it is at" in doctor.describe(data)
+
+
+def test_describe_an_archive_by_its_extracted_name_and_size(quiet_machine, tmp_path, work):
+    import zipfile
+
+    archive = tmp_path / "set.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("a/b.bin", b"\0" * 100_000)
+    text = doctor.describe(archive)
+    assert f"your data takes 100.0 kB: colabfast.stage() puts it on local disk, at {work / 'set'}" in text
+
+
+def cf_stage(path):
+    from colabfast import staging
+
+    return staging.stage(path, progress=False)
