@@ -196,13 +196,13 @@ def pack(
                 _fingerprint(source, orders, options)
         if progress:
             print(f"pack: {described}")
-        if _up_to_date(dst, fingerprint):
+        if _complete(dst, fingerprint):
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this {what} with these options")
             return dst
         build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
         work.mkdir(parents=True, exist_ok=True)
-        if not _built(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
+        if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
             if archive is not None:
                 _preflight_archive(archive.path, work, store, image_size)
                 source, orders, parts = _stream_parts(archive, options, work, workers, progress)
@@ -246,19 +246,6 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
     _assemble(build, work, source, orders, parts, attrs)
     _verify(build, {s.name: int(np.count_nonzero(orders[s.name] >= 0)) - len(parts.errors[s.name])
                     for s in source.splits})
-
-
-def _built(build: Path, fingerprint: str) -> bool:
-    """True if an earlier run left a complete, verified local mirror of this source (killed while
-    copying it onto Drive): it is published again instead of being rebuilt."""
-    if not build.is_file():
-        return False
-    try:
-        with open_h5(build) as f:
-            check(f, build)
-            return f.attrs.get("fingerprint") == fingerprint
-    except (MirrorError, OSError):
-        return False
 
 
 def _preflight(source: Source, work: Path, store: str, image_size) -> None:
@@ -321,12 +308,15 @@ def _fingerprint(source: Source, orders: dict[str, np.ndarray], options: dict) -
     return h.hexdigest()
 
 
-def _up_to_date(dst: Path, fingerprint: str) -> bool:
-    if not dst.is_file():
+def _complete(path: Path, fingerprint: str) -> bool:
+    """True if ``path`` is a complete, verified mirror with this ``fingerprint``: the destination of an
+    earlier run (nothing to do), or its local build left when it was killed while copying it onto
+    Drive (published again instead of being rebuilt)."""
+    if not path.is_file():
         return False
     try:
-        with open_h5(dst) as f:
-            check(f, dst)
+        with open_h5(path) as f:
+            check(f, path)
             return f.attrs.get("fingerprint") == fingerprint
     except (MirrorError, OSError):
         return False
