@@ -29,7 +29,8 @@ def _pack(args: argparse.Namespace) -> int:
     image_size = None if size is None else (size[0] if len(size) == 1 else (size[0], size[1]))
     pack(args.src, args.dst, layout=args.layout, labels=args.labels, split=args.split, store=args.store,
          image_size=image_size, quality=args.quality, shuffle=args.shuffle, seed=args.seed, workers=args.workers,
-         on_error="skip" if args.skip_errors else "raise", retries=args.retries, progress=not args.quiet)
+         on_error="skip" if args.skip_errors else "raise", retries=args.retries, progress=not args.quiet,
+         overwrite=args.overwrite)
     print(args.dst)
     return 0
 
@@ -140,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="decoding processes (default: CPU count)")
     p.add_argument("--skip-errors", action="store_true", help="leave unreadable images out instead of failing")
     p.add_argument("--retries", type=int, default=5, help="retries per read for transient errors (default 5)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the file at DST even if it is not a mirror of SRC (by default refused)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 

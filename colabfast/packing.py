@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import warnings
 import zlib
 from collections import deque
@@ -44,6 +45,7 @@ from colabfast.mirror import (
     STORES,
     MirrorError,
     check,
+    header,
     header_crc32,
     open_h5,
     trust,
@@ -91,14 +93,18 @@ def pack(
     on_error: str = "raise",
     retries: int = 5,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Pack an image dataset (a folder, or an archive read as a stream) into one HDF5 mirror at ``dst``.
 
-    Re-running with the same source and options returns at once when ``dst`` is complete; an
-    interrupted run resumes from the parts it finished (kept beside ``dst``, or in the local work
+    ``dst`` is written over only when it is a mirror of the same source: re-running with the same
+    options returns at once, with other options it is rebuilt. Any other file there (yours, or a mirror
+    of another source) is refused before anything is read, unless ``overwrite=True``; a folder always
+    is. An interrupted run resumes from the parts it finished (kept beside ``dst``, or in the local work
     folder when ``dst`` is on Drive), or from its verified local mirror when it was killed while
-    copying it onto Drive. One pack at a time writes to a destination: a second call waits for the
-    first (a lock file beside the work folder), saying so.
+    copying it onto Drive. One pack at a time writes to a destination, however its path is spelled
+    (links resolved): a second call waits for the first (a lock file in colabfast's cache folder),
+    saying so.
 
     Archives (``.tar``, ``.tar.gz``/``.tgz``/``.tar.bz2``/``.tar.xz``, ``.zip``) are never extracted:
     they are read front to back in one sequential stream (what Drive serves best), inner per-class
@@ -145,6 +151,8 @@ def pack(
         retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...), as ``stage()``.
         progress: show a tqdm progress bar (images/s; for an archive, its bytes read, the images packed
             and the time left) and say which layout was detected.
+        overwrite: replace whatever file is at ``dst`` (by default only a mirror of the same source is
+            replaced).
 
     Returns:
         ``dst`` as a Path.
@@ -155,7 +163,8 @@ def pack(
             parts are kept and the next run continues from them.
         UnsafeArchiveError: an archive member name is absolute or climbs out with ``..``.
         FileNotFoundError: ``src`` is missing or holds no images.
-        ValueError: bad arguments.
+        ValueError: bad arguments; ``dst`` is a folder, or (without ``overwrite``) a file that is not a
+            mirror of ``src``.
         OSError: ``errno.ENOSPC`` when the local disk cannot hold the mirror while it is built.
     """
     if store not in STORES:
@@ -165,7 +174,8 @@ def pack(
     if not 1 <= quality <= 100:
         raise ValueError(f"quality must be 1..100, not {quality}")
     image_size = _check_size(image_size)  # type: ignore[assignment]  # (H, W) becomes a list: JSON-equal on resume
-    dst = Path(os.path.abspath(dst))
+    given = Path(os.path.abspath(dst))
+    dst = Path(os.path.realpath(given))  # one lock and one work folder, however the path is spelled
     workers = env.cpu_count() if workers is None else workers
     options = {"store": store, "image_size": image_size, "quality": quality if image_size else None}
     path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
@@ -184,6 +194,7 @@ def pack(
     # Two packs into one destination would delete each other's parts and publish a mix (seen in 2 of
     # 9 concurrent runs): the second waits for the first, saying so.
     with locked(lock_path(dst), f"packing into {dst}"):
+        packed_from = _existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
         archive: Optional[ArchiveSource] = None
         if streamed:
             archive = ArchiveSource(path, layout, split, labels, retries)
@@ -194,12 +205,14 @@ def pack(
             orders = {s.name: _order(len(s.files), shuffle, seed) for s in source.splits}
             what, described, fingerprint = "source", f"{source.root}: {source.describe()}", \
                 _fingerprint(source, orders, options)
+        if packed_from is not None:
+            _check_same_source(dst, packed_from, archive.path if archive is not None else source.root)
         if progress:
             print(f"pack: {described}")
         if _complete(dst, fingerprint):
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this {what} with these options")
-            return dst
+            return given
         build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
         work.mkdir(parents=True, exist_ok=True)
         if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
@@ -214,7 +227,37 @@ def pack(
         _publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)
-    return dst
+    return given
+
+
+def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
+    """The source of the mirror at ``dst``, or None when nothing is there (or ``overwrite``); refuses a
+    folder, a special file, and (without ``overwrite``) a file that is not a colabfast mirror. Called
+    before anything is read, so that a wrong ``dst`` costs nothing."""
+    try:
+        mode = os.stat(dst).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{dst} is a folder: pack writes one mirror file. Pass a file name, e.g. "
+                         f"{dst / (name + '.h5')}")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{dst} is not a regular file (a pipe or a device): pass a mirror file name as dst")
+    if overwrite:
+        return None
+    try:
+        with open_h5(dst) as f:
+            return header(f, dst, complete=False).source
+    except (MirrorError, OSError):
+        raise ValueError(f"{dst} exists and is not a readable colabfast mirror: packing would replace it, so nothing "
+                         "was read. Pass another dst, or overwrite=True to replace it.") from None
+
+
+def _check_same_source(dst: Path, packed_from: str, root: Path) -> None:
+    """Refuse to replace a mirror of another source (see :func:`pack`'s ``overwrite``)."""
+    if packed_from != str(root) and os.path.realpath(packed_from) != os.path.realpath(root):
+        raise ValueError(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
+                         "nothing was written. Pass another dst, or overwrite=True to replace it.")
 
 
 def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,

@@ -160,3 +160,14 @@ def test_pack_imagenet_validation_tar_from_the_command_line(tmp_path):
     assert out.returncode == 0, out.stderr
     info = run("info", str(tmp_path / "val.h5")).stdout
     assert "4 images" in info and f"labels from {paths['devkit']}" in info
+
+
+def test_pack_refuses_to_replace_a_file_unless_overwrite(tmp_path):
+    """Issue 23 item 6: `colabfast pack src notes.txt` replaced the user's file."""
+    inet = make_imagefolder(tmp_path / "inet", classes=2, per_class=1, size=(16, 12))
+    (tmp_path / "notes.txt").write_text("mine")
+    out = run("pack", str(inet), str(tmp_path / "notes.txt"), "-q")
+    assert out.returncode == 1 and "--overwrite" in out.stderr and "overwrite=True" not in out.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert run("pack", str(inet), str(tmp_path / "notes.txt"), "-q", "--overwrite").returncode == 0
+    assert "--overwrite" in run("pack", "--help").stdout

@@ -351,3 +351,58 @@ def test_mirror_is_format_version_2_with_checksums(inet, tmp_path):
                 attrs = dict(ds.attrs)
                 assert attrs["crc32"] == attrs_crc32(attrs, zlib.crc32(ds[()])), name
     assert verify(dst) == len(offsets) - 1
+
+
+def test_pack_writes_over_nothing_but_a_mirror_of_the_same_source(inet, tmp_path):
+    """Issue 23 item 6: a user's file, or a mirror of another source, was replaced silently."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(ValueError, match=r"notes.txt exists and is not a readable colabfast mirror.*overwrite=True"):
+        pack(inet, notes, progress=False)
+    assert notes.read_text() == "mine" and not (tmp_path / ".notes.txt.colabfast-pack").exists()
+    other = make_imagefolder(tmp_path / "other", classes=2, per_class=2, size=(16, 12))
+    dst = pack(inet, tmp_path / "m.h5", progress=False)
+    with pytest.raises(ValueError, match=rf"m.h5 is a mirror of {inet}, not of {other}.*overwrite=True"):
+        pack(other, dst, progress=False)
+    assert len(H5ImageFolder(dst)) == 25
+    pack(inet, dst, image_size=16, progress=False)  # the same source with other options: rebuilt
+    assert info(dst).image_size == 16
+    assert pack(other, dst, overwrite=True, progress=False) == dst and len(H5ImageFolder(dst)) == 4
+    assert pack(inet, notes, overwrite=True, progress=False) == notes and len(H5ImageFolder(notes)) == 25
+
+
+def test_a_folder_as_destination_is_refused_before_anything_is_read(inet, tmp_path, monkeypatch):
+    """Issue 23 item 7: it did all the work, then failed with [Errno 21] leaving its partial files."""
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(packing, "read_source", lambda *a: pytest.fail("the source was read"))
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=rf"{out} is a folder: pack writes one mirror file.*{out}/inet.h5"):
+            pack(inet, out, overwrite=overwrite, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_packs_into_one_destination_spelled_through_a_link_share_the_lock(inet, tmp_path, capsys):
+    """Issue 23 F: two packs into one file through a symlinked alias deleted each other's parts."""
+    import threading
+
+    from filelock import FileLock
+
+    from colabfast.packing import lock_path
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    lock = FileLock(lock_path(tmp_path / "real" / "m.h5"))
+    lock.acquire()
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (pack(inet, tmp_path / "alias" / "m.h5", workers=0), done.set()))
+    thread.start()
+    for _ in range(200):
+        if "waiting for another process packing into" in capsys.readouterr().err:
+            break
+        subprocess.run(["sleep", "0.05"])
+    else:
+        raise AssertionError("a pack through the alias did not wait for the lock of the real path")
+    lock.release()
+    thread.join(60)
+    assert done.is_set() and len(H5ImageFolder(tmp_path / "real" / "m.h5")) == 25
