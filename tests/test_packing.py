@@ -406,3 +406,22 @@ def test_packs_into_one_destination_spelled_through_a_link_share_the_lock(inet, 
     lock.release()
     thread.join(60)
     assert done.is_set() and len(H5ImageFolder(tmp_path / "real" / "m.h5")) == 25
+
+
+def test_pngs_with_transparency_on_1_bit_and_16_bit_grey_images_are_packed(tmp_path):
+    """Issue 23 item 10: Pillow's 1_trns.png and i_trns.png loaded in torchvision but store="encoded"
+    raised "transparency for RGB must be list or tuple"."""
+    from torchvision.datasets import ImageFolder
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    bits = Image.fromarray((rng.random((12, 10)) > 0.5).astype(np.uint8) * 255).convert("1")
+    bits.save(tmp_path / "src" / "a" / "1_trns.png", transparency=0)
+    grey = Image.fromarray(rng.integers(0, 65535, (12, 10), dtype=np.uint16)).convert("I;16")
+    grey.save(tmp_path / "src" / "a" / "i_trns.png", transparency=3000)
+    reference = ImageFolder(str(tmp_path / "src"))
+    for store in ("encoded", "raw"):
+        ds = H5ImageFolder(pack(tmp_path / "src", tmp_path / f"{store}.h5", store=store, progress=False))
+        assert len(ds) == 2
+        for (image, target), (expected, label) in zip(ds, reference):
+            assert target == label and np.array_equal(np.asarray(image), np.asarray(expected))
