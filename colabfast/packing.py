@@ -414,6 +414,9 @@ def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[byt
     img = Image.open(io.BytesIO(data))
     fmt, mode = img.format, img.mode
     rgb = img.convert("RGB")
+    # A tRNS chunk of a 1-bit or 16-bit grey PNG stays in ``info`` as one int, which PIL cannot save
+    # with RGB; ImageFolder's pixels have no transparency either.
+    rgb.info.pop("transparency", None)
     if image_size is not None:
         size = resized_size(rgb.width, rgb.height, image_size)
         if size != rgb.size:
