@@ -181,6 +181,34 @@ def scan_tree(
     return files, dirs
 
 
+def open_regular(path: PathLike) -> io.FileIO:
+    """``path`` opened for reading (unbuffered), refused unless it is a regular file (links followed).
+
+    Anything else is refused without blocking: a FIFO's ``open`` waits for a writer and its ``read``
+    for data, forever (a FIFO named like a KITTI label file hung ``pack``). The file is opened with
+    ``O_NONBLOCK`` and checked with ``fstat`` before any read.
+
+    Raises:
+        OSError: the file cannot be opened, or (errno ``EINVAL``) it is not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    f = io.FileIO(fd, "rb")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        f.close()
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise OSError(errno.EINVAL, f"not a regular file but {kind}", os.fspath(path))
+    os.set_blocking(fd, True)
+    return f
+
+
+def read_regular(path: PathLike) -> bytes:
+    """The bytes of the regular file ``path``; see :func:`open_regular`, which raises."""
+    with open_regular(path) as f:
+        return f.readall()
+
+
 def human_bytes(n: float) -> str:
     """``n`` bytes for people: ``"812 kB"``, ``"14.2 MB"``, ``"7.1 GB"``.
 

@@ -35,7 +35,17 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from colabfast import env
-from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry, state_name, write_all
+from colabfast._fileio import (
+    FileEntry,
+    PathLike,
+    human_bytes,
+    locked,
+    partial_path,
+    read_regular,
+    retry,
+    state_name,
+    write_all,
+)
 from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
 from colabfast.errors import Error
@@ -473,7 +483,7 @@ class _Parts:
 
 def _read_file(path: Path, retries: int = 5) -> Union[bytes, str]:
     try:
-        return retry(path.read_bytes, retries)
+        return retry(lambda: read_regular(path), retries)
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
 

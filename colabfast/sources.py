@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from colabfast._fileio import FileEntry, PathLike, retry, scan_tree
+from colabfast._fileio import FileEntry, PathLike, read_regular, retry, scan_tree
 from colabfast.mirror import KITTI_CALIB_KEYS, KITTI_SPLITS
 
 __all__ = ["Source", "Split", "KittiObjects", "detect_layout", "read_source", "is_image"]
@@ -219,7 +219,7 @@ def _read_texts(pool: ThreadPoolExecutor, folder: Path, stems: list[str]) -> lis
 
     def read(stem: str) -> Optional[str]:
         try:
-            return retry(lambda: (folder / f"{stem}.txt").read_text(encoding="utf-8"), 5)
+            return retry(lambda: read_regular(folder / f"{stem}.txt"), 5).decode("utf-8")
         except FileNotFoundError:
             return None
 

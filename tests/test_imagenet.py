@@ -4,6 +4,7 @@ torchvision itself: ``torchvision.datasets.ImageNet`` parses the same tiny offic
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -379,3 +380,22 @@ def test_an_archive_larger_than_the_disk_on_drivefs_warns_about_its_cache(offici
     with pytest.warns(UserWarning, match=r"refresh_drive\(\).*continues from the archive member"):
         with pytest.raises(OSError):  # and the mirror cannot be built in 1000 bytes either
             pack(official["train"], tmp_path / "m.h5", image_size=24, workers=0, progress=False)
+
+
+def test_a_fifo_as_the_devkit_is_refused_without_blocking(official, tmp_path):
+    """Issue 23 item D: every file pack reads is checked to be a regular file without blocking."""
+    import threading
+
+    from colabfast.imagenet import read_devkit
+
+    fifo = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
+    os.mkfifo(fifo)
+    errors: list = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(OSError, read_devkit, fifo)), daemon=True)
+    thread.start()
+    thread.join(30)
+    stuck = thread.is_alive()
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the code before the fix waits for a writer
+    thread.join(10)
+    assert not stuck and "not a regular file but a FIFO" in str(errors[0].value)

@@ -425,3 +425,59 @@ def test_pngs_with_transparency_on_1_bit_and_16_bit_grey_images_are_packed(tmp_p
         assert len(ds) == 2
         for (image, target), (expected, label) in zip(ds, reference):
             assert target == label and np.array_equal(np.asarray(image), np.asarray(expected))
+
+
+def _unblock(fifo: Path) -> None:
+    """Give a reader stuck on ``fifo`` (the code before the fix) an end of file, so the test ends."""
+    import os
+
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader: nothing is stuck
+        pass
+
+
+def _finishes(fn, fifo: Path, seconds: float = 60):
+    import threading
+
+    outcome: list = []
+
+    def target():
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # noqa: BLE001 (handed back to the test)
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    stuck = thread.is_alive()
+    _unblock(fifo)
+    thread.join(10)
+    assert not stuck, f"pack blocked on the FIFO {fifo}"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("kind", ["label_2", "calib"])
+def test_a_fifo_as_a_kitti_label_or_calib_file_is_refused_without_blocking(tmp_path, kind):
+    """Issue 23 item D: a FIFO named like a label file blocked pack forever."""
+    import os
+
+    src = make_kitti(tmp_path / "kitti", train=3, test=0, size=(40, 20))
+    fifo = src / "training" / kind / "000002.txt"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    error = _finishes(lambda: pack(src, tmp_path / "k.h5", workers=0, progress=False), fifo)
+    assert isinstance(error, OSError) and "not a regular file but a FIFO" in str(error) and str(fifo) in str(error)
+    assert not (tmp_path / "k.h5").exists()
+
+
+def test_a_fifo_in_a_list_of_files_is_an_unreadable_file(inet, tmp_path):
+    import os
+
+    fifo = tmp_path / "x.jpg"
+    os.mkfifo(fifo)
+    files = sorted((inet / "n01440764").glob("n*.JPEG"))[:2] + [fifo]
+    error = _finishes(lambda: pack(files, tmp_path / "f.h5", workers=0, progress=False), fifo)
+    assert isinstance(error, PackError) and error.failures == [(str(fifo), error.failures[0][1])]
+    assert "not a regular file but a FIFO" in error.failures[0][1]
