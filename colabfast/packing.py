@@ -217,6 +217,7 @@ def pack(
                 _fingerprint(source, orders, options)
         if packed_from is not None:
             _check_same_source(dst, packed_from, archive.path if archive is not None else source.root)
+        described = _printable(described)
         if progress:
             print(f"pack: {described}")
         if _complete(dst, fingerprint):
@@ -265,7 +266,7 @@ def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
 
 def _check_same_source(dst: Path, packed_from: str, root: Path) -> None:
     """Refuse to replace a mirror of another source (see :func:`pack`'s ``overwrite``)."""
-    if packed_from != str(root) and os.path.realpath(packed_from) != os.path.realpath(root):
+    if packed_from != _printable(str(root)) and os.path.realpath(packed_from) != os.path.realpath(root):
         raise ValueError(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
                          "nothing was written. Pass another dst, or overwrite=True to replace it.")
 
@@ -274,7 +275,8 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
            on_error: str, shuffle: bool, seed: int, quality: int, options: dict,
            archive: Optional[ArchiveSource]) -> None:
     """Assemble the parts in ``work`` into a verified mirror at ``build`` (the parts go into it)."""
-    failures = [(f"{s.root / s.files[i].rel}", err) for s in source.splits for i, err in parts.errors[s.name]]
+    failures = [(_printable(str(s.root / s.files[i].rel)), err)
+                for s in source.splits for i, err in parts.errors[s.name]]
     if failures and on_error == "raise":
         raise PackError(sorted(failures))
     if failures:
@@ -283,7 +285,7 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
     attrs = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "layout": source.layout, "store": options["store"],
         "image_size": json.dumps(options["image_size"]), "shuffled": shuffle, "seed": seed,
-        "classes": json.dumps(source.classes), "source": str(source.root), "fingerprint": fingerprint,
+        "classes": json.dumps(source.classes), "source": _printable(str(source.root)), "fingerprint": fingerprint,
         "skipped": json.dumps([{"path": p, "error": e} for p, e in sorted(failures)]),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "colabfast_version": _version(),
@@ -355,10 +357,22 @@ def _fingerprint(source: Source, orders: dict[str, np.ndarray], options: dict) -
     for s in source.splits:
         h.update(s.name.encode() + b"\0" + orders[s.name].tobytes())
         for f in s.files:
-            h.update(f"{f.rel}\0{f.size}\0{f.mtime_ns}\n".encode())
+            h.update(_file_key(f))
         if s.objects is not None:
             h.update(s.objects.offsets.tobytes() + s.objects.bbox.tobytes())
     return h.hexdigest()
+
+
+def _file_key(f: FileEntry) -> bytes:
+    """What a fingerprint takes from one source file: its name's bytes (any, as the file system
+    holds them: not UTF-8 is fine), size and time."""
+    return os.fsencode(f.rel) + f"\0{f.size}\0{f.mtime_ns}\n".encode()
+
+
+def _printable(name: str) -> str:
+    """``name`` as text that can be written as UTF-8 (the mirror's paths, messages): the bytes of a name
+    that is not valid UTF-8 (which Python lists as lone surrogates) become ``\\xNN``."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _complete(path: Path, fingerprint: str) -> bool:
@@ -385,7 +399,7 @@ def _work_dir(dst: Path) -> Path:
     """Where parts and the build go: beside ``dst`` on a local disk, else in the local work folder."""
     if not env.is_fuse(dst.parent):
         return dst.with_name(f".{dst.name}.colabfast-pack")
-    tag = hashlib.sha1(str(dst).encode()).hexdigest()[:10]
+    tag = hashlib.sha1(os.fsencode(dst)).hexdigest()[:10]
     return env.work_dir() / "pack" / f"{dst.stem}-{tag}"
 
 
@@ -518,8 +532,7 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
             idx = order[k : k + CHUNK]
             h = hashlib.sha1(tags.encode())
             for i in idx:
-                f = s.files[i]
-                h.update(f"{f.rel}\0{f.size}\0{f.mtime_ns}\n".encode())
+                h.update(_file_key(s.files[i]))
             jobs.append((s, work / f"{s.name or 'all'}-{k // CHUNK:06d}-{h.hexdigest()[:16]}.npz", idx))
     wanted = {p for _, p, _ in jobs}
     for stale in work.glob("*.npz"):
@@ -935,7 +948,7 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
                 if shapes else np.zeros((0, 3), np.int32))
     write_array(g, "image_crc32", np.array(crcs, dtype=np.uint32))
     write_array(g, "order", kept_idx)
-    paths = [s.files[i].rel.encode("utf-8") for i in kept_idx]
+    paths = [_printable(s.files[i].rel).encode("utf-8") for i in kept_idx]
     write_array(g, "paths", np.frombuffer(b"".join(paths), dtype=np.uint8))
     write_array(g, "path_offsets", np.concatenate([[0], np.cumsum([len(p) for p in paths])]).astype(np.int64))
     if s.targets is not None:

@@ -481,3 +481,23 @@ def test_a_fifo_in_a_list_of_files_is_an_unreadable_file(inet, tmp_path):
     error = _finishes(lambda: pack(files, tmp_path / "f.h5", workers=0, progress=False), fifo)
     assert isinstance(error, PackError) and error.failures == [(str(fifo), error.failures[0][1])]
     assert "not a regular file but a FIFO" in error.failures[0][1]
+
+
+def test_names_that_are_not_utf8_are_packed_as_torchvision_loads_them(tmp_path):
+    """Issue 23 F: pack's fingerprint raised UnicodeEncodeError on a file name that is not UTF-8."""
+    import os
+
+    from torchvision.datasets import ImageFolder
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
+    first = sorted((src / "n01440764").iterdir())[0]
+    os.rename(first, os.fsencode(src / "n01440764") + b"/\xff\xfe.JPEG")
+    os.rename(src / "n01443537", os.fsencode(src) + b"/n\xe9")  # a Latin-1 class name
+    reference = ImageFolder(str(src))
+    ds = H5ImageFolder(pack(src, tmp_path / "m.h5", progress=False))
+    assert ds.classes == reference.classes and ds.targets == reference.targets
+    for (image, _), (expected, _) in zip(ds, reference):
+        assert np.array_equal(np.asarray(image), np.asarray(expected))
+    # The mirror's paths are UTF-8: an undecodable byte is kept as the text \xNN.
+    assert f"{src}/n01440764/\\xff\\xfe.JPEG" in [p for p, _ in ds.samples]
+    assert pack(src, tmp_path / "m.h5", progress=False) == tmp_path / "m.h5"  # up to date
