@@ -109,7 +109,8 @@ class FileEntry(NamedTuple):
 
 
 def scan_tree(
-    root: Path, workers: int = 32, retries: int = 5, unreadable: Optional[dict[str, OSError]] = None
+    root: Path, workers: int = 32, retries: int = 5, unreadable: Optional[dict[str, OSError]] = None,
+    revisit: bool = False,
 ) -> tuple[list[FileEntry], list[str]]:
     """All regular files under ``root`` (following symlinks) and all folders, sorted, listed in parallel.
 
@@ -121,6 +122,9 @@ def scan_tree(
         unreadable: if given, a sub-folder that cannot be listed (after the retries) is recorded
             here (relative path -> error) and left out, as ``cp -r`` goes on past it; if None, the
             error is raised.
+        revisit: list a folder again under each link that reaches it, as ``os.walk(followlinks=True)``
+            does (torchvision's ImageFolder); only a link back to a folder it is inside (a loop) is
+            not followed.
 
     Returns:
         (files, folders), with paths relative to ``root`` in POSIX form.
@@ -129,6 +133,7 @@ def scan_tree(
     dirs: list[str] = []
     top = retry(lambda: os.stat(root), retries)
     seen = {(top.st_dev, top.st_ino)}
+    inside = {"": frozenset(seen)}  # with revisit: each folder's own key and its parents'
 
     Listing = tuple[list[FileEntry], list[tuple[str, tuple[int, int]]]]  # files, (folder, its device+inode)
 
@@ -169,13 +174,19 @@ def scan_tree(
                     dirs.remove(rel)
                     continue
                 files.extend(found)
+                parent = listing[fut]
                 for name, key in subdirs:
-                    if key not in seen:  # a symlink loop or a second link to a folder
-                        seen.add(key)
-                        dirs.append(name)
-                        fut = pool.submit(listdir, name)
-                        pending.add(fut)
-                        listing[fut] = name
+                    if revisit:
+                        if key in inside[parent]:  # a link back to a folder it is in: a loop
+                            continue
+                        inside[name] = inside[parent] | {key}
+                    elif key in seen:  # a symlink loop or a second link to a folder
+                        continue
+                    seen.add(key)
+                    dirs.append(name)
+                    child = pool.submit(listdir, name)
+                    pending.add(child)
+                    listing[child] = name
     files.sort()
     dirs.sort()
     return files, dirs

@@ -70,7 +70,7 @@ PIECE = 32  # images per task sent to a worker when packing an archive stream
 
 
 class PackError(Error, ValueError):
-    """Source images could not be read or decoded; nothing final was written.
+    """Source images (or folders) could not be read or decoded; nothing final was written.
 
     Attributes:
         failures: ``(path, error message)`` for every bad file.
@@ -81,8 +81,8 @@ class PackError(Error, ValueError):
         shown = "".join(f"\n  {p}: {e}" for p, e in failures[:20])
         more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
         super().__init__(
-            f"{len(failures)} source files cannot be read as images:{shown}{more}\n"
-            "Nothing was written to the destination. Fix or delete these files and run pack() again "
+            f"{len(failures)} source files or folders cannot be read:{shown}{more}\n"
+            "Nothing was written to the destination. Fix or delete them and run pack() again "
             "(the images already processed are kept and reused), or pass on_error='skip' to leave them out."
         )
 
@@ -137,8 +137,11 @@ def pack(
             ImageNet's ``train/`` and class-folder ``val/``), ``"kitti"`` (``training/image_2`` +
             ``label_2`` (+ ``calib``) and/or ``testing/image_2``), ``"files"``; for an archive: one of
             :data:`colabfast.archivesource.LAYOUTS`; or ``"auto"`` (detected, and printed when
-            ``progress``). Hidden files and folders are skipped (torchvision would take ``._x.jpg``
-            AppleDouble files and ``.ipynb_checkpoints`` for data).
+            ``progress``). Folders are followed through links as torchvision does, also links that
+            leave ``src``, but not a link back to a folder it is in (a loop). Hidden files and folders
+            are left out (torchvision would take macOS's ``._x.jpg`` files and ``.ipynb_checkpoints``
+            for data, and ``.ipynb_checkpoints`` beside the class folders for a class): pack warns,
+            and the mirror lists each one and why (``colabfast info``).
         labels: ImageNet's devkit ``ILSVRC2012_devkit_t12.tar.gz`` for ``ILSVRC2012_img_val.tar``
             (validation labels; for the training archive, class names only).
         split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train).
@@ -155,9 +158,10 @@ def pack(
             they are stored in the archive's order, ``order`` giving each sample's torchvision index.
         seed: the shuffle's seed.
         workers: processes decoding images (default: the CPU count; 0 decodes in this process).
-        on_error: unreadable files (truncated, empty, not an image): ``"raise"`` lists every one
-            in a :class:`PackError` and writes nothing final; ``"skip"`` packs the rest, warns, and
-            records the skipped files in the mirror (``colabfast info`` lists them).
+        on_error: unreadable files (truncated, empty, not an image, not a regular file) and folders
+            that cannot be listed: ``"raise"`` lists every one in a :class:`PackError` and writes
+            nothing final (folders before any image is read); ``"skip"`` packs the rest, warns, and
+            records what it skipped in the mirror (``colabfast info`` lists them).
         retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...), as ``stage()``.
         progress: show a tqdm progress bar (images/s; for an archive, its bytes read, the images packed
             and the time left) and say which layout was detected.
@@ -168,7 +172,7 @@ def pack(
         ``dst`` as a Path.
 
     Raises:
-        PackError: unreadable images with ``on_error="raise"``.
+        PackError: unreadable images or folders with ``on_error="raise"``.
         ArchiveReadError: the archive is truncated or corrupt at the member it names; the finished
             parts are kept and the next run continues from them.
         UnsafeArchiveError: an archive member name is absolute or climbs out with ``..``.
@@ -231,6 +235,8 @@ def pack(
                 _preflight_archive(archive.path, work, store, image_size)
                 source, orders, parts = _stream_parts(archive, options, work, workers, progress)
             else:
+                if source.unreadable and on_error == "raise":  # before any work, not after it
+                    raise PackError([(_printable(p), e) for p, e in source.unreadable])
                 _preflight(source, work, store, image_size)
                 parts = _make_parts(source, orders, options, work, workers, progress, retries)
             _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, quality, options,
@@ -275,18 +281,24 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
            on_error: str, shuffle: bool, seed: int, quality: int, options: dict,
            archive: Optional[ArchiveSource]) -> None:
     """Assemble the parts in ``work`` into a verified mirror at ``build`` (the parts go into it)."""
-    failures = [(_printable(str(s.root / s.files[i].rel)), err)
-                for s in source.splits for i, err in parts.errors[s.name]]
+    failures = sorted([(_printable(str(s.root / s.files[i].rel)), err)
+                       for s in source.splits for i, err in parts.errors[s.name]]
+                      + [(_printable(p), e) for p, e in source.unreadable])
     if failures and on_error == "raise":
-        raise PackError(sorted(failures))
+        raise PackError(failures)
     if failures:
-        warnings.warn(f"pack: skipped {len(failures)} unreadable files, e.g. {failures[0][0]}: {failures[0][1]}",
+        what = "files and folders" if source.unreadable else "files"
+        warnings.warn(f"pack: skipped {len(failures)} unreadable {what}, e.g. {failures[0][0]}: {failures[0][1]}",
                       stacklevel=3)
+    hidden = [(_printable(p), e) for p, e in source.hidden]
+    if hidden:
+        warnings.warn(f"pack: left out {len(hidden)} hidden files or folders that torchvision reads, e.g. "
+                      f"{hidden[0][0]}: {hidden[0][1]}. The mirror lists them (colabfast info).", stacklevel=3)
     attrs = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "layout": source.layout, "store": options["store"],
         "image_size": json.dumps(options["image_size"]), "shuffled": shuffle, "seed": seed,
         "classes": json.dumps(source.classes), "source": _printable(str(source.root)), "fingerprint": fingerprint,
-        "skipped": json.dumps([{"path": p, "error": e} for p, e in sorted(failures)]),
+        "skipped": json.dumps([{"path": p, "error": e} for p, e in sorted(failures + hidden)]),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "colabfast_version": _version(),
     }

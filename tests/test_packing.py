@@ -96,9 +96,10 @@ def test_broken_images_raise_listing_all_and_write_nothing(inet, tmp_path):
     with pytest.warns(UserWarning, match="skipped 3 unreadable files"):
         pack(src, tmp_path / "m.h5", on_error="skip", progress=False)
     mirror = info(tmp_path / "m.h5")
-    assert sorted(s["path"] for s in mirror.skipped) == sorted(map(str, bad))
+    unreadable = [s["path"] for s in mirror.skipped if not s["error"].startswith("hidden")]
+    assert sorted(unreadable) == sorted(map(str, bad))
     assert mirror.samples[""] == 25
-    assert "3 source files were skipped" in str(mirror)
+    assert "5 source files were skipped:" in str(mirror)  # and 2 hidden entries of odd_files
 
 
 def test_rerun_is_free_and_changes_repack(inet, tmp_path):
@@ -235,8 +236,11 @@ def test_bad_arguments(inet, tmp_path):
         pack(inet, tmp_path / "m.h5", image_size=(10,))
     with pytest.raises(ValueError, match="on_error"):
         pack(inet, tmp_path / "m.h5", on_error="ignore")
-    with pytest.raises(FileNotFoundError, match="not a folder"):
+    with pytest.raises(FileNotFoundError, match="missing does not exist: check the path"):
         pack(tmp_path / "missing", tmp_path / "m.h5")
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    with pytest.raises(NotADirectoryError, match=r"notes.txt is a file, not a dataset folder or an archive.*\.zip"):
+        pack(tmp_path / "notes.txt", tmp_path / "m.h5")
 
 
 def test_space_preflight_counts_the_mirror_and_warns_about_drive_cache(inet, tmp_path, monkeypatch):
@@ -501,3 +505,90 @@ def test_names_that_are_not_utf8_are_packed_as_torchvision_loads_them(tmp_path):
     # The mirror's paths are UTF-8: an undecodable byte is kept as the text \xNN.
     assert f"{src}/n01440764/\\xff\\xfe.JPEG" in [p for p, _ in ds.samples]
     assert pack(src, tmp_path / "m.h5", progress=False) == tmp_path / "m.h5"  # up to date
+
+
+def test_linked_folders_are_followed_as_torchvision_does_but_not_loops(tmp_path):
+    """Issue 23 item 11: a symlinked sub-folder inside a class folder (here a second link to a folder
+    of the tree) was left out; torchvision follows it (os.walk(followlinks=True))."""
+    import os
+
+    from torchvision.datasets import ImageFolder
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
+    outside = make_imagefolder(tmp_path / "outside", classes=1, per_class=2, size=(24, 16))
+    a, b = sorted(p for p in src.iterdir())
+    os.symlink(outside / "n01440764", a / "linked")  # a link that leaves the source
+    os.symlink(a, b / "also")  # a second way to reach class a's folder, from class b
+    reference = ImageFolder(str(src))
+    assert len(reference) == (2 + 2) + (2 + (2 + 2))  # a: its own and linked's; b: its own and all of a's
+    ds = H5ImageFolder(pack(src, tmp_path / "m.h5", progress=False))
+    assert ds.samples == reference.samples
+    for (image, _), (expected, _) in zip(ds, reference):
+        assert np.array_equal(np.asarray(image), np.asarray(expected))
+    os.symlink(a, a / "loop")  # torchvision would follow it until the path is too long
+    ds = H5ImageFolder(pack(src, tmp_path / "m.h5", progress=False))
+    assert ds.samples == reference.samples  # the loop is not followed, nothing else changes
+
+
+def test_hidden_files_and_folders_are_reported_and_listed_in_the_mirror(tmp_path, capsys):
+    """Issue 23 item 12: pack left out what torchvision reads (309 samples against 307, other
+    classes) without a word."""
+    from colabfast import cli
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
+    a = sorted(src.iterdir())[0]
+    image = next(a.iterdir()).read_bytes()
+    (src / ".ipynb_checkpoints").mkdir()  # torchvision: a class
+    (a / "._x.jpg").write_bytes(image)
+    (a / ".thumbs").mkdir()
+    for name in ("1.jpg", "2.png", "notes.txt"):
+        (a / ".thumbs" / name).write_bytes(image)
+    with pytest.warns(UserWarning, match=r"left out 3 hidden files or folders that torchvision reads"):
+        dst = pack(src, tmp_path / "m.h5", progress=False)
+    assert len(H5ImageFolder(dst)) == 4
+    assert {s["path"]: s["error"] for s in info(dst).skipped} == {
+        str(src / ".ipynb_checkpoints"): "hidden folder, not taken for a class (torchvision's ImageFolder takes "
+                                          "it for one)",
+        str(a / "._x.jpg"): "hidden file, left out (torchvision's ImageFolder reads it)",
+        str(a / ".thumbs"): "hidden folder, its 2 images left out (torchvision's ImageFolder reads them)",
+    }
+    capsys.readouterr()
+    assert cli.main(["info", str(dst)]) == 0
+    assert f"3 source files were skipped:\n    {src / '.ipynb_checkpoints'}: hidden folder" in capsys.readouterr().out
+
+
+def test_an_unreadable_sub_folder_is_listed_not_a_raw_error(tmp_path):
+    """Issue 23 F: one sub-folder that cannot be listed aborted pack with a raw PermissionError, even
+    with on_error="skip". (Root reads any folder, so as root pack runs in a child without that right.)"""
+    import json
+    import os
+
+    from test_staging import _without_root_read_override
+
+    from colabfast import env
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
+    a = sorted(src.iterdir())[0]
+    (a / "sub").mkdir()
+    (a / "sub" / "x.jpg").write_bytes(next(a.glob("*.JPEG")).read_bytes())
+    os.chmod(a / "sub", 0)
+    code = ("import json, warnings, colabfast as cf\n"
+            f"try:\n    cf.pack({str(src)!r}, {str(tmp_path / 'raise.h5')!r}, workers=0, progress=False)\n"
+            "except cf.PackError as e:\n    print(json.dumps(e.failures))\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            f"    cf.pack({str(src)!r}, {str(tmp_path / 'skip.h5')!r}, on_error='skip', workers=0, progress=False)\n"
+            "print(json.dumps([str(x.message) for x in w]))\n")
+    try:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             preexec_fn=_without_root_read_override if env.is_root() else None)
+    finally:
+        os.chmod(a / "sub", 0o755)
+    assert run.returncode == 0, run.stderr
+    failures, warned = map(json.loads, run.stdout.splitlines())
+    assert failures == [[str(a / "sub"), "folder cannot be listed (Permission denied): its images are unknown"]]
+    assert not (tmp_path / "raise.h5").exists()
+    assert warned == [f"pack: skipped 1 unreadable files and folders, e.g. {a / 'sub'}: folder cannot be listed "
+                      "(Permission denied): its images are unknown"]
+    mirror = info(tmp_path / "skip.h5")
+    assert mirror.samples[""] == 4 and [s["path"] for s in mirror.skipped] == [str(a / "sub")]
