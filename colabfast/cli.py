@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="resize: one number sets the short side, two set H W")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of resized images (default 90)")
     p.add_argument("--shuffle", action="store_true", help="store samples in a seeded random order")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the seed of --shuffle's order (default 0)")
     p.add_argument("--workers", type=int, help="decoding processes (default: CPU count)")
     p.add_argument("--skip-errors", action="store_true", help="leave unreadable images out instead of failing")
     p.add_argument("--retries", type=int, default=5, help="retries per read for transient errors (default 5)")
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="describe a mirror", description="Print a mirror's layout, counts, classes, "
                                                                       "sizes, completion and skipped files.")
-    p.add_argument("mirror")
+    p.add_argument("mirror", help="the mirror file (.h5) to describe, e.g. /content/drive/MyDrive/kitti.h5")
     p.add_argument("--verify", action="store_true",
                    help="also read every stored image and check its checksum (format version 2)")
     p.set_defaults(run=_info)
@@ -185,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
 _CLI_SPELLING = {"pass on_error='skip'": "pass --skip-errors", "overwrite=True": "--overwrite",
                  "allow_links=True": "--allow-links", "labels= and split=": "--labels and --split",
                  "pass labels='.../ILSVRC2012_devkit_t12.tar.gz'": "pass --labels .../ILSVRC2012_devkit_t12.tar.gz",
-                 "pass labels=devkit": "pass --labels DEVKIT"}
+                 "pass labels=devkit": "pass --labels DEVKIT", "(image_size=...)": "(--image-size N)",
+                 "run pack() again": "run the same command again", "then pack() again": "then run the same "
+                 "command again", "colabfast.pack()": "colabfast pack", "pack()": "colabfast pack"}
 
 
 def _cli_words(message: str) -> str:

@@ -171,3 +171,26 @@ def test_pack_refuses_to_replace_a_file_unless_overwrite(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert run("pack", str(inet), str(tmp_path / "notes.txt"), "-q", "--overwrite").returncode == 0
     assert "--overwrite" in run("pack", "--help").stdout
+
+
+def test_pack_messages_speak_of_the_command_not_the_python_function(tmp_path):
+    """Issue 23 items 16 and 18: a missing src "is not a folder", a file src did not mention archives,
+    messages named pack(); --seed and info's argument had no help."""
+    out = run("pack", str(tmp_path / "missing"), str(tmp_path / "m.h5"), "-q")
+    assert out.returncode == 1 and "missing does not exist" in out.stderr and "pack()" not in out.stderr
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    out = run("pack", str(tmp_path / "notes.txt"), str(tmp_path / "m.h5"), "-q")
+    assert out.returncode == 1 and "is a file, not a dataset folder or an archive" in out.stderr
+    assert ".tar.gz" in out.stderr and "pack()" not in out.stderr
+    bad = tmp_path / "imgs" / "a"
+    bad.mkdir(parents=True)
+    (bad / "1.jpg").write_text("not an image")
+    out = run("pack", str(tmp_path / "imgs"), str(tmp_path / "m.h5"), "-q")
+    assert out.returncode == 1 and "run the same command again" in out.stderr and "pack()" not in out.stderr
+    import h5py
+
+    h5py.File(tmp_path / "other.h5", "w").close()
+    out = run("info", str(tmp_path / "other.h5"))
+    assert out.returncode == 1 and "Make one with colabfast pack" in out.stderr
+    assert "the seed of --shuffle" in run("pack", "--help").stdout
+    assert "the mirror file" in run("info", "--help").stdout
