@@ -28,7 +28,7 @@ from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import h5py
 import numpy as np
@@ -552,7 +552,17 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
             stale.unlink()  # parts of an earlier run with other files or options
 
     errors: dict[str, list[tuple[int, str]]] = {s.name: [] for s in source.splits}
+    todo = []
+    for s, path, idx in jobs:
+        done = _load_part(path) if path.exists() else None
+        if done is None:
+            todo.append((s, path, idx))
+        else:  # finished by an earlier, interrupted run
+            errors[s.name].extend((int(idx[i]), msg) for i, msg in done["errors"])
     total = sum(len(o) for o in orders.values())
+    finished = total - sum(len(idx) for _, _, idx in todo)
+    if finished and progress:
+        print(f"pack: resuming: {finished} of {total} images were packed by an earlier run")
     pool = _process_pool(workers)
     inflight: deque[tuple[Future, Split, Path, np.ndarray]] = deque()
 
@@ -562,14 +572,9 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
         errors[s.name].extend((int(idx[i]), msg) for i, msg in result["errors"])
         bar.update(len(idx))
 
-    with ThreadPoolExecutor(32, thread_name_prefix="colabfast-pack-read") as readers, pool, \
-            tqdm(total=total, unit="img", desc="pack", disable=not progress) as bar:
-        for s, path, idx in jobs:
-            done = _load_part(path) if path.exists() else None
-            if done is not None:  # finished by an earlier, interrupted run
-                errors[s.name].extend((int(idx[i]), msg) for i, msg in done["errors"])
-                bar.update(len(idx))
-                continue
+    with ThreadPoolExecutor(32, thread_name_prefix="colabfast-pack-read") as readers, _stopping(pool), \
+            tqdm(total=total, initial=finished, unit="img", desc="pack", disable=not progress) as bar:
+        for s, path, idx in todo:
             items = list(readers.map(lambda p: _read_file(p, retries), [s.root / s.files[i].rel for i in idx]))
             inflight.append((pool.submit(_encode_chunk, items, options["store"], options["image_size"],
                                          options["quality"] or 90), s, path, idx))
@@ -591,7 +596,7 @@ def _process_pool(workers: int) -> Executor:
     if workers <= 0:
         return _InlineExecutor()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_die_with_parent,
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_worker_start,
                                initargs=(os.getpid(),))
     with warnings.catch_warnings():  # Python 3.12 warns about fork in any multi-threaded process
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -599,12 +604,28 @@ def _process_pool(workers: int) -> Executor:
     return pool
 
 
-def _die_with_parent(parent: int) -> None:
-    """Worker start-up: end this worker when the packing process dies (a killed notebook kernel).
+@contextlib.contextmanager
+def _stopping(pool: Executor) -> Iterator[Executor]:
+    """Shut ``pool`` down after the block; when the block fails (Ctrl-C), without starting the work
+    still queued, and without waiting for the pieces being decoded."""
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
-    Forked workers hold both ends of their work queue's pipe, so they never see it close and would
-    wait forever; Linux can signal them instead (prctl PR_SET_PDEATHSIG).
+
+def _worker_start(parent: int) -> None:
+    """Worker start-up: leave Ctrl-C to the packing process, and end when that process dies.
+
+    Ctrl-C in a terminal reaches every process of the group: each worker would print its own
+    traceback (38 lines with 2 workers) before the packing process's one line; the packing process
+    stops the pool instead (:func:`_stopping`). Forked workers hold both ends of their work queue's
+    pipe, so they never see it close when the packing process dies (a killed notebook kernel) and
+    would wait forever; Linux can signal them instead (prctl PR_SET_PDEATHSIG).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
@@ -708,6 +729,8 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
     errors = [(k * CHUNK + i, msg) for k, r in enumerate(records) for i, msg in r["errors"]]
     start = Position(*records[-1]["next"]) if records else Position(0, 0)
 
+    if records and progress:
+        print(f"pack: resuming after the {len(names)} images an earlier run packed")
     pool = _process_pool(workers)
     inflight: deque[tuple[list[Future], list[str], Position]] = deque()
     log = open(work / "stream.jsonl", "a", encoding="utf-8")
@@ -739,8 +762,8 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
 
     size = archive.path.stat().st_size
     skipped = start.member if archive_suffix(archive.path) == ".tar" else 0  # a plain tar resumes at that offset
-    with log, pool, tqdm(total=size, initial=skipped, unit="B", unit_scale=True, unit_divisor=1000, desc="pack",
-                         disable=not progress) as bar:
+    with log, _stopping(pool), tqdm(total=size, initial=skipped, unit="B", unit_scale=True, unit_divisor=1000,
+                                    desc="pack", disable=not progress) as bar:
         bar.set_postfix_str(f"{len(names)} images packed", refresh=False)
         batch: list[tuple[str, Union[bytes, str]]] = []
         after = start

@@ -194,3 +194,43 @@ def test_pack_messages_speak_of_the_command_not_the_python_function(tmp_path):
     assert out.returncode == 1 and "Make one with colabfast pack" in out.stderr
     assert "the seed of --shuffle" in run("pack", "--help").stdout
     assert "the mirror file" in run("info", "--help").stdout
+
+
+def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_path):
+    """Issue 23 item 14: Ctrl-C printed 38 lines of worker tracebacks before the one line, and the
+    resumed run's bar started at 0 without saying it resumed."""
+    import os
+    import re
+    import signal
+    import time
+    from pathlib import Path
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=600, size=(64, 48))
+    dst, work = tmp_path / "m.h5", tmp_path / ".m.h5.colabfast-pack"
+    code = ("import sys, colabfast.packing as p\np.CHUNK = 20\nfrom colabfast.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    cwd = Path(__file__).parents[1]
+    child = subprocess.Popen([sys.executable, "-c", code, "pack", str(src), str(dst), "--workers", "2", "-q"],
+                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # a terminal's Ctrl-C reaches its whole process group
+    for _ in range(1200):
+        if len(list(work.glob("*.npz"))) >= 3 or child.poll() is not None:
+            break
+        time.sleep(0.01)
+    os.killpg(child.pid, signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # the code before the fix could hang here
+        os.killpg(child.pid, signal.SIGKILL)
+        raise
+    assert child.returncode == 130, err
+    assert err.splitlines() == ["interrupted; run the same command again to resume"]
+    parts = len(list(work.glob("*.npz")))
+    assert 0 < parts < 60
+    again = subprocess.run([sys.executable, "-c", code, "pack", str(src), str(dst), "--workers", "2"], cwd=cwd,
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    done = int(re.search(r"pack: resuming: (\d+) of 1200 images were packed by an earlier run", again.stdout)[1])
+    assert done >= parts * 20
+    first = re.search(r"(\d+)/1200 ", again.stderr)  # the bar's first state
+    assert first is not None and int(first[1]) == done
