@@ -111,6 +111,7 @@ class FileEntry(NamedTuple):
 def scan_tree(
     root: Path, workers: int = 32, retries: int = 5, unreadable: Optional[dict[str, OSError]] = None,
     reserved: Optional[list[str]] = None,
+    revisit: bool = False,
 ) -> tuple[list[FileEntry], list[str]]:
     """All regular files under ``root`` (following symlinks) and all folders, sorted, listed in parallel.
 
@@ -124,6 +125,9 @@ def scan_tree(
             error is raised.
         reserved: if given, the relative paths left out for their names (colabfast's own: partial
             files, stage records) are appended here, so that the caller can say so.
+        revisit: list a folder again under each link that reaches it, as ``os.walk(followlinks=True)``
+            does (torchvision's ImageFolder); only a link back to a folder it is inside (a loop) is
+            not followed.
 
     Returns:
         (files, folders), with paths relative to ``root`` in POSIX form.
@@ -132,6 +136,7 @@ def scan_tree(
     dirs: list[str] = []
     top = retry(lambda: os.stat(root), retries)
     seen = {(top.st_dev, top.st_ino)}
+    inside = {"": frozenset(seen)}  # with revisit: each folder's own key and its parents'
 
     Listing = tuple[list[FileEntry], list[tuple[str, tuple[int, int]]]]  # files, (folder, its device+inode)
 
@@ -174,16 +179,50 @@ def scan_tree(
                     dirs.remove(rel)
                     continue
                 files.extend(found)
+                parent = listing[fut]
                 for name, key in subdirs:
-                    if key not in seen:  # a symlink loop or a second link to a folder
-                        seen.add(key)
-                        dirs.append(name)
-                        fut = pool.submit(listdir, name)
-                        pending.add(fut)
-                        listing[fut] = name
+                    if revisit:
+                        if key in inside[parent]:  # a link back to a folder it is in: a loop
+                            continue
+                        inside[name] = inside[parent] | {key}
+                    elif key in seen:  # a symlink loop or a second link to a folder
+                        continue
+                    seen.add(key)
+                    dirs.append(name)
+                    child = pool.submit(listdir, name)
+                    pending.add(child)
+                    listing[child] = name
     files.sort()
     dirs.sort()
     return files, dirs
+
+
+def open_regular(path: PathLike) -> io.FileIO:
+    """``path`` opened for reading (unbuffered), refused unless it is a regular file (links followed).
+
+    Anything else is refused without blocking: a FIFO's ``open`` waits for a writer and its ``read``
+    for data, forever (a FIFO named like a KITTI label file hung ``pack``). The file is opened with
+    ``O_NONBLOCK`` and checked with ``fstat`` before any read.
+
+    Raises:
+        OSError: the file cannot be opened, or (errno ``EINVAL``) it is not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    f = io.FileIO(fd, "rb")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        f.close()
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise OSError(errno.EINVAL, f"not a regular file but {kind}", os.fspath(path))
+    os.set_blocking(fd, True)
+    return f
+
+
+def read_regular(path: PathLike) -> bytes:
+    """The bytes of the regular file ``path``; see :func:`open_regular`, which raises."""
+    with open_regular(path) as f:
+        return f.readall()
 
 
 def human_bytes(n: float) -> str:

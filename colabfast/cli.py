@@ -29,7 +29,8 @@ def _pack(args: argparse.Namespace) -> int:
     image_size = None if size is None else (size[0] if len(size) == 1 else (size[0], size[1]))
     pack(args.src, args.dst, layout=args.layout, labels=args.labels, split=args.split, store=args.store,
          image_size=image_size, quality=args.quality, shuffle=args.shuffle, seed=args.seed, workers=args.workers,
-         on_error="skip" if args.skip_errors else "raise", retries=args.retries, progress=not args.quiet)
+         on_error="skip" if args.skip_errors else "raise", retries=args.retries, progress=not args.quiet,
+         overwrite=args.overwrite)
     print(args.dst)
     return 0
 
@@ -139,16 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="resize: one number sets the short side, two set H W")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of resized images (default 90)")
     p.add_argument("--shuffle", action="store_true", help="store samples in a seeded random order")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the seed of --shuffle's order (default 0)")
     p.add_argument("--workers", type=int, help="decoding processes (default: CPU count)")
     p.add_argument("--skip-errors", action="store_true", help="leave unreadable images out instead of failing")
     p.add_argument("--retries", type=int, default=5, help="retries per read for transient errors (default 5)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the file at DST even if it is not a mirror of SRC (by default refused)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 
     p = sub.add_parser("info", help="describe a mirror", description="Print a mirror's layout, counts, classes, "
                                                                       "sizes, completion and skipped files.")
-    p.add_argument("mirror")
+    p.add_argument("mirror", help="the mirror file (.h5) to describe, e.g. /content/drive/MyDrive/kitti.h5")
     p.add_argument("--verify", action="store_true",
                    help="also read every stored image and check its checksum (format version 2)")
     p.set_defaults(run=_info)
@@ -185,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
 _CLI_SPELLING = {"pass on_error='skip'": "pass --skip-errors", "overwrite=True": "--overwrite",
                  "allow_links=True": "--allow-links", "labels= and split=": "--labels and --split",
                  "pass labels='.../ILSVRC2012_devkit_t12.tar.gz'": "pass --labels .../ILSVRC2012_devkit_t12.tar.gz",
-                 "pass labels=devkit": "pass --labels DEVKIT"}
+                 "pass labels=devkit": "pass --labels DEVKIT", "(image_size=...)": "(--image-size N)",
+                 "run pack() again": "run the same command again", "then pack() again": "then run the same "
+                 "command again", "colabfast.pack()": "colabfast pack", "pack()": "colabfast pack"}
 
 
 def _cli_words(message: str) -> str:

@@ -18,7 +18,7 @@ import tarfile
 from pathlib import Path
 from typing import Optional
 
-from colabfast._fileio import PathLike
+from colabfast._fileio import PathLike, open_regular, read_regular
 
 __all__ = ["ImageNetLabels", "read_devkit", "read_kaggle_labels"]
 
@@ -75,12 +75,13 @@ def read_devkit(path: PathLike) -> ImageNetLabels:
 
     Raises:
         FileNotFoundError: the devkit or one of its two files is missing.
+        OSError: (errno ``EINVAL``) one of them is not a regular file (a FIFO is refused, never read).
         ImportError: scipy is not installed.
     """
     path = Path(os.path.abspath(path))
     if path.is_dir():
         root = path if (path / DEVKIT_META).is_file() else path / "ILSVRC2012_devkit_t12"
-        meta, truth = (root / DEVKIT_META).read_bytes(), (root / DEVKIT_VAL_TRUTH).read_bytes()
+        meta, truth = read_regular(root / DEVKIT_META), read_regular(root / DEVKIT_VAL_TRUTH)
     else:
         meta, truth = _devkit_members(path)
     idx_to_wnid, class_names = _parse_meta_mat(meta)
@@ -91,7 +92,8 @@ def read_devkit(path: PathLike) -> ImageNetLabels:
 
 def _devkit_members(path: Path) -> tuple[bytes, bytes]:
     found: dict[str, bytes] = {}
-    with tarfile.open(path, "r:*") as tar:  # small (2.5 MB): read, never extracted
+    # small (2.5 MB): read, never extracted
+    with open_regular(path) as raw, tarfile.open(fileobj=io.BufferedReader(raw), mode="r:*") as tar:
         for member in tar:
             for want in (DEVKIT_META, DEVKIT_VAL_TRUTH):
                 if member.isfile() and member.name.endswith("/" + want) and want not in found:

@@ -871,7 +871,7 @@ class MirrorInfo:
         if self.labels:
             lines.append(f"  labels from {self.labels}")
         if self.skipped:
-            lines.append(f"  {len(self.skipped)} source files were skipped as unreadable:")
+            lines.append(f"  {len(self.skipped)} source files were skipped:")
             lines += [f"    {s['path']}: {s['error']}" for s in self.skipped[:20]]
             if len(self.skipped) > 20:
                 lines.append(f"    ... and {len(self.skipped) - 20} more")

@@ -21,20 +21,31 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import warnings
 import zlib
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import h5py
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from colabfast import env
-from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path, retry, state_name, write_all
+from colabfast._fileio import (
+    FileEntry,
+    PathLike,
+    human_bytes,
+    locked,
+    partial_path,
+    read_regular,
+    retry,
+    state_name,
+    write_all,
+)
 from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
 from colabfast.errors import Error
@@ -44,6 +55,7 @@ from colabfast.mirror import (
     STORES,
     MirrorError,
     check,
+    header,
     header_crc32,
     open_h5,
     trust,
@@ -58,7 +70,7 @@ PIECE = 32  # images per task sent to a worker when packing an archive stream
 
 
 class PackError(Error, ValueError):
-    """Source images could not be read or decoded; nothing final was written.
+    """Source images (or folders) could not be read or decoded; nothing final was written.
 
     Attributes:
         failures: ``(path, error message)`` for every bad file.
@@ -69,8 +81,8 @@ class PackError(Error, ValueError):
         shown = "".join(f"\n  {p}: {e}" for p, e in failures[:20])
         more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
         super().__init__(
-            f"{len(failures)} source files cannot be read as images:{shown}{more}\n"
-            "Nothing was written to the destination. Fix or delete these files and run pack() again "
+            f"{len(failures)} source files or folders cannot be read:{shown}{more}\n"
+            "Nothing was written to the destination. Fix or delete them and run pack() again "
             "(the images already processed are kept and reused), or pass on_error='skip' to leave them out."
         )
 
@@ -91,14 +103,18 @@ def pack(
     on_error: str = "raise",
     retries: int = 5,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Pack an image dataset (a folder, or an archive read as a stream) into one HDF5 mirror at ``dst``.
 
-    Re-running with the same source and options returns at once when ``dst`` is complete; an
-    interrupted run resumes from the parts it finished (kept beside ``dst``, or in the local work
+    ``dst`` is written over only when it is a mirror of the same source: re-running with the same
+    options returns at once, with other options it is rebuilt. Any other file there (yours, or a mirror
+    of another source) is refused before anything is read, unless ``overwrite=True``; a folder always
+    is. An interrupted run resumes from the parts it finished (kept beside ``dst``, or in the local work
     folder when ``dst`` is on Drive), or from its verified local mirror when it was killed while
-    copying it onto Drive. One pack at a time writes to a destination: a second call waits for the
-    first (a lock file beside the work folder), saying so.
+    copying it onto Drive. One pack at a time writes to a destination, however its path is spelled
+    (links resolved): a second call waits for the first (a lock file in colabfast's cache folder),
+    saying so.
 
     Archives (``.tar``, ``.tar.gz``/``.tgz``/``.tar.bz2``/``.tar.xz``, ``.zip``) are never extracted:
     they are read front to back in one sequential stream (what Drive serves best), inner per-class
@@ -121,8 +137,11 @@ def pack(
             ImageNet's ``train/`` and class-folder ``val/``), ``"kitti"`` (``training/image_2`` +
             ``label_2`` (+ ``calib``) and/or ``testing/image_2``), ``"files"``; for an archive: one of
             :data:`colabfast.archivesource.LAYOUTS`; or ``"auto"`` (detected, and printed when
-            ``progress``). Hidden files and folders are skipped (torchvision would take ``._x.jpg``
-            AppleDouble files and ``.ipynb_checkpoints`` for data).
+            ``progress``). Folders are followed through links as torchvision does, also links that
+            leave ``src``, but not a link back to a folder it is in (a loop). Hidden files and folders
+            are left out (torchvision would take macOS's ``._x.jpg`` files and ``.ipynb_checkpoints``
+            for data, and ``.ipynb_checkpoints`` beside the class folders for a class): pack warns,
+            and the mirror lists each one and why (``colabfast info``).
         labels: ImageNet's devkit ``ILSVRC2012_devkit_t12.tar.gz`` for ``ILSVRC2012_img_val.tar``
             (validation labels; for the training archive, class names only).
         split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train).
@@ -139,23 +158,27 @@ def pack(
             they are stored in the archive's order, ``order`` giving each sample's torchvision index.
         seed: the shuffle's seed.
         workers: processes decoding images (default: the CPU count; 0 decodes in this process).
-        on_error: unreadable files (truncated, empty, not an image): ``"raise"`` lists every one
-            in a :class:`PackError` and writes nothing final; ``"skip"`` packs the rest, warns, and
-            records the skipped files in the mirror (``colabfast info`` lists them).
+        on_error: unreadable files (truncated, empty, not an image, not a regular file) and folders
+            that cannot be listed: ``"raise"`` lists every one in a :class:`PackError` and writes
+            nothing final (folders before any image is read); ``"skip"`` packs the rest, warns, and
+            records what it skipped in the mirror (``colabfast info`` lists them).
         retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...), as ``stage()``.
         progress: show a tqdm progress bar (images/s; for an archive, its bytes read, the images packed
             and the time left) and say which layout was detected.
+        overwrite: replace whatever file is at ``dst`` (by default only a mirror of the same source is
+            replaced).
 
     Returns:
         ``dst`` as a Path.
 
     Raises:
-        PackError: unreadable images with ``on_error="raise"``.
+        PackError: unreadable images or folders with ``on_error="raise"``.
         ArchiveReadError: the archive is truncated or corrupt at the member it names; the finished
             parts are kept and the next run continues from them.
         UnsafeArchiveError: an archive member name is absolute or climbs out with ``..``.
         FileNotFoundError: ``src`` is missing or holds no images.
-        ValueError: bad arguments.
+        ValueError: bad arguments; ``dst`` is a folder, or (without ``overwrite``) a file that is not a
+            mirror of ``src``.
         OSError: ``errno.ENOSPC`` when the local disk cannot hold the mirror while it is built.
     """
     if store not in STORES:
@@ -165,7 +188,8 @@ def pack(
     if not 1 <= quality <= 100:
         raise ValueError(f"quality must be 1..100, not {quality}")
     image_size = _check_size(image_size)  # type: ignore[assignment]  # (H, W) becomes a list: JSON-equal on resume
-    dst = Path(os.path.abspath(dst))
+    given = Path(os.path.abspath(dst))
+    dst = Path(os.path.realpath(given))  # one lock and one work folder, however the path is spelled
     workers = env.cpu_count() if workers is None else workers
     options = {"store": store, "image_size": image_size, "quality": quality if image_size else None}
     path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
@@ -184,6 +208,7 @@ def pack(
     # Two packs into one destination would delete each other's parts and publish a mix (seen in 2 of
     # 9 concurrent runs): the second waits for the first, saying so.
     with locked(lock_path(dst), f"packing into {dst}"):
+        packed_from = _existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
         archive: Optional[ArchiveSource] = None
         if streamed:
             archive = ArchiveSource(path, layout, split, labels, retries)
@@ -194,19 +219,24 @@ def pack(
             orders = {s.name: _order(len(s.files), shuffle, seed) for s in source.splits}
             what, described, fingerprint = "source", f"{source.root}: {source.describe()}", \
                 _fingerprint(source, orders, options)
+        if packed_from is not None:
+            _check_same_source(dst, packed_from, archive.path if archive is not None else source.root)
+        described = _printable(described)
         if progress:
             print(f"pack: {described}")
-        if _up_to_date(dst, fingerprint):
+        if _complete(dst, fingerprint):
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this {what} with these options")
-            return dst
+            return given
         build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
         work.mkdir(parents=True, exist_ok=True)
-        if not _built(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
+        if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
             if archive is not None:
                 _preflight_archive(archive.path, work, store, image_size)
                 source, orders, parts = _stream_parts(archive, options, work, workers, progress)
             else:
+                if source.unreadable and on_error == "raise":  # before any work, not after it
+                    raise PackError([(_printable(p), e) for p, e in source.unreadable])
                 _preflight(source, work, store, image_size)
                 parts = _make_parts(source, orders, options, work, workers, progress, retries)
             _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, quality, options,
@@ -214,24 +244,61 @@ def pack(
         _publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)
-    return dst
+    return given
+
+
+def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
+    """The source of the mirror at ``dst``, or None when nothing is there (or ``overwrite``); refuses a
+    folder, a special file, and (without ``overwrite``) a file that is not a colabfast mirror. Called
+    before anything is read, so that a wrong ``dst`` costs nothing."""
+    try:
+        mode = os.stat(dst).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{dst} is a folder: pack writes one mirror file. Pass a file name, e.g. "
+                         f"{dst / (name + '.h5')}")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{dst} is not a regular file (a pipe or a device): pass a mirror file name as dst")
+    if overwrite:
+        return None
+    try:
+        with open_h5(dst) as f:
+            return header(f, dst, complete=False).source
+    except (MirrorError, OSError):
+        raise ValueError(f"{dst} exists and is not a readable colabfast mirror: packing would replace it, so nothing "
+                         "was read. Pass another dst, or overwrite=True to replace it.") from None
+
+
+def _check_same_source(dst: Path, packed_from: str, root: Path) -> None:
+    """Refuse to replace a mirror of another source (see :func:`pack`'s ``overwrite``)."""
+    if packed_from != _printable(str(root)) and os.path.realpath(packed_from) != os.path.realpath(root):
+        raise ValueError(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
+                         "nothing was written. Pass another dst, or overwrite=True to replace it.")
 
 
 def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,
            on_error: str, shuffle: bool, seed: int, quality: int, options: dict,
            archive: Optional[ArchiveSource]) -> None:
     """Assemble the parts in ``work`` into a verified mirror at ``build`` (the parts go into it)."""
-    failures = [(f"{s.root / s.files[i].rel}", err) for s in source.splits for i, err in parts.errors[s.name]]
+    failures = sorted([(_printable(str(s.root / s.files[i].rel)), err)
+                       for s in source.splits for i, err in parts.errors[s.name]]
+                      + [(_printable(p), e) for p, e in source.unreadable])
     if failures and on_error == "raise":
-        raise PackError(sorted(failures))
+        raise PackError(failures)
     if failures:
-        warnings.warn(f"pack: skipped {len(failures)} unreadable files, e.g. {failures[0][0]}: {failures[0][1]}",
+        what = "files and folders" if source.unreadable else "files"
+        warnings.warn(f"pack: skipped {len(failures)} unreadable {what}, e.g. {failures[0][0]}: {failures[0][1]}",
                       stacklevel=3)
+    hidden = [(_printable(p), e) for p, e in source.hidden]
+    if hidden:
+        warnings.warn(f"pack: left out {len(hidden)} hidden files or folders that torchvision reads, e.g. "
+                      f"{hidden[0][0]}: {hidden[0][1]}. The mirror lists them (colabfast info).", stacklevel=3)
     attrs = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "layout": source.layout, "store": options["store"],
         "image_size": json.dumps(options["image_size"]), "shuffled": shuffle, "seed": seed,
-        "classes": json.dumps(source.classes), "source": str(source.root), "fingerprint": fingerprint,
-        "skipped": json.dumps([{"path": p, "error": e} for p, e in sorted(failures)]),
+        "classes": json.dumps(source.classes), "source": _printable(str(source.root)), "fingerprint": fingerprint,
+        "skipped": json.dumps([{"path": p, "error": e} for p, e in sorted(failures + hidden)]),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "colabfast_version": _version(),
     }
@@ -246,19 +313,6 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
     _assemble(build, work, source, orders, parts, attrs)
     _verify(build, {s.name: int(np.count_nonzero(orders[s.name] >= 0)) - len(parts.errors[s.name])
                     for s in source.splits})
-
-
-def _built(build: Path, fingerprint: str) -> bool:
-    """True if an earlier run left a complete, verified local mirror of this source (killed while
-    copying it onto Drive): it is published again instead of being rebuilt."""
-    if not build.is_file():
-        return False
-    try:
-        with open_h5(build) as f:
-            check(f, build)
-            return f.attrs.get("fingerprint") == fingerprint
-    except (MirrorError, OSError):
-        return False
 
 
 def _preflight(source: Source, work: Path, store: str, image_size) -> None:
@@ -315,18 +369,33 @@ def _fingerprint(source: Source, orders: dict[str, np.ndarray], options: dict) -
     for s in source.splits:
         h.update(s.name.encode() + b"\0" + orders[s.name].tobytes())
         for f in s.files:
-            h.update(f"{f.rel}\0{f.size}\0{f.mtime_ns}\n".encode())
+            h.update(_file_key(f))
         if s.objects is not None:
             h.update(s.objects.offsets.tobytes() + s.objects.bbox.tobytes())
     return h.hexdigest()
 
 
-def _up_to_date(dst: Path, fingerprint: str) -> bool:
-    if not dst.is_file():
+def _file_key(f: FileEntry) -> bytes:
+    """What a fingerprint takes from one source file: its name's bytes (any, as the file system
+    holds them: not UTF-8 is fine), size and time."""
+    return os.fsencode(f.rel) + f"\0{f.size}\0{f.mtime_ns}\n".encode()
+
+
+def _printable(name: str) -> str:
+    """``name`` as text that can be written as UTF-8 (the mirror's paths, messages): the bytes of a name
+    that is not valid UTF-8 (which Python lists as lone surrogates) become ``\\xNN``."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _complete(path: Path, fingerprint: str) -> bool:
+    """True if ``path`` is a complete, verified mirror with this ``fingerprint``: the destination of an
+    earlier run (nothing to do), or its local build left when it was killed while copying it onto
+    Drive (published again instead of being rebuilt)."""
+    if not path.is_file():
         return False
     try:
-        with open_h5(dst) as f:
-            check(f, dst)
+        with open_h5(path) as f:
+            check(f, path)
             return f.attrs.get("fingerprint") == fingerprint
     except (MirrorError, OSError):
         return False
@@ -342,7 +411,7 @@ def _work_dir(dst: Path) -> Path:
     """Where parts and the build go: beside ``dst`` on a local disk, else in the local work folder."""
     if not env.is_fuse(dst.parent):
         return dst.with_name(f".{dst.name}.colabfast-pack")
-    tag = hashlib.sha1(str(dst).encode()).hexdigest()[:10]
+    tag = hashlib.sha1(os.fsencode(dst)).hexdigest()[:10]
     return env.work_dir() / "pack" / f"{dst.stem}-{tag}"
 
 
@@ -381,6 +450,9 @@ def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[byt
     img = Image.open(io.BytesIO(data))
     fmt, mode = img.format, img.mode
     rgb = img.convert("RGB")
+    # A tRNS chunk of a 1-bit or 16-bit grey PNG stays in ``info`` as one int, which PIL cannot save
+    # with RGB; ImageFolder's pixels have no transparency either.
+    rgb.info.pop("transparency", None)
     if image_size is not None:
         size = resized_size(rgb.width, rgb.height, image_size)
         if size != rgb.size:
@@ -437,7 +509,7 @@ class _Parts:
 
 def _read_file(path: Path, retries: int = 5) -> Union[bytes, str]:
     try:
-        return retry(path.read_bytes, retries)
+        return retry(lambda: read_regular(path), retries)
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
 
@@ -472,8 +544,7 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
             idx = order[k : k + CHUNK]
             h = hashlib.sha1(tags.encode())
             for i in idx:
-                f = s.files[i]
-                h.update(f"{f.rel}\0{f.size}\0{f.mtime_ns}\n".encode())
+                h.update(_file_key(s.files[i]))
             jobs.append((s, work / f"{s.name or 'all'}-{k // CHUNK:06d}-{h.hexdigest()[:16]}.npz", idx))
     wanted = {p for _, p, _ in jobs}
     for stale in work.glob("*.npz"):
@@ -481,7 +552,17 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
             stale.unlink()  # parts of an earlier run with other files or options
 
     errors: dict[str, list[tuple[int, str]]] = {s.name: [] for s in source.splits}
+    todo = []
+    for s, path, idx in jobs:
+        done = _load_part(path) if path.exists() else None
+        if done is None:
+            todo.append((s, path, idx))
+        else:  # finished by an earlier, interrupted run
+            errors[s.name].extend((int(idx[i]), msg) for i, msg in done["errors"])
     total = sum(len(o) for o in orders.values())
+    finished = total - sum(len(idx) for _, _, idx in todo)
+    if finished and progress:
+        print(f"pack: resuming: {finished} of {total} images were packed by an earlier run")
     pool = _process_pool(workers)
     inflight: deque[tuple[Future, Split, Path, np.ndarray]] = deque()
 
@@ -491,14 +572,9 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
         errors[s.name].extend((int(idx[i]), msg) for i, msg in result["errors"])
         bar.update(len(idx))
 
-    with ThreadPoolExecutor(32, thread_name_prefix="colabfast-pack-read") as readers, pool, \
-            tqdm(total=total, unit="img", desc="pack", disable=not progress) as bar:
-        for s, path, idx in jobs:
-            done = _load_part(path) if path.exists() else None
-            if done is not None:  # finished by an earlier, interrupted run
-                errors[s.name].extend((int(idx[i]), msg) for i, msg in done["errors"])
-                bar.update(len(idx))
-                continue
+    with ThreadPoolExecutor(32, thread_name_prefix="colabfast-pack-read") as readers, _stopping(pool), \
+            tqdm(total=total, initial=finished, unit="img", desc="pack", disable=not progress) as bar:
+        for s, path, idx in todo:
             items = list(readers.map(lambda p: _read_file(p, retries), [s.root / s.files[i].rel for i in idx]))
             inflight.append((pool.submit(_encode_chunk, items, options["store"], options["image_size"],
                                          options["quality"] or 90), s, path, idx))
@@ -520,7 +596,7 @@ def _process_pool(workers: int) -> Executor:
     if workers <= 0:
         return _InlineExecutor()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_die_with_parent,
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_worker_start,
                                initargs=(os.getpid(),))
     with warnings.catch_warnings():  # Python 3.12 warns about fork in any multi-threaded process
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -528,12 +604,28 @@ def _process_pool(workers: int) -> Executor:
     return pool
 
 
-def _die_with_parent(parent: int) -> None:
-    """Worker start-up: end this worker when the packing process dies (a killed notebook kernel).
+@contextlib.contextmanager
+def _stopping(pool: Executor) -> Iterator[Executor]:
+    """Shut ``pool`` down after the block; when the block fails (Ctrl-C), without starting the work
+    still queued, and without waiting for the pieces being decoded."""
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
-    Forked workers hold both ends of their work queue's pipe, so they never see it close and would
-    wait forever; Linux can signal them instead (prctl PR_SET_PDEATHSIG).
+
+def _worker_start(parent: int) -> None:
+    """Worker start-up: leave Ctrl-C to the packing process, and end when that process dies.
+
+    Ctrl-C in a terminal reaches every process of the group: each worker would print its own
+    traceback (38 lines with 2 workers) before the packing process's one line; the packing process
+    stops the pool instead (:func:`_stopping`). Forked workers hold both ends of their work queue's
+    pipe, so they never see it close when the packing process dies (a killed notebook kernel) and
+    would wait forever; Linux can signal them instead (prctl PR_SET_PDEATHSIG).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
@@ -637,6 +729,8 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
     errors = [(k * CHUNK + i, msg) for k, r in enumerate(records) for i, msg in r["errors"]]
     start = Position(*records[-1]["next"]) if records else Position(0, 0)
 
+    if records and progress:
+        print(f"pack: resuming after the {len(names)} images an earlier run packed")
     pool = _process_pool(workers)
     inflight: deque[tuple[list[Future], list[str], Position]] = deque()
     log = open(work / "stream.jsonl", "a", encoding="utf-8")
@@ -668,8 +762,8 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
 
     size = archive.path.stat().st_size
     skipped = start.member if archive_suffix(archive.path) == ".tar" else 0  # a plain tar resumes at that offset
-    with log, pool, tqdm(total=size, initial=skipped, unit="B", unit_scale=True, unit_divisor=1000, desc="pack",
-                         disable=not progress) as bar:
+    with log, _stopping(pool), tqdm(total=size, initial=skipped, unit="B", unit_scale=True, unit_divisor=1000,
+                                    desc="pack", disable=not progress) as bar:
         bar.set_postfix_str(f"{len(names)} images packed", refresh=False)
         batch: list[tuple[str, Union[bytes, str]]] = []
         after = start
@@ -889,7 +983,7 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
                 if shapes else np.zeros((0, 3), np.int32))
     write_array(g, "image_crc32", np.array(crcs, dtype=np.uint32))
     write_array(g, "order", kept_idx)
-    paths = [s.files[i].rel.encode("utf-8") for i in kept_idx]
+    paths = [_printable(s.files[i].rel).encode("utf-8") for i in kept_idx]
     write_array(g, "paths", np.frombuffer(b"".join(paths), dtype=np.uint8))
     write_array(g, "path_offsets", np.concatenate([[0], np.cumsum([len(p) for p in paths])]).astype(np.int64))
     if s.targets is not None:

@@ -2,7 +2,9 @@
 
 The sample order and class indices are torchvision's, so a mirror can stand in for
 ``torchvision.datasets.ImageFolder``. The folders are listed in parallel (one round trip per folder
-on Drive) by :func:`colabfast._fileio.scan_tree`.
+on Drive) by :func:`colabfast._fileio.scan_tree`, following links as torchvision does (also links
+that leave the source folder), but never a link back to a folder it is in (a loop, which torchvision
+follows until the path is too long). Hidden files and folders are left out, and reported.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from colabfast._fileio import FileEntry, PathLike, retry, scan_tree
+from colabfast._fileio import FileEntry, PathLike, read_regular, retry, scan_tree
 from colabfast.mirror import KITTI_CALIB_KEYS, KITTI_SPLITS
 
 __all__ = ["Source", "Split", "KittiObjects", "detect_layout", "read_source", "is_image"]
@@ -70,6 +72,10 @@ class Source:
     root: Path
     splits: list[Split]
     classes: Optional[list[str]] = None
+    # (path, why) of what was left out: hidden files and folders that torchvision's ImageFolder
+    # would read (see is_image), and sub-folders that cannot be listed (whose images are unknown)
+    hidden: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    unreadable: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
         """E.g. ``"imagefolder layout, 1281167 images in 1000 classes"``."""
@@ -93,8 +99,9 @@ def detect_layout(root: Path) -> str:
     """``"kitti"``, ``"imagefolder"`` (class sub-folders) or ``"files"`` (images, no class folders)."""
     if _kitti_root(root) is not None:
         return "kitti"
-    if any(e.is_dir() and not e.name.startswith(".") for e in os.scandir(root)):
-        return "imagefolder"
+    with os.scandir(root) as entries:
+        if any(e.is_dir() and not e.name.startswith(".") for e in entries):
+            return "imagefolder"
     return "files"
 
 
@@ -113,6 +120,7 @@ def read_source(
 
     Raises:
         FileNotFoundError: the folder is missing, or holds no images.
+        NotADirectoryError: ``src`` is a file that is not an archive.
         ValueError: an unknown layout, or a KITTI label line that does not have 15 fields.
     """
     if not isinstance(src, (str, os.PathLike)):
@@ -121,26 +129,75 @@ def read_source(
         return _files_from_list(list(src))
     root = Path(os.path.abspath(src))
     if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a folder: pack() reads a dataset folder (or a list of files)")
+        if root.exists():
+            raise NotADirectoryError(f"{root} is a file, not a dataset folder or an archive: pack reads a folder, "
+                                     f"a .zip, .tar, .tar.gz, .tgz, .tar.bz2 or .tar.xz archive, or a list of files")
+        raise FileNotFoundError(f"{root} does not exist: check the path (on Drive: /content/drive/MyDrive/...)")
     if layout == "auto":
         layout = detect_layout(root)
     if layout == "kitti":
         return _kitti(root, workers)
-    files, dirs = scan_tree(root, workers)
+    if layout not in ("imagefolder", "files"):
+        raise ValueError(f"layout must be 'auto', 'imagefolder', 'kitti' or 'files', not {layout!r}")
+    errors: dict[str, OSError] = {}
+    files, dirs = scan_tree(root, workers, unreadable=errors, revisit=True)
+    unreadable = {rel: exc for rel, exc in errors.items() if not _hidden_part(rel)}  # hidden: left out anyway
     if layout == "imagefolder":
-        return _imagefolder(root, files, dirs)
-    if layout == "files":
+        source = _imagefolder(root, files, dirs, unreadable)
+    else:
         images = [f for f in files if is_image(f.rel)]
         if not images:
             raise FileNotFoundError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {root}")
-        return Source("files", root, [Split("", root, images, targets=np.full(len(images), -1, np.int64))])
-    raise ValueError(f"layout must be 'auto', 'imagefolder', 'kitti' or 'files', not {layout!r}")
+        source = Source("files", root, [Split("", root, images, targets=np.full(len(images), -1, np.int64))])
+    source.hidden = _hidden(root, files, dirs, layout == "imagefolder")
+    source.unreadable = [(str(root / rel), f"folder cannot be listed ({exc.strerror or exc}): its images are unknown")
+                         for rel, exc in sorted(unreadable.items())]
+    return source
 
 
-def _imagefolder(root: Path, files: list[FileEntry], dirs: list[str]) -> Source:
-    # torchvision.datasets.folder.find_classes + make_dataset: classes are the sorted sub-folders;
-    # within a class, os.walk roots in sorted order, then sorted file names.
-    classes = sorted(d for d in dirs if "/" not in d and not d.startswith("."))
+def _hidden_part(rel: str) -> Optional[int]:
+    """The index of the first hidden component of ``rel`` (a POSIX relative path), or None."""
+    return next((k for k, part in enumerate(rel.split("/")) if part.startswith(".")), None)
+
+
+def _hidden(root: Path, files: list[FileEntry], dirs: list[str], classes: bool,
+            reader: str = "torchvision's ImageFolder") -> list[tuple[str, str]]:
+    """``(path, why)`` for each hidden file or folder that torchvision (``reader``) would read and
+    colabfast leaves out (see :func:`is_image`): a hidden file with an image extension, a hidden
+    folder holding some, and (``classes``: the imagefolder layout) a hidden folder beside the
+    classes, which torchvision would take for a class."""
+    held: dict[str, int] = {}  # the topmost hidden entry -> image files it holds
+    if classes:
+        held.update((d, 0) for d in dirs if "/" not in d and d.startswith("."))
+    for f in files:
+        k = _hidden_part(f.rel)
+        if k is None or not f.rel.lower().endswith(IMG_EXTENSIONS) or (classes and "/" not in f.rel):
+            continue  # an image file beside the class folders is read by neither
+        top = "/".join(f.rel.split("/")[: k + 1])
+        held[top] = held.get(top, 0) + 1
+    folders = set(dirs)
+    left_out = []
+    for rel, n in sorted(held.items()):
+        if rel not in folders:
+            why = f"hidden file, left out ({reader} reads it)"
+        elif classes and "/" not in rel:
+            held_images = f", with {_images(n)}" if n else ""
+            why = f"hidden folder, not taken for a class ({reader} takes it for one{held_images})"
+        else:
+            why = f"hidden folder, its {_images(n)} left out ({reader} reads them)"
+        left_out.append((str(root / rel), why))
+    return left_out
+
+
+def _images(n: int) -> str:
+    return f"{n} image" + ("" if n == 1 else "s")
+
+
+def _imagefolder(root: Path, files: list[FileEntry], dirs: list[str], unreadable: dict[str, OSError]) -> Source:
+    # torchvision.datasets.folder.find_classes + make_dataset: classes are the sorted sub-folders
+    # (one that cannot be listed too); within a class, os.walk roots in sorted order, then sorted
+    # file names.
+    classes = sorted(d for d in [*dirs, *unreadable] if "/" not in d and not d.startswith("."))
     if not classes:
         raise FileNotFoundError(f"no class folders in {root}: the imagefolder layout is root/<class>/<image>")
     index = {c: i for i, c in enumerate(classes)}
@@ -152,7 +209,7 @@ def _imagefolder(root: Path, files: list[FileEntry], dirs: list[str]) -> Source:
             keyed.append(((index[cls], folder, name), f))
     keyed.sort(key=lambda item: item[0])
     found = {key[0] for key, _ in keyed}
-    empty = [c for c in classes if index[c] not in found]
+    empty = [c for c in classes if index[c] not in found and c not in unreadable]
     if empty:
         raise FileNotFoundError(f"no images in the class folders {', '.join(empty)} under {root} "
                                 f"(image extensions: {', '.join(IMG_EXTENSIONS)})")
@@ -189,12 +246,13 @@ def _kitti(root: Path, workers: int) -> Source:
     if base is None:
         raise FileNotFoundError(f"no KITTI layout under {root}: expected training/image_2 (and label_2) "
                                 "or testing/image_2, as in data_object_image_2.zip")
-    splits = []
+    splits, hidden = [], []
     for name in KITTI_SPLITS:
         image_dir = base / name / "image_2"
         if not image_dir.is_dir():
             continue
-        files, _ = scan_tree(image_dir, workers)
+        files, _ = scan_tree(image_dir, workers, unreadable={})  # only its own files count, not sub-folders'
+        hidden += _hidden(image_dir, [f for f in files if "/" not in f.rel], [], False, "torchvision's Kitti")
         images = [FileEntry(f"{name}/image_2/{f.rel}", f.size, f.mtime_ns) for f in files
                   if "/" not in f.rel and is_image(f.rel)]
         stems = [posixpath.basename(f.rel).split(".")[0] for f in images]  # torchvision's stem rule
@@ -211,7 +269,7 @@ def _kitti(root: Path, workers: int) -> Source:
         if any(t is not None for t in calib_texts):
             split.calib = _parse_calib(calib_texts)
         splits.append(split)
-    return Source("kitti", base, splits)
+    return Source("kitti", base, splits, hidden=hidden)
 
 
 def _read_texts(pool: ThreadPoolExecutor, folder: Path, stems: list[str]) -> list[Optional[str]]:
@@ -219,7 +277,7 @@ def _read_texts(pool: ThreadPoolExecutor, folder: Path, stems: list[str]) -> lis
 
     def read(stem: str) -> Optional[str]:
         try:
-            return retry(lambda: (folder / f"{stem}.txt").read_text(encoding="utf-8"), 5)
+            return retry(lambda: read_regular(folder / f"{stem}.txt"), 5).decode("utf-8")
         except FileNotFoundError:
             return None
 

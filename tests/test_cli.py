@@ -171,3 +171,77 @@ def test_stage_rerun_says_it_is_up_to_date(tmp_path):
     again = run("stage", str(src), str(tmp_path / "dst"))
     assert again.returncode == 0 and again.stdout.strip() == str(tmp_path / "dst")
     assert f"{tmp_path / 'dst'} is up to date, nothing copied" in again.stderr
+
+
+def test_pack_refuses_to_replace_a_file_unless_overwrite(tmp_path):
+    """Issue 23 item 6: `colabfast pack src notes.txt` replaced the user's file."""
+    inet = make_imagefolder(tmp_path / "inet", classes=2, per_class=1, size=(16, 12))
+    (tmp_path / "notes.txt").write_text("mine")
+    out = run("pack", str(inet), str(tmp_path / "notes.txt"), "-q")
+    assert out.returncode == 1 and "--overwrite" in out.stderr and "overwrite=True" not in out.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert run("pack", str(inet), str(tmp_path / "notes.txt"), "-q", "--overwrite").returncode == 0
+    assert "--overwrite" in run("pack", "--help").stdout
+
+
+def test_pack_messages_speak_of_the_command_not_the_python_function(tmp_path):
+    """Issue 23 items 16 and 18: a missing src "is not a folder", a file src did not mention archives,
+    messages named pack(); --seed and info's argument had no help."""
+    out = run("pack", str(tmp_path / "missing"), str(tmp_path / "m.h5"), "-q")
+    assert out.returncode == 1 and "missing does not exist" in out.stderr and "pack()" not in out.stderr
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    out = run("pack", str(tmp_path / "notes.txt"), str(tmp_path / "m.h5"), "-q")
+    assert out.returncode == 1 and "is a file, not a dataset folder or an archive" in out.stderr
+    assert ".tar.gz" in out.stderr and "pack()" not in out.stderr
+    bad = tmp_path / "imgs" / "a"
+    bad.mkdir(parents=True)
+    (bad / "1.jpg").write_text("not an image")
+    out = run("pack", str(tmp_path / "imgs"), str(tmp_path / "m.h5"), "-q")
+    assert out.returncode == 1 and "run the same command again" in out.stderr and "pack()" not in out.stderr
+    import h5py
+
+    h5py.File(tmp_path / "other.h5", "w").close()
+    out = run("info", str(tmp_path / "other.h5"))
+    assert out.returncode == 1 and "Make one with colabfast pack" in out.stderr
+    assert "the seed of --shuffle" in run("pack", "--help").stdout
+    assert "the mirror file" in run("info", "--help").stdout
+
+
+def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_path):
+    """Issue 23 item 14: Ctrl-C printed 38 lines of worker tracebacks before the one line, and the
+    resumed run's bar started at 0 without saying it resumed."""
+    import os
+    import re
+    import signal
+    import time
+    from pathlib import Path
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=600, size=(64, 48))
+    dst, work = tmp_path / "m.h5", tmp_path / ".m.h5.colabfast-pack"
+    code = ("import sys, colabfast.packing as p\np.CHUNK = 20\nfrom colabfast.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    cwd = Path(__file__).parents[1]
+    child = subprocess.Popen([sys.executable, "-c", code, "pack", str(src), str(dst), "--workers", "2", "-q"],
+                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # a terminal's Ctrl-C reaches its whole process group
+    for _ in range(1200):
+        if len(list(work.glob("*.npz"))) >= 3 or child.poll() is not None:
+            break
+        time.sleep(0.01)
+    os.killpg(child.pid, signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # the code before the fix could hang here
+        os.killpg(child.pid, signal.SIGKILL)
+        raise
+    assert child.returncode == 130, err
+    assert err.splitlines() == ["interrupted; run the same command again to resume"]
+    parts = len(list(work.glob("*.npz")))
+    assert 0 < parts < 60
+    again = subprocess.run([sys.executable, "-c", code, "pack", str(src), str(dst), "--workers", "2"], cwd=cwd,
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    done = int(re.search(r"pack: resuming: (\d+) of 1200 images were packed by an earlier run", again.stdout)[1])
+    assert done >= parts * 20
+    first = re.search(r"(\d+)/1200 ", again.stderr)  # the bar's first state
+    assert first is not None and int(first[1]) == done

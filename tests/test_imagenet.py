@@ -4,6 +4,7 @@ torchvision itself: ``torchvision.datasets.ImageNet`` parses the same tiny offic
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -424,3 +425,22 @@ def test_an_archive_out_of_order_is_read_in_imagefolders_order(tmp_path):
         subset = torch.utils.data.Subset(mirror, [3, 0, 2])
         ((images, targets),) = list(cf.DataLoader(subset, 3, num_workers=workers, device="cpu"))
         assert targets.tolist() == [1, 0, 1] and torch.equal(images, expected[[3, 0, 2]])
+
+
+def test_a_fifo_as_the_devkit_is_refused_without_blocking(official, tmp_path):
+    """Issue 23 item D: every file pack reads is checked to be a regular file without blocking."""
+    import threading
+
+    from colabfast.imagenet import read_devkit
+
+    fifo = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
+    os.mkfifo(fifo)
+    errors: list = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(OSError, read_devkit, fifo)), daemon=True)
+    thread.start()
+    thread.join(30)
+    stuck = thread.is_alive()
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the code before the fix waits for a writer
+    thread.join(10)
+    assert not stuck and "not a regular file but a FIFO" in str(errors[0].value)

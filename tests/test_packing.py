@@ -104,9 +104,10 @@ def test_broken_images_raise_listing_all_and_write_nothing(inet, tmp_path):
     with pytest.warns(UserWarning, match="skipped 3 unreadable files"):
         pack(src, tmp_path / "m.h5", on_error="skip", progress=False)
     mirror = info(tmp_path / "m.h5")
-    assert sorted(s["path"] for s in mirror.skipped) == sorted(map(str, bad))
+    unreadable = [s["path"] for s in mirror.skipped if not s["error"].startswith("hidden")]
+    assert sorted(unreadable) == sorted(map(str, bad))
     assert mirror.samples[""] == 25
-    assert "3 source files were skipped" in str(mirror)
+    assert "5 source files were skipped:" in str(mirror)  # and 2 hidden entries of odd_files
 
 
 def test_rerun_is_free_and_changes_repack(inet, tmp_path):
@@ -243,8 +244,11 @@ def test_bad_arguments(inet, tmp_path):
         pack(inet, tmp_path / "m.h5", image_size=(10,))
     with pytest.raises(ValueError, match="on_error"):
         pack(inet, tmp_path / "m.h5", on_error="ignore")
-    with pytest.raises(FileNotFoundError, match="not a folder"):
+    with pytest.raises(FileNotFoundError, match="missing does not exist: check the path"):
         pack(tmp_path / "missing", tmp_path / "m.h5")
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    with pytest.raises(NotADirectoryError, match=r"notes.txt is a file, not a dataset folder or an archive.*\.zip"):
+        pack(tmp_path / "notes.txt", tmp_path / "m.h5")
 
 
 def test_space_preflight_counts_the_mirror_and_warns_about_drive_cache(inet, tmp_path, monkeypatch):
@@ -359,3 +363,240 @@ def test_mirror_is_format_version_2_with_checksums(inet, tmp_path):
                 attrs = dict(ds.attrs)
                 assert attrs["crc32"] == attrs_crc32(attrs, zlib.crc32(ds[()])), name
     assert verify(dst) == len(offsets) - 1
+
+
+def test_pack_writes_over_nothing_but_a_mirror_of_the_same_source(inet, tmp_path):
+    """Issue 23 item 6: a user's file, or a mirror of another source, was replaced silently."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(ValueError, match=r"notes.txt exists and is not a readable colabfast mirror.*overwrite=True"):
+        pack(inet, notes, progress=False)
+    assert notes.read_text() == "mine" and not (tmp_path / ".notes.txt.colabfast-pack").exists()
+    other = make_imagefolder(tmp_path / "other", classes=2, per_class=2, size=(16, 12))
+    dst = pack(inet, tmp_path / "m.h5", progress=False)
+    with pytest.raises(ValueError, match=rf"m.h5 is a mirror of {inet}, not of {other}.*overwrite=True"):
+        pack(other, dst, progress=False)
+    assert len(H5ImageFolder(dst)) == 25
+    pack(inet, dst, image_size=16, progress=False)  # the same source with other options: rebuilt
+    assert info(dst).image_size == 16
+    assert pack(other, dst, overwrite=True, progress=False) == dst and len(H5ImageFolder(dst)) == 4
+    assert pack(inet, notes, overwrite=True, progress=False) == notes and len(H5ImageFolder(notes)) == 25
+
+
+def test_a_folder_as_destination_is_refused_before_anything_is_read(inet, tmp_path, monkeypatch):
+    """Issue 23 item 7: it did all the work, then failed with [Errno 21] leaving its partial files."""
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(packing, "read_source", lambda *a: pytest.fail("the source was read"))
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=rf"{out} is a folder: pack writes one mirror file.*{out}/inet.h5"):
+            pack(inet, out, overwrite=overwrite, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_packs_into_one_destination_spelled_through_a_link_share_the_lock(inet, tmp_path, capsys):
+    """Issue 23 F: two packs into one file through a symlinked alias deleted each other's parts."""
+    import threading
+
+    from filelock import FileLock
+
+    from colabfast.packing import lock_path
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    lock = FileLock(lock_path(tmp_path / "real" / "m.h5"))
+    lock.acquire()
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (pack(inet, tmp_path / "alias" / "m.h5", workers=0), done.set()))
+    thread.start()
+    for _ in range(200):
+        if "waiting for another process packing into" in capsys.readouterr().err:
+            break
+        subprocess.run(["sleep", "0.05"])
+    else:
+        raise AssertionError("a pack through the alias did not wait for the lock of the real path")
+    lock.release()
+    thread.join(60)
+    assert done.is_set() and len(H5ImageFolder(tmp_path / "real" / "m.h5")) == 25
+
+
+def test_pngs_with_transparency_on_1_bit_and_16_bit_grey_images_are_packed(tmp_path):
+    """Issue 23 item 10: Pillow's 1_trns.png and i_trns.png loaded in torchvision but store="encoded"
+    raised "transparency for RGB must be list or tuple"."""
+    from torchvision.datasets import ImageFolder
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    bits = Image.fromarray((rng.random((12, 10)) > 0.5).astype(np.uint8) * 255).convert("1")
+    bits.save(tmp_path / "src" / "a" / "1_trns.png", transparency=0)
+    grey = Image.fromarray(rng.integers(0, 65535, (12, 10), dtype=np.uint16)).convert("I;16")
+    grey.save(tmp_path / "src" / "a" / "i_trns.png", transparency=3000)
+    reference = ImageFolder(str(tmp_path / "src"))
+    for store in ("encoded", "raw"):
+        ds = H5ImageFolder(pack(tmp_path / "src", tmp_path / f"{store}.h5", store=store, progress=False))
+        assert len(ds) == 2
+        for (image, target), (expected, label) in zip(ds, reference):
+            assert target == label and np.array_equal(np.asarray(image), np.asarray(expected))
+
+
+def _unblock(fifo: Path) -> None:
+    """Give a reader stuck on ``fifo`` (the code before the fix) an end of file, so the test ends."""
+    import os
+
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader: nothing is stuck
+        pass
+
+
+def _finishes(fn, fifo: Path, seconds: float = 60):
+    import threading
+
+    outcome: list = []
+
+    def target():
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # noqa: BLE001 (handed back to the test)
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    stuck = thread.is_alive()
+    _unblock(fifo)
+    thread.join(10)
+    assert not stuck, f"pack blocked on the FIFO {fifo}"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("kind", ["label_2", "calib"])
+def test_a_fifo_as_a_kitti_label_or_calib_file_is_refused_without_blocking(tmp_path, kind):
+    """Issue 23 item D: a FIFO named like a label file blocked pack forever."""
+    import os
+
+    src = make_kitti(tmp_path / "kitti", train=3, test=0, size=(40, 20))
+    fifo = src / "training" / kind / "000002.txt"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    error = _finishes(lambda: pack(src, tmp_path / "k.h5", workers=0, progress=False), fifo)
+    assert isinstance(error, OSError) and "not a regular file but a FIFO" in str(error) and str(fifo) in str(error)
+    assert not (tmp_path / "k.h5").exists()
+
+
+def test_a_fifo_in_a_list_of_files_is_an_unreadable_file(inet, tmp_path):
+    import os
+
+    fifo = tmp_path / "x.jpg"
+    os.mkfifo(fifo)
+    files = sorted((inet / "n01440764").glob("n*.JPEG"))[:2] + [fifo]
+    error = _finishes(lambda: pack(files, tmp_path / "f.h5", workers=0, progress=False), fifo)
+    assert isinstance(error, PackError) and error.failures == [(str(fifo), error.failures[0][1])]
+    assert "not a regular file but a FIFO" in error.failures[0][1]
+
+
+def test_names_that_are_not_utf8_are_packed_as_torchvision_loads_them(tmp_path):
+    """Issue 23 F: pack's fingerprint raised UnicodeEncodeError on a file name that is not UTF-8."""
+    import os
+
+    from torchvision.datasets import ImageFolder
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
+    first = sorted((src / "n01440764").iterdir())[0]
+    os.rename(first, os.fsencode(src / "n01440764") + b"/\xff\xfe.JPEG")
+    os.rename(src / "n01443537", os.fsencode(src) + b"/n\xe9")  # a Latin-1 class name
+    reference = ImageFolder(str(src))
+    ds = H5ImageFolder(pack(src, tmp_path / "m.h5", progress=False))
+    assert ds.classes == reference.classes and ds.targets == reference.targets
+    for (image, _), (expected, _) in zip(ds, reference):
+        assert np.array_equal(np.asarray(image), np.asarray(expected))
+    # The mirror's paths are UTF-8: an undecodable byte is kept as the text \xNN.
+    assert f"{src}/n01440764/\\xff\\xfe.JPEG" in [p for p, _ in ds.samples]
+    assert pack(src, tmp_path / "m.h5", progress=False) == tmp_path / "m.h5"  # up to date
+
+
+def test_linked_folders_are_followed_as_torchvision_does_but_not_loops(tmp_path):
+    """Issue 23 item 11: a symlinked sub-folder inside a class folder (here a second link to a folder
+    of the tree) was left out; torchvision follows it (os.walk(followlinks=True))."""
+    import os
+
+    from torchvision.datasets import ImageFolder
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
+    outside = make_imagefolder(tmp_path / "outside", classes=1, per_class=2, size=(24, 16))
+    a, b = sorted(p for p in src.iterdir())
+    os.symlink(outside / "n01440764", a / "linked")  # a link that leaves the source
+    os.symlink(a, b / "also")  # a second way to reach class a's folder, from class b
+    reference = ImageFolder(str(src))
+    assert len(reference) == (2 + 2) + (2 + (2 + 2))  # a: its own and linked's; b: its own and all of a's
+    ds = H5ImageFolder(pack(src, tmp_path / "m.h5", progress=False))
+    assert ds.samples == reference.samples
+    for (image, _), (expected, _) in zip(ds, reference):
+        assert np.array_equal(np.asarray(image), np.asarray(expected))
+    os.symlink(a, a / "loop")  # torchvision would follow it until the path is too long
+    ds = H5ImageFolder(pack(src, tmp_path / "m.h5", progress=False))
+    assert ds.samples == reference.samples  # the loop is not followed, nothing else changes
+
+
+def test_hidden_files_and_folders_are_reported_and_listed_in_the_mirror(tmp_path, capsys):
+    """Issue 23 item 12: pack left out what torchvision reads (309 samples against 307, other
+    classes) without a word."""
+    from colabfast import cli
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
+    a = sorted(src.iterdir())[0]
+    image = next(a.iterdir()).read_bytes()
+    (src / ".ipynb_checkpoints").mkdir()  # torchvision: a class
+    (a / "._x.jpg").write_bytes(image)
+    (a / ".thumbs").mkdir()
+    for name in ("1.jpg", "2.png", "notes.txt"):
+        (a / ".thumbs" / name).write_bytes(image)
+    with pytest.warns(UserWarning, match=r"left out 3 hidden files or folders that torchvision reads"):
+        dst = pack(src, tmp_path / "m.h5", progress=False)
+    assert len(H5ImageFolder(dst)) == 4
+    assert {s["path"]: s["error"] for s in info(dst).skipped} == {
+        str(src / ".ipynb_checkpoints"): "hidden folder, not taken for a class (torchvision's ImageFolder takes "
+                                          "it for one)",
+        str(a / "._x.jpg"): "hidden file, left out (torchvision's ImageFolder reads it)",
+        str(a / ".thumbs"): "hidden folder, its 2 images left out (torchvision's ImageFolder reads them)",
+    }
+    capsys.readouterr()
+    assert cli.main(["info", str(dst)]) == 0
+    assert f"3 source files were skipped:\n    {src / '.ipynb_checkpoints'}: hidden folder" in capsys.readouterr().out
+
+
+def test_an_unreadable_sub_folder_is_listed_not_a_raw_error(tmp_path):
+    """Issue 23 F: one sub-folder that cannot be listed aborted pack with a raw PermissionError, even
+    with on_error="skip". (Root reads any folder, so as root pack runs in a child without that right.)"""
+    import json
+    import os
+
+    from test_staging import _without_root_read_override
+
+    from colabfast import env
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
+    a = sorted(src.iterdir())[0]
+    (a / "sub").mkdir()
+    (a / "sub" / "x.jpg").write_bytes(next(a.glob("*.JPEG")).read_bytes())
+    os.chmod(a / "sub", 0)
+    code = ("import json, warnings, colabfast as cf\n"
+            f"try:\n    cf.pack({str(src)!r}, {str(tmp_path / 'raise.h5')!r}, workers=0, progress=False)\n"
+            "except cf.PackError as e:\n    print(json.dumps(e.failures))\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            f"    cf.pack({str(src)!r}, {str(tmp_path / 'skip.h5')!r}, on_error='skip', workers=0, progress=False)\n"
+            "print(json.dumps([str(x.message) for x in w]))\n")
+    try:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             preexec_fn=_without_root_read_override if env.is_root() else None)
+    finally:
+        os.chmod(a / "sub", 0o755)
+    assert run.returncode == 0, run.stderr
+    failures, warned = map(json.loads, run.stdout.splitlines())
+    assert failures == [[str(a / "sub"), "folder cannot be listed (Permission denied): its images are unknown"]]
+    assert not (tmp_path / "raise.h5").exists()
+    assert warned == [f"pack: skipped 1 unreadable files and folders, e.g. {a / 'sub'}: folder cannot be listed "
+                      "(Permission denied): its images are unknown"]
+    mirror = info(tmp_path / "skip.h5")
+    assert mirror.samples[""] == 4 and [s["path"] for s in mirror.skipped] == [str(a / "sub")]
