@@ -579,24 +579,3 @@ def test_drivefs_folder_only_warns_at_twice_the_space(tmp_path, monkeypatch):
         stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src", folder=True)
     with pytest.raises(OSError, match="Drive caches what it reads"):
         stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
-
-
-def test_a_retried_read_never_asks_for_more_than_the_caller_did():
-    """A failed read is retried in smaller requests; one already smaller than MIN_READ was retried as
-    MIN_READ, past the end of its range, so a big file's range hashed bytes of the next range and
-    ``verify="sha256"`` failed a correct copy (test_big_file_ranges_from_drive, about 1 run in 30)."""
-    from colabfast._fileio import MIN_READ, pread_retrying
-
-    asked = []
-
-    def flaky(n: int, offset: int) -> bytes:
-        asked.append(n)
-        if len(asked) == 1:
-            raise OSError(errno.EIO, "injected")
-        return bytes(n)
-
-    n = MIN_READ // 3
-    assert len(pread_retrying(flaky, n, 0, retries=2, reopen=None)) == n
-    assert asked[1] <= n
-    asked.clear()
-    assert len(pread_retrying(flaky, 8 * MIN_READ, 0, retries=2, reopen=None)) == 2 * MIN_READ  # a quarter
