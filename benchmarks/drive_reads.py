@@ -22,8 +22,8 @@ from pathlib import Path
 from torch.utils.data import RandomSampler
 
 import colabfast as cf
+from colabfast.drivesim import DriveSim
 from colabfast.testing import data
-from colabfast.testing.drivesim import DriveSim
 
 
 def epoch(mirror: Path, sampler: str, batch_size: int, output: str) -> float:

@@ -4,8 +4,12 @@ tmpfs and torchvision paths ran. Only tests marked ``cuda`` may skip there (CI h
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
+
+from colabfast import env, mounttable
+from colabfast import standin as standin_module
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -18,6 +22,48 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, where every non-CUDA path must run: {reason}"
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """A private stand-in root for Drive (``$COLABFAST_DRIVE_ROOT``, holding ``MyDrive/``) on a machine
+    that is not Colab and asks for no simulator; whatever the test exposes of it is taken down after."""
+    root = tmp_path / "standin"
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
+    monkeypatch.delenv(standin_module.SIM_VAR, raising=False)
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+    (root / "MyDrive").mkdir(parents=True)
+    yield root
+    for mp in env.standin_mountpoints():
+        if mp.startswith(str(tmp_path)):
+            standin_module.unexpose(mp)
+    for m in reversed(mounttable.mounts()):  # what a failed test left mounted
+        if m.mountpoint.startswith(str(tmp_path)):
+            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
+
+
+@pytest.fixture
+def small_tmpfs(request, tmp_path):
+    """A tmpfs of 512 KiB mounted at ``tmp_path/small`` (another size, e.g. ``"8m"``, through
+    ``@pytest.mark.parametrize("small_tmpfs", ["8m"], indirect=True)``); unmounted after."""
+    if not env.is_root():
+        pytest.skip("mounting a tmpfs needs root")
+    size = getattr(request, "param", "512k")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture
+def need_fuse():
+    """Skips (fails under CI=true) where the Drive simulator cannot mount: no FUSE or no mfusepy."""
+    from colabfast.drivesim import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(why)
 
 
 def tree_files(root) -> dict:

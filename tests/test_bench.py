@@ -16,7 +16,6 @@ import torch
 
 from colabfast.bench import cli, epoch, gpufeed, packing, peers, report, staging
 from colabfast.bench.timing import Result
-from colabfast.drivesim import available
 
 ROOT = Path(__file__).resolve().parents[1]
 # A quick Drive: the plumbing is what is tested, not the latency.
@@ -24,13 +23,6 @@ QUICK_DRIVE = {"open_ms": 5.0, "read_ms": 0.5, "mbps": 500.0}
 # A peer that is never installed: its rows must carry a note instead of a number.
 ABSENT = peers.Peer(name="Absent", module="colabfast_no_such_module", distribution="colabfast-no-such-dist",
                     docs="", decoder="", prepare=lambda *a: None, loader=lambda *a: [])
-
-
-@pytest.fixture
-def need_fuse():
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
 
 
 def check_rows(rows: list[Result], prefix: str) -> None:

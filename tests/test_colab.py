@@ -11,30 +11,17 @@ import sys
 import pytest
 
 from colabfast import env
-from colabfast import standin as standin_module
 from colabfast.testing import colab_shim
 from colabfast.testing.colab import is_shim
 
 
 @pytest.fixture
-def standin(tmp_path, monkeypatch):
-    root = tmp_path / "standin"
-    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
-    monkeypatch.delenv("COLABFAST_DRIVE_SIM", raising=False)
-    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+def colab(standin, monkeypatch):
     monkeypatch.setattr(env, "can_mount", lambda: False)  # folder of symlinks: nothing to unmount if a test fails
-    return root
-
-
-@pytest.fixture
-def colab(standin):
     with colab_shim():
         from google.colab import drive
 
         yield drive
-        for mp in env.standin_mountpoints():
-            if mp.startswith(str(standin.parent)):
-                standin_module.unexpose(mp)
 
 
 def test_signatures_match_colabs(colab):

@@ -10,15 +10,6 @@ from colabfast.mounttable import Mount
 
 
 @pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """A private stand-in root for Drive."""
-    root = tmp_path / "standin"
-    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
-    (root / "MyDrive").mkdir(parents=True)
-    return root
-
-
-@pytest.fixture
 def quiet_machine(monkeypatch, tmp_path):
     """No GPU, no Colab, known RAM: describe() without slow probes."""
     monkeypatch.setattr(env, "gpu", lambda: None)

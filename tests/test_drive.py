@@ -20,26 +20,6 @@ from colabfast.drive import DriveError
 from colabfast.mounttable import Mount
 
 
-def _umount_leftovers(under) -> None:
-    for m in reversed(mounttable.mounts()):
-        if m.mountpoint.startswith(str(under)):
-            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
-
-
-@pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """A private stand-in root; whatever the test exposes is taken down afterwards."""
-    root = tmp_path / "standin"
-    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
-    monkeypatch.delenv(standin_module.SIM_VAR, raising=False)
-    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
-    yield root
-    for mp in env.standin_mountpoints():
-        if mp.startswith(str(tmp_path)):
-            standin_module.unexpose(mp)
-    _umount_leftovers(tmp_path)
-
-
 @pytest.fixture
 def links(standin, monkeypatch):
     """The stand-in as a folder of symlinks, as for a user without mount rights."""

@@ -20,17 +20,10 @@ from colabfast import env, mounttable
 from colabfast.drivesim import DriveSim, DriveSimError, DriveSimParams, available, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.usefixtures("need_fuse")]
 
 # No latency unless a test asks for it: the tests check behaviour, and lower bounds where they time.
 FAST = dict(open_ms=0.0, read_ms=0.0, mbps=None)
-
-
-@pytest.fixture(autouse=True)
-def need_fuse():
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
 
 
 @pytest.fixture

@@ -26,15 +26,6 @@ MOUNTINFO = r"""22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
 
 
 @pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """A private stand-in root for Drive."""
-    root = tmp_path / "standin"
-    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(root))
-    (root / "MyDrive").mkdir(parents=True)
-    return root
-
-
-@pytest.fixture
 def fake_table(tmp_path, monkeypatch):
     path = tmp_path / "mountinfo"
     path.write_text(MOUNTINFO)

@@ -221,24 +221,6 @@ def test_a_repeated_member_is_packed_once_as_its_last_copy(tmp_path, kind):
         assert json.loads(f.attrs["skipped"]) == []  # an earlier copy is not an unreadable file
 
 
-def test_archive_source_leaves_out_earlier_copies_of_a_tar_member(tmp_path):
-    """Issue 15, case 13, the source's half: a tar is a stream, so the earlier copy of a repeated
-    member is streamed too; superseded() names it once the stream has ended, and samples() leaves it
-    out of torchvision's view (order -1) so that the last copy alone is a sample."""
-    from colabfast.archivesource import ArchiveSource
-
-    jpeg = io.BytesIO()
-    Image.new("RGB", (8, 8)).save(jpeg, format="JPEG")
-    archive = tmp_path / "a.tar"
-    archive.write_bytes(_tar_bytes([("cat/1.jpg", b"first"), ("dog/2.jpg", jpeg.getvalue()),
-                                    ("./cat/1.jpg", jpeg.getvalue())]))
-    source = ArchiveSource(archive)
-    names = [name for name, _, _ in source.images()]
-    assert names == ["cat/1.jpg", "dog/2.jpg", "cat/1.jpg"] and source.superseded(names) == [0]
-    paths, targets, classes, order = source.samples(names, skip=source.superseded(names))
-    assert paths == ["cat/1.jpg", "dog/2.jpg"] and targets.tolist() == [0, 1] and order.tolist() == [-1, 1, 0]
-
-
 def test_hostile_inner_tar_is_refused_and_nothing_is_written_outside(tmp_path):
     jpeg = io.BytesIO()
     Image.new("RGB", (8, 8)).save(jpeg, format="JPEG")

@@ -155,17 +155,6 @@ def test_bad_arguments_are_refused(src, tmp_path):
         stage(src, src / "inner", progress=False)
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    if not env.is_root():
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
-
-
 def test_space_preflight_refuses_with_numbers(src, small_tmpfs):
     with pytest.raises(OSError) as info:
         stage(src, small_tmpfs / "dst", progress=False)
@@ -190,13 +179,10 @@ def test_drivefs_needs_twice_the_space(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def drive(tmp_path):
+def drive(tmp_path, need_fuse):
     """A folder of 120 files served by the Drive simulator (10 ms per open: quick, yet Drive-shaped)."""
-    from colabfast.drivesim import DriveSim, available
+    from colabfast.drivesim import DriveSim
 
-    ok, why = available()
-    if not ok:
-        pytest.skip(f"FUSE is not available: {why}")
     src = make_files(tmp_path / "drive" / "data", 120, 30_000, per_folder=30, seed=5)
     with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=10, read_ms=1, mbps=None) as sim:
         yield sim, src
@@ -300,19 +286,9 @@ def test_archive_from_drive(tmp_path):
 # --- issue 15: never lose or corrupt data -------------------------------------------------------------
 
 
-@pytest.fixture
-def tmpfs_4m(tmp_path):
-    if not env.is_root():
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small4m"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
-
-
+@pytest.mark.parametrize("small_tmpfs", ["4m"], indirect=True)
 @pytest.mark.parametrize("path", ["small files", "big file"])
-def test_disk_filling_during_stage_never_leaves_a_short_file(tmp_path, tmpfs_4m, monkeypatch, path):
+def test_disk_filling_during_stage_never_leaves_a_short_file(tmp_path, small_tmpfs, monkeypatch, path):
     """Issue 15, case 1: another process fills the destination after the space check passed. A
     write that stores only part of a chunk must not be taken as done (the old code renamed a
     94,208-of-1,000,000-byte file into place): ENOSPC is raised and nothing incomplete stays."""
@@ -324,12 +300,12 @@ def test_disk_filling_during_stage_never_leaves_a_short_file(tmp_path, tmpfs_4m,
         monkeypatch.setattr(stage_mod, "RANGE", 256 << 10)
     for i, size in enumerate(sizes):
         (src / f"{i}.bin").write_bytes(os.urandom(size))
-    dst, filler = tmpfs_4m / "dst", tmpfs_4m / "filler"
+    dst, filler = small_tmpfs / "dst", small_tmpfs / "filler"
     real_check = stage_mod.check_space
 
     def check_then_fill(*args, **kwargs):
         real_check(*args, **kwargs)
-        free = os.statvfs(tmpfs_4m).f_bavail * os.statvfs(tmpfs_4m).f_frsize
+        free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
         subprocess.run(["sh", "-c", f"head -c {free - 100_000} /dev/zero > {filler}"], check=True)
 
     monkeypatch.setattr(stage_mod, "check_space", check_then_fill)
@@ -478,15 +454,12 @@ def test_sha256_resume_after_kill_reuses_verified_files(tmp_path, monkeypatch):
     assert record["complete"] and len(record["sha256"]) == 200
 
 
-def test_flaky_mount_large_files_retry_per_range(tmp_path, monkeypatch):
+def test_flaky_mount_large_files_retry_per_range(tmp_path, monkeypatch, need_fuse):
     """Issue 15, case 8: with 10% of read requests failing (EIO), a large file read as a few big
     requests failed every time once a range was retried whole; now a failed read is retried in
     smaller requests at its offset, and the files arrive intact."""
-    from colabfast.drivesim import DriveSim, available
+    from colabfast.drivesim import DriveSim
 
-    ok, why = available()
-    if not ok:
-        pytest.skip(f"FUSE is not available: {why}")
     monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
     monkeypatch.setattr(stage_mod, "RANGE", 4 << 20)
     (tmp_path / "drive" / "big").mkdir(parents=True)
@@ -609,27 +582,6 @@ def test_drivefs_folder_only_warns_at_twice_the_space(tmp_path, monkeypatch):
         stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src", folder=True)
     with pytest.raises(OSError, match="Drive caches what it reads"):
         stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
-
-
-def test_a_retried_read_never_asks_for_more_than_the_caller_did():
-    """A failed read is retried in smaller requests; one already smaller than MIN_READ was retried as
-    MIN_READ, past the end of its range, so a big file's range hashed bytes of the next range and
-    ``verify="sha256"`` failed a correct copy (test_big_file_ranges_from_drive, about 1 run in 30)."""
-    from colabfast._fileio import MIN_READ, pread_retrying
-
-    asked = []
-
-    def flaky(n: int, offset: int) -> bytes:
-        asked.append(n)
-        if len(asked) == 1:
-            raise OSError(errno.EIO, "injected")
-        return bytes(n)
-
-    n = MIN_READ // 3
-    assert len(pread_retrying(flaky, n, 0, retries=2, reopen=None)) == n
-    assert asked[1] <= n
-    asked.clear()
-    assert len(pread_retrying(flaky, 8 * MIN_READ, 0, retries=2, reopen=None)) == 2 * MIN_READ  # a quarter
 
 
 @pytest.mark.parametrize("verify", ["size", "sha256"])
