@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import os
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +23,7 @@ from torch.utils.data import ConcatDataset, get_worker_info
 from torchvision.datasets import VisionDataset
 
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
-from colabfast.gpudecode import decode_cpu
+from colabfast.gpudecode import ImageSizeError, check_encoded, decode_cpu, decode_pil
 from colabfast.mirror import Index, MirrorError, header, load_index, read_h5, read_paths
 
 if TYPE_CHECKING:
@@ -240,6 +239,15 @@ def compact(x: Any) -> Any:
     return x.clone(memory_format=torch.contiguous_format)
 
 
+def undecodable(path: Path, index: int, exc: Exception) -> MirrorError:
+    """The error for sample ``index`` of the mirror at ``path`` that failed to decode with ``exc``."""
+    if isinstance(exc, ImageSizeError):
+        return MirrorError(f"{path}: sample {index}: {exc}")
+    return MirrorError(f"{path}: sample {index} cannot be decoded ({type(exc).__name__}: {exc}). pack() decoded "
+                       f"every image, so the mirror is corrupt: `colabfast info --verify {path}` checks every "
+                       "sample; copy it again, or pack it again.")
+
+
 def _layout(path: PathLike) -> str:
     return read_h5(path, lambda f: header(f, path).layout)
 
@@ -320,17 +328,18 @@ class MirrorDataset(VisionDataset):
             h, w, c = (int(v) for v in self.reader.shapes[index])
             hwc = stored.view(h, w, c)
             return Image.fromarray(hwc.numpy()) if self.output == "pil" else hwc.permute(2, 0, 1)
-        if self.output == "bytes":
-            return stored
+        # One rule on every path: the header's size is the declared one, within the pixel limit,
+        # before anything is decoded (colabfast.gpudecode.check_encoded); GPU decoding gets bytes checked so.
+        size = self.reader.shapes[index][:2]
         try:
+            if self.output == "bytes":
+                check_encoded(stored.numpy(), index, size)
+                return stored
             if self.output == "tensor":
-                return decode_cpu(stored, index)
-            with Image.open(io.BytesIO(stored.numpy().tobytes())) as img:
-                return img.convert("RGB")
-        except Exception as exc:  # PIL and torchvision raise many types for bad bytes; pack decoded them all
-            raise MirrorError(f"{self.path}: sample {index} cannot be decoded ({type(exc).__name__}: {exc}). "
-                              "pack() decoded every image, so the mirror is corrupt: `colabfast info --verify "
-                              f"{self.path}` checks every sample; copy it again, or pack it again.") from exc
+                return decode_cpu(stored, index, size=size)
+            return decode_pil(stored.numpy(), index, size)
+        except Exception as exc:  # decoders raise many types for bad bytes; pack decoded them all
+            raise undecodable(self.path, index, exc) from exc
 
     def sample(self, index: int, image: Any) -> Any:
         """The dataset item for ``index`` given its image (targets and transforms added)."""

@@ -65,7 +65,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 import h5py
 import numpy as np
 
-from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, human_bytes
+from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, human_bytes, python_child
 from colabfast.errors import Error
 
 FORMAT = "colabfast-mirror"
@@ -82,7 +82,11 @@ OBJECT_COLUMNS = {  # kitti objects/<name>: dtype, shape of one row
 VET_TIMEOUT = 60.0  # seconds the child process may take to walk a mirror's metadata
 VET_MOUNT_FAILED = 4  # the vetting child's exit status for a transient I/O error (stdout: its errno)
 OPEN_RETRIES = 5  # retries of opening a mirror, and of reading its index, on a flaky mount (as stage's)
-MAX_ATTR_BYTES = 64 << 20  # a larger attribute is not one pack writes
+MAX_ATTR_BYTES = 1 << 20  # the most bytes of an attribute, but those that grow with the samples:
+GROWING_ATTRS = ("classes", "class_names", "skipped")  # each: MAX_ATTR_BYTES + ATTR_BYTES_PER_SAMPLE per sample
+ATTR_BYTES_PER_SAMPLE = 4096  # a class name (a folder name, NAME_MAX 255 bytes, JSON-escaped), or a skipped file
+MAX_PATH_BYTES = 4096  # PATH_MAX: the most bytes of one sample's source path
+MIN_ENCODED_BYTES = 67  # the smallest PNG (1x1 grey); every JPEG is larger: what one encoded sample takes at least
 MAX_OBJECTS = 10_000  # groups and datasets: a mirror has about 20
 VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
@@ -288,10 +292,10 @@ def vet(path: PathLike, timeout: Optional[float] = None) -> None:
         _vetted.add(key)
         return
     timeout = VET_TIMEOUT if timeout is None else timeout
-    code = "import sys; from colabfast.mirror import _vet_main; _vet_main(sys.argv[1])"
+    child = python_child("from colabfast.mirror import _vet_main; _vet_main(sys.argv[1])")
     try:
-        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run([*child, str(path)], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise MirrorError(f"{path}: reading its HDF5 metadata did not finish in {timeout:g} s (libhdf5 loops on "
                           "some corrupt files). The file is corrupt: copy it again, or pack it again.") from None
@@ -315,7 +319,7 @@ def _vet_main(path: str) -> None:
     or VET_MOUNT_FAILED with the errno where the mount failed (no verdict on the file)."""
     try:
         with _open(Path(path)) as f:
-            _walk(f, path, os.path.getsize(path))
+            _walk(f, path, os.path.getsize(path), _samples(f))
     except Exception as exc:  # h5py raises many types on corrupt metadata: each a verdict, unless the mount failed
         if (code := _mount_errno(exc)) is not None:
             print(code)
@@ -325,13 +329,23 @@ def _vet_main(path: str) -> None:
         sys.exit(3)
 
 
-def _walk(f: h5py.File, path: str, size: int) -> None:
+def _samples(f: h5py.File) -> int:
+    """The number of samples a mirror's ``image_offsets`` declare (their shapes, nothing read): what
+    bounds its attributes (:func:`_read_attrs`)."""
+    n = 0
+    for g in (f, *(f[s] for s in KITTI_SPLITS if isinstance(f.get(s, getlink=True), h5py.HardLink))):
+        if isinstance(g, h5py.Group) and isinstance(ds := _member(g, "image_offsets"), h5py.Dataset):
+            n += max(0, ds.shape[0] - 1) if len(ds.shape) == 1 else 0
+    return n
+
+
+def _walk(f: h5py.File, path: str, size: int, samples: int) -> None:
     """Touch every object and attribute (what a crash or a loop would hit) and check each dataset."""
     seen = 0
 
     def visit(g: h5py.Group, depth: int) -> None:
         nonlocal seen
-        _read_attrs(g, path)
+        _read_attrs(g, path, samples)
         for name in g:
             seen += 1
             where = f"{g.name.rstrip('/')}/{name}"
@@ -346,7 +360,7 @@ def _walk(f: h5py.File, path: str, size: int) -> None:
                     raise _bad(path, f"{where} is nested deeper than the format's groups")
                 visit(obj, depth + 1)
             elif isinstance(obj, h5py.Dataset):
-                _read_attrs(obj, path)
+                _read_attrs(obj, path, samples)
                 _check_storage(obj, path, size)
             else:
                 raise _bad(path, f"{where} is a {type(obj).__name__}, not a group or dataset")
@@ -354,10 +368,14 @@ def _walk(f: h5py.File, path: str, size: int) -> None:
     visit(f, 0)
 
 
-def _read_attrs(obj: Union[h5py.Group, h5py.Dataset], path: str) -> None:
+def _read_attrs(obj: Union[h5py.Group, h5py.Dataset], path: str, samples: int) -> None:
+    """Read every attribute of ``obj``, each once its size is known to be one a mirror of ``samples``
+    samples can have (a 60 MB ``classes`` took 49 s and 2.25 GB to parse, issue 23)."""
     for name in obj.attrs:
-        if h5py.h5a.open(obj.id, name.encode()).get_storage_size() > MAX_ATTR_BYTES:
-            raise _bad(path, f"attribute {name!r} of {obj.name} is larger than {human_bytes(MAX_ATTR_BYTES)}")
+        limit = MAX_ATTR_BYTES + (ATTR_BYTES_PER_SAMPLE * samples if obj.name == "/" and name in GROWING_ATTRS else 0)
+        if (size := h5py.h5a.open(obj.id, name.encode()).get_storage_size()) > limit:
+            raise _bad(path, f"attribute {name!r} of {obj.name} has {human_bytes(size)}, more than a mirror of "
+                             f"{samples} samples holds ({human_bytes(limit)})")
         obj.attrs[name]
 
 
@@ -564,17 +582,23 @@ def write_array(g: h5py.Group, name: str, data: np.ndarray, **attrs: Any) -> h5p
     return ds
 
 
-def _dataset(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple) -> h5py.Dataset:
-    """``g[name]``, checked to be a contiguous dataset of ``dtype`` and ``shape`` (None: any length)
-    inside the file; nothing read yet."""
+def _dataset(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple,
+             at_most: bool = False) -> h5py.Dataset:
+    """``g[name]``, checked to be a contiguous dataset of ``dtype`` and ``shape`` (None: any length;
+    ``at_most``: the first dimension no longer than ``shape[0]``) inside the file; nothing read yet."""
     where = f"{g.name.rstrip('/')}/{name}"
     ds = _member(g, name)
     if not isinstance(ds, h5py.Dataset):
         raise _bad(path, f"it has no dataset {where}")
-    if ds.dtype != np.dtype(dtype) or len(ds.shape) != len(shape) or any(
-            want is not None and have != want for have, want in zip(ds.shape, shape)):
+
+    def fits(k: int, have: int, want: Optional[int]) -> bool:
+        return want is None or (have <= want if at_most and k == 0 else have == want)
+
+    if ds.dtype != np.dtype(dtype) or len(ds.shape) != len(shape) or not all(
+            fits(k, have, want) for k, (have, want) in enumerate(zip(ds.shape, shape))):
+        wanted = [("<=" if at_most and k == 0 else "") + ("*" if s is None else str(s)) for k, s in enumerate(shape)]
         raise _bad(path, f"{where} is {ds.dtype} {list(ds.shape)}, expected {np.dtype(dtype)} "
-                         f"{['*' if s is None else s for s in shape]}")
+                         f"[{', '.join(wanted)}]")
     _check_storage(ds, path, os.path.getsize(path))
     return ds
 
@@ -585,9 +609,10 @@ def _member(g: h5py.Group, name: str) -> Any:
     return g[name] if isinstance(g.get(name, getlink=True), h5py.HardLink) else None
 
 
-def _array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, version: int) -> np.ndarray:
+def _array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, version: int,
+           at_most: bool = False) -> np.ndarray:
     """Read ``g[name]`` after :func:`_dataset`'s checks; from version 2 on, check its ``crc32``."""
-    ds = _dataset(g, name, path, dtype, shape)
+    ds = _dataset(g, name, path, dtype, shape, at_most)
     data = ds[()] if ds.size else np.zeros(ds.shape, ds.dtype)
     if version >= 2:
         attrs = {k: ds.attrs[k] for k in ds.attrs}
@@ -666,9 +691,10 @@ def _group(f: h5py.File, path: Path, split: str, head: Header) -> h5py.Group:
 def _load_index(f: h5py.File, path: Path, split: str) -> Index:
     head = header(f, path)
     g, v = _group(f, path, split, head), head.version
-    offsets = _array(g, "image_offsets", path, "<i8", (None,), v)
-    n = len(offsets) - 1
     images = _dataset(g, "images", path, "u1", (None,))
+    least = MIN_ENCODED_BYTES if head.store == "encoded" else 3  # bytes per sample: N bounded before reading
+    offsets = _array(g, "image_offsets", path, "<i8", (images.shape[0] // least + 1,), v, at_most=True)
+    n = len(offsets) - 1
     _offsets(offsets, images.shape[0], "image_offsets", path)
     shapes = _array(g, "image_shapes", path, "<i4", (n, 3), v)
     if n and (shapes[:, :2].min() < 1 or np.any(shapes[:, 2] != 3)):
@@ -678,10 +704,12 @@ def _load_index(f: h5py.File, path: Path, split: str) -> Index:
         i = int(np.flatnonzero(shapes.astype(np.int64).prod(axis=1) != sizes)[0])
         raise _bad(path, f"raw image {i} has {sizes[i]} bytes but its shape {shapes[i].tolist()} needs "
                          f"{int(np.prod(shapes[i].astype(np.int64)))}")
-    if head.store == "encoded" and np.any(sizes == 0):
-        raise _bad(path, f"encoded image {int(np.flatnonzero(sizes == 0)[0])} has 0 bytes")
-    for name, dtype, shape in (("order", "<i8", (n,)), ("paths", "u1", (None,)), ("path_offsets", "<i8", (n + 1,))):
-        _dataset(g, name, path, dtype, shape)  # read when asked for (read_paths, verify)
+    if head.store == "encoded" and np.any(sizes < MIN_ENCODED_BYTES):
+        i = int(np.flatnonzero(sizes < MIN_ENCODED_BYTES)[0])
+        raise _bad(path, f"encoded image {i} has {sizes[i]} bytes, fewer than any JPEG or PNG")
+    for name, dtype, shape in (("order", "<i8", (n,)), ("paths", "u1", (n * MAX_PATH_BYTES,)),
+                               ("path_offsets", "<i8", (n + 1,))):
+        _dataset(g, name, path, dtype, shape, at_most=name == "paths")  # read when asked for (read_paths, verify)
     index = Index(path, split, head, images.id.get_offset() or 0, offsets, shapes, None,
                   _array(g, "image_crc32", path, "<u4", (n,), v) if v >= 2 else None)
     if head.layout != "kitti":
@@ -730,8 +758,9 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
     def read(f: h5py.File) -> tuple[np.ndarray, bytes]:
         head = header(f, path)
         g = _group(f, path, split, head)
-        offsets = _array(g, "path_offsets", path, "<i8", (None,), head.version)
-        return offsets, _array(g, "paths", path, "u1", (None,), head.version).tobytes()
+        n = _dataset(g, "image_offsets", path, "<i8", (None,)).shape[0] - 1  # bounds both, before reading
+        offsets = _array(g, "path_offsets", path, "<i8", (n + 1,), head.version)
+        return offsets, _array(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), head.version, at_most=True).tobytes()
 
     offsets, blob = read_h5(path, read)
     _offsets(offsets, len(blob), "path_offsets", path)
