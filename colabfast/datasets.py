@@ -24,7 +24,7 @@ from torchvision.datasets import VisionDataset
 
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
 from colabfast.gpudecode import ImageSizeError, check_encoded, decode_cpu, decode_pil
-from colabfast.mirror import Index, MirrorError, header, load_index, read_h5, read_paths
+from colabfast.mirror import Index, MirrorError, file_version, header, load_index, read_h5, read_paths
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -46,10 +46,17 @@ class MirrorReader:
             RAM: forked workers inherit it, spawned ones receive a handle to the same memory
             (torch.multiprocessing), so it is never copied per worker.
 
+    The reader belongs to the version of the file it was made from (:func:`colabfast.mirror.file_version`:
+    size, times, inode). A file replaced or rewritten at ``path`` since (a new run of ``pack`` or
+    ``stage``) is refused at the first read in each process, workers included, rather than read
+    with the old index (wrong samples) or reloaded (a new length and labels under a sampler and a
+    model made for the old ones): make the dataset again.
+
     Raises:
         FileNotFoundError: no such file.
         MirrorError: not a complete mirror of a format version this colabfast reads, one that breaks
-            the format (checked by :func:`colabfast.mirror.load_index`), or no such split.
+            the format (checked by :func:`colabfast.mirror.load_index`), or no such split; when
+            reading, a file that changed since.
         OSError: ``errno.ENOSPC`` when ``in_memory`` data does not fit in ``/dev/shm``.
     """
 
@@ -59,6 +66,7 @@ class MirrorReader:
     def __init__(self, path: PathLike, split: str = "", in_memory: bool = False):
         self.path, self.split = Path(os.path.abspath(path)), split
         self._load_metadata()
+        self._version = self._loaded  # the file version the dataset is made from: the only one any process reads
         self.blob: Optional[torch.Tensor] = None
         if in_memory:
             self.blob = self._load_all()
@@ -69,6 +77,7 @@ class MirrorReader:
     def _load_metadata(self) -> None:
         # Every array checked against the file and the format (colabfast.mirror.load_index); the image
         # data is contiguous and inside the file: a fixed place, read with pread.
+        self._loaded = file_version(os.stat(self.path))  # before the index: a change after it shows at the first read
         self.index: Index = load_index(self.path, self.split)
         self.offsets: np.ndarray = self.index.offsets
         self.shapes: np.ndarray = self.index.shapes
@@ -78,11 +87,12 @@ class MirrorReader:
         self._pid = -1
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "split": self.split, "blob": self.blob}
+        return {"path": self.path, "split": self.split, "blob": self.blob, "version": self._version}
 
     def __setstate__(self, state: dict) -> None:
         self.path, self.split, self.blob = state["path"], state["split"], state["blob"]
-        self._load_metadata()
+        self._load_metadata()  # a spawned worker: refused at its first read if the file changed since (_handles)
+        self._version = state["version"]
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -91,9 +101,17 @@ class MirrorReader:
         # Never a memory map: a file truncated or replaced under a map kills the process with SIGBUS,
         # where pread returns a short read we can name. Reads go straight into the caller's buffer.
         if self._pid != os.getpid() or self._fd is None:  # first use in this process (a worker, a fork)
-            self._fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
-            self._pid = os.getpid()
+            fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
+            if file_version(os.fstat(fd)) != self._version or self._loaded != self._version:
+                os.close(fd)
+                raise self._changed()
+            self._fd, self._pid = fd, os.getpid()
         return self._fd
+
+    def _changed(self) -> MirrorError:
+        return MirrorError(f"{self.path} changed since this dataset was made from it (replaced or rewritten: a new "
+                           "run of colabfast.pack or stage?), so its index no longer describes the file. Make the "
+                           "dataset again once the file is final.")
 
     def read_into(self, out: np.ndarray, start: int) -> None:
         """Fill ``out`` (any contiguous array) with the image data from byte ``start`` on.
@@ -160,6 +178,8 @@ class MirrorReader:
         they leave the process: pickling a view copies its whole buffer.
         """
         if self.blob is not None:
+            if self._loaded != self._version:  # a spawned worker's index is of another file than the blob
+                raise self._changed()
             return [self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in indices]
         out: dict[int, torch.Tensor] = {}
         ordered = sorted(set(int(i) for i in indices))

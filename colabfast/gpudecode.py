@@ -215,8 +215,8 @@ def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Seq
         ImageSizeError: as :func:`check_encoded`.
         ValueError: the bytes are not a decodable image; the message names ``where``.
     """
+    check_encoded(data, where, size)  # before PIL's own check (at twice the limit), in our words
     with _open_pil(data, where) as img:
-        _check_size(img.height, img.width, where, size)
         try:
             return img.convert("RGB")
         except Exception as exc:

@@ -92,7 +92,7 @@ VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
 T = TypeVar("T")
 __all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index", "read_paths", "open_h5", "read_h5",
-           "vet", "trust", "write_array", "header", "header_crc32", "attrs_crc32"]
+           "vet", "trust", "write_array", "header", "header_crc32", "attrs_crc32", "file_version"]
 
 
 class MirrorError(Error, ValueError):
@@ -225,10 +225,16 @@ def _open(path: Path) -> h5py.File:
 _vetted: set[str] = set()  # keys (see _key) of files vetted in, or inherited by, this process
 
 
+def file_version(st: os.stat_result) -> tuple[int, ...]:
+    """What tells one version of a file from another (``os.stat``/``os.fstat``): size, modification
+    and change time, inode and device. A copy, a rewrite or a replacement (``os.replace``, as pack and
+    stage publish) changes it."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
 def _key(path: Path) -> str:
-    """Names one version of one file: a copy, a rewrite or a rename gives a new key (ctime and inode)."""
-    st = os.stat(path)
-    ident = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0{st.st_dev}"
+    """Names one version of one file (:func:`file_version`) at one path."""
+    ident = "\0".join(map(str, (os.path.abspath(path), *file_version(os.stat(path)))))
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
@@ -369,14 +375,22 @@ def _walk(f: h5py.File, path: str, size: int, samples: int) -> None:
 
 
 def _read_attrs(obj: Union[h5py.Group, h5py.Dataset], path: str, samples: int) -> None:
-    """Read every attribute of ``obj``, each once its size is known to be one a mirror of ``samples``
-    samples can have (a 60 MB ``classes`` took 49 s and 2.25 GB to parse, issue 23)."""
+    """Read every attribute of ``obj`` and check that its size is one a mirror of ``samples`` samples
+    can have (a 60 MB ``classes`` took 49 s and 2.25 GB to parse, issue 23): fixed-size values before
+    they are read; text (variable-length: HDF5 keeps it in a heap and knows its size only by reading
+    it) here, in the vetting child, so the process that parses it never meets an oversized one."""
     for name in obj.attrs:
         limit = MAX_ATTR_BYTES + (ATTR_BYTES_PER_SAMPLE * samples if obj.name == "/" and name in GROWING_ATTRS else 0)
-        if (size := h5py.h5a.open(obj.id, name.encode()).get_storage_size()) > limit:
-            raise _bad(path, f"attribute {name!r} of {obj.name} has {human_bytes(size)}, more than a mirror of "
-                             f"{samples} samples holds ({human_bytes(limit)})")
-        obj.attrs[name]
+        _attr_size(h5py.h5a.open(obj.id, name.encode()).get_storage_size(), limit, obj, name, path, samples)
+        value = obj.attrs[name]
+        texts = value.ravel().tolist() if isinstance(value, np.ndarray) and value.dtype == object else [value]
+        _attr_size(sum(len(t) for t in texts if isinstance(t, (str, bytes))), limit, obj, name, path, samples)
+
+
+def _attr_size(size: int, limit: int, obj: Union[h5py.Group, h5py.Dataset], name: str, path: str, samples: int) -> None:
+    if size > limit:
+        raise _bad(path, f"attribute {name!r} of {obj.name} has {human_bytes(size)}, more than a mirror of {samples} "
+                         f"samples holds ({human_bytes(limit)})")
 
 
 def _check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
@@ -786,7 +800,9 @@ def _not_plain(joined: str) -> bool:
 
 @_as_mirror_error
 def verify(path: PathLike, progress: bool = False) -> int:
-    """Check every stored image of a version 2 mirror against its checksum, and its paths and order.
+    """Check every stored image of a version 2 mirror against its checksum, and its paths and order;
+    and each encoded image's header against its declared shape and ``PIL.Image.MAX_IMAGE_PIXELS``
+    (:func:`colabfast.gpudecode.check_encoded`; nothing is decoded).
 
     Reads the whole file once, in reads of 64 MB; CRC-32 runs at about 3.5 GB/s per core (measured
     here), so the disk is the limit. ``colabfast info --verify`` runs this.
@@ -795,13 +811,18 @@ def verify(path: PathLike, progress: bool = False) -> int:
         The number of samples checked.
 
     Raises:
-        MirrorError: a version 1 mirror (no checksums), or samples that differ (up to 20 are named).
+        MirrorError: a version 1 mirror (no checksums), a KITTI mirror with neither split, or samples
+            that differ (up to 20 are named).
     """
     from tqdm.auto import tqdm
 
+    from colabfast.gpudecode import check_encoded
+
     path = Path(path)
     with open_h5(path) as f:
-        splits = split_names(f)
+        head, splits = header(f, path), split_names(f)
+    if not splits:  # kitti: no training/ or testing/ (an imagefolder's tables at the root are not read)
+        raise _bad(path, "a kitti mirror without a training or testing split")
     total, bad = 0, []
     for split in splits:
         index = load_index(path, split)
@@ -825,8 +846,15 @@ def verify(path: PathLike, progress: bool = False) -> int:
                     base = int(offsets[i])
                     buf = _pread(fd, int(offsets[j]) - base, index.data_offset + base, path)
                     for k in range(i, j):
-                        if zlib.crc32(buf[offsets[k] - base : offsets[k + 1] - base]) != int(index.crc32[k]):
-                            bad.append(f"{split + ' ' if split else ''}sample {k} ({rels[k]})")
+                        data = buf[offsets[k] - base : offsets[k + 1] - base]
+                        where = f"{split + ' ' if split else ''}sample {k} ({rels[k]})"
+                        if zlib.crc32(data) != int(index.crc32[k]):
+                            bad.append(where)
+                        elif head.store == "encoded":
+                            try:
+                                check_encoded(np.frombuffer(data, np.uint8), where, index.shapes[k][:2])
+                            except ValueError as exc:  # names `where`
+                                bad.append(str(exc))
                     bar.update(len(buf))
                     i = j
         finally:
@@ -835,7 +863,8 @@ def verify(path: PathLike, progress: bool = False) -> int:
     if bad:
         shown = "".join(f"\n  {b}" for b in bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
         raise MirrorError(f"{path}: {len(bad)} of {total} samples do not match their checksums (flipped bytes on "
-                          f"disk or in a copy):{shown}\nCopy the mirror again, or pack it again.")
+                          f"disk or in a copy) or their declared sizes:{shown}\nCopy the mirror again, or pack it "
+                          "again.")
     return total
 
 
@@ -919,6 +948,8 @@ def info(path: PathLike) -> MirrorInfo:
         head = header(f, path, complete=False)
         splits = split_names(f)
         labels = _text(f.attrs, "labels", path, "")
+    if head.complete and not splits:
+        raise _bad(path, "a kitti mirror without a training or testing split")
     samples, nbytes, objects = {}, {}, {}
     for split in splits if head.complete else []:
         index = load_index(path, split)
