@@ -41,6 +41,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _MAGICS = (JPEG_MAGIC, b"\x89PNG", b"GIF8", b"RIFF")
 
 
+Size = Union[Sequence[int], np.ndarray]  # (H, W)
+
+
 class ImageSizeError(ValueError):
     """An image's header declares more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``, or a size other
     than the one it was expected to have (a mirror's ``image_shapes``)."""
@@ -152,13 +155,18 @@ def encoded_size(data: np.ndarray) -> tuple[int, int]:
         return int(h), int(w)
     if head.startswith(PNG_MAGIC) and head[12:16] == b"IHDR":
         return int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")
-    img = _open_pil(data, "")
-    with img:
-        return img.height, img.width
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as img:
+            return img.height, img.width
+    except Image.DecompressionBombError as exc:  # PIL's check, at twice the limit
+        raise ImageSizeError(f"{exc}. If you trust the file, raise PIL.Image.MAX_IMAGE_PIXELS (None: no "
+                             "limit)") from None
+    except Exception as exc:  # PIL raises many types for bad bytes
+        raise ValueError(f"no image header that PIL reads ({type(exc).__name__}: {exc})") from None
 
 
 def check_encoded(
-    data: np.ndarray, where: Union[str, int] = "", size: Optional[Sequence[int]] = None
+    data: np.ndarray, where: Union[str, int] = "", size: Optional[Size] = None
 ) -> tuple[int, int]:
     """The ``(H, W)`` of an encoded image's header (:func:`encoded_size`), checked before decoding it:
     at most ``PIL.Image.MAX_IMAGE_PIXELS`` pixels (None there: no limit; read at each call), and
@@ -171,12 +179,14 @@ def check_encoded(
     try:
         h, w = encoded_size(data)
     except ValueError as exc:
-        raise ValueError(f"cannot decode the image at {_label(where)}: {exc}") from None
+        kind = ImageSizeError if isinstance(exc, ImageSizeError) else ValueError
+        raise kind(f"cannot decode the image at {_label(where)} ({data.size} bytes, starting "
+                   f"{data[:8].tobytes()!r}): {exc}") from None
     _check_size(h, w, where, size)
     return h, w
 
 
-def _check_size(h: int, w: int, where: Union[str, int], size: Optional[Sequence[int]]) -> None:
+def _check_size(h: int, w: int, where: Union[str, int], size: Optional[Size]) -> None:
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and h * w > limit:
         raise ImageSizeError(
@@ -188,18 +198,7 @@ def _check_size(h: int, w: int, where: Union[str, int], size: Optional[Sequence[
                              "declared for it")
 
 
-def _open_pil(data: np.ndarray, where: Union[str, int]) -> Image.Image:
-    try:
-        return Image.open(io.BytesIO(data.tobytes()))
-    except Image.DecompressionBombError as exc:  # above twice the limit, before _check_size sees it
-        raise ImageSizeError(f"the image at {_label(where)}: {exc}. If you trust the file, raise "
-                             "PIL.Image.MAX_IMAGE_PIXELS (None: no limit)") from None
-    except Exception as exc:  # PIL raises many types for bad bytes
-        raise ValueError(f"cannot decode the image at {_label(where)} ({data.size} bytes, starting "
-                         f"{data[:8].tobytes()!r}): {type(exc).__name__}: {exc}") from None
-
-
-def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Sequence[int]] = None) -> Image.Image:
+def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Size] = None) -> Image.Image:
     """Decode one encoded image with PIL, as ``torchvision.datasets.ImageFolder`` loads files:
     ``PIL.Image.open(f).convert("RGB")``, its size checked first (:func:`check_encoded`).
 
@@ -216,17 +215,17 @@ def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Seq
         ValueError: the bytes are not a decodable image; the message names ``where``.
     """
     check_encoded(data, where, size)  # before PIL's own check (at twice the limit), in our words
-    with _open_pil(data, where) as img:
-        try:
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as img:
             return img.convert("RGB")
-        except Exception as exc:
-            raise ValueError(f"cannot decode the image at {_label(where)} ({data.size} bytes, starting "
-                             f"{data[:8].tobytes()!r}): {type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        raise ValueError(f"cannot decode the image at {_label(where)} ({data.size} bytes, starting "
+                         f"{data[:8].tobytes()!r}): {type(exc).__name__}: {exc}") from None
 
 
 def decode_cpu(
     data: torch.Tensor, where: Union[str, int] = "", out: Optional[np.ndarray] = None,
-    size: Optional[Sequence[int]] = None,
+    size: Optional[Size] = None,
 ) -> torch.Tensor:
     """Decode one encoded image on the CPU, converted to RGB, its header checked first.
 

@@ -220,7 +220,8 @@ class BatchReader:
             return out
         stored = self.dataset._stored(indices)  # one read per run; verified there when asked
         for i, data in zip(indices, stored):  # sizes from the headers before allocating by the declared ones
-            self._check(i, data)
+            if reader.store == "encoded":
+                self._check(i, data)
         if not same:
             return ImageList([self._image(i, data) for i, data in zip(indices, stored)])
         h, w, c = (int(v) for v in shapes[0])
