@@ -150,8 +150,8 @@ def encoded_size(data: np.ndarray) -> tuple[int, int]:
     if head.startswith(JPEG_MAGIC):
         try:
             h, w, _, _ = simplejpeg.decode_jpeg_header(data, strict=False)
-        except ValueError as exc:
-            raise ValueError(f"no readable JPEG header ({exc})") from None
+        except Exception as exc:  # ValueError, or KeyError on a file cut short in its header
+            raise ValueError(f"no readable JPEG header ({type(exc).__name__}: {exc})") from None
         return int(h), int(w)
     if head.startswith(PNG_MAGIC) and head[12:16] == b"IHDR":
         return int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")
