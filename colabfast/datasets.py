@@ -319,7 +319,13 @@ class MirrorDataset(VisionDataset):
     def image(self, index: int) -> Any:
         """Sample ``index``'s image per ``output``: a PIL RGB image; a uint8 tensor [3, H, W] (a
         channels-last view, as ``torchvision.io.decode_image`` returns); or the encoded file's bytes
-        as a uint8 tensor [nbytes]. Tensors own their memory."""
+        as a uint8 tensor [nbytes]. Tensors own their memory.
+
+        Raises:
+            MirrorError: the image cannot be decoded, its header's size is not its declared
+                ``image_shapes`` entry or exceeds ``PIL.Image.MAX_IMAGE_PIXELS`` (checked before
+                decoding, for ``"bytes"`` too), or the file changed since the dataset was made.
+        """
         (index,) = self._checked([index])
         return compact(self._decode(index, self._stored([index])[0]))
 
@@ -413,7 +419,8 @@ class H5ImageFolder(MirrorDataset):
             existing ImageFolder pipelines work unchanged.
         target_transform: applied to the class index.
         output: ``"pil"`` (PIL RGB image, like ImageFolder); ``"tensor"`` (uint8 tensor
-            [3, H, W], decoded by ``torchvision.io``, no PIL: the fast path, for transforms v2);
+            [3, H, W]: JPEGs decoded by libjpeg-turbo, no PIL, the fast path, for transforms v2;
+            PNGs by PIL, which reports corrupt data where torchvision's libpng binding crashes);
             ``"bytes"`` (encoded JPEG/PNG bytes as a uint8 tensor [nbytes], for GPU decoding by
             ``colabfast.DataLoader(decode="gpu")``).
         in_memory: load the image data into shared RAM once (see :class:`MirrorReader`).
@@ -424,8 +431,10 @@ class H5ImageFolder(MirrorDataset):
 
     Raises:
         FileNotFoundError, MirrorError: ``path`` is not a complete mirror this version reads, it
-            breaks the format (see :mod:`colabfast.mirror`), an image cannot be decoded, or
-            ``verify`` finds an image that differs from its checksum.
+            breaks the format (see :mod:`colabfast.mirror`), an image cannot be decoded or its
+            header disagrees with its declared shape or exceeds ``PIL.Image.MAX_IMAGE_PIXELS``,
+            ``verify`` finds an image that differs from its checksum, or (when reading) the file
+            was replaced since the dataset was made (:class:`MirrorReader`).
         ValueError: a KITTI mirror (use :class:`H5Kitti`), or ``output="bytes"`` on raw pixels.
     """
 

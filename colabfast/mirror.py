@@ -13,7 +13,8 @@ thousands of small ones. Format version 2, all datasets contiguous and unfiltere
         images               uint8 [total bytes]: every image back to back (encoded file bytes, or
                              raw pixels in HWC order)
         image_offsets        int64 [N + 1]: image i is images[image_offsets[i]:image_offsets[i + 1]]
-        image_shapes         int32 [N, 3]: (H, W, 3) of each decoded image
+        image_shapes         int32 [N, 3]: (H, W, 3) of each decoded image (an encoded image's
+                             header must say the same)
         image_crc32          uint32 [N]: zlib.crc32 of each stored image (version 2)
         paths, path_offsets  uint8 [bytes], int64 [N + 1]: each sample's source path (UTF-8),
                              relative to the source folder
@@ -39,9 +40,17 @@ palette/RGBA/16-bit PNG, BMP, a PNG named .JPEG, ...) is stored as the lossless 
 ``PIL.Image.open(f).convert("RGB")``, so every decoder returns exactly PIL's pixels.
 
 Mirrors come from strangers (a shared Drive folder), so nothing in one is trusted: before the first
-open in a process, a child process walks the file's HDF5 metadata with a time limit (libhdf5 can
-crash or loop on corrupt metadata), and every array is checked against the file's size and the
-sample count before it is read. Any problem is one :class:`MirrorError` naming the file.
+open in a process, an isolated child process (``python -I``: nothing imported from the current
+folder) walks the file's HDF5 metadata with a time limit (libhdf5 can crash or loop on corrupt
+metadata) and bounds every attribute by the sample count (1 MiB each; ``classes``, ``class_names``
+and ``skipped`` 1 MiB + 4 KiB per sample), and every array is checked against the file's size and
+the sample count before it is read (``image_offsets`` holds at most one sample per 67 bytes of
+encoded data, the smallest PNG, or per 3 of raw pixels; ``paths`` at most 4096 bytes per sample).
+An encoded image's header must give its declared ``image_shapes`` entry, within
+``PIL.Image.MAX_IMAGE_PIXELS``, before it is decoded or memory is allocated for it, on every path
+(:func:`colabfast.gpudecode.check_encoded`); PNGs are decoded by PIL, never by torchvision's libpng
+binding, which crashes the process on corrupt data. Any problem is one :class:`MirrorError` naming
+the file (and the sample).
 """
 
 from __future__ import annotations
