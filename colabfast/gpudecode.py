@@ -257,10 +257,10 @@ def decode_cpu(
     raw = data.numpy()
     size = out.shape[:2] if out is not None else size
     if raw[:3].tobytes() != JPEG_MAGIC:
-        hwc = np.asarray(decode_pil(raw, where, size))
+        img = decode_pil(raw, where, size)
         if out is None:
-            return torch.from_numpy(hwc.copy()).permute(2, 0, 1)  # PIL's array is read-only
-        np.copyto(out, hwc)
+            return torch.from_numpy(np.array(img)).permute(2, 0, 1)  # a writable copy (asarray's is read-only)
+        np.copyto(out, np.asarray(img))
         return torch.from_numpy(out).permute(2, 0, 1)
     h, w = check_encoded(raw, where, size)
     try:
