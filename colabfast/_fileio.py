@@ -13,6 +13,7 @@ import json
 import os
 import random
 import stat
+import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -223,6 +224,24 @@ def read_regular(path: PathLike) -> bytes:
     """The bytes of the regular file ``path``; see :func:`open_regular`, which raises."""
     with open_regular(path) as f:
         return f.readall()
+
+
+def python_child(code: str) -> list[str]:
+    """The command line of a child Python running ``code``, which cannot import from the current folder.
+
+    ``python -c`` and ``python -m`` put the current folder first on ``sys.path``: a ``json.py`` in
+    it (say, in an untrusted archive a notebook ``%cd``'d into) would run in the child. The child runs
+    isolated (``-I``: no current folder, no ``PYTHON*`` variables, no user site-packages) and then
+    appends this process's absolute ``sys.path`` entries but the current folder's, and the folder
+    colabfast itself was imported from, so it imports colabfast and its dependencies from where
+    this process did (a checkout, an editable install, a venv), after the standard library.
+    Arguments after the command are the child's ``sys.argv[1:]``.
+    """
+    here = os.path.realpath(os.getcwd())
+    extra = [p for p in sys.path if os.path.isabs(p) and os.path.realpath(p) != here]
+    extra.append(str(Path(__file__).resolve().parent.parent))  # last: even when it is the current folder
+    prelude = f"import sys; sys.path.extend(p for p in {extra!r} if p not in sys.path)\n"
+    return [sys.executable, "-I", "-c", prelude + code]
 
 
 def human_bytes(n: float) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
-import io
 import itertools
 import os
 from functools import cached_property
@@ -35,8 +34,8 @@ from torch.utils.data import ConcatDataset, Subset, get_worker_info
 from torchvision.datasets import VisionDataset
 
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
-from colabfast.gpudecode import decode_cpu
-from colabfast.mirror import Index, MirrorError, header, load_index, read_h5, read_paths
+from colabfast.gpudecode import ImageSizeError, check_encoded, decode_cpu, decode_pil
+from colabfast.mirror import Index, MirrorError, file_version, header, load_index, read_h5, read_paths
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -64,10 +63,17 @@ class MirrorReader:
             RAM: forked workers inherit it, spawned ones receive a handle to the same memory
             (torch.multiprocessing), so it is never copied per worker.
 
+    The reader belongs to the version of the file it was made from (:func:`colabfast.mirror.file_version`:
+    size, times, inode). A file replaced or rewritten at ``path`` since (a new run of ``pack`` or
+    ``stage``) is refused at the first read in each process, workers included, rather than read
+    with the old index (wrong samples) or reloaded (a new length and labels under a sampler and a
+    model made for the old ones): make the dataset again.
+
     Raises:
         FileNotFoundError: no such file.
         MirrorError: not a complete mirror of a format version this colabfast reads, one that breaks
-            the format (checked by :func:`colabfast.mirror.load_index`), or no such split.
+            the format (checked by :func:`colabfast.mirror.load_index`), or no such split; when
+            reading, a file that changed since.
         OSError: ``errno.ENOSPC`` when ``in_memory`` data does not fit in ``/dev/shm``.
     """
 
@@ -77,6 +83,7 @@ class MirrorReader:
     def __init__(self, path: PathLike, split: str = "", in_memory: bool = False):
         self.path, self.split = Path(os.path.abspath(path)), split
         self._load_metadata()
+        self._version = self._loaded  # the file version the dataset is made from: the only one any process reads
         self.blob: Optional[torch.Tensor] = None
         if in_memory:
             self.blob = self._load_all()
@@ -87,6 +94,7 @@ class MirrorReader:
     def _load_metadata(self) -> None:
         # Every array checked against the file and the format (colabfast.mirror.load_index); the image
         # data is contiguous and inside the file: a fixed place, read with pread.
+        self._loaded = file_version(os.stat(self.path))  # before the index: a change after it shows at the first read
         self.index: Index = load_index(self.path, self.split)
         self.offsets: np.ndarray = self.index.offsets
         self.shapes: np.ndarray = self.index.shapes
@@ -97,11 +105,12 @@ class MirrorReader:
         self._pid = -1
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "split": self.split, "blob": self.blob}
+        return {"path": self.path, "split": self.split, "blob": self.blob, "version": self._version}
 
     def __setstate__(self, state: dict) -> None:
         self.path, self.split, self.blob = state["path"], state["split"], state["blob"]
-        self._load_metadata()
+        self._load_metadata()  # a spawned worker: refused at its first read if the file changed since (_handles)
+        self._version = state["version"]
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -110,9 +119,17 @@ class MirrorReader:
         # Never a memory map: a file truncated or replaced under a map kills the process with SIGBUS,
         # where pread returns a short read we can name. Reads go straight into the caller's buffer.
         if self._pid != os.getpid() or self._fd is None:  # first use in this process (a worker, a fork)
-            self._fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
-            self._pid = os.getpid()
+            fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
+            if file_version(os.fstat(fd)) != self._version or self._loaded != self._version:
+                os.close(fd)
+                raise self._changed()
+            self._fd, self._pid = fd, os.getpid()
         return self._fd
+
+    def _changed(self) -> MirrorError:
+        return MirrorError(f"{self.path} changed since this dataset was made from it (replaced or rewritten: a new "
+                           "run of colabfast.pack or stage?), so its index no longer describes the file. Make the "
+                           "dataset again once the file is final.")
 
     def read_into(self, out: Union[np.ndarray, Sequence[np.ndarray]], start: int) -> None:
         """Fill ``out`` (any contiguous array, or a list of them filled one after the other: one read
@@ -168,6 +185,13 @@ class MirrorReader:
                                                       "or stage the mirror to local disk first (colabfast.stage).")
         return OSError(exc.errno, f"{self.path}: {what} failed {tries} times ({exc.strerror}). {advice}")
 
+    def index_of(self, position: int) -> int:
+        """The dataset index of the sample stored at ``position`` (the inverse of ``positions``; for
+        error messages, which name what the user indexed)."""
+        if self.positions is None:
+            return int(position)
+        return int(np.flatnonzero(self.positions == position)[0])
+
     def read(self, position: int) -> torch.Tensor:
         """The bytes of stored sample ``position`` as a new uint8 tensor ``[nbytes]`` of its own."""
         return self.views([position])[0].clone()
@@ -183,6 +207,8 @@ class MirrorReader:
         they leave the process: pickling a view copies its whole buffer.
         """
         if self.blob is not None:
+            if self._loaded != self._version:  # a spawned worker's index is of another file than the blob
+                raise self._changed()
             return [self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in indices]
         out: dict[int, torch.Tensor] = {}
         ordered = sorted(set(int(i) for i in indices))
@@ -353,6 +379,18 @@ def compact(x: Any) -> Any:
     return x.clone(memory_format=torch.contiguous_format)
 
 
+def undecodable(reader: MirrorReader, position: int, exc: Exception) -> MirrorError:
+    """The error for the sample stored at ``position`` in ``reader``'s mirror that failed to decode
+    with ``exc``, naming it by its dataset index (and its stored position where that differs)."""
+    path, index = reader.path, reader.index_of(position)
+    where = f"sample {index}" + (f" (stored at {position})" if index != position else "")
+    if isinstance(exc, ImageSizeError):
+        return MirrorError(f"{path}: {where}: {exc}")
+    return MirrorError(f"{path}: {where} cannot be decoded ({type(exc).__name__}: {exc}). pack() decoded "
+                       f"every image, so the mirror is corrupt: `colabfast info --verify {path}` checks every "
+                       "sample; copy it again, or pack it again.")
+
+
 def _layout(path: PathLike) -> str:
     return read_h5(path, lambda f: header(f, path).layout)
 
@@ -405,7 +443,13 @@ class MirrorDataset(VisionDataset):
     def image(self, index: int) -> Any:
         """Sample ``index``'s image per ``output``: a PIL RGB image; a uint8 tensor [3, H, W] (a
         channels-last view, as ``torchvision.io.decode_image`` returns); or the encoded file's bytes
-        as a uint8 tensor [nbytes]. Tensors own their memory."""
+        as a uint8 tensor [nbytes]. Tensors own their memory.
+
+        Raises:
+            MirrorError: the image cannot be decoded, its header's size is not its declared
+                ``image_shapes`` entry or exceeds ``PIL.Image.MAX_IMAGE_PIXELS`` (checked before
+                decoding, for ``"bytes"`` too), or the file changed since the dataset was made.
+        """
         (position,) = self.positions_of(self._checked([index]))
         return compact(self._decode(position, self._stored([position])[0]))
 
@@ -441,17 +485,18 @@ class MirrorDataset(VisionDataset):
             h, w, c = (int(v) for v in self.reader.shapes[index])
             hwc = stored.view(h, w, c)
             return Image.fromarray(hwc.numpy()) if self.output == "pil" else hwc.permute(2, 0, 1)
-        if self.output == "bytes":
-            return stored
+        # One rule on every path: the header's size is the declared one, within the pixel limit,
+        # before anything is decoded (colabfast.gpudecode.check_encoded); GPU decoding gets bytes checked so.
+        size = self.reader.shapes[index][:2]
         try:
+            if self.output == "bytes":
+                check_encoded(stored.numpy(), index, size)
+                return stored
             if self.output == "tensor":
-                return decode_cpu(stored, index)
-            with Image.open(io.BytesIO(stored.numpy().tobytes())) as img:
-                return img.convert("RGB")
-        except Exception as exc:  # PIL and torchvision raise many types for bad bytes; pack decoded them all
-            raise MirrorError(f"{self.path}: sample {index} cannot be decoded ({type(exc).__name__}: {exc}). "
-                              "pack() decoded every image, so the mirror is corrupt: `colabfast info --verify "
-                              f"{self.path}` checks every sample; copy it again, or pack it again.") from exc
+                return decode_cpu(stored, index, size=size)
+            return decode_pil(stored.numpy(), index, size)
+        except Exception as exc:  # decoders raise many types for bad bytes; pack decoded them all
+            raise undecodable(self.reader, index, exc) from exc
 
     def sample(self, index: int, image: Any) -> Any:
         """The dataset item for ``index`` given its image (targets and transforms added)."""
@@ -513,7 +558,8 @@ class H5ImageFolder(MirrorDataset):
             existing ImageFolder pipelines work unchanged.
         target_transform: applied to the class index.
         output: ``"pil"`` (PIL RGB image, like ImageFolder); ``"tensor"`` (uint8 tensor
-            [3, H, W], decoded by ``torchvision.io``, no PIL: the fast path, for transforms v2);
+            [3, H, W]: JPEGs decoded by libjpeg-turbo, no PIL, the fast path, for transforms v2;
+            PNGs by PIL, which reports corrupt data where torchvision's libpng binding crashes);
             ``"bytes"`` (encoded JPEG/PNG bytes as a uint8 tensor [nbytes], for GPU decoding by
             ``colabfast.DataLoader(decode="gpu")``).
         in_memory: load the image data into shared RAM once (see :class:`MirrorReader`).
@@ -524,8 +570,10 @@ class H5ImageFolder(MirrorDataset):
 
     Raises:
         FileNotFoundError, MirrorError: ``path`` is not a complete mirror this version reads, it
-            breaks the format (see :mod:`colabfast.mirror`), an image cannot be decoded, or
-            ``verify`` finds an image that differs from its checksum.
+            breaks the format (see :mod:`colabfast.mirror`), an image cannot be decoded or its
+            header disagrees with its declared shape or exceeds ``PIL.Image.MAX_IMAGE_PIXELS``,
+            ``verify`` finds an image that differs from its checksum, or (when reading) the file
+            was replaced since the dataset was made (:class:`MirrorReader`).
         ValueError: a KITTI mirror (use :class:`H5Kitti`), or ``output="bytes"`` on raw pixels.
     """
 

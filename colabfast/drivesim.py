@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, ClassVar, Iterator, Optional, Union
 
 from colabfast import mounttable
-from colabfast._fileio import PathLike
+from colabfast._fileio import PathLike, python_child
 from colabfast.errors import Error
 
 __all__ = ["DriveSim", "DriveSimParams", "DriveSimError", "available", "serve", "main"]
@@ -739,7 +739,8 @@ class DriveSim:
 
     def _command(self) -> list[str]:
         """The server's command line: this module's CLI plus the hidden ``--control`` flag."""
-        module = [sys.executable, "-m", "colabfast.drivesim", str(self.source), str(self.mountpoint)]
+        run = "import runpy; runpy.run_module('colabfast.drivesim', run_name='__main__', alter_sys=True)"
+        module = [*python_child(run), str(self.source), str(self.mountpoint)]  # not `-m`: it imports from the cwd
         return [*module, *self.params.argv(), "--control", str(os.getpid())]
 
     def start(self) -> DriveSim:
@@ -761,10 +762,6 @@ class DriveSim:
             raise DriveSimError(f"mountpoint {self.mountpoint} is not a directory")
         if os.path.ismount(self.mountpoint):
             raise DriveSimError(f"{self.mountpoint} is already a mountpoint; unmount it or pick another")
-        # The child must import this package even when it is not installed (a checkout on sys.path).
-        package_root = str(Path(__file__).resolve().parents[1])
-        child_env = dict(os.environ)
-        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
             self._command(),
@@ -772,7 +769,6 @@ class DriveSim:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
-            env=child_env,
             start_new_session=True,  # a terminal's Ctrl-C is for us, not it
         )
         try:

@@ -10,25 +10,43 @@ crossing from a worker process.
 Decoded images are uint8 ``[3, H, W]``: grayscale and CMYK files are converted to RGB on both the CPU
 and the GPU path, so a batch has one channel count. Decoders differ slightly (chroma upsampling, IDCT):
 GPU and CPU pixels agree within a few levels, not exactly.
+
+Bytes from a file are not trusted. Every decoder here reads the image's size from its header first
+and refuses one over ``PIL.Image.MAX_IMAGE_PIXELS`` (:func:`check_encoded`: a few kilobytes of JPEG
+can declare 16000x16000 pixels, 768 MB decoded), and only libjpeg (simplejpeg, torchvision, nvJPEG)
+and PIL see the bytes: torchvision 0.29's PNG decoder segfaults the process on a corrupt IDAT
+(libpng's "incorrect data check"), so PNG, GIF and WebP are decoded by PIL, which raises instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import warnings
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 import simplejpeg
 import torch
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
 
-__all__ = ["Encoded", "EncodedImages", "decode_batch", "decode_cpu", "is_encoded", "is_jpeg"]
+__all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "decode_batch", "decode_cpu", "decode_pil",
+           "encoded_size", "is_encoded", "is_jpeg"]
 
-# File signatures of the formats torchvision decodes (decode_image: JPEG, PNG, GIF, WebP).
+# File signatures of the formats decoded here (JPEG, PNG, GIF, WebP).
 JPEG_MAGIC = b"\xff\xd8\xff"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _MAGICS = (JPEG_MAGIC, b"\x89PNG", b"GIF8", b"RIFF")
+
+
+Size = Union[Sequence[int], np.ndarray]  # (H, W)
+
+
+class ImageSizeError(ValueError):
+    """An image's header declares more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``, or a size other
+    than the one it was expected to have (a mirror's ``image_shapes``)."""
 
 
 @dataclasses.dataclass
@@ -118,61 +136,151 @@ def _quiet_torchvision() -> Iterator[None]:
         yield
 
 
+def encoded_size(data: np.ndarray) -> tuple[int, int]:
+    """``(H, W)`` of an encoded image from its header alone: a JPEG's SOF (libjpeg-turbo through
+    ``simplejpeg``, about 4 us), a PNG's IHDR, else what ``PIL.Image.open`` reads.
+
+    Args:
+        data: uint8 array ``[num_bytes]`` of the file.
+
+    Raises:
+        ValueError: no readable header.
+    """
+    head = data[:24].tobytes()
+    if head.startswith(JPEG_MAGIC):
+        try:
+            h, w, _, _ = simplejpeg.decode_jpeg_header(data, strict=False)
+        except Exception as exc:  # ValueError, or KeyError on a file cut short in its header
+            raise ValueError(f"no readable JPEG header ({type(exc).__name__}: {exc})") from None
+        return int(h), int(w)
+    if head.startswith(PNG_MAGIC) and head[12:16] == b"IHDR":
+        return int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as img:
+            return img.height, img.width
+    except Image.DecompressionBombError as exc:  # PIL's check, at twice the limit
+        raise ImageSizeError(f"{exc}. If you trust the file, raise PIL.Image.MAX_IMAGE_PIXELS (None: no "
+                             "limit)") from None
+    except Exception as exc:  # PIL raises many types for bad bytes
+        raise ValueError(f"no image header that PIL reads ({type(exc).__name__}: {exc})") from None
+
+
+def check_encoded(
+    data: np.ndarray, where: Union[str, int] = "", size: Optional[Size] = None
+) -> tuple[int, int]:
+    """The ``(H, W)`` of an encoded image's header (:func:`encoded_size`), checked before decoding it:
+    at most ``PIL.Image.MAX_IMAGE_PIXELS`` pixels (None there: no limit; read at each call), and
+    ``size`` when given (the ``(H, W)`` a mirror declares for it).
+
+    Raises:
+        ImageSizeError: too many pixels, or not ``size``; the message names ``where``.
+        ValueError: no readable header.
+    """
+    try:
+        h, w = encoded_size(data)
+    except ValueError as exc:
+        kind = ImageSizeError if isinstance(exc, ImageSizeError) else ValueError
+        raise kind(f"cannot decode the image at {_label(where)} ({data.size} bytes, starting "
+                   f"{data[:8].tobytes()!r}): {exc}") from None
+    _check_size(h, w, where, size)
+    return h, w
+
+
+def _check_size(h: int, w: int, where: Union[str, int], size: Optional[Size]) -> None:
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and h * w > limit:
+        raise ImageSizeError(
+            f"the image at {_label(where)} is {w}x{h}, {h * w / 1e6:.1f} million pixels, more than the limit of "
+            f"{limit / 1e6:.1f} million (PIL.Image.MAX_IMAGE_PIXELS): a decompression bomb? If you trust the file, "
+            "raise PIL.Image.MAX_IMAGE_PIXELS (None: no limit), in DataLoader workers too")
+    if size is not None and (h, w) != (int(size[0]), int(size[1])):
+        raise ImageSizeError(f"the image at {_label(where)} is {w}x{h}, not the {int(size[1])}x{int(size[0])} "
+                             "declared for it")
+
+
+def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Size] = None) -> Image.Image:
+    """Decode one encoded image with PIL, as ``torchvision.datasets.ImageFolder`` loads files:
+    ``PIL.Image.open(f).convert("RGB")``, its size checked first (:func:`check_encoded`).
+
+    Args:
+        data: uint8 array ``[num_bytes]`` of the file.
+        where: what to call the image in errors: a dataset index, or a phrase.
+        size: the ``(H, W)`` it must have, or None.
+
+    Returns:
+        A PIL RGB image of its own.
+
+    Raises:
+        ImageSizeError: as :func:`check_encoded`.
+        ValueError: the bytes are not a decodable image; the message names ``where``.
+    """
+    check_encoded(data, where, size)  # before PIL's own check (at twice the limit), in our words
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as img:
+            return img.convert("RGB")
+    except Exception as exc:
+        raise ValueError(f"cannot decode the image at {_label(where)} ({data.size} bytes, starting "
+                         f"{data[:8].tobytes()!r}): {type(exc).__name__}: {exc}") from None
+
+
 def decode_cpu(
-    data: torch.Tensor, where: Union[str, int] = "", out: Optional[np.ndarray] = None
+    data: torch.Tensor, where: Union[str, int] = "", out: Optional[np.ndarray] = None,
+    size: Optional[Size] = None,
 ) -> torch.Tensor:
-    """Decode one encoded image on the CPU, converted to RGB.
+    """Decode one encoded image on the CPU, converted to RGB, its header checked first.
 
     JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` with the settings of
     ``torchvision.io.decode_image`` and PIL (accurate IDCT, fancy upsampling), so the pixels are the
     same (tested), straight into ``out`` when given, with the GIL released for the decode. On the
     development machine (one core, photo-like JPEGs) it decoded 1.2-1.4x as many 256 px images per
-    second as ``torchvision.io.decode_image`` and 1.1-1.2x at 500x375. Other formats (PNG, GIF, WebP),
-    and JPEGs that libjpeg decodes only with a warning (e.g. extraneous bytes before a marker), go to
-    ``torchvision.io.decode_image``, as before.
+    second as ``torchvision.io.decode_image`` and 1.1-1.2x at 500x375. JPEGs that libjpeg decodes
+    only with a warning (e.g. extraneous bytes before a marker) go to ``torchvision.io.decode_jpeg``.
+    Other formats (PNG, GIF, WebP) are decoded by PIL (:func:`decode_pil`; a KITTI PNG decodes about
+    as fast as by torchvision, whose libpng binding crashes the process on corrupt data).
 
     Args:
         data: uint8 tensor ``[num_bytes]`` of a JPEG, PNG, GIF or WebP file.
         where: what to call the image in errors: a dataset index, or a phrase.
         out: optional uint8 array ``[H, W, 3]`` (C-contiguous) to decode into; the image must have
             exactly that size.
+        size: the ``(H, W)`` the image must have (without ``out``), or None.
 
     Returns:
         uint8 tensor ``[3, H, W]``: a CHW view of HWC memory (``out``'s when given), as torchvision
         returns it.
 
     Raises:
-        ValueError: the bytes are not a decodable image, or the image's size differs from ``out``'s;
-            the message names ``where``.
+        ImageSizeError: more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``, or a size other than
+            ``out``'s or ``size``, read from the header before decoding.
+        ValueError: the bytes are not a decodable image; the message names ``where``.
     """
-    hwc: Optional[np.ndarray] = None
     raw = data.numpy()
-    if raw[:3].tobytes() == JPEG_MAGIC:
-        try:
-            hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=out)
-        except ValueError:
-            hwc = None  # a libjpeg warning (strict mode), a size that differs from out's, or no JPEG at all
-    if hwc is None:
+    size = out.shape[:2] if out is not None else size
+    if raw[:3].tobytes() != JPEG_MAGIC:
+        img = decode_pil(raw, where, size)
+        if out is None:
+            return torch.from_numpy(np.array(img)).permute(2, 0, 1)  # a writable copy (asarray's is read-only)
+        np.copyto(out, np.asarray(img))
+        return torch.from_numpy(out).permute(2, 0, 1)
+    h, w = check_encoded(raw, where, size)
+    try:
+        hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=out)
+    except ValueError:  # a libjpeg warning (strict mode) or a corrupt file: torchvision says which
         try:
             with _quiet_torchvision():
-                chw = decode_image(data, mode=ImageReadMode.RGB)
+                chw = decode_jpeg(data, mode=ImageReadMode.RGB)
         except RuntimeError as exc:
-            head = bytes(data[:8].tolist())
             raise ValueError(
-                f"cannot decode the image at {_label(where)} ({data.numel()} bytes, starting {head!r}): "
-                f"{str(exc).rstrip('.')}. Re-pack or remove that file."
+                f"cannot decode the image at {_label(where)} ({data.numel()} bytes, starting "
+                f"{bytes(data[:8].tolist())!r}): {str(exc).rstrip('.')}. Re-pack or remove that file."
             ) from exc
-        if out is None:
-            return chw
         hwc = chw.permute(1, 2, 0).numpy()
-        if hwc.shape != out.shape:
-            raise ValueError(f"the image at {_label(where)} is {hwc.shape[1]}x{hwc.shape[0]}, not the "
-                             f"{out.shape[1]}x{out.shape[0]} expected. Re-pack or remove that file.")
+    if hwc.shape[:2] != (h, w):  # decoders read the size from the header just checked
+        raise ImageSizeError(f"the image at {_label(where)} decoded to {hwc.shape[1]}x{hwc.shape[0]}, not the "
+                             f"{w}x{h} its header says")
+    if out is not None and not np.may_share_memory(hwc, out):  # torchvision's array, not simplejpeg's view of out
         np.copyto(out, hwc)
         hwc = out
-    elif out is not None and hwc.shape != out.shape:  # a buffer larger than the image: simplejpeg fills its start
-        raise ValueError(f"the image at {_label(where)} is {hwc.shape[1]}x{hwc.shape[0]}, not the "
-                         f"{out.shape[1]}x{out.shape[0]} expected. Re-pack or remove that file.")
     return torch.from_numpy(hwc).permute(2, 0, 1)
 
 
@@ -196,6 +304,7 @@ def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> lis
         One uint8 tensor ``[3, H, W]`` per file, in order, on ``device``.
 
     Raises:
+        ImageSizeError: a file's header declares more than ``PIL.Image.MAX_IMAGE_PIXELS`` pixels.
         ValueError: a file cannot be decoded at all; the message names its dataset index (or batch
             position when ``images.indices`` is None).
     """
@@ -203,6 +312,8 @@ def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> lis
     files = list(images)
     out: list[Optional[torch.Tensor]] = [None] * len(files)
     jpegs = [i for i, f in enumerate(files) if device.type == "cuda" and is_jpeg(f)]
+    for i in jpegs:  # nvJPEG allocates what the header says: check it first (the CPU path checks its own)
+        check_encoded(files[i].numpy(), images.where(i))
     if jpegs:
         # torchvision allocates the outputs on the current stream but nvJPEG writes them on its own
         # stream, which does not wait for work still queued on ours: let that work finish first so a

@@ -13,7 +13,8 @@ thousands of small ones. Format version 2, all datasets contiguous and unfiltere
         images               uint8 [total bytes]: every image back to back (encoded file bytes, or
                              raw pixels in HWC order)
         image_offsets        int64 [N + 1]: image i is images[image_offsets[i]:image_offsets[i + 1]]
-        image_shapes         int32 [N, 3]: (H, W, 3) of each decoded image
+        image_shapes         int32 [N, 3]: (H, W, 3) of each decoded image (an encoded image's
+                             header must say the same)
         image_crc32          uint32 [N]: zlib.crc32 of each stored image (version 2)
         paths, path_offsets  uint8 [bytes], int64 [N + 1]: each sample's source path (UTF-8),
                              relative to the source folder
@@ -40,9 +41,17 @@ palette/RGBA/16-bit PNG, BMP, a PNG named .JPEG, ...) is stored as the lossless 
 ``PIL.Image.open(f).convert("RGB")``, so every decoder returns exactly PIL's pixels.
 
 Mirrors come from strangers (a shared Drive folder), so nothing in one is trusted: before the first
-open in a process, a child process walks the file's HDF5 metadata with a time limit (libhdf5 can
-crash or loop on corrupt metadata), and every array is checked against the file's size and the
-sample count before it is read. Any problem is one :class:`MirrorError` naming the file.
+open in a process, an isolated child process (``python -I``: nothing imported from the current
+folder) walks the file's HDF5 metadata with a time limit (libhdf5 can crash or loop on corrupt
+metadata) and bounds every attribute by the sample count (1 MiB each; ``classes``, ``class_names``
+and ``skipped`` 1 MiB + 4 KiB per sample), and every array is checked against the file's size and
+the sample count before it is read (``image_offsets`` holds at most one sample per 67 bytes of
+encoded data, the smallest PNG, or per 3 of raw pixels; ``paths`` at most 4096 bytes per sample).
+An encoded image's header must give its declared ``image_shapes`` entry, within
+``PIL.Image.MAX_IMAGE_PIXELS``, before it is decoded or memory is allocated for it, on every path
+(:func:`colabfast.gpudecode.check_encoded`); PNGs are decoded by PIL, never by torchvision's libpng
+binding, which crashes the process on corrupt data. Any problem is one :class:`MirrorError` naming
+the file (and the sample).
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 import h5py
 import numpy as np
 
-from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, human_bytes
+from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, human_bytes, python_child
 from colabfast.errors import Error
 
 FORMAT = "colabfast-mirror"
@@ -83,13 +92,17 @@ OBJECT_COLUMNS = {  # kitti objects/<name>: dtype, shape of one row
 VET_TIMEOUT = 60.0  # seconds the child process may take to walk a mirror's metadata
 VET_MOUNT_FAILED = 4  # the vetting child's exit status for a transient I/O error (stdout: its errno)
 OPEN_RETRIES = 5  # retries of opening a mirror, and of reading its index, on a flaky mount (as stage's)
-MAX_ATTR_BYTES = 64 << 20  # a larger attribute is not one pack writes
+MAX_ATTR_BYTES = 1 << 20  # the most bytes of an attribute, but those that grow with the samples:
+GROWING_ATTRS = ("classes", "class_names", "skipped")  # each: MAX_ATTR_BYTES + ATTR_BYTES_PER_SAMPLE per sample
+ATTR_BYTES_PER_SAMPLE = 4096  # a class name (a folder name, NAME_MAX 255 bytes, JSON-escaped), or a skipped file
+MAX_PATH_BYTES = 4096  # PATH_MAX: the most bytes of one sample's source path
+MIN_ENCODED_BYTES = 67  # the smallest PNG (1x1 grey); every JPEG is larger: what one encoded sample takes at least
 MAX_OBJECTS = 10_000  # groups and datasets: a mirror has about 20
 VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
 T = TypeVar("T")
 __all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index", "read_paths", "open_h5", "read_h5",
-           "vet", "trust", "write_array", "header", "header_crc32", "attrs_crc32"]
+           "vet", "trust", "write_array", "header", "header_crc32", "attrs_crc32", "file_version"]
 
 
 class MirrorError(Error, ValueError):
@@ -222,10 +235,16 @@ def _open(path: Path) -> h5py.File:
 _vetted: set[str] = set()  # keys (see _key) of files vetted in, or inherited by, this process
 
 
+def file_version(st: os.stat_result) -> tuple[int, ...]:
+    """What tells one version of a file from another (``os.stat``/``os.fstat``): size, modification
+    and change time, inode and device. A copy, a rewrite or a replacement (``os.replace``, as pack and
+    stage publish) changes it."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
 def _key(path: Path) -> str:
-    """Names one version of one file: a copy, a rewrite or a rename gives a new key (ctime and inode)."""
-    st = os.stat(path)
-    ident = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0{st.st_dev}"
+    """Names one version of one file (:func:`file_version`) at one path."""
+    ident = "\0".join(map(str, (os.path.abspath(path), *file_version(os.stat(path)))))
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
@@ -289,10 +308,10 @@ def vet(path: PathLike, timeout: Optional[float] = None) -> None:
         _vetted.add(key)
         return
     timeout = VET_TIMEOUT if timeout is None else timeout
-    code = "import sys; from colabfast.mirror import _vet_main; _vet_main(sys.argv[1])"
+    child = python_child("from colabfast.mirror import _vet_main; _vet_main(sys.argv[1])")
     try:
-        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run([*child, str(path)], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise MirrorError(f"{path}: reading its HDF5 metadata did not finish in {timeout:g} s (libhdf5 loops on "
                           "some corrupt files). The file is corrupt: copy it again, or pack it again.") from None
@@ -316,7 +335,7 @@ def _vet_main(path: str) -> None:
     or VET_MOUNT_FAILED with the errno where the mount failed (no verdict on the file)."""
     try:
         with _open(Path(path)) as f:
-            _walk(f, path, os.path.getsize(path))
+            _walk(f, path, os.path.getsize(path), _samples(f))
     except Exception as exc:  # h5py raises many types on corrupt metadata: each a verdict, unless the mount failed
         if (code := _mount_errno(exc)) is not None:
             print(code)
@@ -326,13 +345,23 @@ def _vet_main(path: str) -> None:
         sys.exit(3)
 
 
-def _walk(f: h5py.File, path: str, size: int) -> None:
+def _samples(f: h5py.File) -> int:
+    """The number of samples a mirror's ``image_offsets`` declare (their shapes, nothing read): what
+    bounds its attributes (:func:`_read_attrs`)."""
+    n = 0
+    for g in (f, *(f[s] for s in KITTI_SPLITS if isinstance(f.get(s, getlink=True), h5py.HardLink))):
+        if isinstance(g, h5py.Group) and isinstance(ds := _member(g, "image_offsets"), h5py.Dataset):
+            n += max(0, ds.shape[0] - 1) if len(ds.shape) == 1 else 0
+    return n
+
+
+def _walk(f: h5py.File, path: str, size: int, samples: int) -> None:
     """Touch every object and attribute (what a crash or a loop would hit) and check each dataset."""
     seen = 0
 
     def visit(g: h5py.Group, depth: int) -> None:
         nonlocal seen
-        _read_attrs(g, path)
+        _read_attrs(g, path, samples)
         for name in g:
             seen += 1
             where = f"{g.name.rstrip('/')}/{name}"
@@ -347,7 +376,7 @@ def _walk(f: h5py.File, path: str, size: int) -> None:
                     raise _bad(path, f"{where} is nested deeper than the format's groups")
                 visit(obj, depth + 1)
             elif isinstance(obj, h5py.Dataset):
-                _read_attrs(obj, path)
+                _read_attrs(obj, path, samples)
                 _check_storage(obj, path, size)
             else:
                 raise _bad(path, f"{where} is a {type(obj).__name__}, not a group or dataset")
@@ -355,11 +384,23 @@ def _walk(f: h5py.File, path: str, size: int) -> None:
     visit(f, 0)
 
 
-def _read_attrs(obj: Union[h5py.Group, h5py.Dataset], path: str) -> None:
+def _read_attrs(obj: Union[h5py.Group, h5py.Dataset], path: str, samples: int) -> None:
+    """Read every attribute of ``obj`` and check that its size is one a mirror of ``samples`` samples
+    can have (a 60 MB ``classes`` took 49 s and 2.25 GB to parse, issue 23): fixed-size values before
+    they are read; text (variable-length: HDF5 keeps it in a heap and knows its size only by reading
+    it) here, in the vetting child, so the process that parses it never meets an oversized one."""
     for name in obj.attrs:
-        if h5py.h5a.open(obj.id, name.encode()).get_storage_size() > MAX_ATTR_BYTES:
-            raise _bad(path, f"attribute {name!r} of {obj.name} is larger than {human_bytes(MAX_ATTR_BYTES)}")
-        obj.attrs[name]
+        limit = MAX_ATTR_BYTES + (ATTR_BYTES_PER_SAMPLE * samples if obj.name == "/" and name in GROWING_ATTRS else 0)
+        _attr_size(h5py.h5a.open(obj.id, name.encode()).get_storage_size(), limit, obj, name, path, samples)
+        value = obj.attrs[name]
+        texts = value.ravel().tolist() if isinstance(value, np.ndarray) and value.dtype == object else [value]
+        _attr_size(sum(len(t) for t in texts if isinstance(t, (str, bytes))), limit, obj, name, path, samples)
+
+
+def _attr_size(size: int, limit: int, obj: Union[h5py.Group, h5py.Dataset], name: str, path: str, samples: int) -> None:
+    if size > limit:
+        raise _bad(path, f"attribute {name!r} of {obj.name} has {human_bytes(size)}, more than a mirror of {samples} "
+                         f"samples holds ({human_bytes(limit)})")
 
 
 def _check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
@@ -565,17 +606,23 @@ def write_array(g: h5py.Group, name: str, data: np.ndarray, **attrs: Any) -> h5p
     return ds
 
 
-def _dataset(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple) -> h5py.Dataset:
-    """``g[name]``, checked to be a contiguous dataset of ``dtype`` and ``shape`` (None: any length)
-    inside the file; nothing read yet."""
+def _dataset(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple,
+             at_most: bool = False) -> h5py.Dataset:
+    """``g[name]``, checked to be a contiguous dataset of ``dtype`` and ``shape`` (None: any length;
+    ``at_most``: the first dimension no longer than ``shape[0]``) inside the file; nothing read yet."""
     where = f"{g.name.rstrip('/')}/{name}"
     ds = _member(g, name)
     if not isinstance(ds, h5py.Dataset):
         raise _bad(path, f"it has no dataset {where}")
-    if ds.dtype != np.dtype(dtype) or len(ds.shape) != len(shape) or any(
-            want is not None and have != want for have, want in zip(ds.shape, shape)):
+
+    def fits(k: int, have: int, want: Optional[int]) -> bool:
+        return want is None or (have <= want if at_most and k == 0 else have == want)
+
+    if ds.dtype != np.dtype(dtype) or len(ds.shape) != len(shape) or not all(
+            fits(k, have, want) for k, (have, want) in enumerate(zip(ds.shape, shape))):
+        wanted = [("<=" if at_most and k == 0 else "") + ("*" if s is None else str(s)) for k, s in enumerate(shape)]
         raise _bad(path, f"{where} is {ds.dtype} {list(ds.shape)}, expected {np.dtype(dtype)} "
-                         f"{['*' if s is None else s for s in shape]}")
+                         f"[{', '.join(wanted)}]")
     _check_storage(ds, path, os.path.getsize(path))
     return ds
 
@@ -586,9 +633,10 @@ def _member(g: h5py.Group, name: str) -> Any:
     return g[name] if isinstance(g.get(name, getlink=True), h5py.HardLink) else None
 
 
-def _array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, version: int) -> np.ndarray:
+def _array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, version: int,
+           at_most: bool = False) -> np.ndarray:
     """Read ``g[name]`` after :func:`_dataset`'s checks; from version 2 on, check its ``crc32``."""
-    ds = _dataset(g, name, path, dtype, shape)
+    ds = _dataset(g, name, path, dtype, shape, at_most)
     data = ds[()] if ds.size else np.zeros(ds.shape, ds.dtype)
     if version >= 2:
         attrs = {k: ds.attrs[k] for k in ds.attrs}
@@ -668,9 +716,10 @@ def _group(f: h5py.File, path: Path, split: str, head: Header) -> h5py.Group:
 def _load_index(f: h5py.File, path: Path, split: str) -> Index:
     head = header(f, path)
     g, v = _group(f, path, split, head), head.version
-    offsets = _array(g, "image_offsets", path, "<i8", (None,), v)
-    n = len(offsets) - 1
     images = _dataset(g, "images", path, "u1", (None,))
+    least = MIN_ENCODED_BYTES if head.store == "encoded" else 3  # bytes per sample: N bounded before reading
+    offsets = _array(g, "image_offsets", path, "<i8", (images.shape[0] // least + 1,), v, at_most=True)
+    n = len(offsets) - 1
     _offsets(offsets, images.shape[0], "image_offsets", path)
     shapes = _array(g, "image_shapes", path, "<i4", (n, 3), v)
     if n and (shapes[:, :2].min() < 1 or np.any(shapes[:, 2] != 3)):
@@ -680,10 +729,11 @@ def _load_index(f: h5py.File, path: Path, split: str) -> Index:
         i = int(np.flatnonzero(shapes.astype(np.int64).prod(axis=1) != sizes)[0])
         raise _bad(path, f"raw image {i} has {sizes[i]} bytes but its shape {shapes[i].tolist()} needs "
                          f"{int(np.prod(shapes[i].astype(np.int64)))}")
-    if head.store == "encoded" and np.any(sizes == 0):
-        raise _bad(path, f"encoded image {int(np.flatnonzero(sizes == 0)[0])} has 0 bytes")
-    for name, dtype, shape in (("paths", "u1", (None,)), ("path_offsets", "<i8", (n + 1,))):
-        _dataset(g, name, path, dtype, shape)  # read when asked for (read_paths, verify)
+    if head.store == "encoded" and np.any(sizes < MIN_ENCODED_BYTES):
+        i = int(np.flatnonzero(sizes < MIN_ENCODED_BYTES)[0])
+        raise _bad(path, f"encoded image {i} has {sizes[i]} bytes, fewer than any JPEG or PNG")
+    for name, dtype, shape in (("paths", "u1", (n * MAX_PATH_BYTES,)), ("path_offsets", "<i8", (n + 1,))):
+        _dataset(g, name, path, dtype, shape, at_most=name == "paths")  # read when asked for (read_paths, verify)
     index = Index(path, split, head, images.id.get_offset() or 0, offsets, shapes, None,
                   _array(g, "image_crc32", path, "<u4", (n,), v) if v >= 2 else None,
                   _array(g, "order", path, "<i8", (n,), v))
@@ -733,8 +783,9 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
     def read(f: h5py.File) -> tuple[np.ndarray, bytes]:
         head = header(f, path)
         g = _group(f, path, split, head)
-        offsets = _array(g, "path_offsets", path, "<i8", (None,), head.version)
-        return offsets, _array(g, "paths", path, "u1", (None,), head.version).tobytes()
+        n = _dataset(g, "image_offsets", path, "<i8", (None,)).shape[0] - 1  # bounds both, before reading
+        offsets = _array(g, "path_offsets", path, "<i8", (n + 1,), head.version)
+        return offsets, _array(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), head.version, at_most=True).tobytes()
 
     offsets, blob = read_h5(path, read)
     _offsets(offsets, len(blob), "path_offsets", path)
@@ -760,7 +811,9 @@ def _not_plain(joined: str) -> bool:
 
 @_as_mirror_error
 def verify(path: PathLike, progress: bool = False) -> int:
-    """Check every stored image of a version 2 mirror against its checksum, and its paths and order.
+    """Check every stored image of a version 2 mirror against its checksum, and its paths and order;
+    and each encoded image's header against its declared shape and ``PIL.Image.MAX_IMAGE_PIXELS``
+    (:func:`colabfast.gpudecode.check_encoded`; nothing is decoded).
 
     Reads the whole file once, in reads of 64 MB; CRC-32 runs at about 3.5 GB/s per core (measured
     here), so the disk is the limit. ``colabfast info --verify`` runs this.
@@ -769,13 +822,18 @@ def verify(path: PathLike, progress: bool = False) -> int:
         The number of samples checked.
 
     Raises:
-        MirrorError: a version 1 mirror (no checksums), or samples that differ (up to 20 are named).
+        MirrorError: a version 1 mirror (no checksums), a KITTI mirror with neither split, or samples
+            that differ (up to 20 are named).
     """
     from tqdm.auto import tqdm
 
+    from colabfast.gpudecode import check_encoded
+
     path = Path(path)
     with open_h5(path) as f:
-        splits = split_names(f)
+        head, splits = header(f, path), split_names(f)
+    if not splits:  # kitti: no training/ or testing/ (an imagefolder's tables at the root are not read)
+        raise _bad(path, "a kitti mirror without a training or testing split")
     total, bad = 0, []
     for split in splits:
         index = load_index(path, split)
@@ -799,8 +857,15 @@ def verify(path: PathLike, progress: bool = False) -> int:
                     base = int(offsets[i])
                     buf = _pread(fd, int(offsets[j]) - base, index.data_offset + base, path)
                     for k in range(i, j):
-                        if zlib.crc32(buf[offsets[k] - base : offsets[k + 1] - base]) != int(index.crc32[k]):
-                            bad.append(f"{split + ' ' if split else ''}sample {k} ({rels[k]})")
+                        data = buf[offsets[k] - base : offsets[k + 1] - base]
+                        where = f"{split + ' ' if split else ''}sample {k} ({rels[k]})"
+                        if zlib.crc32(data) != int(index.crc32[k]):
+                            bad.append(where)
+                        elif head.store == "encoded":
+                            try:
+                                check_encoded(np.frombuffer(data, np.uint8), where, index.shapes[k][:2])
+                            except ValueError as exc:  # names `where`
+                                bad.append(str(exc))
                     bar.update(len(buf))
                     i = j
         finally:
@@ -809,7 +874,8 @@ def verify(path: PathLike, progress: bool = False) -> int:
     if bad:
         shown = "".join(f"\n  {b}" for b in bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
         raise MirrorError(f"{path}: {len(bad)} of {total} samples do not match their checksums (flipped bytes on "
-                          f"disk or in a copy):{shown}\nCopy the mirror again, or pack it again.")
+                          f"disk or in a copy) or their declared sizes:{shown}\nCopy the mirror again, or pack it "
+                          "again.")
     return total
 
 
@@ -893,6 +959,8 @@ def info(path: PathLike) -> MirrorInfo:
         head = header(f, path, complete=False)
         splits = split_names(f)
         labels = _text(f.attrs, "labels", path, "")
+    if head.complete and not splits:
+        raise _bad(path, "a kitti mirror without a training or testing split")
     samples, nbytes, objects = {}, {}, {}
     for split in splits if head.complete else []:
         index = load_index(path, split)

@@ -27,8 +27,8 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets
-from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, decode_cpu
+from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets, undecodable
+from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, decode_cpu
 from colabfast.mirror import MirrorError
 from colabfast.prefetch import ImageList
 
@@ -173,8 +173,11 @@ class BatchReader:
         data = self._memory.empty((int(lengths.sum()),))
         starts = np.concatenate(([0], np.cumsum(lengths.numpy())))
         self._read_runs(indices, data, starts.tolist())
+        files = data.split(lengths.tolist())
         if self.dataset.verify:
-            self.dataset.reader.index.check_samples(indices, [f.numpy() for f in data.split(lengths.tolist())])
+            self.dataset.reader.index.check_samples(indices, [f.numpy() for f in files])
+        for i, f in zip(indices, files):  # the declared sizes, within the pixel limit, before nvJPEG allocates
+            self._check(i, f)
         # Only JPEGs go to nvJPEG (the worker path decodes others on the CPU): the signature of every
         # file at once, no per-sample Python.
         head = data.numpy()[np.minimum(starts[:-1, None] + np.arange(3), len(data) - 1)]
@@ -204,6 +207,9 @@ class BatchReader:
             np.copyto(out.numpy(), hwc.numpy().transpose(0, 3, 1, 2))  # numpy's transposing copy: 3.7x torch's
             return out
         stored = self.dataset._stored(indices)  # one read per run; verified there when asked
+        for i, data in zip(indices, stored):  # sizes from the headers before allocating by the declared ones
+            if reader.store == "encoded":
+                self._check(i, data)
         if not same:
             return ImageList([self._image(i, data) for i, data in zip(indices, stored)])
         h, w, c = (int(v) for v in shapes[0])
@@ -226,14 +232,22 @@ class BatchReader:
         if self.dataset.reader.store == "raw":
             h, w, c = (int(v) for v in self.dataset.reader.shapes[index])
             return data.view(h, w, c).permute(2, 0, 1).clone()
-        return self._decode(index, data)
+        return self._decode(index, data, size=self.dataset.reader.shapes[index][:2])
 
-    def _decode(self, index: int, data: torch.Tensor, out: Optional[np.ndarray] = None) -> torch.Tensor:
+    def _check(self, index: int, data: torch.Tensor) -> None:
+        """Raise MirrorError unless the encoded image's header gives its declared size, within the
+        pixel limit (:func:`~colabfast.gpudecode.check_encoded`)."""
         try:
-            return decode_cpu(data, index, out)
+            check_encoded(data.numpy(), index, self.dataset.reader.shapes[index][:2])
         except ValueError as exc:
-            raise MirrorError(f"{self.dataset.path}: sample {index} cannot be decoded ({exc}): the mirror is "
-                              f"corrupt; `colabfast info --verify {self.dataset.path}` checks every sample") from exc
+            raise undecodable(self.dataset.reader, index, exc) from exc
+
+    def _decode(self, index: int, data: torch.Tensor, out: Optional[np.ndarray] = None,
+                size: Optional[np.ndarray] = None) -> torch.Tensor:
+        try:
+            return decode_cpu(data, index, out, size)
+        except ValueError as exc:
+            raise undecodable(self.dataset.reader, index, exc) from exc
 
     def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.pin_memory:  # torch's caching host allocator reuses freed pinned blocks itself

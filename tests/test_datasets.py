@@ -426,3 +426,21 @@ def test_stored_positions_map_indices_to_where_samples_are_stored():
     assert stored_positions(np.array([9, 1, 4]), "m.h5").tolist() == [1, 2, 0]
     with pytest.raises(MirrorError, match="m.h5: its order dataset lists source index 2 twice"):
         stored_positions(np.array([2, 0, 2]), "m.h5")
+
+
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_a_mirror_replaced_after_the_dataset_was_made_is_refused(inet, mirrors, tmp_path, context):
+    """Issue 23.C: a mirror replaced at its path (a re-run of pack or stage publishes with os.replace)
+    was read with the old index: with store="raw", 0 of 16 items matched and nothing was raised. The
+    change is found at the first read, in this process and in each worker."""
+    m = tmp_path / "m.h5"
+    shutil.copyfile(mirrors["raw"], m)
+    ds = H5ImageFolder(m, output="tensor")
+    other = pack(inet, tmp_path / "other.h5", store="raw", shuffle=True, progress=False)
+    os.replace(other, m)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context)
+    with pytest.raises(MirrorError, match=r"m\.h5 changed since this dataset was made from it .* Make the dataset"):
+        next(iter(loader))
+    with pytest.raises(MirrorError, match="changed since"):
+        ds[0]
+    assert H5ImageFolder(m).shuffled and H5ImageFolder(m)[0]  # a dataset made again reads the new file

@@ -28,7 +28,7 @@ from colabfast.datasets import H5ImageFolder, H5Kitti
 from colabfast.loading import DataLoader
 from colabfast.mirror import MirrorError, header_crc32, info, load_index, verify, write_array
 from colabfast.packing import pack
-from colabfast.testing.data import make_imagefolder, make_kitti
+from colabfast.testing.data import encode, make_imagefolder, make_kitti, photo
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -540,3 +540,201 @@ def test_hostile_corpus_and_fuzz_give_a_mirror_error_or_correct_data(good, tmp_p
     assert not wrong, wrong
     refused = sum(o == "MirrorError" for o in outcomes.values())
     print(f"{len(corpus)} hostile mirrors: {refused} refused with MirrorError, {len(corpus) - refused} read correctly")
+
+
+# --- issue 23: decoding never crashes or blows up, whatever a mirror's image bytes say -------------
+
+
+@pytest.fixture(scope="module")
+def pngs(tmp_path_factory) -> dict[str, Path]:
+    """A KITTI mirror (PNG images) and an imagefolder mirror of PNGs (read by the loader's threads)."""
+    base = tmp_path_factory.mktemp("png")
+    rng = np.random.default_rng(23)
+    for cls in ("a", "b"):
+        (base / "folder" / cls).mkdir(parents=True)
+        for n in range(4):
+            (base / "folder" / cls / f"{n}.png").write_bytes(encode(photo(40, 30, rng), "PNG"))
+    make_kitti(base / "kitti", train=3, test=1, size=(48, 16))
+    return {"folder": pack(base / "folder", base / "folder.h5", progress=False),
+            "kitti": pack(base / "kitti", base / "kitti.h5", progress=False)}
+
+
+def _rewrite_image(m: Path, split: str, i: int, change) -> None:
+    """Replace stored image ``i`` by ``change(bytes)`` (same length), its CRC-32 made valid again: a
+    hostile mirror, which no checksum can catch."""
+    index = load_index(m, split)
+    start = index.data_offset + int(index.offsets[i])
+    with open(m, "r+b") as fh:
+        fh.seek(start)
+        old = fh.read(int(index.offsets[i + 1] - index.offsets[i]))
+        new = change(old)
+        assert len(new) == len(old)
+        fh.seek(start)
+        fh.write(new)
+    with h5py.File(m, "r+") as f:
+        g = f[split] if split else f
+        crc = g["image_crc32"][()]
+        crc[i] = zlib.crc32(new)
+        put(g, "image_crc32", crc)
+
+
+def _flip_in_idat(data: bytes) -> bytes:
+    at = data.index(b"IDAT") + 4 + 20  # a bit of the compressed pixels: libpng's "incorrect data check"
+    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
+
+
+READ_ONE = textwrap.dedent("""
+    import sys
+    from colabfast import DataLoader, H5ImageFolder, H5Kitti, MirrorError
+    how, path = sys.argv[1], sys.argv[2]
+    try:
+        if how.startswith("kitti"):
+            H5Kitti(path, output=how.split("-")[1])[1]
+        else:
+            loader = DataLoader(H5ImageFolder(path, output="tensor"), batch_size=4, device="cpu",
+                                num_workers=2 if how == "workers" else None)
+            print(loader.choices["reader"][1], flush=True)
+            list(loader)
+    except MirrorError as exc:
+        print("MirrorError:", exc)
+""")
+
+
+@pytest.mark.parametrize("how", ["kitti-tensor", "kitti-pil", "threads", "workers"])
+def test_a_corrupt_png_is_a_mirror_error_not_a_dead_process(pngs, tmp_path, how):
+    """Issue 23.1: one flipped bit in a stored PNG's IDAT made torchvision.io.decode_image segfault the
+    process (libpng: "IDAT: incorrect data check"), in the dataset, the loader's reader threads and
+    its workers. Here the CRC-32 is even made to match. Read in a subprocess: a crash fails the test."""
+    kitti = how.startswith("kitti")
+    m = copy(pngs["kitti" if kitti else "folder"], tmp_path / "m.h5")
+    _rewrite_image(m, "training" if kitti else "", 1, _flip_in_idat)
+    out = subprocess.run([sys.executable, "-c", READ_ONE, how, str(m)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, f"rc {out.returncode}: {out.stderr[-2000:]}"
+    if how == "threads":
+        assert out.stdout.startswith("threads in this process")
+    assert f"MirrorError: {m}: sample 1 cannot be decoded" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def _declare_size(data: bytes, w: int, h: int) -> bytes:
+    """The JPEG ``data`` with its SOF0 header saying ``w`` x ``h`` (the scan stays small)."""
+    at = data.index(b"\xff\xc0") + 5
+    return data[:at] + h.to_bytes(2, "big") + w.to_bytes(2, "big") + data[at + 4:]
+
+
+def _set_shapes(m: Path, shapes) -> None:
+    with h5py.File(m, "r+") as f:
+        put(f, "image_shapes", np.asarray(shapes, np.int32))
+
+
+def _every_path(m: Path):
+    """Each way a sample's image is decoded or handed on for decoding, as (name, call)."""
+    from colabfast.reader import BatchReader
+
+    tensor, pil, nbytes = (H5ImageFolder(m, output=o) for o in ("tensor", "pil", "bytes"))
+    return [
+        ("tensor", lambda: tensor[0]),
+        ("pil", lambda: pil[0]),
+        ("bytes", lambda: nbytes[0]),
+        ("threads", lambda: list(DataLoader(tensor, batch_size=3, device="cpu"))),
+        ("workers", lambda: list(DataLoader(tensor, batch_size=3, device="cpu", num_workers=2))),
+        ("gpu reader", lambda: BatchReader(nbytes, threads=1).read([0, 1, 2])),
+        ("verify", lambda: verify(m)),
+    ]
+
+
+def test_decompression_bombs_are_refused_from_the_header(good, tmp_path):
+    """Issue 23.2: 8 JPEGs whose headers (and image_shapes) say 16000x16000 took a process to 12.5 GB
+    (output="tensor", the loader, verify); only PIL's own limit stopped output="pil". Every path
+    refuses them from the header, by PIL.Image.MAX_IMAGE_PIXELS, before decoding anything."""
+    m = copy(good["encoded"], tmp_path / "m.h5")
+    for i in range(6):
+        _rewrite_image(m, "", i, lambda data: _declare_size(data, 16000, 16000))
+    _set_shapes(m, [[16000, 16000, 3]] * 6)
+    rss = psutil.Process().memory_info().rss
+    for name, call in _every_path(m):
+        with pytest.raises(MirrorError, match=r"16000x16000, 256\.0 million pixels, more than the limit of 89\.5 "
+                                              r"million \(PIL\.Image\.MAX_IMAGE_PIXELS\)"):
+            call()
+        assert psutil.Process().memory_info().rss - rss < 300 << 20, name
+
+
+def test_the_pixel_limit_is_pils(good, monkeypatch):
+    """The one knob: PIL.Image.MAX_IMAGE_PIXELS, read at each decode (None: no limit)."""
+    from PIL import Image
+
+    ds = H5ImageFolder(good["encoded"], output="tensor")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(MirrorError, match=r"sample 0: the image at dataset index 0 is \d+x\d+, .* limit of 0\.0"):
+        ds[0]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    assert ds[0][0].shape[0] == 3
+
+
+@pytest.mark.parametrize("declared", [(60000, 60000), (12000, 12000), (10, 10)])
+def test_decoded_shape_must_be_the_declared_shape_on_every_path(good, tmp_path, declared):
+    """Issue 23.3: image_shapes declaring 60000x60000 for ordinary JPEGs gave MemoryError in the
+    reader threads (they allocated by it); 12000x12000 and too-small shapes gave MirrorError on one
+    path and the image on another. One rule: the header must give the declared shape."""
+    m = copy(good["encoded"], tmp_path / "m.h5")
+    _set_shapes(m, [[*declared, 3]] * 6)
+    h, w = declared
+    for _, call in _every_path(m):
+        with pytest.raises(MirrorError, match=rf"is \d+x\d+(, not the {w}x{h} declared for it|.*more than the limit)"):
+            call()
+
+
+def test_attributes_are_bounded_by_the_sample_count(good, tmp_path):
+    """Issue 23.5: a 60 MB `classes` attribute took 49 s and 2.25 GB to open. An attribute larger than
+    a mirror of that many samples holds is refused before it is read."""
+    m = copy(good["encoded"], tmp_path / "m.h5")
+    with h5py.File(m, "r+") as f:
+        set_attrs(f, classes=json.dumps(["a", "b"] + [f"c{i:07d}" for i in range(300_000)]))
+    with pytest.raises(MirrorError, match=r"attribute 'classes' of / has 3\.\d MB, more than a mirror of 6 samples"):
+        H5ImageFolder(m)
+    with h5py.File(m, "r+") as f:
+        set_attrs(f, classes=json.dumps(["a", "b"] + ["c" * 200] * 100))  # 20 kB: within the bound
+    assert len(H5ImageFolder(m).classes) == 102
+
+
+def test_index_arrays_are_bounded_before_they_are_read(good, tmp_path):
+    """Issue 23.5: a 2 GiB sparse index reached 2.7 GB of RAM before its MirrorError. image_offsets
+    cannot hold more samples than the image data has room for, nor paths more than PATH_MAX each."""
+    rss = psutil.Process().memory_info().rss
+    for name in ("image_offsets", "paths"):
+        m = copy(good["encoded"], tmp_path / f"{name}.h5")
+        with h5py.File(m, "r+") as f:
+            del f[name]
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # storage in the file (sparse), never written
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+            dtype = np.dtype("<i8" if name == "image_offsets" else "u1")
+            space = h5py.h5s.create_simple(((2 << 30) // dtype.itemsize,))
+            h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(dtype), space, dcpl=dcpl)
+        assert m.stat().st_size > 2 << 30
+        with pytest.raises(MirrorError, match=rf"/{name} is .*, expected .*\[<="):
+            assert H5ImageFolder(m).source_paths
+        assert psutil.Process().memory_info().rss - rss < 300 << 20, name
+        m.unlink()
+
+
+def test_the_vetting_child_does_not_import_from_the_current_folder(good, tmp_path, monkeypatch):
+    """Issue 23.A: the child walking a mirror's metadata ran as `python -c`, so a json.py planted in
+    the current folder (an untrusted archive one `%cd`'d into) ran in it."""
+    ran = tmp_path / "planted-code-ran"
+    (tmp_path / "json.py").write_text(f"open({str(ran)!r}, 'w').close()\nfrom _json import *\n")
+    monkeypatch.chdir(tmp_path)
+    m = copy(good["encoded"], tmp_path / "m.h5")
+    assert len(H5ImageFolder(m)) == 6  # vetted in a child process, which found colabfast and h5py
+    assert not ran.exists()
+
+
+def test_verify_fails_a_kitti_mirror_without_kitti_splits(good, tmp_path):
+    """Issue 23.F: a mirror whose layout says kitti but holds imagefolder tables passed `verify` with
+    0 samples."""
+    m = copy(good["encoded"], tmp_path / "m.h5")
+    with h5py.File(m, "r+") as f:
+        set_attrs(f, layout="kitti")
+    for check in (verify, info):
+        with pytest.raises(MirrorError, match="a kitti mirror without a training or testing split"):
+            check(m)
