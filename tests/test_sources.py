@@ -74,7 +74,7 @@ def test_imagefolder_samples_are_torchvisions(tree, tmp_path):
 
 
 def test_imagefolder_errors_name_the_folder(tmp_path):
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'missing'} is not a folder"):
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'missing'} does not exist: check the path"):
         read_source(tmp_path / "missing")
     flat = tmp_path / "flat"
     flat.mkdir()
