@@ -1,12 +1,13 @@
 """colabfast: end the data-loading bottleneck of PyTorch training in Google Colab and Jupyter.
 
-The data path, one module each: ``env`` (where we run; ``standin`` is Drive's local stand-in) ->
+The data path, one module each: ``mounttable`` (the machine's mounts) -> ``env`` (where we run;
+``standin`` is Drive's local stand-in, ``drivesim`` a simulated Drive with its latency and faults) ->
 ``drive`` (mount Google Drive; ``fetching`` for shared links) -> ``staging`` (copy it to local disk or
 RAM; ``archive``, ``tmpfs``) -> ``packing`` (HDF5 mirrors; ``mirror`` is the format, ``sources`` the
 layouts, ``archivesource`` archives read as one stream, ``imagenet`` ImageNet's labels) -> ``datasets``
--> ``loading`` (feed the GPU; ``reader``, ``sampler``, ``prefetch``, ``gpudecode``, ``transforms``) ->
-``diagnosis`` (are we data-bound?). ``doctor``
-(``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
+-> ``loading`` (feed the GPU; ``reader``, ``sampler``, ``collate``, ``prefetch``, ``gpudecode``,
+``transforms``) -> ``diagnosis`` (are we data-bound?). ``doctor`` (``colabfast doctor``) reads ``env``
+and ``staging`` to advise where data should live.
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.
 """
