@@ -5,7 +5,8 @@ The data path, one module each: ``env`` (where we run; ``standin`` is Drive's lo
 RAM; ``archive``, ``tmpfs``) -> ``packing`` (HDF5 mirrors; ``mirror`` is the format, ``sources`` the
 layouts, ``archivesource`` archives read as one stream, ``imagenet`` ImageNet's labels) -> ``datasets``
 -> ``loading`` (feed the GPU; ``reader``, ``sampler``, ``prefetch``, ``gpudecode``, ``transforms``) ->
-``diagnosis`` (are we data-bound?). ``doctor``
+``diagnosis`` (are we data-bound?). ``opening`` (``open_dataset``) takes a source from Drive to a
+dataset in one call, through staging, packing and datasets. ``doctor``
 (``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.
@@ -35,6 +36,7 @@ _EXPORTS = {
     "PackError": "colabfast.packing",
     "ArchiveReadError": "colabfast.archivesource",
     "UnsafeArchiveError": "colabfast.archive",
+    "open_dataset": "colabfast.opening",
     "H5ImageFolder": "colabfast.datasets",
     "H5Kitti": "colabfast.datasets",
     "MirrorError": "colabfast.mirror",
