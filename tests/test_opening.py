@@ -276,3 +276,23 @@ def test_a_read_only_drive_is_named_with_the_fix(local, monkeypatch):
         assert len(ds) == 4 and "flushed" not in ds.account
     finally:
         drive.flush_and_unmount()
+
+
+def test_the_open_command(local):
+    src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
+    environ = dict(os.environ, COLABFAST_CACHE=str(local / "cache"), TMPDIR=str(local / "tmp"))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "colabfast.cli", "open", *args], capture_output=True, text=True,
+                              env=environ, cwd=ROOT)
+
+    out = run(str(src), "--to", "disk")
+    assert out.returncode == 0, out.stderr
+    *account, path = out.stdout.strip().splitlines()
+    assert Path(path).is_file() and Path(path).parent == env.work_dir()
+    assert any(line.startswith("no mirror of it with these options") for line in account)
+    assert account[-1] == "opened as H5ImageFolder: 4 images in 2 classes"
+    again = run(str(src), "--to", "disk", "-q")
+    assert again.returncode == 0 and again.stdout.strip() == path
+    bad = run(str(local / "missing"))
+    assert bad.returncode == 1 and "colabfast open: nothing to open" in bad.stderr
