@@ -215,6 +215,7 @@ def test_an_archive_opens_as_h5imagefolder(local):
     ref = ImageFolder(tree)
     assert ds.targets == ref.targets and ds.classes == ref.classes
     assert all(np.array_equal(np.asarray(a), b.permute(1, 2, 0).numpy()) for (a, _), (b, _) in zip(ref, ds))
+    assert "found a mirror of it" in open_dataset(archive, progress=False).account  # pack's fingerprint, reused
 
 
 # --- refused, with what was found and what is accepted ------------------------------------------------
