@@ -6,8 +6,9 @@ The data path, one module each: ``mounttable`` (the machine's mounts) -> ``env``
 RAM; ``archive``, ``tmpfs``) -> ``packing`` (HDF5 mirrors; ``mirror`` is the format, ``sources`` the
 layouts, ``archivesource`` archives read as one stream, ``imagenet`` ImageNet's labels) -> ``datasets``
 -> ``loading`` (feed the GPU; ``reader``, ``sampler``, ``collate``, ``prefetch``, ``gpudecode``,
-``transforms``) -> ``diagnosis`` (are we data-bound?). ``doctor`` (``colabfast doctor``) reads ``env``
-and ``staging`` to advise where data should live.
+``transforms``) -> ``diagnosis`` (are we data-bound?). ``opening`` (``open_dataset``) takes a source
+from Drive to a dataset in one call, through staging, packing and datasets. ``doctor`` (``colabfast
+doctor``) reads ``env`` and ``staging`` to advise where data should live.
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.
 """
@@ -36,6 +37,7 @@ _EXPORTS = {
     "PackError": "colabfast.packing",
     "ArchiveReadError": "colabfast.archivesource",
     "UnsafeArchiveError": "colabfast.archive",
+    "open_dataset": "colabfast.opening",
     "H5ImageFolder": "colabfast.datasets",
     "H5Kitti": "colabfast.datasets",
     "MirrorError": "colabfast.mirror",

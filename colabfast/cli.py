@@ -35,6 +35,20 @@ def _pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open(args: argparse.Namespace) -> int:
+    from colabfast.opening import open_dataset
+
+    size = args.image_size
+    image_size = None if size is None else (size[0] if len(size) == 1 else (size[0], size[1]))
+    options = {"layout": args.layout} if args.layout != "auto" else {}
+    if args.store != "encoded":
+        options["store"] = args.store
+    dataset = open_dataset(args.path, args.split, image_size=image_size, mirrors=args.mirrors, to=args.to,
+                           progress=not args.quiet, **options)
+    print(dataset.path)
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     from colabfast.mirror import info, verify
 
@@ -90,6 +104,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"colabfast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("open", help="a dataset (folder, archive or mirror) to a staged mirror, packing it once",
+                       description="What colabfast.open_dataset does: find the mirror of a dataset folder or "
+                                   "archive (packed by earlier runs, in colabfast-mirrors at the top of My Drive, "
+                                   "or beside a source that is not on Drive), else pack it there and flush Drive; "
+                                   "then stage the mirror to RAM or local disk. Prints what it did and why, then "
+                                   "the staged mirror's path.")
+    p.add_argument("path", help="dataset folder, archive, or mirror (.h5)")
+    p.add_argument("--split", help="KITTI's training (default) or testing; for Kaggle's ImageNet zip, train or val")
+    p.add_argument("--mirrors", metavar="DIR", help="folder of mirrors (default: colabfast-mirrors at the top of "
+                                                    "My Drive, or beside the source)")
+    p.add_argument("--to", choices=["auto", "disk", "ram"], default="auto",
+                   help="where the mirror is staged (default auto: RAM in Colab when it fits, else disk)")
+    p.add_argument("--layout", choices=_PACK_LAYOUTS, default="auto", help="what PATH holds (default: detected)")
+    p.add_argument("--store", choices=["encoded", "raw"], default="encoded",
+                   help="a new mirror keeps encoded files (default) or stores decoded pixels")
+    p.add_argument("--image-size", type=int, nargs="+", metavar="N",
+                   help="resize when packing: one number sets the short side, two set H W")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no account: only the path")
+    p.set_defaults(run=_open)
 
     p = sub.add_parser("stage", help="copy a dataset (folder, file or archive) from Drive to local disk or RAM",
                        description="Copy a folder, file or archive (.zip, .tar[.gz|.bz2|.xz]) from a slow "
@@ -209,7 +243,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     warnings.showwarning = _warn_in_one_line
-    if args.command == "pack" and args.image_size is not None and len(args.image_size) > 2:
+    if args.command in ("pack", "open") and args.image_size is not None and len(args.image_size) > 2:
         build_parser().error("--image-size takes one number (short side) or two (H W)")
     try:
         return args.run(args)

@@ -407,6 +407,7 @@ class MirrorDataset(VisionDataset):
     """What the mirror datasets share; ``colabfast.DataLoader`` recognises them by ``is_mirror``."""
 
     is_mirror = True
+    account: Optional[str] = None  # what colabfast.open_dataset did to open it, shown in the repr
 
     def __init__(
         self,
@@ -532,7 +533,9 @@ class MirrorDataset(VisionDataset):
         return [os.path.join(root, rel) for rel in rels]
 
     def extra_repr(self) -> str:
-        return f"Mirror: {self.path} ({self.reader.store} images), output={self.output!r}"
+        opened = "".join(f"\n  {line}" for line in self.account.splitlines()) if self.account else ""
+        return f"Mirror: {self.path} ({self.reader.store} images), output={self.output!r}" + \
+            (f"\nOpened by open_dataset:{opened}" if opened else "")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -401,6 +401,25 @@ def _complete(path: Path, fingerprint: str) -> bool:
         return False
 
 
+def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[PathLike] = None,
+                       split: Optional[str] = None, store: str = "encoded",
+                       image_size: Union[int, tuple[int, int], None] = None, quality: int = 90,
+                       shuffle: bool = False, seed: int = 0, retries: int = 5) -> tuple[str, str]:
+    """``(fingerprint, description)`` of the mirror :func:`pack` would make of the folder or archive
+    ``src`` with these options: the ``fingerprint`` it records in the mirror (what a finished mirror
+    depends on: the files' names, sizes and times, labels, layout and options), and e.g.
+    ``"imagefolder layout, 300 images in 10 classes"``. Lists the folder (or looks into the archive),
+    reading no image. Raises what :func:`pack` raises for the same source."""
+    options = {"store": store, "image_size": _check_size(image_size),
+               "quality": quality if image_size else None}
+    if archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src):
+        archive = ArchiveSource(src, layout, split, labels, retries)
+        return _archive_fingerprint(archive, labels, options), archive.describe()
+    source = read_source(src, layout)
+    orders = {s.name: _order(len(s.files), shuffle, seed) for s in source.splits}
+    return _fingerprint(source, orders, options), source.describe()
+
+
 def lock_path(dst: Path) -> Path:
     """The lock a running :func:`pack` into ``dst`` holds: in colabfast's cache folder, so nothing is
     left beside the user's mirror."""

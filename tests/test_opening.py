@@ -1,0 +1,299 @@
+"""colabfast.open_dataset through the Drive simulator: packs once, stages in each runtime, finds the
+mirror of an unchanged source, makes a new one for a changed source, opens every layout with the
+drop-in that equals its torchvision class, and names what it refuses."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from torchvision.datasets import ImageFolder, Kitti
+
+import colabfast as cf
+from colabfast import drive, drivesim, env, mounttable, standin
+from colabfast.datasets import H5ImageFolder, H5Kitti
+from colabfast.opening import MIRRORS_FOLDER, default_mirrors, mirror_name, open_dataset
+from colabfast.packing import source_fingerprint
+from colabfast.testing.data import make_imagefolder, make_kitti
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def local(tmp_path, monkeypatch):
+    """This test's own cache and local disk (what a runtime loses when it ends); not in Colab."""
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+    return tmp_path
+
+
+@pytest.fixture
+def my_drive(local, monkeypatch):
+    """The stand-in Drive served by the Drive simulator at ``<tmp>/drive``; yields its MyDrive (the
+    stand-in root's own MyDrive, written directly, is ``<tmp>/standin/MyDrive``)."""
+    ok, why = drivesim.available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
+    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0")
+    yield drive.mount(local / "drive")
+    for mp in env.standin_mountpoints():
+        if mp.startswith(str(local)):
+            standin.unexpose(mp)
+    for m in reversed(mounttable.mounts()):
+        if m.mountpoint.startswith(str(local)):
+            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
+
+
+def flowers(my_drive: Path) -> Path:
+    """A small ImageFolder tree on the simulated Drive (written to the stand-in root behind it)."""
+    make_imagefolder(my_drive.parent.parent / "standin" / "MyDrive" / "flowers", classes=3, per_class=4,
+                     size=(64, 48), vary=0.2)
+    return my_drive / "flowers"
+
+
+def same_as_imagefolder(ds, root: Path) -> None:
+    ref = ImageFolder(root)
+    assert isinstance(ds, H5ImageFolder) and len(ds) == len(ref)
+    assert ds.classes == ref.classes and ds.targets == ref.targets
+    for (a, ta), (b, tb) in zip(ref, ds):
+        assert ta == tb and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def open_in_new_process(path: Path, local: Path, runtime: str) -> str:
+    """``open_dataset(path)`` in a new Python process with its own cache and local disk (a new runtime,
+    Drive still mounted); returns its account."""
+    (local / runtime / "tmp").mkdir(parents=True)
+    environ = dict(os.environ, COLABFAST_CACHE=str(local / runtime / "cache"), TMPDIR=str(local / runtime / "tmp"))
+    code = ("import json, sys, colabfast as cf; ds = cf.open_dataset(sys.argv[1], progress=False); "
+            "print(json.dumps([ds.account, len(ds), str(ds.path)]))")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], env=environ, capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    account, n, staged = json.loads(done.stdout.splitlines()[-1])
+    assert n == 12 and staged.startswith(str(local / runtime / "tmp"))
+    return account
+
+
+@pytest.mark.fuse
+def test_first_call_packs_flushes_and_stages_then_finds_it(my_drive, local):
+    src = flowers(my_drive)
+    ds = open_dataset(src, progress=False)
+    mirrors = my_drive / MIRRORS_FOLDER
+    made = sorted(mirrors.iterdir())
+    assert [p.name for p in made] == [mirror_name(src, source_fingerprint(src)[0])]
+    assert f"packed {made[0]}" in ds.account and "flushed Drive" in ds.account
+    assert f"staged to local disk at {env.work_dir() / made[0].name}" in ds.account
+    assert ds.path == env.work_dir() / made[0].name
+    assert "opened as H5ImageFolder: 12 images in 3 classes" in ds.account and "Opened by open_dataset" in repr(ds)
+    same_as_imagefolder(ds, src)
+
+    again = open_dataset(src, progress=False)  # the same runtime: nothing packed, nothing copied
+    assert "found a mirror of it made " in again.account and "packed" not in again.account
+    assert f"already staged to local disk at {ds.path}: nothing copied" in again.account
+    assert again.path == ds.path
+
+
+@pytest.mark.fuse
+def test_a_new_runtime_only_stages(my_drive, local):
+    src = flowers(my_drive)
+    first = open_dataset(src, progress=False)
+    account = open_in_new_process(src, local, "runtime2")
+    assert "found a mirror of it" in account and "packed" not in account and "flushed" not in account
+    assert f"staged to local disk at {local / 'runtime2' / 'tmp'}" in account
+    assert first.path.name in account
+
+
+@pytest.mark.fuse
+def test_two_runtimes_at_once_share_one_mirror(my_drive, local):
+    src = flowers(my_drive)
+    procs = []
+    for runtime in ("a", "b"):
+        (local / runtime / "tmp").mkdir(parents=True)
+        environ = dict(os.environ, TMPDIR=str(local / runtime / "tmp"))  # one cache: the pack lock is shared
+        code = "import sys, colabfast as cf; print(cf.open_dataset(sys.argv[1], progress=False).account)"
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(src)], env=environ, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    accounts = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        accounts.append(out)
+    made = sorted((my_drive / MIRRORS_FOLDER).iterdir())
+    assert len(made) == 1
+    assert sum(f"packed {made[0]} in" in a for a in accounts) == 1  # the other waited, then found it
+    assert sum("found a mirror of it made " in a for a in accounts) == 1
+    assert all(str(made[0]) in a for a in accounts)
+
+
+@pytest.mark.fuse
+def test_a_changed_source_gets_a_new_mirror_and_the_old_one_is_kept(my_drive, local):
+    src = flowers(my_drive)
+    old = open_dataset(src, progress=False)
+    cls = sorted(p for p in src.iterdir())[0]
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(cls / "new.jpg")
+    new = open_dataset(src, progress=False)
+    made = sorted((my_drive / MIRRORS_FOLDER).iterdir())
+    assert len(made) == 2 and old.path.name in [p.name for p in made]
+    assert "packed" in new.account and len(new) == 13
+    assert f"kept {old.path.name}, made " in new.account and "from an earlier version of the source" in new.account
+    resized = open_dataset(src, image_size=32, progress=False)
+    assert "other options (store=encoded, image_size=None)" in resized.account
+    assert len(list((my_drive / MIRRORS_FOLDER).iterdir())) == 3
+
+
+def test_default_mirrors_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "drive_kind", lambda p: "drivefs" if "/drive/" in str(p) else None)
+    assert default_mirrors(Path("/content/drive/MyDrive/data/flowers")) == \
+        Path("/content/drive/MyDrive/colabfast-mirrors")
+    assert default_mirrors(Path("/content/drive/My Drive/flowers")) == Path("/content/drive/My Drive/colabfast-mirrors")
+    assert default_mirrors(tmp_path / "flowers") == tmp_path / "colabfast-mirrors"
+
+
+# --- every layout opens to its drop-in ---------------------------------------------------------------
+
+
+def test_a_local_imagefolder_is_packed_beside_it_and_opened_in_place(local):
+    src = make_imagefolder(local / "data" / "flowers", classes=3, per_class=3, size=(40, 30))
+    ds = open_dataset(src, progress=False)
+    assert ds.path.parent == local / "data" / MIRRORS_FOLDER
+    assert "opened in place: it is on local disk already" in ds.account
+    same_as_imagefolder(ds, src)
+    assert "found a mirror" in open_dataset(src, progress=False).account
+    mirror = open_dataset(ds.path, progress=False)  # a mirror opens as what it is
+    assert f"{ds.path} is a mirror of {src} made " in mirror.account
+    same_as_imagefolder(mirror, src)
+
+
+def test_kitti_opens_as_h5kitti_equal_to_torchvision(local):
+    base = local / "kitti"
+    make_kitti(base / "Kitti" / "raw", train=4, test=2, size=(80, 24))
+    for split, train in ((None, True), ("training", True), ("testing", False)):
+        ds = open_dataset(base, split, progress=False)
+        ref = Kitti(base, train=train)
+        assert isinstance(ds, H5Kitti) and ds.train == train and len(ds) == len(ref)
+        by_name = {Path(p).name: i for i, p in enumerate(ref.images)}
+        for i in range(len(ds)):
+            (a, ta), (b, tb) = ref[by_name[Path(ds.images[i]).name]], ds[i]
+            assert ta == tb and np.array_equal(np.asarray(a.convert("RGB")), np.asarray(b))
+    with pytest.raises(ValueError, match="a KITTI mirror holds training and testing"):
+        open_dataset(base, "val", progress=False)
+
+
+def test_a_folder_of_images_opens_as_h5imagefolder_with_no_classes(local):
+    src = local / "photos"
+    src.mkdir()
+    for i in range(5):
+        Image.new("RGB", (20 + i, 10), (i * 40, 0, 0)).save(src / f"p{i}.png")
+    ds = open_dataset(src, progress=False)
+    assert isinstance(ds, H5ImageFolder) and ds.classes == [] and ds.targets == [-1] * 5
+    for i in range(5):
+        with Image.open(src / f"p{i}.png") as ref:
+            assert np.array_equal(np.asarray(ref.convert("RGB")), np.asarray(ds[i][0]))
+
+
+def test_an_archive_opens_as_h5imagefolder(local):
+    tree = make_imagefolder(local / "tree" / "pets", classes=2, per_class=3, size=(40, 30))
+    archive = local / "pets.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for p in sorted(tree.rglob("*")):
+            zf.write(p, p.relative_to(tree.parent).as_posix())
+    ds = open_dataset(archive, output="tensor", progress=False)
+    assert ds.path.name.startswith("pets-") and ds.path.parent == local / MIRRORS_FOLDER
+    ref = ImageFolder(tree)
+    assert ds.targets == ref.targets and ds.classes == ref.classes
+    assert all(np.array_equal(np.asarray(a), b.permute(1, 2, 0).numpy()) for (a, _), (b, _) in zip(ref, ds))
+    assert "found a mirror of it" in open_dataset(archive, progress=False).account  # pack's fingerprint, reused
+
+
+# --- refused, with what was found and what is accepted ------------------------------------------------
+
+
+def test_what_is_refused(local):
+    with pytest.raises(FileNotFoundError, match="nothing to open: .*/missing does not exist"):
+        open_dataset(local / "missing")
+    (local / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match=r"notes.txt is a file of 5 B that is neither an HDF5 mirror nor an "
+                                         r"archive \(by its name, .txt\)\. open_dataset accepts a mirror"):
+        open_dataset(local / "notes.txt")
+    (local / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"empty holds nothing \(it is empty\)\. open_dataset accepts"):
+        open_dataset(local / "empty")
+    (local / "docs").mkdir()
+    (local / "docs" / "a.csv").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"no image files .* holds 1 entries: a.csv\. open_dataset accepts"):
+        open_dataset(local / "docs")
+    src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
+    with pytest.raises(TypeError, match="unexpected keyword arguments shuffel"):
+        open_dataset(src, shuffel=True)
+    with pytest.raises(ValueError, match="split='train': a mirror of the imagefolder layout has one set"):
+        open_dataset(src, "train", progress=False)
+    assert not (local / MIRRORS_FOLDER).exists()  # refused before anything was packed
+    mirror = open_dataset(src, progress=False).path
+    with pytest.raises(ValueError, match="is a mirror already: image_size apply"):
+        open_dataset(mirror, image_size=64)
+
+
+def test_a_file_colabfast_did_not_write_is_never_overwritten(local):
+    src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
+    taken = local / MIRRORS_FOLDER / mirror_name(src, source_fingerprint(src)[0])
+    taken.parent.mkdir()
+    taken.write_bytes(b"my own notes")
+    with pytest.raises(cf.MirrorError, match="not a complete colabfast mirror .* never overwritten. Move it away, "
+                                             "or pass mirrors= another folder"):
+        open_dataset(src, progress=False)
+    assert taken.read_bytes() == b"my own notes"
+    ds = open_dataset(src, mirrors=local / "elsewhere", progress=False)
+    assert ds.path.parent == local / "elsewhere"
+
+
+@pytest.mark.fuse
+def test_a_read_only_drive_is_named_with_the_fix(local, monkeypatch):
+    ok, why = drivesim.available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
+    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0")
+    make_imagefolder(local / "standin" / "MyDrive" / "flowers", classes=2, per_class=2, size=(20, 20))
+    my_drive = drive.mount(local / "drive", readonly=True)
+    try:
+        with pytest.raises(OSError, match="cannot write a mirror into .*colabfast-mirrors: Drive is read-only .* "
+                                          "Pass mirrors= a folder") as caught:
+            open_dataset(my_drive / "flowers", progress=False)
+        assert caught.value.errno == errno.EROFS
+        ds = open_dataset(my_drive / "flowers", mirrors=local / "mirrors", progress=False)
+        assert len(ds) == 4 and "flushed" not in ds.account
+    finally:
+        drive.flush_and_unmount()
+
+
+def test_the_open_command(local):
+    src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
+    environ = dict(os.environ, COLABFAST_CACHE=str(local / "cache"), TMPDIR=str(local / "tmp"))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "colabfast.cli", "open", *args], capture_output=True, text=True,
+                              env=environ, cwd=ROOT)
+
+    out = run(str(src), "--to", "disk")
+    assert out.returncode == 0, out.stderr
+    *account, path = out.stdout.strip().splitlines()
+    assert Path(path).is_file() and Path(path).parent == env.work_dir()
+    assert any(line.startswith("no mirror of it with these options") for line in account)
+    assert account[-1] == "opened as H5ImageFolder: 4 images in 2 classes"
+    again = run(str(src), "--to", "disk", "-q")
+    assert again.returncode == 0 and again.stdout.strip() == path
+    bad = run(str(local / "missing"))
+    assert bad.returncode == 1 and "colabfast open: nothing to open" in bad.stderr
