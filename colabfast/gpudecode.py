@@ -180,8 +180,9 @@ def check_encoded(
         h, w = encoded_size(data)
     except ValueError as exc:
         kind = ImageSizeError if isinstance(exc, ImageSizeError) else ValueError
+        fix = "" if kind is ImageSizeError else ". Re-pack or remove that file."
         raise kind(f"cannot decode the image at {_label(where)} ({data.size} bytes, starting "
-                   f"{data[:8].tobytes()!r}): {exc}") from None
+                   f"{data[:8].tobytes()!r}): {str(exc).rstrip('.')}{fix}") from None
     _check_size(h, w, where, size)
     return h, w
 
@@ -195,7 +196,8 @@ def _check_size(h: int, w: int, where: Union[str, int], size: Optional[Size]) ->
             "raise PIL.Image.MAX_IMAGE_PIXELS (None: no limit), in DataLoader workers too")
     if size is not None and (h, w) != (int(size[0]), int(size[1])):
         raise ImageSizeError(f"the image at {_label(where)} is {w}x{h}, not the {int(size[1])}x{int(size[0])} "
-                             "declared for it")
+                             "declared for it. Re-pack, or copy the mirror again (`colabfast info --verify MIRROR` "
+                             "checks every sample)")
 
 
 def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Size] = None) -> Image.Image:
@@ -220,7 +222,8 @@ def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Siz
             return img.convert("RGB")
     except Exception as exc:
         raise ValueError(f"cannot decode the image at {_label(where)} ({data.size} bytes, starting "
-                         f"{data[:8].tobytes()!r}): {type(exc).__name__}: {exc}") from None
+                         f"{data[:8].tobytes()!r}): {type(exc).__name__}: {str(exc).rstrip('.')}. Re-pack or remove "
+                         "that file.") from None
 
 
 def decode_cpu(
