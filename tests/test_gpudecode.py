@@ -125,7 +125,8 @@ def test_cpu_decode_into_memory_of_the_wrong_size_or_of_bad_bytes_names_the_imag
 
 def test_cpu_decode_errors_name_the_image_and_the_fix():
     png = encode(photo(20, 10, np.random.default_rng(0)), "PNG")
-    with pytest.raises(ValueError, match=r"^the image at dataset index 3 is 20x10, not the 21x10 declared for it\. Re-pack"):
+    declared = r"^the image at dataset index 3 is 20x10, not the 21x10 declared for it\. Re-pack"
+    with pytest.raises(ValueError, match=declared):
         decode_cpu(as_tensor(png), 3, out=np.zeros((10, 21, 3), np.uint8))
     with pytest.raises(ValueError) as err:
         decode_cpu(as_tensor(b"not an image at all"), "train/cat/1.jpg")
