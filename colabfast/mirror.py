@@ -102,7 +102,7 @@ VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
 T = TypeVar("T")
 __all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index", "read_paths", "open_h5", "read_h5",
-           "vet", "trust", "write_array", "header", "header_crc32", "attrs_crc32", "file_version"]
+           "vet", "trust", "write_array", "header", "header_crc32", "attrs_crc32", "file_version", "runs"]
 
 
 class MirrorError(Error, ValueError):
@@ -809,6 +809,35 @@ def _not_plain(joined: str) -> bool:
     return any(bad in joined for bad in ("\0\0", "\0/", "//", "/\0", *dots))
 
 
+def runs(positions: Union[Sequence[int], np.ndarray], offsets: np.ndarray, max_bytes: int) -> list[tuple[int, int]]:
+    """Cut ``positions`` into runs of consecutive stored samples, each to be read with one read.
+
+    Args:
+        positions: stored positions (ints, e.g. int64 ``[K]``), in the order they are to be read;
+            sorted, they make the fewest runs. They are never reordered.
+        offsets: int64 ``[N + 1]``, the split's ``image_offsets`` (sample ``p`` is bytes
+            ``offsets[p]`` to ``offsets[p + 1]`` of ``images``).
+        max_bytes: the most bytes (of ``images``) one run reads, unless one sample alone is larger.
+
+    Returns:
+        Half-open ranges ``(a, b)`` covering ``range(len(positions))`` in order: ``positions[a:b]``
+        are stored one after the other (each one more than the one before: a repeated position
+        starts a new run), so bytes ``offsets[positions[a]]`` to ``offsets[positions[b - 1] + 1]``
+        hold them; each run is as long as that and ``max_bytes`` allow.
+    """
+    at = np.asarray(positions, dtype=np.int64)
+    breaks = (np.flatnonzero(np.diff(at) != 1) + 1).tolist()
+    out = []
+    for a, b in zip([0, *breaks], [*breaks, len(at)]):  # each a stretch of consecutive positions
+        while a < b:
+            first = int(at[a])
+            end = int(np.searchsorted(offsets, offsets[first] + max_bytes, "right")) - 1  # the furthest end in reach
+            cut = min(b, a + max(1, end - first))
+            out.append((a, cut))
+            a = cut
+    return out
+
+
 @_as_mirror_error
 def verify(path: PathLike, progress: bool = False) -> int:
     """Check every stored image of a version 2 mirror against its checksum, and its paths and order;
@@ -850,10 +879,7 @@ def verify(path: PathLike, progress: bool = False) -> int:
         try:
             with tqdm(total=int(offsets[-1]), unit="B", unit_scale=True, desc=f"verify {split or path.name}",
                       disable=not progress) as bar:
-                i = 0
-                while i < n:
-                    j = max(i + 1, int(np.searchsorted(offsets, offsets[i] + VERIFY_READ, "right")) - 1)
-                    j = min(j, n)
+                for i, j in runs(np.arange(n), offsets, VERIFY_READ):
                     base = int(offsets[i])
                     buf = _pread(fd, int(offsets[j]) - base, index.data_offset + base, path)
                     for k in range(i, j):
@@ -867,7 +893,6 @@ def verify(path: PathLike, progress: bool = False) -> int:
                             except ValueError as exc:  # names `where`
                                 bad.append(str(exc))
                     bar.update(len(buf))
-                    i = j
         finally:
             os.close(fd)
         total += n

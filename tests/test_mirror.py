@@ -738,3 +738,57 @@ def test_verify_fails_a_kitti_mirror_without_kitti_splits(good, tmp_path):
     for check in (verify, info):
         with pytest.raises(MirrorError, match="a kitti mirror without a training or testing split"):
             check(m)
+
+
+# --- issue 24 item 3: one cutter of runs of consecutive samples ------------------------------------
+
+
+def _views_runs(ordered: list[int], offsets: np.ndarray, cap: int) -> list[tuple[int, int]]:
+    """MirrorReader.views' own loop before issue 24 (sorted distinct positions), as a reference."""
+    out, start = [], 0
+    for k in range(1, len(ordered) + 1):
+        run_ends = k == len(ordered) or ordered[k] != ordered[k - 1] + 1
+        too_big = k < len(ordered) and offsets[ordered[k] + 1] - offsets[ordered[start]] > cap
+        if run_ends or too_big:
+            out.append((start, k))
+            start = k
+    return out
+
+
+def _batch_runs(indices: list[int], offsets: np.ndarray, cap: int) -> list[list[int]]:
+    """BatchReader._read_runs' own loop before issue 24 (places in the batch, in stored order)."""
+    out, run = [], []
+    for k in np.argsort(indices, kind="stable").tolist():
+        i = indices[k]
+        if run and (i != indices[run[-1]] + 1 or offsets[i + 1] - offsets[indices[run[0]]] > cap):
+            out.append(run)
+            run = []
+        run.append(k)
+    return out + [run] if run else out
+
+
+def test_runs_cut_consecutive_positions_within_the_byte_cap():
+    offsets = np.array([0, 10, 20, 30, 100, 110, 120], np.int64)  # sample 3 has 70 bytes
+    assert mirror.runs([], offsets, 30) == []
+    assert mirror.runs([0, 1, 2, 4, 5], offsets, 30) == [(0, 3), (3, 5)]
+    assert mirror.runs([0, 1, 2], offsets, 20) == [(0, 2), (2, 3)]  # 30 bytes is over 20
+    assert mirror.runs([2, 3, 4], offsets, 30) == [(0, 1), (1, 2), (2, 3)]  # one sample over the cap: alone
+    assert mirror.runs([1, 1, 2], offsets, 100) == [(0, 1), (1, 3)]  # a repeat starts a new run
+    assert mirror.runs(np.array([5, 0, 1]), offsets, 100) == [(0, 1), (1, 3)]  # never reordered
+    assert mirror.runs(np.arange(6), offsets, 1 << 20) == [(0, 6)]
+
+
+def test_runs_are_what_both_readers_cut_before():
+    """The one function gives what MirrorReader.views (sorted distinct positions) and the batch reader
+    (a batch's positions in stable sorted order, repeats included) each computed themselves."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        offsets = np.concatenate(([0], np.cumsum(rng.integers(1, 50, n)))).astype(np.int64)
+        cap = int(rng.integers(1, 200))
+        batch = rng.integers(0, n, int(rng.integers(0, 30))).tolist()
+        ordered = sorted(set(batch))
+        assert mirror.runs(ordered, offsets, cap) == _views_runs(ordered, offsets, cap)
+        order = np.argsort(batch, kind="stable")
+        assert [order[a:b].tolist() for a, b in mirror.runs(np.asarray(batch, np.int64)[order], offsets, cap)] \
+            == _batch_runs(batch, offsets, cap)
