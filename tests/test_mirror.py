@@ -792,3 +792,81 @@ def test_runs_are_what_both_readers_cut_before():
         order = np.argsort(batch, kind="stable")
         assert [order[a:b].tolist() for a, b in mirror.runs(np.asarray(batch, np.int64)[order], offsets, cap)] \
             == _batch_runs(batch, offsets, cap)
+
+
+# --- issue 24 item 3: one Header reads and writes the root attributes ------------------------------
+
+
+def _stored(f: h5py.File, name: str) -> tuple:
+    """A root attribute as HDF5 holds it: its value, the Python type h5py reads, its dtype and type class,
+    and for text its encoding."""
+    value, dtype = f.attrs[name], f.attrs.get_id(name).dtype
+    return (value.tolist() if isinstance(value, np.generic) else value, type(value), dtype.str,
+            f.attrs.get_id(name).get_type().get_class(), h5py.check_string_dtype(dtype))
+
+
+def _old_root_attrs(kind: str, src: Path, dst: Path) -> dict:
+    """The root attributes pack wrote before issue 24 (a hand-built dict, in its order), computed here
+    from what went into the pack; ``created`` and ``fingerprint`` are taken from the file (a time, and
+    a digest of the source that pack alone computes)."""
+    import colabfast
+    from colabfast.imagenet import DEVKIT_META, DEVKIT_VAL_TRUTH
+    from colabfast.testing.data import WNIDS
+    from colabfast.testing.imagenet_archives import _class_words
+
+    with h5py.File(dst, "r") as f:
+        created, fingerprint = f.attrs["created"], f.attrs["fingerprint"]
+    layout = {"folder": "imagefolder", "kitti": "kitti", "archive": "imagefolder"}[kind]
+    classes = None if kind == "kitti" else list(WNIDS[:2])
+    attrs = {
+        "format": "colabfast-mirror", "format_version": 2, "layout": layout, "store": "encoded",
+        "image_size": json.dumps(None if kind == "kitti" else 16), "shuffled": kind == "folder",
+        "seed": 7 if kind == "folder" else 0, "classes": json.dumps(classes), "source": str(src),
+        "fingerprint": fingerprint, "skipped": "[]", "created": created, "colabfast_version": colabfast.__version__,
+    }
+    if kind != "kitti":
+        attrs["quality"] = 70 if kind == "folder" else 90
+    if kind == "archive":
+        attrs["labels"] = f"{src.parent / 'ILSVRC2012_devkit_t12.tar.gz'} ({DEVKIT_META}, {DEVKIT_VAL_TRUTH})"
+        attrs["class_names"] = json.dumps([_class_words(w).split(", ") for w in WNIDS[:2]])
+    attrs["header_crc32"] = zlib.crc32(json.dumps(attrs, sort_keys=True).encode())  # of all the others
+    return attrs
+
+
+@pytest.fixture(scope="module")
+def packed_kinds(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """One small mirror of each kind pack writes: a folder (shuffled, resized), kitti, an archive with labels."""
+    from colabfast.testing.imagenet_archives import make_imagenet_archives
+
+    pytest.importorskip("scipy")  # the devkit's meta.mat
+    base = tmp_path_factory.mktemp("kinds")
+    folder = make_imagefolder(base / "inet", classes=2, per_class=3, size=(32, 24))
+    kitti = make_kitti(base / "kitti", train=2, test=1, size=(48, 16))
+    archives = make_imagenet_archives(base / "ilsvrc", classes=2, train_per_class=2, val_per_class=2, size=(32, 24))
+    return {
+        "folder": (folder, pack(folder, base / "folder.h5", image_size=16, quality=70, shuffle=True, seed=7,
+                                progress=False)),
+        "kitti": (kitti, pack(kitti, base / "kitti.h5", progress=False)),
+        "archive": (archives["val"], pack(archives["val"], base / "archive.h5", labels=archives["devkit"],
+                                          image_size=16, progress=False)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["folder", "kitti", "archive"])
+def test_pack_writes_the_root_attributes_it_always_wrote(packed_kinds, tmp_path, kind):
+    """Every root attribute, with its value and HDF5 type, is what pack's hand-built dict wrote before
+    the Header wrote itself (issue 24 item 3), for each kind of mirror pack writes."""
+    from datetime import datetime, timedelta, timezone
+
+    src, dst = packed_kinds[kind]
+    old = {**_old_root_attrs(kind, src, dst), "complete": True}
+    with h5py.File(tmp_path / "old.h5", "w") as f:  # as pack wrote them: the dict, then complete
+        for key, value in old.items():
+            f.attrs[key] = value
+    with h5py.File(dst, "r") as f, h5py.File(tmp_path / "old.h5", "r") as ref:
+        assert sorted(f.attrs) == sorted(old)
+        for name in old:
+            assert _stored(f, name) == _stored(ref, name), name
+        created = datetime.fromisoformat(f.attrs["created"])
+    assert timedelta(0) <= datetime.now(timezone.utc) - created < timedelta(hours=1)
+    assert len(old["fingerprint"]) == 64
