@@ -35,7 +35,7 @@ from torchvision.datasets import VisionDataset
 
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
 from colabfast.gpudecode import ImageSizeError, check_encoded, decode_cpu, decode_pil
-from colabfast.mirror import Index, MirrorError, file_version, header, load_index, read_h5, read_paths, runs
+from colabfast.mirror import Header, Index, MirrorError, file_version, load_index, read_h5, read_paths, runs
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -386,7 +386,7 @@ def undecodable(reader: MirrorReader, position: int, exc: Exception) -> MirrorEr
 
 
 def _layout(path: PathLike) -> str:
-    return read_h5(path, lambda f: header(f, path).layout)
+    return read_h5(path, lambda f: Header.read(f, path).layout)
 
 
 def _shm_free() -> int:
@@ -591,7 +591,7 @@ class H5ImageFolder(MirrorDataset):
         positions = self.reader.positions
         self._targets: np.ndarray = targets if positions is None else targets[positions]  # in dataset order
         # archive packs: the devkit, Kaggle's CSV, ...
-        self.labels_from = read_h5(self.path, lambda f: str(f.attrs.get("labels", "")))
+        self.labels_from = self.reader.index.header.labels or ""
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
     def extra_repr(self) -> str:

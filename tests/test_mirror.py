@@ -870,3 +870,44 @@ def test_pack_writes_the_root_attributes_it_always_wrote(packed_kinds, tmp_path,
         created = datetime.fromisoformat(f.attrs["created"])
     assert timedelta(0) <= datetime.now(timezone.utc) - created < timedelta(hours=1)
     assert len(old["fingerprint"]) == 64
+
+
+@pytest.mark.parametrize("kind", ["folder", "kitti", "archive"])
+def test_a_header_writes_what_it_reads_as_pack_always_wrote_it(packed_kinds, tmp_path, kind):
+    """A packed mirror's Header, written to a new file, gives the bytes that the old hand-built dict
+    gives (the same attributes, order, types and values), and reads back equal; info holds it."""
+    import pickle
+
+    from colabfast.mirror import Header
+
+    src, dst = packed_kinds[kind]
+    with h5py.File(dst, "r") as f:
+        head = Header.read(f, dst)
+    with h5py.File(tmp_path / "new.h5", "w") as f:
+        head.write(f)
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        for key, value in {**_old_root_attrs(kind, src, dst), "complete": True}.items():
+            f.attrs[key] = value
+    assert (tmp_path / "new.h5").read_bytes() == (tmp_path / "old.h5").read_bytes()
+    with h5py.File(tmp_path / "new.h5", "r") as f:
+        assert Header.read(f, tmp_path / "new.h5") == head
+    described = info(dst)
+    assert described.header == head and pickle.loads(pickle.dumps(described)) == described
+    assert (described.layout, described.classes, described.complete, described.format_version, described.labels) \
+        == (head.layout, head.classes, True, 2, head.labels or "")
+
+
+def test_a_header_without_its_optional_attributes_round_trips(tmp_path):
+    from colabfast.mirror import Header
+
+    head = Header(layout="files", store="raw", classes=None, image_size=[4, 6], quality=None, shuffled=False,
+                  skipped=[{"path": "a/b.png", "error": "not an image"}], source="/data",
+                  created="2026-01-01T00:00:00+00:00", colabfast_version="0.0")
+    optional = {"complete", "quality", "seed", "fingerprint", "labels", "class_names"}
+    assert not optional & set(head.attrs())  # absent where None (complete: where false)
+    with h5py.File(tmp_path / "m.h5", "w") as f:
+        head.write(f)
+    with h5py.File(tmp_path / "m.h5", "r") as f:
+        with pytest.raises(MirrorError, match="incomplete mirror"):
+            Header.read(f, tmp_path / "m.h5")
+        assert Header.read(f, tmp_path / "m.h5", complete=False) == head
