@@ -35,7 +35,7 @@ from torchvision.datasets import VisionDataset
 
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
 from colabfast.gpudecode import ImageSizeError, check_encoded, decode_cpu, decode_pil
-from colabfast.mirror import Index, MirrorError, file_version, header, load_index, read_h5, read_paths
+from colabfast.mirror import Header, Index, MirrorError, file_version, load_index, read_h5, read_paths, runs
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -212,18 +212,12 @@ class MirrorReader:
             return [self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in indices]
         out: dict[int, torch.Tensor] = {}
         ordered = sorted(set(int(i) for i in indices))
-        start = 0
-        for k in range(1, len(ordered) + 1):
-            run_ends = k == len(ordered) or ordered[k] != ordered[k - 1] + 1
-            too_big = k < len(ordered) and self.offsets[ordered[k] + 1] - self.offsets[ordered[start]] > MAX_READ
-            if run_ends or too_big:
-                first, last = ordered[start], ordered[k - 1]
-                base = int(self.offsets[first])
-                buf = torch.empty(int(self.offsets[last + 1]) - base, dtype=torch.uint8)
-                self.read_into(buf.numpy(), base)
-                for i in ordered[start:k]:
-                    out[i] = buf[int(self.offsets[i]) - base : int(self.offsets[i + 1]) - base]
-                start = k
+        for a, b in runs(ordered, self.offsets, MAX_READ):
+            base = int(self.offsets[ordered[a]])
+            buf = torch.empty(int(self.offsets[ordered[b - 1] + 1]) - base, dtype=torch.uint8)
+            self.read_into(buf.numpy(), base)
+            for i in ordered[a:b]:
+                out[i] = buf[int(self.offsets[i]) - base : int(self.offsets[i + 1]) - base]
         return [out[int(i)] for i in indices]
 
     def _load_all(self) -> torch.Tensor:
@@ -392,7 +386,7 @@ def undecodable(reader: MirrorReader, position: int, exc: Exception) -> MirrorEr
 
 
 def _layout(path: PathLike) -> str:
-    return read_h5(path, lambda f: header(f, path).layout)
+    return read_h5(path, lambda f: Header.read(f, path).layout)
 
 
 def _shm_free() -> int:
@@ -600,7 +594,7 @@ class H5ImageFolder(MirrorDataset):
         positions = self.reader.positions
         self._targets: np.ndarray = targets if positions is None else targets[positions]  # in dataset order
         # archive packs: the devkit, Kaggle's CSV, ...
-        self.labels_from = read_h5(self.path, lambda f: str(f.attrs.get("labels", "")))
+        self.labels_from = self.reader.index.header.labels or ""
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
     def extra_repr(self) -> str:

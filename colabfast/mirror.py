@@ -7,8 +7,9 @@ thousands of small ones. Format version 2, all datasets contiguous and unfiltere
     /                        attrs: format="colabfast-mirror", format_version=2, layout
                              ("imagefolder" | "kitti" | "files"), store ("encoded" | "raw"),
                              image_size, quality, shuffled, seed, classes, skipped (JSON),
-                             source, created, colabfast_version, fingerprint, header_crc32,
-                             and complete=1, written last
+                             source, created, colabfast_version, fingerprint, (packed from
+                             an archive) labels and class_names (JSON), header_crc32, and
+                             complete=1, written last (all read and written by :class:`Header`)
     <split>/                 "" (the root group) for imagefolder/files; "training", "testing" for kitti
         images               uint8 [total bytes]: every image back to back (encoded file bytes, or
                              raw pixels in HWC order)
@@ -102,7 +103,7 @@ VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
 
 T = TypeVar("T")
 __all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index", "read_paths", "open_h5", "read_h5",
-           "vet", "trust", "write_array", "header", "header_crc32", "attrs_crc32", "file_version"]
+           "vet", "trust", "write_array", "Header", "header", "header_crc32", "attrs_crc32", "file_version", "runs"]
 
 
 class MirrorError(Error, ValueError):
@@ -441,20 +442,103 @@ def _check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
 
 @dataclasses.dataclass
 class Header:
-    """The root attributes of a mirror, checked."""
+    """A mirror's root attributes: checked and parsed by :meth:`read`, written by :meth:`write`.
 
-    version: int
-    complete: bool
-    layout: str
-    store: str
-    classes: Optional[list[str]]
+    An optional attribute (``quality``, ``seed``, ``fingerprint``, ``labels``, ``class_names``) is
+    absent from the file where its field is None.
+    """
+
+    layout: str  # one of LAYOUTS
+    store: str  # one of STORES
+    classes: Optional[list[str]]  # in class index order; None where the layout has no classes
     image_size: Any  # None, int (short side) or [H, W]
-    quality: Optional[int]
-    shuffled: bool
-    skipped: list[dict]
-    source: str
-    created: str
-    colabfast_version: str
+    quality: Optional[int]  # JPEG quality 1..100 of resized encoded images
+    shuffled: bool  # stored in a seeded random order (pack's shuffle=True)
+    skipped: list[dict]  # {"path": str, "error": str} for each source file left out
+    source: str  # the folder or archive packed
+    created: str  # when, ISO 8601 in UTC
+    colabfast_version: str  # the colabfast that packed it
+    seed: Optional[int] = None  # pack's seed
+    fingerprint: Optional[str] = None  # what pack compares to find its own earlier work (hex)
+    labels: Optional[str] = None  # where the labels came from, for a mirror packed from an archive
+    class_names: Optional[list[list[str]]] = None  # each class's names, from an archive's labels
+    version: int = FORMAT_VERSION  # the format version
+    complete: bool = False  # the mirror is whole (set last, once everything else is written)
+
+    def attrs(self) -> dict[str, Any]:
+        """The root attributes as :meth:`write` gives them to h5py, in that order: text, ints and bools,
+        the JSON ones (``image_size``, ``classes``, ``skipped``, ``class_names``) as text; then
+        ``header_crc32`` (:func:`header_crc32`), and ``complete`` where it is true."""
+        attrs = {
+            "format": FORMAT, "format_version": self.version, "layout": self.layout, "store": self.store,
+            "image_size": json.dumps(self.image_size), "shuffled": self.shuffled, "seed": self.seed,
+            "classes": json.dumps(self.classes), "source": self.source, "fingerprint": self.fingerprint,
+            "skipped": json.dumps(self.skipped), "created": self.created, "colabfast_version": self.colabfast_version,
+            "quality": self.quality, "labels": self.labels,
+            "class_names": None if self.class_names is None else json.dumps(self.class_names),
+        }
+        attrs = {key: value for key, value in attrs.items() if value is not None}
+        attrs["header_crc32"] = header_crc32(attrs)
+        if self.complete:
+            attrs["complete"] = True
+        return attrs
+
+    def write(self, f: h5py.File) -> None:
+        """Write :meth:`attrs` as the root attributes of ``f`` (a mirror being built: pack sets
+        ``complete`` on its own, once the rest of the file is written and synced)."""
+        for key, value in self.attrs().items():
+            f.attrs[key] = value
+
+    @staticmethod
+    @_as_mirror_error
+    def read(f: h5py.File, path: PathLike, complete: bool = True) -> Header:
+        """Check and parse the root attributes of ``f``, the mirror at ``path``.
+
+        Args:
+            complete: raise unless the mirror is complete (``False``: describe an interrupted one).
+
+        Raises:
+            MirrorError: not a mirror, a version this colabfast does not read, incomplete, an unknown
+                layout or store, a malformed attribute, or (version 2) a ``header_crc32`` mismatch.
+        """
+        attrs = f.attrs
+        fmt = attrs.get("format")
+        if not isinstance(fmt, str) or fmt != FORMAT:
+            raise MirrorError(f"{path} is an HDF5 file but not a colabfast mirror (no format={FORMAT!r} attribute). "
+                              "Make one with colabfast.pack().")
+        version = _int(attrs, "format_version", path, -1)
+        if version not in READ_VERSIONS:
+            raise MirrorError(f"{path} is a colabfast mirror of format version {version}; this colabfast reads "
+                              f"versions {', '.join(map(str, READ_VERSIONS))}. Pack it again with this version, or "
+                              "install the colabfast that wrote it.")
+        done = _flag(attrs, "complete", path)
+        if complete and not done:
+            raise MirrorError(f"{path} is an incomplete mirror: packing it was interrupted before it finished. "
+                              "Run colabfast.pack() again; it resumes where it stopped.")
+        if version >= 2 and _int(attrs, "header_crc32", path) != header_crc32(attrs):
+            raise _bad(path, "its root attributes do not match their checksum (header_crc32)")
+        layout, store = _text(attrs, "layout", path), _text(attrs, "store", path)
+        if layout not in LAYOUTS:
+            raise _bad(path, f"unknown layout {layout!r} (this colabfast knows {', '.join(LAYOUTS)})")
+        if store not in STORES:
+            raise MirrorError(f"{path} stores images as {store!r}, which this colabfast does not know (it knows "
+                              f"{', '.join(STORES)}). A newer colabfast may have written it: upgrade, or pack it "
+                              "again.")
+        quality = _int(attrs, "quality", path)
+        if quality is not None and not 1 <= quality <= 100:
+            raise _bad(path, f"JPEG quality {quality} is not 1..100")
+        return Header(
+            layout=layout, store=store, classes=_json(attrs, "classes", path, lambda v: v is None or _str_list(v)),
+            image_size=_json(attrs, "image_size", path, _image_size), quality=quality,
+            shuffled=_flag(attrs, "shuffled", path), skipped=_json(attrs, "skipped", path, _skipped, []),
+            source=_text(attrs, "source", path) or "", created=_text(attrs, "created", path) or "",
+            colabfast_version=_text(attrs, "colabfast_version", path) or "", seed=_int(attrs, "seed", path),
+            fingerprint=_text(attrs, "fingerprint", path), labels=_text(attrs, "labels", path),
+            class_names=_json(attrs, "class_names", path, _name_lists), version=version, complete=done,
+        )
+
+
+header = Header.read  # its name before the header read and wrote itself
 
 
 def _plain(value: Any) -> Any:
@@ -529,55 +613,13 @@ def _image_size(v: Any) -> bool:
     return v is None or positive(v) or (isinstance(v, list) and len(v) == 2 and all(positive(x) for x in v))
 
 
+def _name_lists(v: Any) -> bool:
+    return isinstance(v, list) and all(_str_list(x) for x in v)
+
+
 def _skipped(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(s, dict) and isinstance(s.get("path"), str)
                                        and isinstance(s.get("error"), str) for s in v)
-
-
-@_as_mirror_error
-def header(f: h5py.File, path: PathLike, complete: bool = True) -> Header:
-    """Check and parse a mirror's root attributes.
-
-    Args:
-        complete: raise unless the mirror is complete (``False``: describe an interrupted one).
-
-    Raises:
-        MirrorError: not a mirror, a version this colabfast does not read, incomplete, an unknown
-            layout or store, a malformed attribute, or (version 2) a ``header_crc32`` mismatch.
-    """
-    attrs = f.attrs
-    fmt = attrs.get("format")
-    if not isinstance(fmt, str) or fmt != FORMAT:
-        raise MirrorError(f"{path} is an HDF5 file but not a colabfast mirror (no format={FORMAT!r} attribute). "
-                          "Make one with colabfast.pack().")
-    version = _int(attrs, "format_version", path, -1)
-    if version not in READ_VERSIONS:
-        raise MirrorError(f"{path} is a colabfast mirror of format version {version}; this colabfast reads "
-                          f"versions {', '.join(map(str, READ_VERSIONS))}. Pack it again with this version, or "
-                          "install the colabfast that wrote it.")
-    done = _flag(attrs, "complete", path)
-    if complete and not done:
-        raise MirrorError(f"{path} is an incomplete mirror: packing it was interrupted before it finished. "
-                          "Run colabfast.pack() again; it resumes where it stopped.")
-    if version >= 2 and _int(attrs, "header_crc32", path) != header_crc32(attrs):
-        raise _bad(path, "its root attributes do not match their checksum (header_crc32)")
-    layout, store = _text(attrs, "layout", path), _text(attrs, "store", path)
-    if layout not in LAYOUTS:
-        raise _bad(path, f"unknown layout {layout!r} (this colabfast knows {', '.join(LAYOUTS)})")
-    if store not in STORES:
-        raise MirrorError(f"{path} stores images as {store!r}, which this colabfast does not know (it knows "
-                          f"{', '.join(STORES)}). A newer colabfast may have written it: upgrade, or pack it again.")
-    quality = _int(attrs, "quality", path)
-    if quality is not None and not 1 <= quality <= 100:
-        raise _bad(path, f"JPEG quality {quality} is not 1..100")
-    return Header(
-        version=version, complete=done, layout=layout, store=store,
-        classes=_json(attrs, "classes", path, lambda v: v is None or _str_list(v)),
-        image_size=_json(attrs, "image_size", path, _image_size), quality=quality,
-        shuffled=_flag(attrs, "shuffled", path), skipped=_json(attrs, "skipped", path, _skipped, []),
-        source=_text(attrs, "source", path) or "", created=_text(attrs, "created", path) or "",
-        colabfast_version=_text(attrs, "colabfast_version", path) or "",
-    )
 
 
 def check(f: h5py.File, path: PathLike) -> None:
@@ -809,6 +851,35 @@ def _not_plain(joined: str) -> bool:
     return any(bad in joined for bad in ("\0\0", "\0/", "//", "/\0", *dots))
 
 
+def runs(positions: Union[Sequence[int], np.ndarray], offsets: np.ndarray, max_bytes: int) -> list[tuple[int, int]]:
+    """Cut ``positions`` into runs of consecutive stored samples, each to be read with one read.
+
+    Args:
+        positions: stored positions (ints, e.g. int64 ``[K]``), in the order they are to be read;
+            sorted, they make the fewest runs. They are never reordered.
+        offsets: int64 ``[N + 1]``, the split's ``image_offsets`` (sample ``p`` is bytes
+            ``offsets[p]`` to ``offsets[p + 1]`` of ``images``).
+        max_bytes: the most bytes (of ``images``) one run reads, unless one sample alone is larger.
+
+    Returns:
+        Half-open ranges ``(a, b)`` covering ``range(len(positions))`` in order: ``positions[a:b]``
+        are stored one after the other (each one more than the one before: a repeated position
+        starts a new run), so bytes ``offsets[positions[a]]`` to ``offsets[positions[b - 1] + 1]``
+        hold them; each run is as long as that and ``max_bytes`` allow.
+    """
+    at = np.asarray(positions, dtype=np.int64)
+    breaks = (np.flatnonzero(np.diff(at) != 1) + 1).tolist()
+    out = []
+    for a, b in zip([0, *breaks], [*breaks, len(at)]):  # each a stretch of consecutive positions
+        while a < b:
+            first = int(at[a])
+            end = int(np.searchsorted(offsets, offsets[first] + max_bytes, "right")) - 1  # the furthest end in reach
+            cut = min(b, a + max(1, end - first))
+            out.append((a, cut))
+            a = cut
+    return out
+
+
 @_as_mirror_error
 def verify(path: PathLike, progress: bool = False) -> int:
     """Check every stored image of a version 2 mirror against its checksum, and its paths and order;
@@ -850,10 +921,7 @@ def verify(path: PathLike, progress: bool = False) -> int:
         try:
             with tqdm(total=int(offsets[-1]), unit="B", unit_scale=True, desc=f"verify {split or path.name}",
                       disable=not progress) as bar:
-                i = 0
-                while i < n:
-                    j = max(i + 1, int(np.searchsorted(offsets, offsets[i] + VERIFY_READ, "right")) - 1)
-                    j = min(j, n)
+                for i, j in runs(np.arange(n), offsets, VERIFY_READ):
                     base = int(offsets[i])
                     buf = _pread(fd, int(offsets[j]) - base, index.data_offset + base, path)
                     for k in range(i, j):
@@ -867,7 +935,6 @@ def verify(path: PathLike, progress: bool = False) -> int:
                             except ValueError as exc:  # names `where`
                                 bad.append(str(exc))
                     bar.update(len(buf))
-                    i = j
         finally:
             os.close(fd)
         total += n
@@ -893,54 +960,62 @@ def _pread(fd: int, n: int, offset: int, path: Path) -> memoryview:
 # --- describing -------------------------------------------------------------------------------------
 
 
+_HEADER_FIELDS = frozenset(field.name for field in dataclasses.fields(Header))
+
+
 @dataclasses.dataclass
 class MirrorInfo:
-    """What :func:`info` reports about a mirror."""
+    """What :func:`info` reports about a mirror: its :class:`Header`, whose fields read as its own
+    (``info.layout`` is ``info.header.layout``; ``format_version`` is its ``version``, ``labels``
+    is ``""`` where it has none), and what its sample tables hold."""
 
     path: Path
     size: int  # bytes on disk
-    layout: str
-    store: str
-    complete: bool
-    format_version: int
+    header: Header
     samples: dict[str, int]  # split ("" for imagefolder/files) -> number of samples
     image_bytes: dict[str, int]  # split -> bytes of image data
-    classes: Optional[list[str]]
     objects: dict[str, int]  # kitti split -> number of labelled objects
-    image_size: Any
-    quality: Optional[int]
-    shuffled: bool
-    skipped: list[dict]
-    source: str
-    created: str
-    colabfast_version: str
-    labels: str = ""  # where the labels came from, for a mirror packed from an archive
+
+    @property
+    def format_version(self) -> int:
+        return self.header.version
+
+    @property
+    def labels(self) -> str:
+        """Where the labels came from, for a mirror packed from an archive; else ``""``."""
+        return self.header.labels or ""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _HEADER_FIELDS:  # never "header" itself: unpickling asks for attributes before it is set
+            return getattr(self.header, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __str__(self) -> str:
+        head = self.header
         lines = [
-            f"{self.path}: colabfast mirror v{self.format_version}, {human_bytes(self.size)}, "
-            + ("complete" if self.complete else "INCOMPLETE (packing was interrupted)"),
-            f"  layout {self.layout}, store {self.store}"
-            + (f", resized to {self.image_size}" if self.image_size is not None else "")
-            + (f" (JPEG quality {self.quality})" if self.quality is not None and self.store == "encoded"
-               and self.image_size is not None else "")
-            + (", samples in shuffled order" if self.shuffled else ""),
+            f"{self.path}: colabfast mirror v{head.version}, {human_bytes(self.size)}, "
+            + ("complete" if head.complete else "INCOMPLETE (packing was interrupted)"),
+            f"  layout {head.layout}, store {head.store}"
+            + (f", resized to {head.image_size}" if head.image_size is not None else "")
+            + (f" (JPEG quality {head.quality})" if head.quality is not None and head.store == "encoded"
+               and head.image_size is not None else "")
+            + (", samples in shuffled order" if head.shuffled else ""),
         ]
         for split, n in self.samples.items():
             name = split or "samples"
             extra = f", {self.objects[split]} objects" if split in self.objects else ""
             lines.append(f"  {name}: {n} images, {human_bytes(self.image_bytes[split])} of image data{extra}")
-        if self.classes is not None:
-            shown = ", ".join(self.classes[:8]) + (", ..." if len(self.classes) > 8 else "")
-            lines.append(f"  {len(self.classes)} classes: {shown}")
-        lines.append(f"  packed from {self.source} on {self.created} by colabfast {self.colabfast_version}")
-        if self.labels:
-            lines.append(f"  labels from {self.labels}")
-        if self.skipped:
-            lines.append(f"  {len(self.skipped)} source files were skipped:")
-            lines += [f"    {s['path']}: {s['error']}" for s in self.skipped[:20]]
-            if len(self.skipped) > 20:
-                lines.append(f"    ... and {len(self.skipped) - 20} more")
+        if head.classes is not None:
+            shown = ", ".join(head.classes[:8]) + (", ..." if len(head.classes) > 8 else "")
+            lines.append(f"  {len(head.classes)} classes: {shown}")
+        lines.append(f"  packed from {head.source} on {head.created} by colabfast {head.colabfast_version}")
+        if head.labels:
+            lines.append(f"  labels from {head.labels}")
+        if head.skipped:
+            lines.append(f"  {len(head.skipped)} source files were skipped:")
+            lines += [f"    {s['path']}: {s['error']}" for s in head.skipped[:20]]
+            if len(head.skipped) > 20:
+                lines.append(f"    ... and {len(head.skipped) - 20} more")
         return "\n".join(lines)
 
 
@@ -956,9 +1031,8 @@ def info(path: PathLike) -> MirrorInfo:
     """
     path = Path(path)
     with open_h5(path) as f:
-        head = header(f, path, complete=False)
+        head = Header.read(f, path, complete=False)
         splits = split_names(f)
-        labels = _text(f.attrs, "labels", path, "")
     if head.complete and not splits:
         raise _bad(path, "a kitti mirror without a training or testing split")
     samples, nbytes, objects = {}, {}, {}
@@ -967,9 +1041,5 @@ def info(path: PathLike) -> MirrorInfo:
         samples[split], nbytes[split] = len(index), int(index.offsets[-1])
         if index.object_offsets is not None:
             objects[split] = int(index.object_offsets[-1])
-    return MirrorInfo(
-        path=path, size=path.stat().st_size, layout=head.layout, store=head.store, complete=head.complete,
-        format_version=head.version, samples=samples, image_bytes=nbytes, classes=head.classes, objects=objects,
-        image_size=head.image_size, quality=head.quality, shuffled=head.shuffled, skipped=head.skipped,
-        source=head.source, created=head.created, colabfast_version=head.colabfast_version, labels=labels or "",
-    )
+    return MirrorInfo(path=path, size=path.stat().st_size, header=head, samples=samples, image_bytes=nbytes,
+                      objects=objects)

@@ -50,13 +50,10 @@ from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
 from colabfast.errors import Error
 from colabfast.mirror import (
-    FORMAT,
-    FORMAT_VERSION,
     STORES,
+    Header,
     MirrorError,
     check,
-    header,
-    header_crc32,
     open_h5,
     trust,
     write_array,
@@ -239,8 +236,7 @@ def pack(
                     raise PackError([(_printable(p), e) for p, e in source.unreadable])
                 _preflight(source, work, store, image_size)
                 parts = _make_parts(source, orders, options, work, workers, progress, retries)
-            _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, quality, options,
-                   archive)
+            _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, options, archive)
         _publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)
@@ -264,7 +260,7 @@ def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
         return None
     try:
         with open_h5(dst) as f:
-            return header(f, dst, complete=False).source
+            return Header.read(f, dst, complete=False).source
     except (MirrorError, OSError):
         raise ValueError(f"{dst} exists and is not a readable colabfast mirror: packing would replace it, so nothing "
                          "was read. Pass another dst, or overwrite=True to replace it.") from None
@@ -278,8 +274,7 @@ def _check_same_source(dst: Path, packed_from: str, root: Path) -> None:
 
 
 def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,
-           on_error: str, shuffle: bool, seed: int, quality: int, options: dict,
-           archive: Optional[ArchiveSource]) -> None:
+           on_error: str, shuffle: bool, seed: int, options: dict, archive: Optional[ArchiveSource]) -> None:
     """Assemble the parts in ``work`` into a verified mirror at ``build`` (the parts go into it)."""
     failures = sorted([(_printable(str(s.root / s.files[i].rel)), err)
                        for s in source.splits for i, err in parts.errors[s.name]]
@@ -294,23 +289,18 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
     if hidden:
         warnings.warn(f"pack: left out {len(hidden)} hidden files or folders that torchvision reads, e.g. "
                       f"{hidden[0][0]}: {hidden[0][1]}. The mirror lists them (colabfast info).", stacklevel=3)
-    attrs = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "layout": source.layout, "store": options["store"],
-        "image_size": json.dumps(options["image_size"]), "shuffled": shuffle, "seed": seed,
-        "classes": json.dumps(source.classes), "source": _printable(str(source.root)), "fingerprint": fingerprint,
-        "skipped": json.dumps([{"path": p, "error": e} for p, e in sorted(failures + hidden)]),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "colabfast_version": _version(),
-    }
-    if options["quality"] is not None:
-        attrs["quality"] = quality
+    labels, names = None, None
     if archive is not None:
-        attrs["labels"] = archive.labels.origin if archive.labels else f"class folders in {archive.path}"
+        labels = archive.labels.origin if archive.labels else f"class folders in {archive.path}"
         names = archive.class_names(source.classes or [])
-        if names is not None:
-            attrs["class_names"] = json.dumps(names)
-    attrs["header_crc32"] = header_crc32(attrs)
-    _assemble(build, work, source, orders, parts, attrs)
+    head = Header(
+        layout=source.layout, store=options["store"], classes=source.classes, image_size=options["image_size"],
+        quality=options["quality"], shuffled=shuffle, seed=seed, fingerprint=fingerprint,
+        skipped=[{"path": p, "error": e} for p, e in sorted(failures + hidden)], source=_printable(str(source.root)),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), colabfast_version=_version(),
+        labels=labels, class_names=None if names is None else [list(n) for n in names],
+    )
+    _assemble(build, work, source, orders, parts, head)
     _verify(build, {s.name: int(np.count_nonzero(orders[s.name] >= 0)) - len(parts.errors[s.name])
                     for s in source.splits})
 
@@ -395,8 +385,7 @@ def _complete(path: Path, fingerprint: str) -> bool:
         return False
     try:
         with open_h5(path) as f:
-            check(f, path)
-            return f.attrs.get("fingerprint") == fingerprint
+            return Header.read(f, path).fingerprint == fingerprint
     except (MirrorError, OSError):
         return False
 
@@ -849,7 +838,7 @@ def _joined(results: list[dict]) -> dict:
 
 
 def _assemble(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts,
-              attrs: dict) -> None:
+              head: Header) -> None:
     """Write the mirror to ``build``, moving each part's images into it and deleting the part.
 
     Peak disk use is the mirror plus one part, not the parts plus the mirror (ImageNet at 160 px:
@@ -873,8 +862,8 @@ def _assemble(build: Path, work: Path, source: Source, orders: dict[str, np.ndar
     if need > free:
         raise OSError(errno.ENOSPC, f"not enough free space on {build.parent} to build the mirror: need "
                                     f"{human_bytes(need)}, have {human_bytes(free)}")
-    moves = _lay_out(build, source, orders, parts, attrs)
-    _plan_moves(work, attrs["fingerprint"], moves)
+    moves = _lay_out(build, source, orders, parts, head)
+    _plan_moves(work, head.fingerprint or "", moves)
     _move_parts(build, work, moves)
     _seal(build)
 
@@ -885,12 +874,11 @@ def _part_bytes(path: Path) -> int:
 
 
 def _lay_out(build: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts,
-             attrs: dict) -> list[tuple[str, int, int]]:
+             head: Header) -> list[tuple[str, int, int]]:
     """Write ``build`` whole but for the image bytes; return ``(part file name, file offset, bytes)``
     for every part, where :func:`_move_parts` puts its images."""
     with h5py.File(build, "w", locking=False) as f:
-        for key, value in attrs.items():
-            f.attrs[key] = value
+        head.write(f)
         placed = []
         for s in source.splits:
             g = f.create_group(s.name) if s.name else f

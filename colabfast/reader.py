@@ -29,7 +29,7 @@ import torch
 
 from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets, undecodable
 from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, decode_cpu
-from colabfast.mirror import MirrorError
+from colabfast.mirror import MirrorError, runs
 from colabfast.prefetch import ImageList
 
 __all__ = ["BatchReader", "applies"]
@@ -146,24 +146,15 @@ class BatchReader:
         read per run of consecutive stored positions, whatever their order in the batch (a block the
         sampler shuffled inside), scattered into their places; no read exceeds ``MAX_READ`` bytes."""
         offsets = self.dataset.reader.offsets
-
-        def read(run: list[int]) -> None:  # places in the batch, in stored order
+        order = np.argsort(indices, kind="stable")
+        for a, b in runs(np.asarray(indices, dtype=np.int64)[order], offsets, MAX_READ):
+            run = order[a:b].tolist()  # places in the batch, in stored order
             buffers, first = [], 0
             for j in range(1, len(run) + 1):  # places next to each other in the batch too: one buffer
                 if j == len(run) or run[j] != run[j - 1] + 1:
                     buffers.append(batch[starts[run[first]] : starts[run[j - 1] + 1]])
                     first = j
             self._fill(buffers, int(offsets[indices[run[0]]]))
-
-        run: list[int] = []
-        for k in np.argsort(indices, kind="stable").tolist():
-            i = indices[k]
-            if run and (i != indices[run[-1]] + 1 or offsets[i + 1] - offsets[indices[run[0]]] > MAX_READ):
-                read(run)
-                run = []
-            run.append(k)
-        if run:
-            read(run)
 
     def _read_bytes(self, indices: list[int], keys: list[int]) -> EncodedImages:
         """The stored files at positions ``indices``; ``keys`` (their dataset indices) name them in

@@ -738,3 +738,176 @@ def test_verify_fails_a_kitti_mirror_without_kitti_splits(good, tmp_path):
     for check in (verify, info):
         with pytest.raises(MirrorError, match="a kitti mirror without a training or testing split"):
             check(m)
+
+
+# --- issue 24 item 3: one cutter of runs of consecutive samples ------------------------------------
+
+
+def _views_runs(ordered: list[int], offsets: np.ndarray, cap: int) -> list[tuple[int, int]]:
+    """MirrorReader.views' own loop before issue 24 (sorted distinct positions), as a reference."""
+    out, start = [], 0
+    for k in range(1, len(ordered) + 1):
+        run_ends = k == len(ordered) or ordered[k] != ordered[k - 1] + 1
+        too_big = k < len(ordered) and offsets[ordered[k] + 1] - offsets[ordered[start]] > cap
+        if run_ends or too_big:
+            out.append((start, k))
+            start = k
+    return out
+
+
+def _batch_runs(indices: list[int], offsets: np.ndarray, cap: int) -> list[list[int]]:
+    """BatchReader._read_runs' own loop before issue 24 (places in the batch, in stored order)."""
+    out, run = [], []
+    for k in np.argsort(indices, kind="stable").tolist():
+        i = indices[k]
+        if run and (i != indices[run[-1]] + 1 or offsets[i + 1] - offsets[indices[run[0]]] > cap):
+            out.append(run)
+            run = []
+        run.append(k)
+    return out + [run] if run else out
+
+
+def test_runs_cut_consecutive_positions_within_the_byte_cap():
+    offsets = np.array([0, 10, 20, 30, 100, 110, 120], np.int64)  # sample 3 has 70 bytes
+    assert mirror.runs([], offsets, 30) == []
+    assert mirror.runs([0, 1, 2, 4, 5], offsets, 30) == [(0, 3), (3, 5)]
+    assert mirror.runs([0, 1, 2], offsets, 20) == [(0, 2), (2, 3)]  # 30 bytes is over 20
+    assert mirror.runs([2, 3, 4], offsets, 30) == [(0, 1), (1, 2), (2, 3)]  # one sample over the cap: alone
+    assert mirror.runs([1, 1, 2], offsets, 100) == [(0, 1), (1, 3)]  # a repeat starts a new run
+    assert mirror.runs(np.array([5, 0, 1]), offsets, 100) == [(0, 1), (1, 3)]  # never reordered
+    assert mirror.runs(np.arange(6), offsets, 1 << 20) == [(0, 6)]
+
+
+def test_runs_are_what_both_readers_cut_before():
+    """The one function gives what MirrorReader.views (sorted distinct positions) and the batch reader
+    (a batch's positions in stable sorted order, repeats included) each computed themselves."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        offsets = np.concatenate(([0], np.cumsum(rng.integers(1, 50, n)))).astype(np.int64)
+        cap = int(rng.integers(1, 200))
+        batch = rng.integers(0, n, int(rng.integers(0, 30))).tolist()
+        ordered = sorted(set(batch))
+        assert mirror.runs(ordered, offsets, cap) == _views_runs(ordered, offsets, cap)
+        order = np.argsort(batch, kind="stable")
+        assert [order[a:b].tolist() for a, b in mirror.runs(np.asarray(batch, np.int64)[order], offsets, cap)] \
+            == _batch_runs(batch, offsets, cap)
+
+
+# --- issue 24 item 3: one Header reads and writes the root attributes ------------------------------
+
+
+def _stored(f: h5py.File, name: str) -> tuple:
+    """A root attribute as HDF5 holds it: its value, the Python type h5py reads, its dtype and type class,
+    and for text its encoding."""
+    value, dtype = f.attrs[name], f.attrs.get_id(name).dtype
+    return (value.tolist() if isinstance(value, np.generic) else value, type(value), dtype.str,
+            f.attrs.get_id(name).get_type().get_class(), h5py.check_string_dtype(dtype))
+
+
+def _old_root_attrs(kind: str, src: Path, dst: Path) -> dict:
+    """The root attributes pack wrote before issue 24 (a hand-built dict, in its order), computed here
+    from what went into the pack; ``created`` and ``fingerprint`` are taken from the file (a time, and
+    a digest of the source that pack alone computes)."""
+    import colabfast
+    from colabfast.imagenet import DEVKIT_META, DEVKIT_VAL_TRUTH
+    from colabfast.testing.data import WNIDS
+    from colabfast.testing.imagenet_archives import _class_words
+
+    with h5py.File(dst, "r") as f:
+        created, fingerprint = f.attrs["created"], f.attrs["fingerprint"]
+    layout = {"folder": "imagefolder", "kitti": "kitti", "archive": "imagefolder"}[kind]
+    classes = None if kind == "kitti" else list(WNIDS[:2])
+    attrs = {
+        "format": "colabfast-mirror", "format_version": 2, "layout": layout, "store": "encoded",
+        "image_size": json.dumps(None if kind == "kitti" else 16), "shuffled": kind == "folder",
+        "seed": 7 if kind == "folder" else 0, "classes": json.dumps(classes), "source": str(src),
+        "fingerprint": fingerprint, "skipped": "[]", "created": created, "colabfast_version": colabfast.__version__,
+    }
+    if kind != "kitti":
+        attrs["quality"] = 70 if kind == "folder" else 90
+    if kind == "archive":
+        attrs["labels"] = f"{src.parent / 'ILSVRC2012_devkit_t12.tar.gz'} ({DEVKIT_META}, {DEVKIT_VAL_TRUTH})"
+        attrs["class_names"] = json.dumps([_class_words(w).split(", ") for w in WNIDS[:2]])
+    attrs["header_crc32"] = zlib.crc32(json.dumps(attrs, sort_keys=True).encode())  # of all the others
+    return attrs
+
+
+@pytest.fixture(scope="module")
+def packed_kinds(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """One small mirror of each kind pack writes: a folder (shuffled, resized), kitti, an archive with labels."""
+    from colabfast.testing.imagenet_archives import make_imagenet_archives
+
+    pytest.importorskip("scipy")  # the devkit's meta.mat
+    base = tmp_path_factory.mktemp("kinds")
+    folder = make_imagefolder(base / "inet", classes=2, per_class=3, size=(32, 24))
+    kitti = make_kitti(base / "kitti", train=2, test=1, size=(48, 16))
+    archives = make_imagenet_archives(base / "ilsvrc", classes=2, train_per_class=2, val_per_class=2, size=(32, 24))
+    return {
+        "folder": (folder, pack(folder, base / "folder.h5", image_size=16, quality=70, shuffle=True, seed=7,
+                                progress=False)),
+        "kitti": (kitti, pack(kitti, base / "kitti.h5", progress=False)),
+        "archive": (archives["val"], pack(archives["val"], base / "archive.h5", labels=archives["devkit"],
+                                          image_size=16, progress=False)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["folder", "kitti", "archive"])
+def test_pack_writes_the_root_attributes_it_always_wrote(packed_kinds, tmp_path, kind):
+    """Every root attribute, with its value and HDF5 type, is what pack's hand-built dict wrote before
+    the Header wrote itself (issue 24 item 3), for each kind of mirror pack writes."""
+    from datetime import datetime, timedelta, timezone
+
+    src, dst = packed_kinds[kind]
+    old = {**_old_root_attrs(kind, src, dst), "complete": True}
+    with h5py.File(tmp_path / "old.h5", "w") as f:  # as pack wrote them: the dict, then complete
+        for key, value in old.items():
+            f.attrs[key] = value
+    with h5py.File(dst, "r") as f, h5py.File(tmp_path / "old.h5", "r") as ref:
+        assert sorted(f.attrs) == sorted(old)
+        for name in old:
+            assert _stored(f, name) == _stored(ref, name), name
+        created = datetime.fromisoformat(f.attrs["created"])
+    assert timedelta(0) <= datetime.now(timezone.utc) - created < timedelta(hours=1)
+    assert len(old["fingerprint"]) == 64
+
+
+@pytest.mark.parametrize("kind", ["folder", "kitti", "archive"])
+def test_a_header_writes_what_it_reads_as_pack_always_wrote_it(packed_kinds, tmp_path, kind):
+    """A packed mirror's Header, written to a new file, gives the bytes that the old hand-built dict
+    gives (the same attributes, order, types and values), and reads back equal; info holds it."""
+    import pickle
+
+    from colabfast.mirror import Header
+
+    src, dst = packed_kinds[kind]
+    with h5py.File(dst, "r") as f:
+        head = Header.read(f, dst)
+    with h5py.File(tmp_path / "new.h5", "w") as f:
+        head.write(f)
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        for key, value in {**_old_root_attrs(kind, src, dst), "complete": True}.items():
+            f.attrs[key] = value
+    assert (tmp_path / "new.h5").read_bytes() == (tmp_path / "old.h5").read_bytes()
+    with h5py.File(tmp_path / "new.h5", "r") as f:
+        assert Header.read(f, tmp_path / "new.h5") == head
+    described = info(dst)
+    assert described.header == head and pickle.loads(pickle.dumps(described)) == described
+    assert (described.layout, described.classes, described.complete, described.format_version, described.labels) \
+        == (head.layout, head.classes, True, 2, head.labels or "")
+
+
+def test_a_header_without_its_optional_attributes_round_trips(tmp_path):
+    from colabfast.mirror import Header
+
+    head = Header(layout="files", store="raw", classes=None, image_size=[4, 6], quality=None, shuffled=False,
+                  skipped=[{"path": "a/b.png", "error": "not an image"}], source="/data",
+                  created="2026-01-01T00:00:00+00:00", colabfast_version="0.0")
+    optional = {"complete", "quality", "seed", "fingerprint", "labels", "class_names"}
+    assert not optional & set(head.attrs())  # absent where None (complete: where false)
+    with h5py.File(tmp_path / "m.h5", "w") as f:
+        head.write(f)
+    with h5py.File(tmp_path / "m.h5", "r") as f:
+        with pytest.raises(MirrorError, match="incomplete mirror"):
+            Header.read(f, tmp_path / "m.h5")
+        assert Header.read(f, tmp_path / "m.h5", complete=False) == head
