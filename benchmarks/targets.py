@@ -79,6 +79,16 @@ def main() -> None:
     check("17", "peak local disk / mirror size (target: the mirror and a small margin)",
           peak / mirror if peak and mirror else None, lambda v: v <= 1.2, "x")
 
+    print("Issue 26, open_dataset: from a folder on the simulated Drive to the first batch (colabfast bench open):")
+    first, second = "colabfast.open_dataset, first runtime", "colabfast.open_dataset, second runtime"
+    check("26", "second runtime vs the link's limit for the mirror (mirror / bandwidth + one open; target <= 1.2x)",
+          metric("open/first-batch", second, "x link limit"), lambda v: v <= 1.2)
+    for other in ("cp -r + ImageFolder", "cp zip + unzip + ImageFolder",
+                  "by hand: stage -> pack -> flush -> stage, second runtime"):
+        check("26", f"second runtime vs {other}", ratio("open/first-batch", second, other), lambda v: v >= 1)
+    check("26", "first runtime vs the hand-written stage -> pack -> flush -> stage",
+          ratio("open/first-batch", first, "by hand: stage -> pack -> flush -> stage, first runtime"), lambda v: v >= 1)
+
     print("Issue 12, the batch reader (loader/reader: mirrors in the page cache, FFCV's channels-last layout):")
     reader = "loader/reader"
     check("12", "raw 256 px vs FFCV raw (target >= 1.0)",

@@ -188,7 +188,7 @@ def pack(
     given = Path(os.path.abspath(dst))
     dst = Path(os.path.realpath(given))  # one lock and one work folder, however the path is spelled
     workers = env.cpu_count() if workers is None else workers
-    options = {"store": store, "image_size": image_size, "quality": quality if image_size else None}
+    options = _options(store, image_size, quality)
     path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
     streamed = archive_suffix(path) is not None and not os.path.isdir(path)
     if streamed and not os.path.isfile(path):
@@ -206,16 +206,14 @@ def pack(
     # 9 concurrent runs): the second waits for the first, saying so.
     with locked(lock_path(dst), f"packing into {dst}"):
         packed_from = _existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
-        archive: Optional[ArchiveSource] = None
-        if streamed:
-            archive = ArchiveSource(path, layout, split, labels, retries)
-            what, described, fingerprint = "archive", f"{archive.path}: {archive.describe()}", \
-                _archive_fingerprint(archive, labels, options)
+        fingerprint, archive, listed, orders = _listing(path if streamed else src, streamed, options, layout, labels,
+                                                        split, shuffle, seed, retries)
+        if archive is not None:
+            what, described = "archive", f"{archive.path}: {archive.describe()}"
         else:
-            source = read_source(src, layout)
-            orders = {s.name: _order(len(s.files), shuffle, seed) for s in source.splits}
-            what, described, fingerprint = "source", f"{source.root}: {source.describe()}", \
-                _fingerprint(source, orders, options)
+            assert listed is not None
+            source = listed
+            what, described = "source", f"{source.root}: {source.describe()}"
         if packed_from is not None:
             _check_same_source(dst, packed_from, archive.path if archive is not None else source.root)
         described = _printable(described)
@@ -399,14 +397,33 @@ def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[
     depends on: the files' names, sizes and times, labels, layout and options), and e.g.
     ``"imagefolder layout, 300 images in 10 classes"``. Lists the folder (or looks into the archive),
     reading no image. Raises what :func:`pack` raises for the same source."""
-    options = {"store": store, "image_size": _check_size(image_size),
-               "quality": quality if image_size else None}
-    if archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src):
+    streamed = archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src)
+    fingerprint, archive, source, _ = _listing(src, streamed, _options(store, _check_size(image_size), quality),
+                                               layout, labels, split, shuffle, seed, retries)
+    if archive is not None:
+        return fingerprint, archive.describe()
+    assert source is not None
+    return fingerprint, source.describe()
+
+
+def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:
+    """The options a mirror records and its fingerprint covers (``image_size`` as :func:`_check_size` returns it)."""
+    return {"store": store, "image_size": image_size, "quality": quality if image_size else None}
+
+
+def _listing(src: Union[PathLike, Sequence[Union[PathLike, tuple[PathLike, Union[int, str]]]]], streamed: bool,
+             options: dict, layout: str, labels: Optional[PathLike], split: Optional[str], shuffle: bool, seed: int,
+             retries: int) -> tuple[str, Optional[ArchiveSource], Optional[Source], dict[str, np.ndarray]]:
+    """What :func:`pack` knows of ``src`` before it reads an image: ``(fingerprint, archive, source,
+    orders)``, with ``archive`` the :class:`ArchiveSource` it streams (``source`` None, ``orders``
+    empty) or ``source`` the listed folder and ``orders`` each split's order (``archive`` None)."""
+    if streamed:
+        assert isinstance(src, (str, os.PathLike))  # an archive is one file
         archive = ArchiveSource(src, layout, split, labels, retries)
-        return _archive_fingerprint(archive, labels, options), archive.describe()
+        return _archive_fingerprint(archive, labels, options), archive, None, {}
     source = read_source(src, layout)
     orders = {s.name: _order(len(s.files), shuffle, seed) for s in source.splits}
-    return _fingerprint(source, orders, options), source.describe()
+    return _fingerprint(source, orders, options), None, source, orders
 
 
 def lock_path(dst: Path) -> Path:

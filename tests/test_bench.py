@@ -280,6 +280,23 @@ def test_pack_archive_scenario(need_fuse, tmp_path):
     assert 0.9 * pack.metrics["mirror MB"] <= pack.metrics["peak disk MB"] <= pack.metrics["mirror MB"] + 1
 
 
+@pytest.mark.fuse
+def test_open_scenario(need_fuse, tmp_path):
+    from colabfast.bench import opening
+
+    rows = opening.run(size=0.01, repeats=1, batch_size=4, drive=QUICK_DRIVE, work=tmp_path)
+    check_rows(rows, "open/first-batch")
+    by = {r.method: r for r in rows}
+    assert list(by)[:-1] == list(opening.METHODS) and all(by[m].seconds is not None for m in opening.METHODS)
+    assert "packed" in by[opening.FIRST].note and "flushed Drive" in by[opening.FIRST].note
+    second = by[opening.SECOND]
+    assert "found a mirror of it" in second.note and "packed" not in second.note
+    limit = rows[-1]
+    assert limit.reference and limit.metrics["mirror MB"] > 0
+    assert second.metrics["x link limit"] == pytest.approx(second.seconds / limit.seconds)
+    assert not list(tmp_path.iterdir())  # its data is gone
+
+
 def test_cli_writes_the_reports(tmp_path, capsys):
     parser = cli.build_parser(argparse.ArgumentParser(prog="colabfast bench"))
     args = parser.parse_args(["pack", "--size", "0.01", "--repeats", "1", "--workers", "1", "--out",
@@ -315,4 +332,4 @@ def test_cli_drive_settings():
 def test_cli_module_help():
     done = subprocess.run([sys.executable, "-m", "colabfast.bench.cli", "--help"], capture_output=True, text=True,
                           cwd=ROOT, check=True)
-    assert "staging,epoch,coldreads,pack,loader,gpu,all" in done.stdout and "--size" in done.stdout
+    assert "staging,epoch,coldreads,pack,loader,gpu,open,all" in done.stdout and "--size" in done.stdout
