@@ -293,11 +293,16 @@ def open_dataset(
         if given or pack_options:
             raise ValueError(f"{src} is a mirror already: {', '.join(given + sorted(pack_options))} apply when "
                              "open_dataset packs a folder or an archive")
-        mirror = _opened_mirror(src, steps)
+        mirror, fingerprint = src, None
     else:
-        mirror = _found_or_packed(src, kind, split, image_size, mirrors, progress, pack_options, steps)
+        mirror, fingerprint = _found_or_packed(src, kind, split, image_size, mirrors, progress, pack_options, steps)
         split = None if kind == "archive" else split  # an archive's split chose what pack read
+    # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
+    # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
+    at = len(steps)
     local = _staged(mirror, to, progress, steps)
+    if kind == "mirror" or fingerprint is not None:
+        steps.insert(at, _checked(mirror, local, src, fingerprint))
     dataset = drop_in(local, split, transform=transform, target_transform=target_transform, output=output)
     steps.append(f"opened as {type(dataset).__name__}: {len(dataset):,} images"
                  + (f" in {len(dataset.classes)} classes" if getattr(dataset, "classes", None) else ""))
@@ -307,18 +312,32 @@ def open_dataset(
     return dataset
 
 
-def _opened_mirror(src: Path, steps: list[str]) -> Path:
-    m = _look_at(src)
-    assert m is not None  # what_is saw it
-    if m.header is None:
-        raise MirrorError(m.why)
-    steps.append(f"{src} is a mirror of {m.header.source} made {_created(m.header)} ({human_bytes(m.size)})")
-    return src
+def _checked(mirror: Path, local: Path, src: Path, fingerprint: Optional[str]) -> str:
+    """What was found at ``mirror`` (staged at ``local``), in words: the mirror given, or (with
+    ``fingerprint``) the mirror of ``src`` that open_dataset looked for.
+
+    Raises:
+        MirrorError: not a complete colabfast mirror, or (``fingerprint``) not the one of ``src``
+            with these options: a file at that name is never overwritten.
+    """
+    m = _look_at(local)
+    assert m is not None  # staged, or opened where it is
+    if fingerprint is None:
+        if m.header is None:
+            raise MirrorError(m.why)
+        return f"{mirror} is a mirror of {m.header.source} made {_created(m.header)} ({human_bytes(m.size)})"
+    if m.header is None or m.fingerprint != fingerprint:
+        whose = (f"a mirror of {m.header.source}" if m.header is not None
+                 else f"not a complete colabfast mirror ({m.why})")
+        raise MirrorError(f"{mirror} is {whose}, where open_dataset would put the mirror of {src}: it is never "
+                          f"overwritten. Move it away, or pass mirrors= another folder.")
+    return f"found a mirror of it made {_created(m.header)} ({human_bytes(m.size)}): {mirror}"
 
 
 def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any, mirrors: Optional[PathLike],
-                     progress: bool, options: dict, steps: list[str]) -> Path:
-    """The mirror of ``src`` with these options in ``mirrors``: found there, or packed there now."""
+                     progress: bool, options: dict, steps: list[str]) -> tuple[Path, Optional[str]]:
+    """The mirror of ``src`` with these options in ``mirrors``, packed there now unless a file has its
+    name; with that file, the fingerprint it must record (checked by :func:`_checked` once staged)."""
     from colabfast.packing import pack, source_fingerprint
     from colabfast.sources import detect_layout
 
@@ -340,15 +359,11 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
     dst = folder / mirror_name(src, fingerprint)
     # One process at a time looks for this mirror and packs it: a second one waits, then finds it.
     with locked(env.cache_dir() / "locks" / f"open-{state_name(dst)}.lock", f"opening {dst}"):
-        found = _look_at(dst)
-        if found is not None and found.header is not None and found.fingerprint == fingerprint:
-            steps.append(f"found a mirror of it made {_created(found.header)} ({human_bytes(found.size)}): {dst}")
-            return dst
-        if found is not None:  # the name is taken by what colabfast did not write for this source
-            whose = f"a mirror of {found.header.source}" if found.header is not None else \
-                f"not a complete colabfast mirror ({found.why})"
-            raise MirrorError(f"{dst} is {whose}, where open_dataset would put the mirror of {src}: it is never "
-                              f"overwritten. Move it away, or pass mirrors= another folder.")
+        try:  # pack publishes a mirror whole (a rename), so a file at its name is complete or foreign
+            retry(lambda: os.stat(dst), 5)
+            return dst, fingerprint
+        except FileNotFoundError:
+            pass
         _check_writable(folder)
         start = time.perf_counter()
         try:
@@ -374,7 +389,7 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
                      "delete it when you no longer need it")
     if env.drive_kind(folder) is not None:
         steps.append(_flushed(folder))
-    return dst
+    return dst, None
 
 
 def _contents(folder: Path) -> str:
