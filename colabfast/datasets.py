@@ -62,6 +62,7 @@ class MirrorReader:
         in_memory: load all image data into one shared-memory tensor now. Workers then read from
             RAM: forked workers inherit it, spawned ones receive a handle to the same memory
             (torch.multiprocessing), so it is never copied per worker.
+        column: in a mirror of columns (format version 3), the image or mask column to read.
 
     The reader belongs to the version of the file it was made from (:func:`colabfast.mirror.file_version`:
     size, times, inode). A file replaced or rewritten at ``path`` since (a new run of ``pack`` or
@@ -80,8 +81,8 @@ class MirrorReader:
     _fd: Optional[int]  # this process's file handle, opened on first read (_handles)
     _pid: int  # the process that opened _fd
 
-    def __init__(self, path: PathLike, split: str = "", in_memory: bool = False):
-        self.path, self.split = Path(os.path.abspath(path)), split
+    def __init__(self, path: PathLike, split: str = "", in_memory: bool = False, column: Optional[int] = None):
+        self.path, self.split, self.column = Path(os.path.abspath(path)), split, column
         self._load_metadata()
         self._version = self._loaded  # the file version the dataset is made from: the only one any process reads
         self.blob: Optional[torch.Tensor] = None
@@ -95,7 +96,7 @@ class MirrorReader:
         # Every array checked against the file and the format (colabfast.mirror.load_index); the image
         # data is contiguous and inside the file: a fixed place, read with pread.
         self._loaded = file_version(os.stat(self.path))  # before the index: a change after it shows at the first read
-        self.index: Index = load_index(self.path, self.split)
+        self.index: Index = load_index(self.path, self.split, self.column)
         self.offsets: np.ndarray = self.index.offsets
         self.shapes: np.ndarray = self.index.shapes
         self.store = self.index.header.store
@@ -105,10 +106,11 @@ class MirrorReader:
         self._pid = -1
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "split": self.split, "blob": self.blob, "version": self._version}
+        return {"path": self.path, "split": self.split, "column": self.column, "blob": self.blob,
+                "version": self._version}
 
     def __setstate__(self, state: dict) -> None:
-        self.path, self.split, self.blob = state["path"], state["split"], state["blob"]
+        self.path, self.split, self.column, self.blob = state["path"], state["split"], state["column"], state["blob"]
         self._load_metadata()  # a spawned worker: refused at its first read if the file changed since (_handles)
         self._version = state["version"]
 
@@ -414,6 +416,7 @@ class MirrorDataset(VisionDataset):
         transforms: Optional[Callable] = None,
         transform: Optional[Callable] = None,
         target_transform: Optional[Callable] = None,
+        column: Optional[int] = None,
     ):
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
@@ -421,7 +424,7 @@ class MirrorDataset(VisionDataset):
                          target_transform=target_transform)
         self.path = Path(os.path.abspath(path))
         self.output = output
-        self.reader = MirrorReader(path, split, in_memory=in_memory)
+        self.reader = MirrorReader(path, split, in_memory=in_memory, column=column)
         # packed in a seeded random order: reads in stored order (BlockShuffleSampler) mix classes
         self.shuffled = self.reader.index.header.shuffled
         self.verify = verify

@@ -80,9 +80,11 @@ from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, human_bytes, 
 from colabfast.errors import Error
 
 FORMAT = "colabfast-mirror"
-FORMAT_VERSION = 2  # what pack writes
-READ_VERSIONS = (1, 2)
-LAYOUTS = ("imagefolder", "kitti", "files")
+FORMAT_VERSION = 2  # what pack writes for imagefolder, kitti and files (unchanged since: older colabfast reads them)
+COLUMNS_VERSION = 3  # what pack writes for a mirror of columns (any dataset, the layouts of colabfast.layouts)
+READ_VERSIONS = (1, 2, 3)
+COLUMN_LAYOUTS = ("dataset", "coco", "voc-detection", "voc-segmentation", "yolo", "segmentation", "csv")
+LAYOUTS = ("imagefolder", "kitti", "files", *COLUMN_LAYOUTS)
 STORES = ("encoded", "raw")
 KITTI_SPLITS = ("training", "testing")
 KITTI_CALIB_KEYS = ("P0", "P1", "P2", "P3", "R0_rect", "Tr_velo_to_cam", "Tr_imu_to_velo")
@@ -353,6 +355,8 @@ def _samples(f: h5py.File) -> int:
     for g in (f, *(f[s] for s in KITTI_SPLITS if isinstance(f.get(s, getlink=True), h5py.HardLink))):
         if isinstance(g, h5py.Group) and isinstance(ds := _member(g, "image_offsets"), h5py.Dataset):
             n += max(0, ds.shape[0] - 1) if len(ds.shape) == 1 else 0
+        elif isinstance(g, h5py.Group) and isinstance(ds := _member(g, "order"), h5py.Dataset):  # version 3
+            n += ds.shape[0] if len(ds.shape) == 1 else 0
     return n
 
 
@@ -462,6 +466,8 @@ class Header:
     fingerprint: Optional[str] = None  # what pack compares to find its own earlier work (hex)
     labels: Optional[str] = None  # where the labels came from, for a mirror packed from an archive
     class_names: Optional[list[list[str]]] = None  # each class's names, from an archive's labels
+    columns: Optional[dict] = None  # version 3: {"template": ..., "fields": [...]} (colabfast.columns)
+    layout_info: Optional[dict] = None  # version 3: what a layout's drop-in needs (COCO's categories, ...)
     version: int = FORMAT_VERSION  # the format version
     complete: bool = False  # the mirror is whole (set last, once everything else is written)
 
@@ -476,6 +482,8 @@ class Header:
             "skipped": json.dumps(self.skipped), "created": self.created, "colabfast_version": self.colabfast_version,
             "quality": self.quality, "labels": self.labels,
             "class_names": None if self.class_names is None else json.dumps(self.class_names),
+            "columns": None if self.columns is None else json.dumps(self.columns),
+            "layout_info": None if self.layout_info is None else json.dumps(self.layout_info),
         }
         attrs = {key: value for key, value in attrs.items() if value is not None}
         attrs["header_crc32"] = header_crc32(attrs)
@@ -527,6 +535,12 @@ class Header:
         quality = _int(attrs, "quality", path)
         if quality is not None and not 1 <= quality <= 100:
             raise _bad(path, f"JPEG quality {quality} is not 1..100")
+        from colabfast.columns import valid_spec
+
+        columns = _json(attrs, "columns", path, valid_spec)
+        if (columns is not None) != (layout in COLUMN_LAYOUTS) or (columns is not None and version < COLUMNS_VERSION):
+            raise _bad(path, f"a {layout} mirror of format version {version} " + (
+                "without" if columns is None else "with") + " a columns attribute")
         return Header(
             layout=layout, store=store, classes=_json(attrs, "classes", path, lambda v: v is None or _str_list(v)),
             image_size=_json(attrs, "image_size", path, _image_size), quality=quality,
@@ -534,7 +548,8 @@ class Header:
             source=_text(attrs, "source", path) or "", created=_text(attrs, "created", path) or "",
             colabfast_version=_text(attrs, "colabfast_version", path) or "", seed=_int(attrs, "seed", path),
             fingerprint=_text(attrs, "fingerprint", path), labels=_text(attrs, "labels", path),
-            class_names=_json(attrs, "class_names", path, _name_lists), version=version, complete=done,
+            class_names=_json(attrs, "class_names", path, _name_lists), columns=columns,
+            layout_info=_json(attrs, "layout_info", path, lambda v: isinstance(v, dict)), version=version, complete=done,
         )
 
 
@@ -730,8 +745,9 @@ class Index:
 
 
 @_as_mirror_error
-def load_index(path: PathLike, split: str = "") -> Index:
-    """Read and check the sample table of ``split`` (``""``, or ``"training"``/``"testing"`` for KITTI).
+def load_index(path: PathLike, split: str = "", column: Optional[int] = None) -> Index:
+    """Read and check the sample table of ``split`` (``""``, or ``"training"``/``"testing"`` for KITTI),
+    or of image column ``column`` of a version 3 mirror (its ``images`` and the split's ``order``).
 
     Every array is checked against the file's size and the sample count before it is read: lengths,
     offsets rising from 0 to the data's size, raw sizes equal to H x W x 3, targets within the
@@ -744,7 +760,7 @@ def load_index(path: PathLike, split: str = "") -> Index:
         OSError: the mount it is on still fails (EIO, ENOTCONN, ...) after ``OPEN_RETRIES`` retries.
     """
     path = Path(path)
-    return read_h5(path, lambda f: _load_index(f, path, split))
+    return read_h5(path, lambda f: _load_index(f, path, split, column))
 
 
 def _group(f: h5py.File, path: Path, split: str, head: Header) -> h5py.Group:
@@ -755,9 +771,24 @@ def _group(f: h5py.File, path: Path, split: str, head: Header) -> h5py.Group:
     return f[split]
 
 
-def _load_index(f: h5py.File, path: Path, split: str) -> Index:
+def column_group(g: h5py.Group, path: PathLike, k: int, head: Header) -> h5py.Group:
+    """The group of column ``k`` (version 3: ``columns/<k>``), checked to be one."""
+    if head.columns is None or not 0 <= k < len(head.columns["fields"]):
+        raise _bad(path, f"it has no column {k}")
+    c = _member(g, "columns")
+    c = _member(c, str(k)) if isinstance(c, h5py.Group) else None
+    if not isinstance(c, h5py.Group):
+        raise _bad(path, f"it has no group {g.name.rstrip('/')}/columns/{k}")
+    return c
+
+
+def _load_index(f: h5py.File, path: Path, split: str, column: Optional[int] = None) -> Index:
     head = header(f, path)
     g, v = _group(f, path, split, head), head.version
+    if head.columns is not None:
+        if column is None or head.columns["fields"][column]["kind"] not in ("image", "mask"):
+            raise MirrorError(f"{path} is a mirror of columns: its images are read by column (colabfast.H5Dataset)")
+        return _column_index(f, g, path, head, column)
     images = _dataset(g, "images", path, "u1", (None,))
     least = MIN_ENCODED_BYTES if head.store == "encoded" else 3  # bytes per sample: N bounded before reading
     offsets = _array(g, "image_offsets", path, "<i8", (images.shape[0] // least + 1,), v, at_most=True)
@@ -797,6 +828,86 @@ def _load_index(f: h5py.File, path: Path, split: str) -> Index:
     return index
 
 
+def _column_index(f: h5py.File, g: h5py.Group, path: Path, head: Header, k: int) -> Index:
+    """The :class:`Index` of image or mask column ``k`` of a version 3 mirror: as a sample table's,
+    with any channel count 1..4 (a grey image, a palette mask, RGBA)."""
+    v, c = head.version, column_group(g, path, k, head)
+    n = _dataset(g, "order", path, "<i8", (None,)).shape[0]
+    images = _dataset(c, "images", path, "u1", (None,))
+    if images.shape[0] < n * MIN_ENCODED_BYTES:
+        raise _bad(path, f"{c.name}/images holds {images.shape[0]} bytes, too few for {n} images")
+    offsets = _array(c, "image_offsets", path, "<i8", (n + 1,), v)
+    _offsets(offsets, images.shape[0], f"{c.name}/image_offsets", path)
+    shapes = _array(c, "image_shapes", path, "<i4", (n, 3), v)
+    if n and (shapes[:, :2].min() < 1 or shapes[:, 2].min() < 1 or shapes[:, 2].max() > 4):
+        raise _bad(path, f"{c.name}/image_shapes holds a shape that is not (H >= 1, W >= 1, 1..4)")
+    if n and np.diff(offsets).min() < MIN_ENCODED_BYTES:
+        raise _bad(path, f"an image of {c.name} has fewer bytes than any JPEG or PNG")
+    _dataset(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), at_most=True)
+    _dataset(g, "path_offsets", path, "<i8", (n + 1,))
+    store = "encoded"
+    return Index(path, "", dataclasses.replace(head, store=store), images.id.get_offset() or 0, offsets, shapes, None,
+                 _array(c, "image_crc32", path, "<u4", (n,), v), _array(g, "order", path, "<i8", (n,), v))
+
+
+@_as_mirror_error
+def load_columns(path: PathLike) -> tuple[Header, int, dict[int, Any]]:
+    """``(header, N, values)`` of a version 3 mirror: ``values`` maps each column that is not an image
+    or mask to what it stores, read whole and checked (lengths against ``N``, offsets rising to the
+    data's size, shapes against the ``columns`` attribute, checksums): a NumPy array ``[N]`` (int, float,
+    bool), ``[N, *shape]`` (ndarray), ``(rows [M, *trail], offsets [N + 1])`` (ragged), or ``(data
+    bytes, offsets [N + 1])`` (str, bytes, json).
+
+    Raises:
+        MirrorError: not a mirror of columns, or a column that breaks the format.
+    """
+    path = Path(path)
+
+    def read(f: h5py.File) -> tuple[Header, int, dict[int, Any]]:
+        head = header(f, path)
+        if head.columns is None:
+            raise MirrorError(f"{path} is a {head.layout} mirror, not a mirror of columns")
+        g, v = f, head.version
+        n = _dataset(g, "order", path, "<i8", (None,)).shape[0]
+        size = os.path.getsize(path)
+        out: dict[int, Any] = {}
+        for k, spec in enumerate(head.columns["fields"]):
+            kind, c = spec["kind"], column_group(g, path, k, head)
+            if kind in ("image", "mask"):
+                continue
+            if kind in ("int", "float", "bool"):
+                out[k] = _array(c, "values", path, {"int": "<i8", "float": "<f8", "bool": "u1"}[kind], (n,), v)
+            elif kind in ("str", "bytes", "json"):
+                data = _array(c, "data", path, "u1", (size,), v, at_most=True)
+                offsets = _array(c, "offsets", path, "<i8", (n + 1,), v)
+                _offsets(offsets, len(data), f"{c.name}/offsets", path)
+                out[k] = (data.tobytes(), offsets)
+            else:
+                dtype = "u1" if spec["dtype"] == "bool" else spec["dtype"]
+                try:
+                    dt = np.dtype(dtype)
+                except TypeError:
+                    raise _bad(path, f"column {k} has dtype {dtype!r}") from None
+                if dt.kind not in "uif" or dt.itemsize > 8:
+                    raise _bad(path, f"column {k} has dtype {dtype!r}, not plain numbers")
+                shape = tuple(spec["shape"])
+                row = int(np.prod(shape, dtype=object)) * dt.itemsize
+                if kind == "ndarray":
+                    if row and n * row > size:
+                        raise _bad(path, f"column {k} declares more bytes than the file holds")
+                    out[k] = _array(c, "values", path, dt.str, (n, *shape), v)
+                else:
+                    bound = size // row if row else None  # rows of zero bytes: bounded by the offsets
+                    offsets = _array(c, "offsets", path, "<i8", (n + 1,), v)
+                    rows = _array(c, "values", path, dt.str, (bound if bound is not None else None, *shape), v,
+                                  at_most=bound is not None)
+                    _offsets(offsets, len(rows), f"{c.name}/offsets", path)
+                    out[k] = (rows, offsets)
+        return head, n, out
+
+    return read_h5(path, read)
+
+
 def _kitti_objects(g: h5py.Group, path: Path, index: Index) -> None:
     v = index.header.version
     object_offsets = _array(g, "object_offsets", path, "<i8", (len(index) + 1,), v)
@@ -825,7 +936,7 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
     def read(f: h5py.File) -> tuple[np.ndarray, bytes]:
         head = header(f, path)
         g = _group(f, path, split, head)
-        n = _dataset(g, "image_offsets", path, "<i8", (None,)).shape[0] - 1  # bounds both, before reading
+        n = _dataset(g, "order", path, "<i8", (None,)).shape[0]  # bounds both, before reading
         offsets = _array(g, "path_offsets", path, "<i8", (n + 1,), head.version)
         return offsets, _array(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), head.version, at_most=True).tobytes()
 
@@ -906,8 +1017,12 @@ def verify(path: PathLike, progress: bool = False) -> int:
     if not splits:  # kitti: no training/ or testing/ (an imagefolder's tables at the root are not read)
         raise _bad(path, "a kitti mirror without a training or testing split")
     total, bad = 0, []
-    for split in splits:
-        index = load_index(path, split)
+    tables: list[tuple[str, Optional[int]]] = [(split, None) for split in splits]
+    if head.columns is not None:  # version 3: each image column; load_columns checks the others' checksums
+        load_columns(path)
+        tables = [("", k) for k, spec in enumerate(head.columns["fields"]) if spec["kind"] in ("image", "mask")]
+    for split, column in tables:
+        index = load_index(path, split, column)
         if index.crc32 is None:
             raise MirrorError(f"{path} is a format version {index.header.version} mirror, which has no checksums "
                               "to verify: pack it again with this colabfast")
@@ -926,7 +1041,8 @@ def verify(path: PathLike, progress: bool = False) -> int:
                     buf = _pread(fd, int(offsets[j]) - base, index.data_offset + base, path)
                     for k in range(i, j):
                         data = buf[offsets[k] - base : offsets[k + 1] - base]
-                        where = f"{split + ' ' if split else ''}sample {k} ({rels[k]})"
+                        where = (f"{split + ' ' if split else ''}sample {k} ({rels[k]})" if column is None else
+                                 f"sample {k} ({rels[k]}), field {head.columns['fields'][column]['name']!r}")
                         if zlib.crc32(data) != int(index.crc32[k]):
                             bad.append(where)
                         elif head.store == "encoded":
@@ -937,7 +1053,7 @@ def verify(path: PathLike, progress: bool = False) -> int:
                     bar.update(len(buf))
         finally:
             os.close(fd)
-        total += n
+        total += n if column is None or column == tables[0][1] else 0
     if bad:
         shown = "".join(f"\n  {b}" for b in bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
         raise MirrorError(f"{path}: {len(bad)} of {total} samples do not match their checksums (flipped bytes on "
@@ -975,6 +1091,7 @@ class MirrorInfo:
     samples: dict[str, int]  # split ("" for imagefolder/files) -> number of samples
     image_bytes: dict[str, int]  # split -> bytes of image data
     objects: dict[str, int]  # kitti split -> number of labelled objects
+    columns: list[dict] = dataclasses.field(default_factory=list)  # version 3: name, kind, what, bytes
 
     @property
     def format_version(self) -> int:
@@ -1005,6 +1122,10 @@ class MirrorInfo:
             name = split or "samples"
             extra = f", {self.objects[split]} objects" if split in self.objects else ""
             lines.append(f"  {name}: {n} images, {human_bytes(self.image_bytes[split])} of image data{extra}")
+        if self.columns:
+            lines.append(f"  {len(self.columns)} columns:")
+            lines += [f"    {c['name']}: {c['kind']}{' ' + c['what'] if c['what'] else ''}, {human_bytes(c['bytes'])}"
+                      for c in self.columns]
         if head.classes is not None:
             shown = ", ".join(head.classes[:8]) + (", ..." if len(head.classes) > 8 else "")
             lines.append(f"  {len(head.classes)} classes: {shown}")
@@ -1035,11 +1156,26 @@ def info(path: PathLike) -> MirrorInfo:
         splits = split_names(f)
     if head.complete and not splits:
         raise _bad(path, "a kitti mirror without a training or testing split")
-    samples, nbytes, objects = {}, {}, {}
+    samples, nbytes, objects, columns = {}, {}, {}, []
+    if head.columns is not None and head.complete:
+        _, n, values = load_columns(path)
+        samples[""], nbytes[""] = n, 0
+        for k, spec in enumerate(head.columns["fields"]):
+            what = spec.get("dtype", "") + (f" {spec['shape']}" if "shape" in spec else "")
+            if spec["kind"] in ("image", "mask"):
+                size = int(load_index(path, "", k).offsets[-1])
+                nbytes[""] += size
+            else:
+                v = values[k]
+                size = sum(x.nbytes if isinstance(x, np.ndarray) else len(x) for x in (v if isinstance(v, tuple) else (v,)))
+            if spec["kind"] == "ragged":
+                what = f"{spec['dtype']} [*, {', '.join(map(str, spec['shape']))}]" if spec["shape"] else f"{spec['dtype']} [*]"
+            columns.append({"name": spec["name"], "kind": spec["kind"], "what": what.strip(), "bytes": size})
+        splits = []
     for split in splits if head.complete else []:
         index = load_index(path, split)
         samples[split], nbytes[split] = len(index), int(index.offsets[-1])
         if index.object_offsets is not None:
             objects[split] = int(index.object_offsets[-1])
     return MirrorInfo(path=path, size=path.stat().st_size, header=head, samples=samples, image_bytes=nbytes,
-                      objects=objects)
+                      objects=objects, columns=columns)

@@ -28,7 +28,7 @@ from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import h5py
 import numpy as np
@@ -85,9 +85,10 @@ class PackError(Error, ValueError):
 
 
 def pack(
-    src: Union[PathLike, Sequence[Union[PathLike, tuple[PathLike, Union[int, str]]]]],
+    src: Any,
     dst: PathLike,
     *,
+    fields: Optional[dict] = None,
     layout: str = "auto",
     labels: Optional[PathLike] = None,
     split: Optional[str] = None,
@@ -102,7 +103,29 @@ def pack(
     progress: bool = True,
     overwrite: bool = False,
 ) -> Path:
-    """Pack an image dataset (a folder, or an archive read as a stream) into one HDF5 mirror at ``dst``.
+    """Pack a dataset (a folder, an archive read as a stream, or any map-style dataset) into one HDF5
+    mirror at ``dst``.
+
+    **Any map-style dataset** (an object with ``__len__`` and ``__getitem__``: yours, a torchvision
+    dataset, a Hugging Face ``datasets.Dataset``) is packed sample by sample into typed columns
+    (:mod:`colabfast.columns`, format version 3): whatever ``dataset[i]`` returns (a tuple, a dict,
+    or one value, made of PIL images, image tensors/arrays, ``tv_tensors``, numbers, strings, bytes,
+    arrays and JSON-like lists) comes back from :class:`colabfast.H5Dataset` as it was returned,
+    losslessly: a PIL image opened from a JPEG file and left unchanged keeps that file's bytes, any
+    other image is stored as PNG unless ``fields`` asks for JPEG (FFCV's ``jpg`` mode). ``dataset[i]``
+    runs in ``workers`` forked processes of 8 threads each (it usually waits on Drive), as a
+    DataLoader's workers run it. A sample that does not fit the columns of sample 0 (a new key, another
+    dtype) is a :class:`colabfast.columns.FieldError` naming the index and field. Resuming an
+    interrupted run reuses its finished parts; a finished mirror is reused only for a dataset that
+    says what it holds (a layout's files, a Hugging Face ``_fingerprint``, or a ``fingerprint``
+    attribute of yours), any other dataset is packed again.
+
+    **Folder layouts** (:mod:`colabfast.layouts`) are read as such datasets, with no code to write:
+    ``"coco"`` (``labels=`` the annotation JSON, as ``torchvision.datasets.CocoDetection(root,
+    annFile)``; Roboflow's ``_annotations.coco.json`` is found), ``"voc-detection"`` and
+    ``"voc-segmentation"`` (a ``VOCdevkit`` tree; ``split=`` the image set), ``"yolo"`` (Ultralytics
+    and Roboflow exports; ``split=``), ``"segmentation"`` (``images/`` and ``masks/`` paired by
+    name) and ``"csv"`` (``labels=`` the table). ``"auto"`` detects all but csv.
 
     ``dst`` is written over only when it is a mirror of the same source: re-running with the same
     options returns at once, with other options it is rebuilt. Any other file there (yours, or a mirror
@@ -127,9 +150,12 @@ def pack(
     finished part reached.
 
     Args:
-        src: the dataset folder or archive, or for ``layout="files"`` a list of image paths or
-            ``(path, label)`` pairs.
+        src: the dataset folder or archive, a map-style dataset, or for ``layout="files"`` a list of
+            image paths or ``(path, label)`` pairs.
         dst: the mirror file to write, e.g. ``/content/drive/MyDrive/kitti.h5``.
+        fields: for a dataset or layout: the column kind or image encoding of fields by name (a
+            dict key, a tuple position as ``"0"``, nested as ``"1.boxes"``), e.g. ``{"image":
+            "jpeg"}`` (lossy, at ``quality``), ``{"0": "png"}``, ``{"label": "mask"}``.
         layout: for a folder: ``"imagefolder"`` (torchvision ImageFolder: one sub-folder per class,
             ImageNet's ``train/`` and class-folder ``val/``), ``"kitti"`` (``training/image_2`` +
             ``label_2`` (+ ``calib``) and/or ``testing/image_2``), ``"files"``; for an archive: one of
@@ -180,6 +206,24 @@ def pack(
     """
     if store not in STORES:
         raise ValueError(f"store must be 'encoded' or 'raw', not {store!r}")
+    column_layout = _column_layout(src, layout)
+    if column_layout is not None or _is_dataset(src):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if not 1 <= quality <= 100:
+            raise ValueError(f"quality must be 1..100, not {quality}")
+        if shuffle:
+            raise ValueError("shuffle=True is for folders of images; a mirror of a dataset keeps its order (a "
+                             "loader's random sampler shuffles it)")
+        if store != "encoded":
+            raise ValueError("store='raw' is for folders of images; a mirror of a dataset stores its images "
+                             "encoded (PNG, or the JPEG files' own bytes)")
+        dataset = src if column_layout is None else _open_layout(src, column_layout, labels, split, on_error, retries)
+        return _pack_columns(dataset, dst, column_layout or "dataset", fields,
+                             _options(store, _check_size(image_size), quality),
+                             env.cpu_count() if workers is None else workers, on_error, progress, overwrite)
+    if fields is not None:
+        raise ValueError("fields= is for packing a dataset or a layout of colabfast.layouts")
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
     if not 1 <= quality <= 100:
@@ -237,6 +281,98 @@ def pack(
             _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, options, archive)
         _publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
+        shutil.rmtree(work, ignore_errors=True)
+    return given
+
+
+def _is_dataset(src: Any) -> bool:
+    """A map-style dataset (not a path, not a list of paths for layout "files")."""
+    return (not isinstance(src, (str, os.PathLike, list, tuple)) and hasattr(src, "__getitem__")
+            and hasattr(src, "__len__"))
+
+
+def _column_layout(src: Any, layout: str) -> Optional[str]:
+    """The :mod:`colabfast.layouts` layout ``src`` is packed as (given, or detected for ``"auto"``), or None."""
+    from colabfast.layouts import LAYOUTS
+
+    if layout in LAYOUTS:
+        return layout
+    if layout != "auto" or not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
+        return None
+    root = Path(os.path.abspath(src))
+    return next((name for name, cls in LAYOUTS.items() if cls.detect(root)), None)
+
+
+def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optional[str], on_error: str,
+                 retries: int) -> Any:
+    from colabfast.layouts import LAYOUTS
+
+    if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
+        raise FileNotFoundError(f"layout {layout!r} reads a folder, and {src!r} is not one")
+    kwargs: dict[str, Any] = {"on_error": on_error, "retries": retries}
+    if labels is not None:
+        kwargs["labels"] = labels
+    if split is not None:
+        kwargs["split"] = split
+    try:
+        return LAYOUTS[layout](Path(os.path.abspath(src)), **kwargs)
+    except TypeError as exc:
+        raise ValueError(f"layout {layout!r} does not take these arguments ({exc})") from None
+
+
+def _pack_columns(dataset: Any, dst: PathLike, layout: str, fields: Optional[dict], options: dict, workers: int,
+                  on_error: str, progress: bool, overwrite: bool) -> Path:
+    """:func:`pack` for a map-style dataset or a layout: a mirror of columns (see
+    :mod:`colabfast.packing.dataset`)."""
+    from colabfast.layouts import Layout
+    from colabfast.packing import dataset as ds
+
+    given = Path(os.path.abspath(dst))
+    dst = Path(os.path.realpath(given))
+    is_layout = isinstance(dataset, Layout)
+    source = _printable(str(dataset.root)) if is_layout else ds.describe_dataset(dataset)
+    work = _work_dir(dst)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    with locked(lock_path(dst), f"packing into {dst}"):
+        packed_from = _existing_mirror(dst, overwrite, "mirror")
+        if packed_from is not None and packed_from != source:
+            raise ValueError(f"{dst} is a mirror of {packed_from}, not of {source}: packing would replace it, so "
+                             "nothing was written. Pass another dst, or overwrite=True to replace it.")
+        template, flds, fingerprint = ds.plan(dataset, fields, options, layout)
+        if is_layout:  # arrays of a layout's targets come back as tensors, as torchvision's models take them
+            for f in flds:
+                if f.as_ == "ndarray" and f.kind == "array":
+                    f.as_ = "tensor"
+        n = len(dataset)
+        if progress:
+            print(f"pack: {source}: {dataset.describe() if is_layout else f'{n} samples'}, fields "
+                  + ", ".join(f"{f.name} ({f.kind if f.kind != 'array' else 'array'})" for f in flds
+                              if f.as_ != "hidden"))
+        if not fingerprint.endswith("-anonymous") and _complete(dst, fingerprint):
+            if progress:
+                print(f"pack: {dst} is already a complete mirror of this dataset with these options")
+            return given
+        build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+        work.mkdir(parents=True, exist_ok=True)
+        part_paths, errors = ds.make_parts(dataset, template, flds, options, work, workers, progress, fingerprint)
+        paths = list(dataset.paths) if is_layout else [str(i) for i in range(n)]
+        failures = [(paths[i], e) for i, e in errors]
+        skipped = [(_printable(p), e) for p, e in (dataset.skipped if is_layout else [])]
+        if failures and on_error == "raise":
+            raise PackError(failures)
+        if failures:
+            warnings.warn(f"pack: skipped {len(failures)} samples that failed, e.g. {failures[0][0]}: "
+                          f"{failures[0][1]}", stacklevel=3)
+        bad = {i for i, _ in errors}
+        kept = np.array([i for i in range(n) if i not in bad], dtype=np.int64)
+        head = ds.header(layout, source, options, fingerprint, sorted(failures + skipped),
+                         dataset.info if is_layout else None)
+        build.parent.mkdir(parents=True, exist_ok=True)
+        ds.assemble(build, part_paths, flds, template, head, kept, [paths[i] for i in kept])
+        _seal(build)
+        ds.check_built(build, flds, len(kept))
+        _publish(build, dst)
+        trust(dst)
         shutil.rmtree(work, ignore_errors=True)
     return given
 

@@ -1,0 +1,298 @@
+"""Datasets over mirrors of columns (format version 3): :class:`H5Dataset` for any of them, and the
+drop-ins for torchvision's ``CocoDetection``, ``VOCDetection`` and ``VOCSegmentation``.
+
+The first image column is read as a mirror dataset's images are (one ``pread`` per run of
+consecutive samples, checked headers, CRC-32 with ``verify``); every other column but images is
+read whole when the dataset is made (numbers, arrays, strings, JSON: small beside the images) and
+checked against the format (:func:`colabfast.mirror.load_columns`).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from PIL import Image
+
+from colabfast import columns as col
+from colabfast._fileio import PathLike
+from colabfast.datasets import MirrorDataset, MirrorReader, compact, undecodable
+from colabfast.gpudecode import check_encoded, decode_cpu
+from colabfast.mirror import MirrorError, load_columns
+
+__all__ = ["H5Dataset", "H5CocoDetection", "H5VOCDetection", "H5VOCSegmentation"]
+
+OUTPUTS = ("auto", "pil", "tensor", "bytes")
+
+
+class H5Dataset(MirrorDataset):
+    """Any mirror of columns (``pack`` of a map-style dataset, or of a folder layout), its samples
+    shaped as the source returned them.
+
+    ``dataset[i]`` is sample ``i`` as the packed dataset returned it (a tuple, a dict, or one value),
+    with every value as it was: images as PIL images (same mode; a palette mask keeps its palette),
+    ``[C, H, W]`` uint8 tensors or ``[H, W, C]`` ndarrays as they were given, numbers, strings,
+    bytes, arrays and tensors of their dtype and shape, ``tv_tensors`` of their class, JSON lists and
+    dicts. For the folder layouts (each an item ``(image, target)`` with the image a PIL RGB image, as
+    torchvision reads files):
+
+    - ``"yolo"``: target ``{"boxes": float32 [M, 4] XYXY in pixels, "labels": int64 [M]}``, the
+      form torchvision's detection models take;
+    - ``"segmentation"``: target the mask, a PIL image in its file's mode (``"P"`` with its palette,
+      ``"L"`` class ids);
+    - ``"csv"``: target the label (an int class index, a number), or a tuple of them for several
+      label columns; the class names are in ``classes``;
+    - ``"coco"``, ``"voc-detection"``, ``"voc-segmentation"``: dicts; :class:`H5CocoDetection`,
+      :class:`H5VOCDetection` and :class:`H5VOCSegmentation` give torchvision's items.
+
+    Args:
+        path: a mirror of columns (``colabfast info`` lists them).
+        transform, target_transform, transforms: as torchvision's: for an ``(image, target)``
+            sample, ``transform`` takes the image, ``target_transform`` the target, ``transforms``
+            both; for any other sample, ``transform`` takes the whole sample.
+        output: ``"auto"`` (each image as it was given), ``"pil"`` (every image a PIL image),
+            ``"tensor"`` (every image a uint8 ``[C, H, W]`` tensor: JPEGs decoded by libjpeg-turbo,
+            no PIL) or ``"bytes"`` (the first image column's encoded bytes, uint8 ``[nbytes]``, for
+            ``colabfast.DataLoader(decode="gpu")``).
+        in_memory, verify: as :class:`colabfast.H5ImageFolder`'s, for the image columns.
+
+    Raises:
+        FileNotFoundError, MirrorError: not a complete mirror of columns, or one that breaks the
+            format (see :mod:`colabfast.mirror`); when reading, an image that cannot be decoded or
+            whose header is not its declared size.
+        ValueError: a mirror of an image folder or KITTI (open those with :class:`colabfast.H5ImageFolder`
+            or :class:`colabfast.H5Kitti`), no image column, or ``target_transform`` for a sample
+            that is not a pair.
+    """
+
+    layouts: tuple[str, ...] = ()  # a drop-in's layouts: others are refused
+
+    def __init__(
+        self,
+        path: PathLike,
+        transform: Optional[Callable] = None,
+        target_transform: Optional[Callable] = None,
+        transforms: Optional[Callable] = None,
+        *,
+        output: str = "auto",
+        in_memory: bool = False,
+        verify: bool = False,
+    ):
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
+        try:
+            head, n, values = load_columns(path)
+        except MirrorError as exc:
+            if "not a mirror of columns" not in str(exc):
+                raise
+            raise ValueError(f"{exc}: open it with colabfast.H5ImageFolder (or H5Kitti)") from None
+        if self.layouts and head.layout not in self.layouts:
+            raise ValueError(f"{path} is a {head.layout} mirror, not {' or '.join(self.layouts)}: open it with "
+                             "colabfast.open_dataset or colabfast.H5Dataset")
+        assert head.columns is not None
+        self.fields = [col.Field.from_spec(s) for s in head.columns["fields"]]
+        self.template: dict = head.columns["template"]
+        images = [k for k, f in enumerate(self.fields) if f.kind in col.IMAGE_KINDS]
+        if not images:
+            raise ValueError(f"{path} holds no image column: read its columns with colabfast.mirror.load_columns")
+        self.image_column = images[0]
+        first = self.fields[self.image_column]
+        base = output if output != "auto" else ("pil" if first.as_ == "pil" else "tensor")
+        self.pair = "tuple" in self.template and len(self.template["tuple"]) == 2
+        if target_transform is not None and not self.pair:
+            raise ValueError(f"target_transform is for (image, target) samples, and {path}'s are not pairs: pass "
+                             "transform=, which takes the whole sample")
+        super().__init__(path, "", output=base, in_memory=in_memory, verify=verify, transforms=transforms,
+                         transform=transform, target_transform=target_transform, column=self.image_column)
+        self.mode = output
+        self.header = head
+        self.info: dict = head.layout_info or {}
+        self.classes: list[str] = head.classes or []
+        self._values = values
+        self._readers = {k: self.reader if k == self.image_column else
+                         MirrorReader(path, "", in_memory=in_memory, column=k) for k in images}
+        if n != len(self.reader):
+            raise MirrorError(f"{path}: its columns hold {n} samples and its images {len(self.reader)}")
+
+    # --- reading ---
+
+    def _want(self, k: int) -> str:
+        """What image column ``k`` returns: ``"pil"``, ``"tensor"``, ``"ndarray"`` or ``"Image"``."""
+        if self.mode == "auto" or (self.mode == "bytes" and k != self.image_column):
+            return self.fields[k].as_
+        return self.mode
+
+    def _decode(self, index: int, stored: torch.Tensor) -> Any:
+        return self._decode_column(self.image_column, index, stored)
+
+    def _decode_column(self, k: int, position: int, stored: torch.Tensor) -> Any:
+        f, reader = self.fields[k], self._readers[k]
+        size = reader.shapes[position][:2]
+        want = self._want(k)
+        try:
+            if want == "bytes":
+                check_encoded(stored.numpy(), position, size)
+                return stored
+            rgb = f.meta.get("rgb") or int(reader.shapes[position][2]) == 3
+            if want != "pil" and rgb and f.kind == "image":  # libjpeg-turbo, no PIL: the fast path
+                chw = decode_cpu(stored, position, size=size)
+                return col.image_value(chw.permute(1, 2, 0).numpy(), col.Field(f.name, f.kind, want))
+            check_encoded(stored.numpy(), position, size)
+            with Image.open(io.BytesIO(stored.numpy().tobytes())) as img:
+                img.load()
+                out = img.convert("RGB") if f.meta.get("rgb") else img.copy()
+            if f.kind == "mask" and out.mode == "P" and want != "pil":
+                out = np.asarray(out)  # class ids, not the palette's colours
+            return col.image_value(out, col.Field(f.name, f.kind, want)) if not isinstance(out, np.ndarray) else \
+                col.image_value(out[:, :, None], col.Field(f.name, f.kind, want))
+        except Exception as exc:  # decoders raise many types for bad bytes; pack decoded them all
+            raise undecodable(reader, position, exc) from exc
+
+    def value(self, k: int, position: int) -> Any:
+        """Column ``k``'s value for the sample at stored ``position``, as the field returns it."""
+        f = self.fields[k]
+        if f.kind in col.IMAGE_KINDS:
+            (stored,) = self._readers[k].views([position])
+            if self.verify:
+                self._readers[k].index.check_samples([position], [stored.numpy()])
+            return compact(self._decode_column(k, position, stored))
+        v = self._values[k]
+        if f.kind in ("int", "float", "bool"):
+            return col.scalar_value(v[position].item(), f)
+        if f.kind in ("str", "bytes", "json"):
+            data, offsets = v
+            raw = data[int(offsets[position]) : int(offsets[position + 1])]
+            try:
+                if f.kind == "str":
+                    return raw.decode("utf-8", "surrogatepass")
+                return raw if f.kind == "bytes" else col.json_value(raw)
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+                raise MirrorError(f"{self.path}: sample {position}, field {f.name!r} is not valid "
+                                  f"{f.kind} ({type(exc).__name__}): the mirror is corrupt; pack it again") from None
+        if f.kind == "ndarray":
+            arr = v[position]
+        else:
+            rows, offsets = v
+            arr = rows[int(offsets[position]) : int(offsets[position + 1])]
+        canvas = self._values[f.meta["canvas"]][position] if "canvas" in f.meta else None
+        return col.array_value(arr, f, canvas)
+
+    def raw_sample(self, index: int, image: Any = None) -> Any:
+        """Sample ``index`` before transforms (``image``: its first image column, already read)."""
+        (position,) = self.positions_of(self._checked([index]))
+        values = [image if k == self.image_column and image is not None else
+                  (None if f.as_ == "hidden" else self.value(k, position)) for k, f in enumerate(self.fields)]
+        return col.unflatten(values, self.template)
+
+    def sample(self, index: int, image: Any) -> Any:
+        item = self.raw_sample(index, image)
+        if self.pair:
+            if self.transforms is not None:
+                return tuple(self.transforms(*item))
+            return item
+        return self.transform(item) if self.transform is not None else item
+
+    def extra_repr(self) -> str:
+        shown = ", ".join(f"{f.name}: {f.kind}" for f in self.fields if f.as_ != "hidden")
+        return super().extra_repr() + f"\nLayout: {self.header.layout}; fields: {shown}"
+
+
+class _PairOf(H5Dataset):
+    """A drop-in whose item is ``(image, target)`` made of two named fields of a layout's dict."""
+
+    image_field = "image"
+    target_field = "target"
+
+    def __init__(self, path: PathLike, transform: Optional[Callable] = None,
+                 target_transform: Optional[Callable] = None, transforms: Optional[Callable] = None, *,
+                 output: str = "pil", in_memory: bool = False, verify: bool = False):
+        super().__init__(path, None, None, None, output=output, in_memory=in_memory, verify=verify)
+        from torchvision.datasets.vision import StandardTransform
+
+        if transforms is not None and (transform is not None or target_transform is not None):
+            raise ValueError("Only transforms or transform/target_transform can be passed as argument")
+        self.transform, self.target_transform = transform, target_transform
+        self.transforms = transforms if transforms is not None else (
+            StandardTransform(transform, target_transform) if transform or target_transform else None)
+        self.pair = True
+        names = [f.name for f in self.fields]
+        for name in (self.image_field, self.target_field):
+            if name not in names:
+                raise MirrorError(f"{path}: a {self.header.layout} mirror without a {name!r} field")
+        self._image_k, self._target_k = names.index(self.image_field), names.index(self.target_field)
+
+    def raw_sample(self, index: int, image: Any = None) -> Any:
+        (position,) = self.positions_of(self._checked([index]))
+        if image is None or self._image_k != self.image_column:
+            image = self.value(self._image_k, position)
+        return image, self.value(self._target_k, position)
+
+    @property
+    def images(self) -> list[str]:
+        """Source image paths, in dataset order (as torchvision's ``images``)."""
+        return self.source_paths
+
+
+class H5CocoDetection(_PairOf):
+    """A drop-in for ``torchvision.datasets.CocoDetection(root, annFile)`` reading a mirror packed with
+    ``layout="coco"``: the same ``ids`` (sorted image ids) and items ``(image, target)``: a PIL RGB
+    image and the image's list of annotation dicts as in the JSON, in its order (what pycocotools'
+    ``loadAnns`` returns). ``categories`` is the JSON's list. Works with
+    ``torchvision.datasets.wrap_dataset_for_transforms_v2`` (without ``target_keys``).
+
+    Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``, as torchvision's).
+    """
+
+    layouts = ("coco",)
+
+    def __init__(self, path: PathLike, transform: Optional[Callable] = None,
+                 target_transform: Optional[Callable] = None, transforms: Optional[Callable] = None, **kwargs: Any):
+        super().__init__(path, transform, target_transform, transforms, **kwargs)
+        names = [f.name for f in self.fields]
+        ids = [self.value(names.index("id"), p) for p in self.positions_of(range(len(self)))] if "id" in names else []
+        self.ids: list[int] = ids
+        self.categories: list[dict] = self.info.get("categories", [])
+
+
+class H5VOCDetection(_PairOf):
+    """A drop-in for ``torchvision.datasets.VOCDetection`` reading a mirror packed with
+    ``layout="voc-detection"``: items ``(image, target)``, a PIL RGB image and the annotation XML
+    parsed as torchvision parses it (``{"annotation": {...}}``), in the image set's order. Works with
+    ``torchvision.datasets.wrap_dataset_for_transforms_v2``.
+
+    Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``).
+    """
+
+    layouts = ("voc-detection",)
+
+
+class H5VOCSegmentation(_PairOf):
+    """A drop-in for ``torchvision.datasets.VOCSegmentation`` reading a mirror packed with
+    ``layout="voc-segmentation"``: items ``(image, mask)``, a PIL RGB image and the
+    ``SegmentationClass`` PNG as PIL opens it (``"P"``, with VOC's palette; 255 marks borders), in the
+    image set's order. Works with ``torchvision.datasets.wrap_dataset_for_transforms_v2``.
+
+    Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``).
+    """
+
+    layouts = ("voc-segmentation",)
+    target_field = "mask"
+
+
+def _register_wrappers() -> None:
+    """Let ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wrap the drop-ins as the classes they
+    replace (its registry of wrappers, keyed by dataset class)."""
+    try:
+        from torchvision import datasets
+        from torchvision.tv_tensors._dataset_wrapper import WRAPPER_FACTORIES
+    except ImportError:  # an older torchvision: no transforms v2
+        return
+    for ours, theirs in ((H5CocoDetection, datasets.CocoDetection), (H5VOCDetection, datasets.VOCDetection),
+                         (H5VOCSegmentation, datasets.VOCSegmentation)):
+        if theirs in WRAPPER_FACTORIES and ours not in WRAPPER_FACTORIES:
+            WRAPPER_FACTORIES[ours] = WRAPPER_FACTORIES[theirs]
+
+
+_register_wrappers()

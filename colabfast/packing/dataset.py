@@ -1,0 +1,353 @@
+"""Packing a map-style dataset (yours, a Hugging Face one, or a folder layout of
+:mod:`colabfast.layouts`) into a mirror of typed columns (format version 3).
+
+``dataset[i]`` runs in worker processes (forked, as torch's DataLoader forks its workers), each
+with a few threads, since a dataset's ``__getitem__`` usually waits on Drive; what it returns is
+cut into fields (:mod:`colabfast.columns`), encoded there, and saved in resumable parts of
+:data:`~colabfast.packing.CHUNK` samples, which are then assembled into the mirror, verified and
+published as every mirror is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import warnings
+from collections import deque
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import h5py
+import numpy as np
+
+from colabfast import columns as col
+from colabfast._fileio import partial_path
+from colabfast.mirror import COLUMNS_VERSION, Header, MirrorError, load_columns, load_index, write_array
+
+__all__ = ["pack_dataset"]
+
+THREADS = 8  # threads per worker process calling dataset[i]: they overlap a dataset's reads from Drive
+ARRAY = "array"  # a field of arrays before packing decides: ndarray or ragged
+
+_dataset: Any = None  # the dataset, in each worker process (inherited through fork, or sent once)
+
+
+def describe_dataset(dataset: Any) -> str:
+    """What a mirror records as its source for a dataset that is not a folder: its class (and root)."""
+    cls = type(dataset)
+    root = getattr(dataset, "root", None)
+    return f"{cls.__module__}.{cls.__qualname__}" + (f"({root})" if isinstance(root, (str, os.PathLike)) else "")
+
+
+def identity(dataset: Any) -> Optional[str]:
+    """What tells this dataset's content from another's, where it says: a layout's files (names,
+    sizes, times), a Hugging Face dataset's ``_fingerprint``, or a ``fingerprint`` attribute of yours;
+    else None (then a finished mirror is never taken for this dataset's: it is packed again)."""
+    from colabfast.layouts import Layout
+    from colabfast.packing import _file_key
+
+    if isinstance(dataset, Layout):
+        h = hashlib.sha256(dataset.name.encode())
+        for f in dataset.files:
+            h.update(_file_key(f))
+        return h.hexdigest()
+    for name in ("fingerprint", "_fingerprint"):
+        value = getattr(dataset, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def plan(dataset: Any, fields: Optional[dict], options: dict, layout: str) -> tuple[dict, list[col.Field], str]:
+    """``(template, fields, fingerprint)`` from the first sample; raises FieldError for a sample no
+    mirror can hold, before any work."""
+    n = len(dataset)
+    if n == 0:
+        raise ValueError(f"{describe_dataset(dataset)} is empty (len 0): there is nothing to pack")
+    first = dataset[0]
+    template, flds = col.template_of(first, fields)
+    for f in flds:
+        if f.kind in col.IMAGE_KINDS and f.meta.get("encoding") == "jpeg":
+            f.meta["quality"] = options.get("quality") or 90
+    ident = identity(dataset)
+    h = hashlib.sha256(json.dumps({"layout": layout, "n": n, "template": template, "fields": [f.spec() for f in flds],
+                                   "options": options, "identity": ident, "source": describe_dataset(dataset)},
+                                  sort_keys=True).encode())
+    return template, flds, h.hexdigest() + ("" if ident is not None else "-anonymous")
+
+
+def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: dict, work: Path, workers: int,
+               progress: bool, fingerprint: str) -> tuple[list[Path], list[tuple[int, str]]]:
+    """Run ``dataset[i]`` for every ``i`` in worker processes and save the encoded fields in parts
+    (reusing the parts of an earlier, interrupted run with this ``fingerprint``); return the part
+    paths in order and ``(index, error)`` of each sample that failed."""
+    from tqdm.auto import tqdm
+
+    n = len(dataset)
+    tag = fingerprint[:16]
+    jobs = [(work / f"columns-{k // _chunk():06d}-{tag}.npz", range(k, min(n, k + _chunk())))
+            for k in range(0, n, _chunk())]
+    wanted = {p for p, _ in jobs}
+    for stale in work.glob("*.npz"):
+        if stale not in wanted:
+            stale.unlink()
+    errors: list[tuple[int, str]] = []
+    todo = []
+    for path, idx in jobs:
+        done = _load(path, len(fields)) if path.exists() else None
+        if done is None:
+            todo.append((path, idx))
+        else:
+            errors += [(int(i), str(e)) for i, e in done["errors"]]
+    finished = n - sum(len(idx) for _, idx in todo)
+    if finished and progress:
+        print(f"pack: resuming: {finished} of {n} samples were packed by an earlier run")
+    pool = _pool(dataset, workers)
+    inflight: deque[tuple[Future, Path, range]] = deque()
+    from colabfast.packing import _stopping
+
+    def finish(fut: Future, path: Path, idx: range) -> None:
+        result = fut.result()
+        _save(path, result)
+        errors.extend((int(i), str(e)) for i, e in result["errors"])
+        bar.update(len(idx))
+
+    with _stopping(pool), tqdm(total=n, initial=finished, unit="sample", desc="pack", disable=not progress) as bar:
+        for path, idx in todo:
+            inflight.append((pool.submit(_encode_part, idx.start, idx.stop, template, fields, options), path, idx))
+            while len(inflight) > max(workers, 1):
+                finish(*inflight.popleft())
+        while inflight:
+            finish(*inflight.popleft())
+    return [p for p, _ in jobs], sorted(errors)
+
+
+def _chunk() -> int:
+    from colabfast.packing import CHUNK
+
+    return CHUNK
+
+
+def _pool(dataset: Any, workers: int) -> Executor:
+    """Worker processes holding ``dataset`` (inherited through fork; sent pickled once where only spawn
+    exists), or this process for ``workers=0``."""
+    from colabfast.packing import _InlineExecutor
+
+    global _dataset
+    if workers <= 0:
+        _dataset = dataset
+        return _InlineExecutor()
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    _dataset = dataset
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
+                               initargs=(os.getpid(), None if method == "fork" else dataset))
+    with warnings.catch_warnings():  # Python 3.12 warns about fork in any multi-threaded process
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pool.submit(int).result()
+    return pool
+
+
+def _start(parent: int, dataset: Any) -> None:
+    from colabfast.packing import _worker_start
+
+    global _dataset
+    if dataset is not None:
+        _dataset = dataset
+    _worker_start(parent)
+
+
+def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field], options: dict) -> dict:
+    """Samples ``start..stop`` fetched (by threads) and encoded: runs in a worker process.
+
+    Raises:
+        FieldError: a sample that does not fit the fields (a bug to fix, not a bad file to skip).
+    """
+    def one(i: int) -> tuple[Optional[list], str]:
+        try:
+            sample = _dataset[i]
+        except col.FieldError:
+            raise
+        except Exception as exc:  # a bad file in a layout, or anything a dataset's own code raises
+            return None, _why(exc)
+        values = col.flatten(sample, template, fields, i)
+        try:
+            return [col.encode(v, f, i, options) for v, f in zip(values, fields)], ""
+        except col.FieldError:
+            raise
+        except Exception as exc:  # PIL on an unreadable image file
+            return None, _why(exc)
+
+    with ThreadPoolExecutor(THREADS) as threads:
+        results = list(threads.map(one, range(start, stop)))
+    out: dict[str, Any] = {"errors": [(start + j, why) for j, (enc, why) in enumerate(results) if enc is None]}
+    kept = [enc for enc, _ in results if enc is not None]
+    out["kept"] = np.array([enc is not None for enc, _ in results], dtype=bool)
+    for k, f in enumerate(fields):
+        vals = [enc[k] for enc in kept]
+        if f.kind in col.IMAGE_KINDS:
+            out[f"c{k}_blob"] = _blob([b for b, _ in vals])
+            out[f"c{k}_offsets"] = _ends([len(b) for b, _ in vals])
+            out[f"c{k}_shapes"] = np.array([s for _, s in vals], dtype=np.int32).reshape(-1, 3)
+        elif f.kind in ("int", "float", "bool"):
+            out[f"c{k}_values"] = np.array(vals, dtype={"int": np.int64, "float": np.float64, "bool": np.uint8}[f.kind])
+        elif f.kind in ("str", "bytes", "json"):
+            out[f"c{k}_blob"] = _blob(vals)
+            out[f"c{k}_offsets"] = _ends([len(b) for b in vals])
+        else:
+            ndims = {v.ndim for v in vals}
+            if len(ndims) > 1:
+                raise col.FieldError(f"field {f.name!r} holds arrays of {sorted(ndims)} dimensions in samples "
+                                     f"{start}..{stop - 1}: every sample's must have as many dimensions")
+            out[f"c{k}_blob"] = _blob([np.ascontiguousarray(v).tobytes() for v in vals])
+            ndim = ndims.pop() if ndims else 0
+            out[f"c{k}_shapes"] = np.array([v.shape for v in vals], dtype=np.int64).reshape(len(vals), ndim)
+    return out
+
+
+def _blob(parts: list[bytes]) -> np.ndarray:
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def _ends(lengths: list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def _why(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _save(path: Path, result: dict) -> None:
+    tmp = partial_path(path)
+    arrays = {k: v for k, v in result.items() if k != "errors"}
+    with open(tmp, "wb") as f:
+        np.savez(f, errors=np.array(json.dumps(result["errors"])), **arrays)
+    os.replace(tmp, path)
+
+
+def _load(path: Path, nfields: int) -> Optional[dict]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            out = {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError, EOFError):
+        return None
+    out["errors"] = [tuple(e) for e in json.loads(str(out["errors"]))]
+    if "kept" not in out:
+        return None
+    return out
+
+
+# --- assembling ---------------------------------------------------------------------------------------
+
+
+def decide(fields: list[col.Field], parts: list[dict]) -> None:
+    """Each array field becomes ``ndarray`` (every sample's shape the same) or ``ragged`` (the same
+    trailing dimensions). Raises FieldError naming a sample whose shape fits neither."""
+    for k, f in enumerate(fields):
+        if f.kind != ARRAY:
+            continue
+        shapes = np.concatenate([p[f"c{k}_shapes"] for p in parts]) if parts else np.zeros((0, 0), np.int64)
+        if len(shapes) and np.all(shapes == shapes[0]):
+            f.kind, f.shape = "ndarray", shapes[0].tolist()
+        elif len(shapes) and shapes.shape[1] >= 1 and np.all(shapes[:, 1:] == shapes[0, 1:]):
+            f.kind, f.shape = "ragged", shapes[0, 1:].tolist()
+        elif not len(shapes):
+            f.kind, f.shape = "ragged", []
+        else:
+            bad = int(np.flatnonzero(np.any(shapes[:, 1:] != shapes[0, 1:], axis=1))[0])
+            raise col.FieldError(f"field {f.name!r}: a sample's array has shape {shapes[bad].tolist()} where the first "
+                                 f"has {shapes[0].tolist()}: arrays of a field may differ in their first dimension only "
+                                 "(store others as a list: JSON)")
+
+
+def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], template: dict, head: Header,
+             order: np.ndarray, paths: list[str]) -> None:
+    """Write the mirror of columns to ``build`` from the parts (each loaded once per column kind)."""
+    parts = [_load(p, len(fields)) for p in part_paths]
+    if any(p is None for p in parts):
+        raise MirrorError(f"a part in {part_paths[0].parent} is unreadable though it was just written: run pack() again")
+    decide(fields, parts)  # type: ignore[arg-type]
+    head.columns = {"template": template, "fields": [f.spec() for f in fields]}
+    head.version = COLUMNS_VERSION
+    with h5py.File(build, "w", locking=False) as h:
+        head.write(h)
+        write_array(h, "order", order.astype(np.int64))
+        encoded = [p.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace").encode() for p in paths]
+        write_array(h, "paths", np.frombuffer(b"".join(encoded), dtype=np.uint8))
+        write_array(h, "path_offsets", _ends([len(p) for p in encoded]))
+        group = h.create_group("columns")
+        for k, f in enumerate(fields):
+            c = group.create_group(str(k))
+            _write_column(c, k, f, parts)  # type: ignore[arg-type]
+
+
+def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict]) -> None:
+    def joined(key: str) -> np.ndarray:
+        return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.uint8)
+
+    def offsets() -> np.ndarray:
+        out, base = [np.zeros(1, np.int64)], 0
+        for p in parts:
+            ends = p[f"c{k}_offsets"]
+            out.append(base + ends[1:])
+            base += int(ends[-1])
+        return np.concatenate(out)
+
+    if f.kind in col.IMAGE_KINDS:
+        blob = joined(f"c{k}_blob").astype(np.uint8)
+        ends = offsets()
+        import zlib
+
+        write_array(c, "images", blob)
+        write_array(c, "image_offsets", ends)
+        write_array(c, "image_shapes", np.concatenate([p[f"c{k}_shapes"] for p in parts]).astype(np.int32))
+        write_array(c, "image_crc32", np.array([zlib.crc32(blob[a:b]) for a, b in zip(ends[:-1], ends[1:])],
+                                               dtype=np.uint32))
+    elif f.kind in ("int", "float", "bool"):
+        write_array(c, "values", joined(f"c{k}_values").astype({"int": "<i8", "float": "<f8", "bool": "u1"}[f.kind]))
+    elif f.kind in ("str", "bytes", "json"):
+        write_array(c, "data", joined(f"c{k}_blob").astype(np.uint8))
+        write_array(c, "offsets", offsets())
+    else:
+        dtype = np.dtype("u1" if f.dtype == "bool" else (f.dtype if f.dtype and f.dtype[0] in "<>|" else
+                                                           _torch_dtype(f.dtype)))
+        flat = np.frombuffer(joined(f"c{k}_blob").astype(np.uint8).tobytes(), dtype=dtype)
+        shapes = np.concatenate([p[f"c{k}_shapes"] for p in parts])
+        trail = tuple(f.shape or [])
+        if f.kind == "ndarray":
+            write_array(c, "values", flat.reshape(len(shapes), *trail))
+        else:
+            write_array(c, "values", flat.reshape(-1, *trail))
+            write_array(c, "offsets", _ends(shapes[:, 0].tolist() if len(shapes) else []))
+
+
+def _torch_dtype(name: Optional[str]) -> str:
+    """The NumPy dtype string of a torch dtype's name (``"float32"`` -> ``"<f4"``)."""
+    if name == "bool":
+        return "u1"
+    return np.dtype(name).str
+
+
+def check_built(build: Path, fields: list[col.Field], n: int) -> None:
+    """Reopen ``build`` and read every column back (lengths, offsets, checksums) before it is published."""
+    head, count, _ = load_columns(build)
+    if count != n:
+        raise MirrorError(f"{build}: {count} samples written, {n} expected (disk error?); run pack() again")
+    for k, f in enumerate(fields):
+        if f.kind in col.IMAGE_KINDS:
+            load_index(build, "", k)
+
+
+def header(layout: str, source: str, options: dict, fingerprint: str, skipped: list[tuple[str, str]],
+           info: Optional[dict]) -> Header:
+    from colabfast.packing import _version
+
+    classes = info.get("classes") if info and isinstance(info.get("classes"), list) else None
+    return Header(layout=layout, store=options["store"], classes=classes, image_size=options["image_size"],
+                  quality=options["quality"], shuffled=False, seed=None, fingerprint=fingerprint,
+                  skipped=[{"path": p, "error": e} for p, e in skipped], source=source,
+                  created=datetime.now(timezone.utc).isoformat(timespec="seconds"), colabfast_version=_version(),
+                  layout_info=info, version=COLUMNS_VERSION)
