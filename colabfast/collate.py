@@ -41,9 +41,10 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
 
     Everything else is collated like ``default_collate`` (numbers to tensors, dicts per key,
     namedtuples, equal-length sequences transposed), except that a sequence of dicts, a sequence
-    whose length differs between samples, an empty sequence, or None is kept per sample (a list of
-    the samples' values): KITTI target lists are never transposed and a test split's None targets
-    pass.
+    whose length differs between samples, an empty sequence, tensors of different shapes (boxes
+    ``[M, 4]`` with M per image), or None is kept per sample (a list of the samples' values): KITTI
+    target lists are never transposed, detection targets are lists of tensors as torchvision's
+    detection models take them, and a test split's None targets pass.
 
     Args:
         batch: the samples.
@@ -69,6 +70,8 @@ def collate_value(values: Sequence[Any]) -> Any:
     elem = values[0]
     if elem is None:
         return list(values)
+    if isinstance(elem, torch.Tensor) and any(v.shape != elem.shape for v in values):
+        return list(values)  # ragged targets (boxes [M, 4], labels [M]): one per sample, as torchvision's detection
     if isinstance(elem, collections.abc.Mapping):
         collated = {key: collate_value([v[key] for v in values]) for key in elem}
         try:

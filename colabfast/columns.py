@@ -74,7 +74,7 @@ class Field:
     meta: dict = dataclasses.field(default_factory=dict)
 
     def spec(self) -> dict:
-        out = {"name": self.name, "kind": self.kind, "as": self.as_}
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "as": self.as_}
         if self.dtype is not None:
             out["dtype"] = self.dtype
         if self.shape is not None:
@@ -126,7 +126,7 @@ def classify(value: Any, name: str, requested: Optional[str] = None) -> Field:
         return Field(name, kind, "pil")
     if isinstance(value, torch.Tensor):
         if _is_tv(value, "BoundingBoxes"):
-            fmt = getattr(value.format, "name", str(value.format))
+            fmt = getattr(value.format, "name", str(value.format))  # type: ignore[attr-defined]
             return Field(name, "array", "BoundingBoxes", str(value.dtype).replace("torch.", ""),
                          meta={"format": fmt})
         tv = type(value).__name__ if _is_tv(value, type(value).__name__) else None
@@ -316,11 +316,10 @@ def encode(value: Any, field: Field, index: int, image_options: dict) -> Any:
     if isinstance(value, torch.Tensor):
         if field.as_ in ("ndarray",) or str(value.dtype).replace("torch.", "") != field.dtype:
             raise _kind(index, field, value)
-        arr = value.detach().cpu().contiguous()
-        arr = arr.numpy() if arr.dtype != torch.bfloat16 else None
-        if arr is None:
+        t = value.detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:
             raise FieldError(f"sample {index}: field {name!r} is bfloat16, which NumPy cannot hold: convert it")
-        return arr
+        return t.numpy()
     if isinstance(value, np.ndarray) and field.as_ == "ndarray":
         if (value.dtype.str if value.dtype != bool else "bool") != field.dtype:
             raise _kind(index, field, value)
@@ -405,12 +404,12 @@ def _jpeg_file_bytes(img: Image.Image) -> Optional[bytes]:
 # --- reading a value back -----------------------------------------------------------------------------
 
 
-def image_value(decoded: np.ndarray, field: Field) -> Any:
+def image_value(decoded: Union[np.ndarray, Image.Image], field: Field) -> Any:
     """A decoded image (uint8 HWC ndarray, or a PIL image) as the field returns it."""
     if isinstance(decoded, Image.Image):
         if field.as_ == "pil":
             return decoded
-        decoded = np.asarray(decoded)
+        decoded = np.array(decoded)  # writable: a tensor may be made of it
         if decoded.ndim == 2:
             decoded = decoded[:, :, None]
     if field.as_ == "ndarray":

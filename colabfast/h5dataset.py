@@ -138,15 +138,16 @@ class H5Dataset(MirrorDataset):
             rgb = f.meta.get("rgb") or int(reader.shapes[position][2]) == 3
             if want != "pil" and rgb and f.kind == "image":  # libjpeg-turbo, no PIL: the fast path
                 chw = decode_cpu(stored, position, size=size)
+                if want == "tensor":
+                    return chw
                 return col.image_value(chw.permute(1, 2, 0).numpy(), col.Field(f.name, f.kind, want))
             check_encoded(stored.numpy(), position, size)
             with Image.open(io.BytesIO(stored.numpy().tobytes())) as img:
                 img.load()
                 out = img.convert("RGB") if f.meta.get("rgb") else img.copy()
-            if f.kind == "mask" and out.mode == "P" and want != "pil":
-                out = np.asarray(out)  # class ids, not the palette's colours
-            return col.image_value(out, col.Field(f.name, f.kind, want)) if not isinstance(out, np.ndarray) else \
-                col.image_value(out[:, :, None], col.Field(f.name, f.kind, want))
+            if f.kind == "mask" and out.mode == "P" and want != "pil":  # class ids, not the palette's colours
+                return col.image_value(np.array(out)[:, :, None], col.Field(f.name, f.kind, want))
+            return col.image_value(out, col.Field(f.name, f.kind, want))
         except Exception as exc:  # decoders raise many types for bad bytes; pack decoded them all
             raise undecodable(reader, position, exc) from exc
 
@@ -174,8 +175,10 @@ class H5Dataset(MirrorDataset):
         if f.kind == "ndarray":
             arr = v[position]
         else:
-            rows, offsets = v
+            rows, offsets = v[0], v[1]
             arr = rows[int(offsets[position]) : int(offsets[position + 1])]
+            if len(v) == 3:  # each sample's own shape
+                arr = arr.reshape(tuple(int(d) for d in v[2][position]))
         canvas = self._values[f.meta["canvas"]][position] if "canvas" in f.meta else None
         return col.array_value(arr, f, canvas)
 

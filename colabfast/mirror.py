@@ -549,7 +549,8 @@ class Header:
             colabfast_version=_text(attrs, "colabfast_version", path) or "", seed=_int(attrs, "seed", path),
             fingerprint=_text(attrs, "fingerprint", path), labels=_text(attrs, "labels", path),
             class_names=_json(attrs, "class_names", path, _name_lists), columns=columns,
-            layout_info=_json(attrs, "layout_info", path, lambda v: isinstance(v, dict)), version=version, complete=done,
+            layout_info=_json(attrs, "layout_info", path, lambda v: isinstance(v, dict)), version=version,
+            complete=done,
         )
 
 
@@ -902,7 +903,16 @@ def load_columns(path: PathLike) -> tuple[Header, int, dict[int, Any]]:
                     rows = _array(c, "values", path, dt.str, (bound if bound is not None else None, *shape), v,
                                   at_most=bound is not None)
                     _offsets(offsets, len(rows), f"{c.name}/offsets", path)
-                    out[k] = (rows, offsets)
+                    ndim = (spec.get("meta") or {}).get("ndim")
+                    if ndim is not None:  # each sample's shape: values flat
+                        if not isinstance(ndim, int) or not 1 <= ndim <= 8 or shape:
+                            raise _bad(path, f"column {k} has a malformed ndim {ndim!r}")
+                        shapes = _array(c, "shapes", path, "<i8", (n, ndim), v)
+                        if n and (shapes.min() < 0 or np.any(np.prod(shapes, axis=1) != np.diff(offsets))):
+                            raise _bad(path, f"column {k}: a sample's shape does not match its size")
+                        out[k] = (rows, offsets, shapes)
+                    else:
+                        out[k] = (rows, offsets)
         return head, n, out
 
     return read_h5(path, read)
@@ -1041,8 +1051,9 @@ def verify(path: PathLike, progress: bool = False) -> int:
                     buf = _pread(fd, int(offsets[j]) - base, index.data_offset + base, path)
                     for k in range(i, j):
                         data = buf[offsets[k] - base : offsets[k + 1] - base]
-                        where = (f"{split + ' ' if split else ''}sample {k} ({rels[k]})" if column is None else
-                                 f"sample {k} ({rels[k]}), field {head.columns['fields'][column]['name']!r}")
+                        where = f"{split + ' ' if split else ''}sample {k} ({rels[k]})" + (
+                            "" if column is None or head.columns is None else
+                            f", field {head.columns['fields'][column]['name']!r}")
                         if zlib.crc32(data) != int(index.crc32[k]):
                             bad.append(where)
                         elif head.store == "encoded":
@@ -1167,9 +1178,12 @@ def info(path: PathLike) -> MirrorInfo:
                 nbytes[""] += size
             else:
                 v = values[k]
-                size = sum(x.nbytes if isinstance(x, np.ndarray) else len(x) for x in (v if isinstance(v, tuple) else (v,)))
+                size = sum(x.nbytes if isinstance(x, np.ndarray) else len(x)
+                           for x in (v if isinstance(v, tuple) else (v,)))
             if spec["kind"] == "ragged":
-                what = f"{spec['dtype']} [*, {', '.join(map(str, spec['shape']))}]" if spec["shape"] else f"{spec['dtype']} [*]"
+                trail = "".join(f", {d}" for d in spec["shape"])
+                what = f"{spec['dtype']} [*{trail}]" if (spec.get("meta") or {}).get("ndim") is None else \
+                    f"{spec['dtype']}, any shape of {spec['meta']['ndim']} dimensions"
             columns.append({"name": spec["name"], "kind": spec["kind"], "what": what.strip(), "bytes": size})
         splits = []
     for split in splits if head.complete else []:

@@ -315,7 +315,7 @@ def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optio
     if split is not None:
         kwargs["split"] = split
     try:
-        return LAYOUTS[layout](Path(os.path.abspath(src)), **kwargs)
+        return LAYOUTS[layout](Path(os.path.abspath(src)), **kwargs)  # type: ignore[call-arg]
     except TypeError as exc:
         raise ValueError(f"layout {layout!r} does not take these arguments ({exc})") from None
 

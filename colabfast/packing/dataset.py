@@ -28,7 +28,7 @@ from colabfast import columns as col
 from colabfast._fileio import partial_path
 from colabfast.mirror import COLUMNS_VERSION, Header, MirrorError, load_columns, load_index, write_array
 
-__all__ = ["pack_dataset"]
+__all__ = ["plan", "make_parts", "assemble", "check_built", "header", "identity", "describe_dataset"]
 
 THREADS = 8  # threads per worker process calling dataset[i]: they overlap a dataset's reads from Drive
 ARRAY = "array"  # a field of arrays before packing decides: ndarray or ragged
@@ -256,11 +256,9 @@ def decide(fields: list[col.Field], parts: list[dict]) -> None:
             f.kind, f.shape = "ragged", shapes[0, 1:].tolist()
         elif not len(shapes):
             f.kind, f.shape = "ragged", []
-        else:
-            bad = int(np.flatnonzero(np.any(shapes[:, 1:] != shapes[0, 1:], axis=1))[0])
-            raise col.FieldError(f"field {f.name!r}: a sample's array has shape {shapes[bad].tolist()} where the first "
-                                 f"has {shapes[0].tolist()}: arrays of a field may differ in their first dimension only "
-                                 "(store others as a list: JSON)")
+        else:  # any shapes of one ndim (instance masks [N, H, W] of images of many sizes): each sample's kept
+            f.kind, f.shape = "ragged", []
+            f.meta["ndim"] = int(shapes.shape[1])
 
 
 def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], template: dict, head: Header,
@@ -268,7 +266,8 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
     """Write the mirror of columns to ``build`` from the parts (each loaded once per column kind)."""
     parts = [_load(p, len(fields)) for p in part_paths]
     if any(p is None for p in parts):
-        raise MirrorError(f"a part in {part_paths[0].parent} is unreadable though it was just written: run pack() again")
+        raise MirrorError(f"a part in {part_paths[0].parent} is unreadable though it was just written: run pack() "
+                          "again")
     decide(fields, parts)  # type: ignore[arg-type]
     head.columns = {"template": template, "fields": [f.spec() for f in fields]}
     head.version = COLUMNS_VERSION
@@ -304,7 +303,7 @@ def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict]) -> Non
         write_array(c, "images", blob)
         write_array(c, "image_offsets", ends)
         write_array(c, "image_shapes", np.concatenate([p[f"c{k}_shapes"] for p in parts]).astype(np.int32))
-        write_array(c, "image_crc32", np.array([zlib.crc32(blob[a:b]) for a, b in zip(ends[:-1], ends[1:])],
+        write_array(c, "image_crc32", np.array([zlib.crc32(blob[a:b].data) for a, b in zip(ends[:-1], ends[1:])],
                                                dtype=np.uint32))
     elif f.kind in ("int", "float", "bool"):
         write_array(c, "values", joined(f"c{k}_values").astype({"int": "<i8", "float": "<f8", "bool": "u1"}[f.kind]))
@@ -319,6 +318,10 @@ def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict]) -> Non
         trail = tuple(f.shape or [])
         if f.kind == "ndarray":
             write_array(c, "values", flat.reshape(len(shapes), *trail))
+        elif "ndim" in f.meta:  # every sample's own shape: values flat, offsets in elements
+            write_array(c, "values", flat)
+            write_array(c, "offsets", _ends(np.prod(shapes, axis=1).tolist() if len(shapes) else []))
+            write_array(c, "shapes", shapes.astype(np.int64))
         else:
             write_array(c, "values", flat.reshape(-1, *trail))
             write_array(c, "offsets", _ends(shapes[:, 0].tolist() if len(shapes) else []))

@@ -1,0 +1,288 @@
+"""Mirrors of columns (format version 3): pack(any map-style dataset) and H5Dataset give back what
+the dataset returned, for every column kind; bad samples and bad mirrors are named errors."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import tv_tensors
+
+import colabfast as cf
+from colabfast.columns import FieldError
+from colabfast.mirror import MirrorError, load_columns
+
+
+class Odd(torch.utils.data.Dataset):
+    """Every column kind, with odd values: empty ragged rows, NaN, unicode, modes L/RGBA/P, no boxes."""
+
+    def __init__(self, n: int = 7):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        rng = np.random.default_rng(i)
+        g = torch.Generator().manual_seed(i)
+        h, w = 9 + i, 13
+        rgb = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        palette = Image.fromarray(rng.integers(0, 4, (h, w), dtype=np.uint8)).convert("P")
+        palette.putpalette([0, 0, 0, 128, 0, 0, 0, 128, 0, 128, 128, 0] + [0] * 756)
+        return rgb, {
+            "grey": Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8)),
+            "rgba": Image.fromarray(rng.integers(0, 256, (h, w, 4), dtype=np.uint8)),
+            "mask": palette,
+            "chw": torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8)),
+            "hwc": rng.integers(0, 256, (h, w, 1), dtype=np.uint8),
+            "boxes": torch.rand(i % 3, 4, generator=g),  # 0 rows in samples 0, 3, 6
+            "labels": torch.arange(i % 3),
+            "instances": tv_tensors.Mask(torch.zeros(i % 2, h, w, dtype=torch.uint8)),  # [0, H, W] too
+            "bb": tv_tensors.BoundingBoxes(torch.rand(i % 3, 4, generator=g), format="XYWH", canvas_size=(h, w)),
+            "name": f"sample {i} é 日本 \U0001f600",
+            "empty": "",
+            "score": float("nan") if i == 2 else i / 3,
+            "big": 2**62 + i,
+            "np_int": np.int16(-i),
+            "np_float": np.float32(i) / 7,
+            "ok": bool(i % 2),
+            "blob": bytes(range(i)),
+            "vector": np.full((2, 3), i, dtype=np.float64),
+            "flags": np.array([i % 2 == 0, True]),
+            "json": [{"id": i, "bbox": [1.5, 2, 3, 4], "tags": ["a", None]}] * (i % 2),
+            "none": None,
+        }
+
+
+def _same(a, b, where: str) -> None:
+    assert type(a) is type(b), (where, type(a), type(b))
+    if isinstance(b, Image.Image):
+        assert (a.mode, a.size, a.getpalette()) == (b.mode, b.size, b.getpalette()), where
+        assert np.array_equal(np.asarray(a), np.asarray(b)), where
+    elif isinstance(b, (torch.Tensor, np.ndarray)):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(np.asarray(a), np.asarray(b)), where
+        if isinstance(b, tv_tensors.BoundingBoxes):
+            assert (a.format, a.canvas_size) == (b.format, b.canvas_size), where
+    elif isinstance(b, float) and math.isnan(b):
+        assert math.isnan(a), where
+    else:
+        assert a == b, where
+
+
+@pytest.fixture(scope="module")
+def odd_mirror(tmp_path_factory):
+    path = tmp_path_factory.mktemp("odd") / "odd.h5"
+    cf.pack(Odd(), path, workers=2, progress=False)
+    return path
+
+
+def test_every_kind_comes_back_as_the_dataset_returned_it(odd_mirror):
+    ds, ref = cf.H5Dataset(odd_mirror), Odd()
+    assert len(ds) == len(ref)
+    for i in range(len(ref)):
+        got, want = ds[i], ref[i]
+        _same(got[0], want[0], f"{i} image")
+        assert list(got[1]) == list(want[1])
+        for key in want[1]:
+            _same(got[1][key], want[1][key], f"{i} {key}")
+
+
+def test_info_lists_the_columns(odd_mirror):
+    text = str(cf.info(odd_mirror))
+    assert "colabfast mirror v3" in text and "1.boxes: ragged float32 [*, 4]" in text
+    assert "1.json: json" in text and "1.mask: mask" in text and "1.vector: ndarray <f8 [2, 3]" in text
+
+
+def test_output_tensor_and_bytes(odd_mirror):
+    ref = Odd()[1]
+    t = cf.H5Dataset(odd_mirror, output="tensor")[1]
+    assert t[0].dtype == torch.uint8 and torch.equal(t[0].permute(1, 2, 0), torch.from_numpy(np.asarray(ref[0])))
+    assert t[1]["mask"].shape == (1, 10, 13) and np.array_equal(t[1]["mask"][0].numpy(), np.asarray(ref[1]["mask"]))
+    b = cf.H5Dataset(odd_mirror, output="bytes")[1]
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(b[0].numpy().tobytes()))), np.asarray(ref[0]))
+
+
+def test_transforms_apply_as_torchvision_does(odd_mirror):
+    ds = cf.H5Dataset(odd_mirror, transform=lambda x: x.size, target_transform=lambda t: t["name"])
+    assert ds[3] == ((13, 12), Odd()[3][1]["name"])
+    joint = cf.H5Dataset(odd_mirror, transforms=lambda x, t: (t["big"], x.mode))
+    assert joint[0] == (2**62, "RGB")
+
+
+def test_a_jpeg_file_opened_with_pil_keeps_its_bytes(tmp_path):
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8))
+    img.save(tmp_path / "a.jpg", quality=80)
+
+    class Files(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            opened = Image.open(tmp_path / "a.jpg")
+            return (opened if i == 0 else opened.rotate(90)), i  # sample 1's pixels are not the file's
+
+    cf.pack(Files(), tmp_path / "m.h5", workers=0, progress=False)
+    ds = cf.H5Dataset(tmp_path / "m.h5", output="bytes")
+    assert ds[0][0].numpy().tobytes() == (tmp_path / "a.jpg").read_bytes()
+    assert ds[1][0].numpy().tobytes()[:8] == b"\x89PNG\r\n\x1a\n"  # changed pixels: stored losslessly
+    assert np.array_equal(np.asarray(cf.H5Dataset(tmp_path / "m.h5")[1][0]), np.asarray(Files()[1][0]))
+
+
+def test_fields_ask_for_jpeg(tmp_path):
+    class Plain(torch.utils.data.Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"image": Image.new("RGB", (32, 24), (10 * i, 20, 30)), "label": i}
+
+    cf.pack(Plain(), tmp_path / "j.h5", fields={"image": "jpeg"}, quality=75, workers=0, progress=False)
+    data = cf.H5Dataset(tmp_path / "j.h5", output="bytes")[2]["image"].numpy().tobytes()
+    assert data[:2] == b"\xff\xd8"
+    with pytest.raises(FieldError, match="'label'.*holds int"):
+        cf.pack(Plain(), tmp_path / "x.h5", fields={"label": "jpeg"}, workers=0, progress=False)
+    with pytest.raises(FieldError, match="'nope'"):
+        cf.pack(Plain(), tmp_path / "y.h5", fields={"nope": "png"}, workers=0, progress=False)
+
+
+class Drifting(torch.utils.data.Dataset):
+    def __init__(self, bad):
+        self.bad = bad
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        sample = {"image": Image.new("RGB", (8, 8)), "label": 1, "boxes": np.zeros((i, 4), np.float32)}
+        if i == 3:
+            sample = self.bad(sample)
+        return sample
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda s: {**s, "extra": 1}, "sample 3: field 'sample' should be a dict with keys"),
+    (lambda s: {**s, "label": "one"}, "sample 3: field 'label' is str"),
+    (lambda s: {**s, "boxes": np.zeros((3, 4), np.float64)}, "sample 3: field 'boxes' is ndarray float64"),
+    (lambda s: {**s, "image": np.zeros((8, 8), np.int32)}, "sample 3: field 'image'"),
+])
+def test_a_sample_that_does_not_fit_names_index_and_field(tmp_path, bad, match):
+    with pytest.raises(FieldError, match=match):
+        cf.pack(Drifting(bad), tmp_path / "d.h5", workers=0, progress=False)
+    assert not (tmp_path / "d.h5").exists()
+
+
+def test_values_no_column_holds_are_refused_before_any_work(tmp_path):
+    class Objects(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return Image.new("RGB", (4, 4)), object()
+
+    with pytest.raises(FieldError, match="field '1' holds object.*nothing is pickled"):
+        cf.pack(Objects(), tmp_path / "o.h5", workers=0, progress=False)
+
+
+def test_a_failing_sample_is_a_pack_error_or_a_listed_skip(tmp_path):
+    class Flaky(torch.utils.data.Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            if i == 4:
+                raise OSError("Drive said no")
+            return Image.new("RGB", (8, 8), (i, 0, 0)), i
+
+    with pytest.raises(cf.PackError, match="4: OSError: Drive said no"):
+        cf.pack(Flaky(), tmp_path / "f.h5", workers=2, progress=False)
+    with pytest.warns(UserWarning, match="skipped 1 samples"):
+        cf.pack(Flaky(), tmp_path / "f.h5", workers=2, on_error="skip", progress=False)
+    ds = cf.H5Dataset(tmp_path / "f.h5")
+    assert [ds[i][1] for i in range(len(ds))] == [0, 1, 2, 3, 5]
+    assert cf.info(tmp_path / "f.h5").skipped == [{"path": "4", "error": "OSError: Drive said no"}]
+
+
+def test_a_dataset_that_says_what_it_holds_is_not_packed_twice(tmp_path, capsys):
+    class Known(Odd):
+        fingerprint = "v1"
+
+    cf.pack(Known(3), tmp_path / "k.h5", workers=0)
+    cf.pack(Known(3), tmp_path / "k.h5", workers=0)
+    assert "already a complete mirror" in capsys.readouterr().out
+    cf.pack(Odd(3), tmp_path / "a.h5", workers=0)
+    cf.pack(Odd(3), tmp_path / "a.h5", workers=0)  # anonymous: packed again, never taken for the old one
+    assert "already a complete mirror" not in capsys.readouterr().out
+
+
+def test_never_overwrites_a_file_that_is_not_its_mirror(tmp_path):
+    (tmp_path / "mine.h5").write_bytes(b"my thesis")
+    with pytest.raises(ValueError, match="not a readable colabfast mirror"):
+        cf.pack(Odd(2), tmp_path / "mine.h5", workers=0, progress=False)
+    assert (tmp_path / "mine.h5").read_bytes() == b"my thesis"
+    cf.pack(Odd(2), tmp_path / "m.h5", workers=0, progress=False)
+
+    class Other(Odd):
+        pass
+
+    with pytest.raises(ValueError, match="is a mirror of .*Odd, not of .*Other"):
+        cf.pack(Other(2), tmp_path / "m.h5", workers=0, progress=False)
+
+
+def test_resumes_from_finished_parts(tmp_path, monkeypatch):
+    import colabfast.packing as packing
+
+    monkeypatch.setattr(packing, "CHUNK", 2)
+    calls, armed = [], [True]
+
+    class Counted(Odd):
+        fingerprint = "counted"
+
+        def __getitem__(self, i):
+            calls.append(i)
+            if i == 5 and armed[0]:
+                raise KeyboardInterrupt  # killed mid-run
+            return super().__getitem__(i)
+
+    with pytest.raises(KeyboardInterrupt):
+        cf.pack(Counted(), tmp_path / "r.h5", workers=0, progress=False)
+    calls.clear()
+    armed[0] = False
+    cf.pack(Counted(), tmp_path / "r.h5", workers=0, progress=False)
+    assert sorted(set(calls)) == [0, 4, 5, 6]  # sample 0 (the fields), then the unfinished parts
+    assert len(cf.H5Dataset(tmp_path / "r.h5")) == 7
+
+
+def test_loader_batches_a_mirror_of_columns(odd_mirror):
+    ds = cf.H5Dataset(odd_mirror, output="tensor", transforms=lambda x, t: (x[:, :8, :8], t["labels"]))
+    batches = list(cf.DataLoader(ds, batch_size=3, num_workers=2))
+    assert batches[0][0].shape == (3, 3, 8, 8) and len(batches[0][1]) == 3
+    assert [len(x) for b in batches for x in b[1]] == [i % 3 for i in range(7)]
+
+
+def _corrupt(path, edit):
+    with h5py.File(path, "r+") as f:
+        edit(f)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda f: f["columns/1/offsets"].__setitem__(1, 10**9), "offsets|checksum"),
+    (lambda f: f["columns/2/values"].__setitem__(0, 7), "checksum"),
+    (lambda f: f.attrs.__setitem__("columns", '{"template": {"column": 99}, "fields": []}'), "header_crc32|columns"),
+])
+def test_a_corrupt_column_is_a_mirror_error(tmp_path, edit, match):
+    class Small(torch.utils.data.Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return Image.new("RGB", (4, 4)), "x" * i, i
+
+    cf.pack(Small(), tmp_path / "s.h5", workers=0, progress=False)
+    _corrupt(tmp_path / "s.h5", edit)
+    with pytest.raises(MirrorError, match=match):
+        load_columns(tmp_path / "s.h5")
