@@ -7,9 +7,10 @@ The table's rules:
 
 - the first row names the columns; the path column is the first named one of ``PATH_COLUMNS``
   (any case), else the first column; every other column is a label column;
-- a path is a file under ``root`` (``train/a.jpg``), or a file name or id without extension
-  (``a.jpg``, ``a``, ``train/a``) naming exactly one image under ``root`` (``<id>.<ext>`` for an
-  image extension, in any sub-folder when it has no ``/``);
+- a path is a file under ``root`` (``train/a.jpg``), or the end of exactly one image's path under
+  ``root``, with or without its extension (``a.jpg``, ``a``, ``x/a`` for ``train/x/a.jpg``: Kaggle's
+  ids name ``<id>.<ext>`` in a sub-folder); paths that are absolute or have a ``..`` part are refused,
+  and only files listed under ``root`` are ever read;
 - a label column whose values are all numbers is kept as numbers (``int`` if all are integral, else
   ``float``); any other holds class names, numbered in sorted order as ImageFolder numbers its
   class folders (``info["classes"][column]`` lists them).
@@ -21,7 +22,6 @@ import csv
 import io
 import math
 import os
-import posixpath
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -121,7 +121,7 @@ class Csv(Layout):
             delimiter = csv.Sniffer().sniff(text[:65536], delimiters=",;\t|").delimiter
         except csv.Error:
             delimiter = ","
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
         rows: list[tuple[int, list[str]]] = []
         header: Optional[list[str]] = None
         try:
@@ -216,14 +216,16 @@ class _Finder:
 
     def __init__(self, files: list[FileEntry]):
         self.by_rel = {f.rel: f for f in files}
-        self.by_name: dict[str, list[FileEntry]] = {}  # a.jpg -> every */a.jpg
-        self.by_stem: dict[str, list[FileEntry]] = {}  # a -> every */a.<ext> ; train/a -> train/a.<ext>
+        # Every image under each end of its path, with and without extension: train/x/a.jpg under
+        # a.jpg, x/a.jpg, a, x/a and train/x/a.
+        self.by_end: dict[str, list[FileEntry]] = {}
         for f in files:
             if is_image(f.rel):
-                self.by_name.setdefault(posixpath.basename(f.rel), []).append(f)
-                self.by_stem.setdefault(posixpath.basename(stem(f.rel)), []).append(f)
-                if "/" in f.rel:
-                    self.by_stem.setdefault(stem(f.rel), []).append(f)
+                parts = f.rel.split("/")
+                for k in range(len(parts)):
+                    end = "/".join(parts[k:])
+                    for key in (end, stem(end)) if k else (stem(end),):
+                        self.by_end.setdefault(key, []).append(f)
 
     def find(self, value: str, table: Path, line: int) -> FileEntry:
         """The one image ``value`` names (see the module's docstring).
@@ -244,7 +246,7 @@ class _Finder:
             if not is_image(entry.rel):
                 raise LayoutError(table, f"{value!r} is not an image file ({', '.join(IMG_EXTENSIONS)})", line)
             return entry
-        found = self.by_stem.get(path, []) + (self.by_name.get(path, []) if "/" not in path else [])
+        found = self.by_end.get(path, [])
         if len(found) != 1:
             why = (f"{value!r} names no image under the folder" if not found else
                    f"{value!r} names {len(found)} images: {', '.join(f.rel for f in found[:5])}")
