@@ -85,6 +85,18 @@ def test_yolo_boxes_are_the_formats_definition_in_pixels(yolo):
     np.testing.assert_array_equal(val[0][1]["boxes"], [[0, 0, 40, 40]])
 
 
+def test_yolo_split_folder_with_a_dot(tmp_path):
+    root = tmp_path / "v1.0"
+    write_image(root / "v1.0/images/a.jpg", 10, 10)
+    write(root / "v1.0/labels/a.txt", "0 0.5 0.5 1 1\n")
+    write(root / "data.yaml", "names: [x]\n")
+    write(root / "v1.0/README.txt", "not a label file: outside v1.0/labels/\n")
+    ds = Yolo(root)
+    assert ds.split == "v1.0" and ds.skipped == [] and ds[0][1]["labels"].tolist() == [0]
+    write(root / "v1.0/labels/b.txt", "0 0.5 0.5 1 1\n")
+    assert Yolo(root, on_error="skip").skipped == [(str(root / "v1.0/labels/b.txt"), "a label file without an image")]
+
+
 def test_yolo_label_path_is_ultralytics_rule():
     assert label_path("images/train/a.jpg") == "labels/train/a.txt"
     assert label_path("x/images/y/images/b.c.PNG") == "x/images/y/labels/b.c.txt"  # the last /images/ only

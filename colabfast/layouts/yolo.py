@@ -123,7 +123,7 @@ class Yolo(Layout):
         self.info: dict[str, Any] = {"classes": classes}
 
     def _check_orphans(self, files: list[FileEntry], prefix: str, wanted: set[str]) -> None:
-        folder = label_path(prefix + "x")[: -len("x.txt")]  # images/train/ -> labels/train/
+        folder = label_path(prefix + "x.jpg")[: -len("x.txt")]  # images/train/ -> labels/train/
         for f in files:
             # classes.txt: the class list LabelImg and some exporters write beside the labels
             if (f.rel.startswith(folder) and f.rel.endswith(".txt") and f.rel not in wanted
