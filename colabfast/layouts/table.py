@@ -1,0 +1,254 @@
+"""Images labelled by a CSV table, as Kaggle competitions ship them (``train.csv`` beside ``train/``).
+
+Named ``table`` rather than ``csv``: a module ``csv.py`` shadows the standard library's in tools
+that put its folder on ``sys.path``.
+
+The table's rules:
+
+- the first row names the columns; the path column is the first named one of ``PATH_COLUMNS``
+  (any case), else the first column; every other column is a label column;
+- a path is a file under ``root`` (``train/a.jpg``), or the end of exactly one image's path under
+  ``root``, with or without its extension (``a.jpg``, ``a``, ``x/a`` for ``train/x/a.jpg``: Kaggle's
+  ids name ``<id>.<ext>`` in a sub-folder); paths that are absolute or have a ``..`` part are refused,
+  and only files listed under ``root`` are ever read;
+- a label column whose values are all numbers is kept as numbers (``int`` if all are integral, else
+  ``float``); any other holds class names, numbered in sorted order as ImageFolder numbers its
+  class folders (``info["classes"][column]`` lists them).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from colabfast._fileio import FileEntry, PathLike, human_bytes, read_regular, retry
+from colabfast.layouts import ImageFile, Layout, LayoutError
+from colabfast.layouts._folder import check_on_error, first_file, list_files, read_file, reject, stem
+from colabfast.sources import IMG_EXTENSIONS, is_image
+
+__all__ = ["Csv", "PATH_COLUMNS", "MAX_TABLE_BYTES"]
+
+PATH_COLUMNS = ("path", "file", "filename", "file_name", "image", "image_id", "id", "fname", "name")
+MAX_TABLE_BYTES = 256_000_000  # refused before parsing: Python holds a parsed table in ~10x its size
+Label = Union[int, float]
+
+
+class Csv(Layout):
+    """Images under ``root`` labelled by a CSV table, as a map-style dataset (rules: the module's docstring).
+
+    ``table[i]`` is ``(ImageFile, target)``: the image's bytes, and its label (an ``int`` class index
+    or number, or a ``float``), or a tuple of them, one per label column in the table's order, when
+    there are several. Samples are in the table's row order.
+
+    Args:
+        root: the folder the table's paths are relative to.
+        labels: the CSV file (comma, semicolon, tab or ``|`` separated, UTF-8); None: the one ``.csv``
+            file at ``root``'s top.
+        on_error: ``"raise"``: a bad row raises :class:`LayoutError`; ``"skip"``: the row is left out
+            and listed in ``skipped`` (as ``(table, "line N: why")``).
+        retries: retries of each file read on Drive's transient errors.
+
+    Raises:
+        LayoutError: the table is over ``MAX_TABLE_BYTES``, not UTF-8 CSV, has no label column, or
+            (with ``on_error="raise"``) a row with the wrong number of fields, an empty label, a NaN
+            or infinite number, a path that is absolute, has ``..`` or names no single image under
+            ``root``, or the same image as an earlier row. Each names the table and line.
+        FileNotFoundError: ``root`` or the table does not exist.
+    """
+
+    name = "csv"
+
+    def __init__(self, root: PathLike, labels: Optional[PathLike] = None, *, on_error: str = "raise",
+                 retries: int = 5):
+        check_on_error(on_error)
+        self.root, self.on_error, self.retries = Path(root), on_error, retries
+        self.skipped: list[tuple[str, str]] = []
+        files = list_files(self.root, retries)
+        self.table = Path(labels) if labels is not None else _only_table(self.root, files)
+        header, rows = self._read_table()
+        self.path_column = _path_column(header)
+        columns = [c for k, c in enumerate(header) if k != self.path_column]
+        if not columns:
+            raise LayoutError(self.table, f"one column ({header[0]!r}), no label column",
+                              fix="add a column of labels")
+        finder = _Finder(files)
+        chosen: list[tuple[int, FileEntry, list[str]]] = []
+        first_row: dict[str, int] = {}  # an image's path -> the line that named it
+        for line, row in rows:
+            try:
+                entry = finder.find(row[self.path_column].strip(), self.table, line)
+                if entry.rel in first_row:
+                    raise LayoutError(self.table, f"{row[self.path_column]!r} names {entry.rel}, as line "
+                                      f"{first_row[entry.rel]} does", line, fix="keep one row per image")
+                values = [v.strip() for k, v in enumerate(row) if k != self.path_column]
+                for column, v in zip(columns, values):
+                    if not v or not _finite(v):
+                        raise LayoutError(self.table, f"column {column!r} has " + (
+                            f"{v!r}, not a finite number" if v else "no value"), line, fix="fix or delete the row")
+            except LayoutError as exc:
+                reject(exc, on_error, self.skipped)
+                continue
+            first_row[entry.rel] = line
+            chosen.append((line, entry, values))
+        self.paths = [entry.rel for _, entry, _ in chosen]
+        self.targets: list[tuple[Label, ...]] = [() for _ in chosen]
+        classes: dict[str, list[str]] = {}
+        for k, column in enumerate(columns):
+            numbers, names = self._column([values[k] for _, _, values in chosen])
+            if names is not None:
+                classes[column] = names
+            self.targets = [t + (v,) for t, v in zip(self.targets, numbers)]
+        self.files = sorted({entry for _, entry, _ in chosen} | {self._table_entry()})
+        self.info: dict[str, Any] = {"columns": columns, "classes": classes}
+
+    def _read_table(self) -> tuple[list[str], list[tuple[int, list[str]]]]:
+        """The header and the ``(line, fields)`` of each non-empty row, every row as wide as the header."""
+        size = retry(lambda: os.stat(self.table), self.retries).st_size
+        if size > MAX_TABLE_BYTES:
+            raise LayoutError(self.table, f"{human_bytes(size)}, over the limit of {human_bytes(MAX_TABLE_BYTES)}",
+                              fix="split the table, or raise colabfast.layouts.table.MAX_TABLE_BYTES")
+        data = retry(lambda: read_regular(self.table), self.retries)
+        try:
+            text = data.decode("utf-8-sig")  # Excel writes a BOM
+        except UnicodeDecodeError as exc:
+            raise LayoutError(self.table, f"not UTF-8 text (byte {exc.start})",
+                              data[: exc.start].count(b"\n") + 1, fix="save the table as UTF-8 CSV") from None
+        try:
+            delimiter = csv.Sniffer().sniff(text[:65536], delimiters=",;\t|").delimiter
+        except csv.Error:
+            delimiter = ","
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+        rows: list[tuple[int, list[str]]] = []
+        header: Optional[list[str]] = None
+        try:
+            for row in reader:
+                if not any(field.strip() for field in row):
+                    continue
+                if header is None:
+                    header = [field.strip() for field in row]
+                elif len(row) != len(header):
+                    reject(LayoutError(self.table, f"{len(row)} fields, the header has {len(header)}",
+                                       reader.line_num), self.on_error, self.skipped)
+                else:
+                    rows.append((reader.line_num, row))
+        except csv.Error as exc:  # a field over csv.field_size_limit(), a NUL, an unclosed quote
+            raise LayoutError(self.table, f"not CSV ({exc})", reader.line_num) from None
+        if header is None:
+            raise LayoutError(self.table, "an empty table", fix="the first row names the columns")
+        return header, rows
+
+    @staticmethod
+    def _column(cells: list[str]) -> tuple[list[Label], Optional[list[str]]]:
+        """A label column's values, and its class names (None when they are numbers)."""
+        try:
+            floats = [float(v) for v in cells]
+        except ValueError:
+            names = sorted(set(cells))  # ImageFolder's find_classes: sorted(names)
+            index = {name: k for k, name in enumerate(names)}
+            return [index[v] for v in cells], names
+        if all(x.is_integer() for x in floats):
+            return [int(v) if _is_int(v) else int(x) for v, x in zip(cells, floats)], None
+        return list(floats), None
+
+    def _table_entry(self) -> FileEntry:
+        """The table as a file the mirror depends on, by its path relative to ``root`` (``../train.csv``
+        when it is beside the image folder)."""
+        rel = Path(os.path.relpath(self.table, self.root)).as_posix()
+        st = os.stat(self.table)
+        return FileEntry(rel, st.st_size, st.st_mtime_ns)
+
+    def __getitem__(self, index: int) -> tuple[ImageFile, Union[Label, tuple[Label, ...]]]:
+        """Sample ``index``: ``(ImageFile, label)``, or ``(ImageFile, (label, ...))`` for several label columns.
+
+        Raises:
+            OSError: the file cannot be read (after ``retries`` on transient errors).
+        """
+        rel = self.paths[index]
+        target = self.targets[index]
+        return ImageFile(read_file(self.root, rel, self.retries), rel), target[0] if len(target) == 1 else target
+
+    @staticmethod
+    def detect(root: Path) -> bool:
+        """True if ``root`` holds one ``.csv`` file at its top and images under it."""
+        try:
+            tables = [p for p in root.iterdir() if p.name.lower().endswith(".csv") and not p.name.startswith(".")]
+        except OSError:
+            return False
+        return len(tables) == 1 and first_file(root, lambda name: name.lower().endswith(IMG_EXTENSIONS)) is not None
+
+
+def _finite(text: str) -> bool:
+    """False for a number that is NaN or infinite (``nan``, ``inf``, ``-Infinity``); True for any other text."""
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return True
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _only_table(root: Path, files: list[FileEntry]) -> Path:
+    tables = [f.rel for f in files if "/" not in f.rel and f.rel.lower().endswith(".csv")]
+    if len(tables) != 1:
+        found = f"found {', '.join(tables)}" if tables else "found none"
+        raise LayoutError(root, f"expected one .csv table at the top ({found})", fix="pass labels= the table")
+    return root / tables[0]
+
+
+def _path_column(header: list[str]) -> int:
+    """The first column named one of PATH_COLUMNS (any case), else the first."""
+    lowered = [name.lower() for name in header]
+    return next((k for k, name in enumerate(lowered) if name in PATH_COLUMNS), 0)
+
+
+class _Finder:
+    """Finds the image a table's cell names among the files listed under the root (nothing else is read)."""
+
+    def __init__(self, files: list[FileEntry]):
+        self.by_rel = {f.rel: f for f in files}
+        # Every image under each end of its path, with and without extension: train/x/a.jpg under
+        # a.jpg, x/a.jpg, a, x/a and train/x/a.
+        self.by_end: dict[str, list[FileEntry]] = {}
+        for f in files:
+            if is_image(f.rel):
+                parts = f.rel.split("/")
+                for k in range(len(parts)):
+                    end = "/".join(parts[k:])
+                    for key in (end, stem(end)) if k else (stem(end),):
+                        self.by_end.setdefault(key, []).append(f)
+
+    def find(self, value: str, table: Path, line: int) -> FileEntry:
+        """The one image ``value`` names (see the module's docstring).
+
+        Raises:
+            LayoutError: ``value`` is empty, absolute, has a ``..`` part, or names no image or several.
+        """
+        path = value.replace("\\", "/")
+        if not path or path.startswith("/") or (len(path) > 1 and path[1] == ":") or "\0" in path:
+            raise LayoutError(table, f"path {value!r} is empty or absolute", line,
+                              fix="paths are relative to the image folder")
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise LayoutError(table, f"path {value!r} has a '..' part, which leaves the image folder", line)
+        path = "/".join(parts)
+        if path in self.by_rel:
+            entry = self.by_rel[path]
+            if not is_image(entry.rel):
+                raise LayoutError(table, f"{value!r} is not an image file ({', '.join(IMG_EXTENSIONS)})", line)
+            return entry
+        found = self.by_end.get(path, [])
+        if len(found) != 1:
+            why = (f"{value!r} names no image under the folder" if not found else
+                   f"{value!r} names {len(found)} images: {', '.join(f.rel for f in found[:5])}")
+            raise LayoutError(table, why, line, fix="give the image's path relative to the folder, with extension")
+        return found[0]
