@@ -14,7 +14,13 @@ from typing import Any, Optional
 from colabfast._fileio import FileEntry, PathLike, read_regular, retry
 from colabfast.layouts import ImageFile, Layout, LayoutError
 from colabfast.layouts._untrusted import (
-    MAX_ANNOTATION_BYTES, MAX_DEPTH, Problems, json_depth, read_limited, safe_rel, stat_files,
+    MAX_ANNOTATION_BYTES,
+    MAX_DEPTH,
+    Problems,
+    json_depth,
+    read_limited,
+    safe_rel,
+    stat_files,
 )
 
 __all__ = ["Coco", "ROBOFLOW_JSON"]
@@ -81,7 +87,7 @@ class Coco(Layout):
         categories = dataset.get("categories", [])
         if not isinstance(categories, list):
             raise LayoutError(ann_path, f"'categories' is {type(categories).__name__}, not a list")
-        cat_ids = {c.get("id") for c in categories if isinstance(c, dict)}
+        cat_ids = {c["id"] for c in categories if isinstance(c, dict) and is_int(c.get("id"))}
 
         targets: dict[int, list[dict]] = {i: [] for i in by_id}
         bad_images: dict[int, str] = {}
@@ -196,16 +202,16 @@ def image_path(path: Path, img: dict, problems: Problems) -> Optional[str]:
     return None
 
 
-def check_annotation(ann: dict, images: dict[int, dict], cat_ids: set, ann_ids: set[int]) -> Optional[str]:
+def check_annotation(ann: dict, images: dict[int, dict], cat_ids: set[int], ann_ids: set[int]) -> Optional[str]:
     """Why the annotation ``ann`` cannot be used, or None."""
     if not is_int(ann.get("id")):
         return "has no int 'id'"
     if ann["id"] in ann_ids:
         return f"annotation id {ann['id']} appears twice"
-    image = images.get(ann.get("image_id")) if is_int(ann.get("image_id")) else None
+    image = images.get(ann["image_id"]) if is_int(ann.get("image_id")) else None
     if image is None:
         return f"its image_id {ann.get('image_id')!r} is not among the images"
-    if "category_id" in ann and ann["category_id"] not in cat_ids:
+    if "category_id" in ann and not (is_int(ann["category_id"]) and ann["category_id"] in cat_ids):
         return f"its category_id {ann['category_id']!r} is not among the categories"
     if "bbox" in ann:
         box = ann["bbox"]

@@ -19,7 +19,14 @@ import defusedxml.ElementTree
 from colabfast._fileio import FileEntry, PathLike, read_regular, retry
 from colabfast.layouts import ImageFile, Layout, LayoutError
 from colabfast.layouts._untrusted import (
-    MAX_ANNOTATION_BYTES, MAX_DEPTH, MAX_XML_BYTES, Problems, parallel, read_limited, safe_rel, stat_files,
+    MAX_ANNOTATION_BYTES,
+    MAX_DEPTH,
+    MAX_XML_BYTES,
+    Problems,
+    parallel,
+    read_limited,
+    safe_rel,
+    stat_files,
 )
 
 __all__ = ["VOCDetection", "VOCSegmentation", "parse_voc_xml"]
@@ -233,16 +240,17 @@ def read_voc_xml(path: Path, retries: int) -> dict[str, Any]:
         raise LayoutError(path, f"is not valid XML ({str(exc).split(':')[0]})", line, fix="Export it again") from exc
     except defusedxml.DefusedXmlException as exc:
         raise LayoutError(path, f"is refused: {exc} (a DTD or entities, which a VOC annotation never needs)") from exc
-    depth = xml_depth(node)
-    if depth > MAX_DEPTH:
-        raise LayoutError(path, f"nests {depth} elements deep, more than colabfast parses ({MAX_DEPTH})")
+    if xml_depth(node) > MAX_DEPTH:
+        raise LayoutError(path, f"nests elements more than {MAX_DEPTH} deep, more than colabfast parses",
+                          fix="A VOC annotation nests 4 deep; check that it is the right file")
     if node.tag != "annotation":
         raise LayoutError(path, f"is not a VOC annotation: its root element is <{node.tag}>, not <annotation>")
     return parse_voc_xml(node)
 
 
 def xml_depth(node: Element) -> int:
-    """How deep the elements under ``node`` nest (``node`` alone: 1), without recursion."""
+    """How deep the elements under ``node`` nest (``node`` alone: 1), without recursion; walks no
+    deeper than ``MAX_DEPTH + 1``."""
     deepest, stack = 0, [(node, 1)]
     while stack:
         n, d = stack.pop()
