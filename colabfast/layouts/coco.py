@@ -111,7 +111,7 @@ class Coco(Layout):
             rel = rels[i]
             entry = found[rel]
             if i in bad_images:
-                problems.add(rel, bad_images[i])
+                problems.add(os.fspath(self.root / rel), bad_images[i])
             elif isinstance(entry, str):
                 problems.add(os.fspath(self.root / rel), f"{entry} (image id {i} in {ann_rel})",
                              fix='Put the image there, or pass on_error="skip" to leave it out')
