@@ -120,8 +120,9 @@ class Coco(Layout):
                 self.paths.append(rel)
                 self.targets.append(targets[i])
                 self.files.append(entry)
+        # a file two image ids share is listed once
         st = retry(lambda: os.stat(ann_path), retries)
-        self.files.append(FileEntry(ann_rel, st.st_size, st.st_mtime_ns))
+        self.files = [*dict.fromkeys(self.files), FileEntry(ann_rel, st.st_size, st.st_mtime_ns)]
         self.skipped = problems.skipped
         self.info = {"categories": categories, "annotation_file": ann_rel}
 
