@@ -1,0 +1,168 @@
+"""Reading a stranger's annotation files safely: size and nesting limits checked before parsing,
+file names from annotations kept inside the source folder, and the files they name found (and
+stat'ed for the mirror's fingerprint) in parallel, as Drive round trips want.
+
+Private helpers of the layout modules (:mod:`colabfast.layouts.coco`, :mod:`colabfast.layouts.voc`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterable, Optional, TypeVar, Union
+
+import numpy as np
+
+from colabfast._fileio import FileEntry, PathLike, open_regular, retry
+from colabfast.layouts import LayoutError
+
+T = TypeVar("T")
+
+# The largest annotation file (a COCO JSON, an image set list) read: COCO 2017's instances_train2017.json
+# is 448 MB and takes about 8 GB of RAM once parsed; a larger file is refused before it is read.
+MAX_ANNOTATION_BYTES = 512 << 20
+MAX_XML_BYTES = 1 << 20  # one VOC XML (Pascal's are about 1 kB)
+MAX_DEPTH = 64  # nesting of JSON arrays/objects or XML elements (COCO's JSON nests 5 deep, VOC's XML 4)
+WORKERS = 32  # threads for per-file round trips (stat, read) on Drive
+
+
+def read_limited(path: PathLike, limit: int, retries: int) -> bytes:
+    """The bytes of the regular file ``path``, refused unread when it has more than ``limit`` bytes.
+
+    Raises:
+        LayoutError: the file is missing, larger than ``limit``, or not a regular file (a FIFO, a folder).
+        OSError: it cannot be read (a transient error after ``retries`` retries, a permission).
+    """
+
+    def attempt() -> bytes:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise LayoutError(path, f"is {size} bytes, more than colabfast reads in one annotation "
+                                  f"file ({limit} bytes)", fix="Split it, or check that it is the right file")
+            data = f.read(limit + 1)  # it may have grown since fstat
+            if len(data) > limit:
+                raise LayoutError(path, f"is more than {limit} bytes, more than colabfast reads in one "
+                                  "annotation file", fix="Split it, or check that it is the right file")
+            return data
+
+    try:
+        return retry(attempt, retries)
+    except FileNotFoundError as exc:
+        raise LayoutError(path, "is missing", fix="Check the path") from exc
+    except OSError as exc:
+        if exc.errno == errno.EINVAL and "not a regular file" in str(exc.strerror):
+            raise LayoutError(path, str(exc.strerror)) from exc
+        raise
+
+
+def json_depth(data: bytes) -> int:
+    """How deep the arrays and objects of the JSON text ``data`` nest, found without parsing it.
+
+    Brackets inside strings do not count: escaped backslashes, then escaped quotes, are removed
+    (JSON has backslashes only inside strings, and left-to-right pairs are exactly its escapes), so
+    every remaining quote delimits a string, and a bracket is inside one where an odd number of
+    quotes precede it. All of it runs in C (``bytes.replace``, ``translate``, numpy): about 0.5 s
+    for 67 MB of COCO annotations, a fortieth of ``json.loads`` on the same machine.
+    """
+    text = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    text = text.translate(None, _NOT_QUOTE_OR_BRACKET)
+    chars = np.frombuffer(text, np.uint8)
+    quote = chars == ord('"')
+    steps = _STEPS[chars]
+    steps[(np.cumsum(quote, dtype=np.int64) & 1).astype(bool)] = 0  # inside a string (the quotes are 0 already)
+    depth = np.cumsum(steps, dtype=np.int64)
+    return int(depth.max()) if depth.size else 0
+
+
+_NOT_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
+_STEPS = np.zeros(256, np.int8)
+_STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
+
+
+def safe_rel(name: object) -> Union[str, None]:
+    """``name`` (a file name from an annotation) as a POSIX path inside the source folder, or None
+    where it is not one: not a string, empty, absolute, with ``..`` or a NUL, or hidden (a part
+    starting with ``.``, which colabfast skips as :func:`colabfast.sources.is_image` does).
+    ``.`` parts and doubled slashes are dropped."""
+    if not isinstance(name, str) or "\0" in name or name.startswith("/"):
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or any(p.startswith(".") for p in parts):
+        return None
+    return "/".join(parts)
+
+
+def inside(root_real: str, path: str) -> bool:
+    """True if ``path`` (resolved) is ``root_real`` or below it."""
+    return path == root_real or path.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def stat_files(root: Path, rels: Iterable[str], retries: int) -> dict[str, Union[FileEntry, str]]:
+    """Each of ``rels`` (safe POSIX paths below ``root``) as a :class:`FileEntry`, or why it cannot be
+    used: ``"is missing"``, ``"is not a regular file"``, ``"resolves outside ..."`` (a symlink, or a
+    symlinked folder on its way, leading out of ``root``: nothing outside the source is read).
+
+    One ``lstat`` per file and one ``realpath`` per folder, in ``WORKERS`` threads (each a round trip
+    on Drive), retrying transient errors ``retries`` times.
+    """
+    rels = list(dict.fromkeys(rels))
+    root_real = os.path.realpath(root)
+
+    def folder_ok(folder: str) -> bool:
+        return inside(root_real, retry(lambda: os.path.realpath(root / folder), retries))
+
+    def one(rel: str) -> Union[FileEntry, str]:
+        path = root / rel
+        try:
+            st = retry(lambda: os.lstat(path), retries)
+            if stat.S_ISLNK(st.st_mode):
+                if not inside(root_real, retry(lambda: os.path.realpath(path), retries)):
+                    return f"resolves outside {root}"
+                st = retry(lambda: os.stat(path), retries)
+        except FileNotFoundError:
+            return "is missing"
+        except NotADirectoryError:
+            return "is missing (a folder on its way is a file)"
+        if not stat.S_ISREG(st.st_mode):
+            return "is not a regular file"
+        return FileEntry(rel, st.st_size, st.st_mtime_ns)
+
+    with ThreadPoolExecutor(WORKERS, thread_name_prefix="colabfast-layout") as pool:
+        folders = sorted({rel.rpartition("/")[0] for rel in rels} - {""})
+        bad = {f for f, ok in zip(folders, pool.map(folder_ok, folders)) if not ok}
+        found: dict[str, Union[FileEntry, str]] = {}
+        todo = []
+        for rel in rels:
+            parts = rel.split("/")
+            if any("/".join(parts[:k]) in bad for k in range(1, len(parts))):
+                found[rel] = f"resolves outside {root} (through a symlinked folder)"
+            else:
+                todo.append(rel)
+        found.update(zip(todo, pool.map(one, todo)))
+    return found
+
+
+def parallel(fn: Callable[[str], T], items: list[str]) -> list[T]:
+    """``[fn(x) for x in items]`` in ``WORKERS`` threads (reads on Drive are round trips)."""
+    with ThreadPoolExecutor(WORKERS, thread_name_prefix="colabfast-layout") as pool:
+        return list(pool.map(fn, items))
+
+
+class Problems:
+    """What a layout's constructor found wrong, raised at once (``on_error="raise"``) or listed in
+    ``skipped`` (``on_error="skip"``)."""
+
+    def __init__(self, on_error: str):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        self.raising = on_error == "raise"
+        self.skipped: list[tuple[str, str]] = []
+
+    def add(self, path: str, why: str, line: Optional[int] = None, fix: str = "") -> None:
+        if self.raising:
+            raise LayoutError(path, why, line, fix or 'Fix or remove it, or pass on_error="skip" to leave it out')
+        self.skipped.append((path, why if line is None else f"line {line}: {why}"))
