@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Optional
 from colabfast._fileio import FileEntry, PathLike
 from colabfast.errors import Error
 
-__all__ = ["ImageFile", "Layout", "LayoutError", "LAYOUTS"]
+__all__ = ["ImageFile", "Layout", "LayoutError", "LAYOUTS", "Coco", "VOCDetection", "VOCSegmentation", "Yolo",
+           "Segmentation", "Csv"]
 
 
 class LayoutError(Error, ValueError):
@@ -83,4 +84,13 @@ class Layout:
         return f"{self.name} layout, {len(self)} images"
 
 
-LAYOUTS: dict[str, type[Layout]] = {}  # name -> class, filled as the layout modules are written
+from colabfast.layouts.coco import Coco  # noqa: E402  (each module imports the classes above)
+from colabfast.layouts.segmentation import Segmentation  # noqa: E402
+from colabfast.layouts.table import Csv  # noqa: E402
+from colabfast.layouts.voc import VOCDetection, VOCSegmentation  # noqa: E402
+from colabfast.layouts.yolo import Yolo  # noqa: E402
+
+# name -> class, in the order "auto" tries them (a VOC tree with both image sets is packed for detection;
+# csv last: one table at the top of a folder of images)
+LAYOUTS: dict[str, type[Layout]] = {cls.name: cls for cls in (Coco, VOCDetection, VOCSegmentation, Yolo, Segmentation,
+                                                              Csv)}

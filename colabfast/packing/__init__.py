@@ -125,7 +125,9 @@ def pack(
     annFile)``; Roboflow's ``_annotations.coco.json`` is found), ``"voc-detection"`` and
     ``"voc-segmentation"`` (a ``VOCdevkit`` tree; ``split=`` the image set), ``"yolo"`` (Ultralytics
     and Roboflow exports; ``split=``), ``"segmentation"`` (``images/`` and ``masks/`` paired by
-    name) and ``"csv"`` (``labels=`` the table). ``"auto"`` detects all but csv.
+    name) and ``"csv"`` (``labels=`` the table). ``"auto"`` detects them (a VOC tree with both image
+    sets as detection; csv where one table lies at the top of a folder of images), or ``labels=``
+    a ``.json`` (coco) or ``.csv``.
 
     ``dst`` is written over only when it is a mirror of the same source: re-running with the same
     options returns at once, with other options it is rebuilt. Any other file there (yours, or a mirror
@@ -206,7 +208,7 @@ def pack(
     """
     if store not in STORES:
         raise ValueError(f"store must be 'encoded' or 'raw', not {store!r}")
-    column_layout = _column_layout(src, layout)
+    column_layout = _column_layout(src, layout, labels)
     if column_layout is not None or _is_dataset(src):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -291,7 +293,7 @@ def _is_dataset(src: Any) -> bool:
             and hasattr(src, "__len__"))
 
 
-def _column_layout(src: Any, layout: str) -> Optional[str]:
+def _column_layout(src: Any, layout: str, labels: Optional[PathLike] = None) -> Optional[str]:
     """The :mod:`colabfast.layouts` layout ``src`` is packed as (given, or detected for ``"auto"``), or None."""
     from colabfast.layouts import LAYOUTS
 
@@ -299,6 +301,8 @@ def _column_layout(src: Any, layout: str) -> Optional[str]:
         return layout
     if layout != "auto" or not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
         return None
+    if labels is not None and str(labels).lower().endswith((".json", ".csv")):
+        return "coco" if str(labels).lower().endswith(".json") else "csv"
     root = Path(os.path.abspath(src))
     return next((name for name, cls in LAYOUTS.items() if cls.detect(root)), None)
 
