@@ -324,7 +324,7 @@ def test_paths_must_be_plain_relative_utf8(good, tmp_path, rel):
 
 BAD_ATTRS = {  # attack -> (root attributes, expected message)
     "unknown store": ({"store": "jpegxl"}, "stores images as 'jpegxl', which this colabfast does not know"),
-    "unknown layout": ({"layout": "coco"}, "unknown layout 'cocoa'"),
+    "unknown layout": ({"layout": "cocoa"}, "unknown layout 'cocoa'"),
     "classes not JSON": ({"classes": "[cat, dog"}, "attribute 'classes' is not JSON"),
     "classes of numbers": ({"classes": "[1, 2]"}, "attribute 'classes' is not what the format says"),
     "image_size of text": ({"image_size": '"big"'}, "attribute 'image_size' is not what the format says"),
