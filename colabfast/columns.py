@@ -110,7 +110,7 @@ def _describe(value: Any) -> str:
 def classify(value: Any, name: str, requested: Optional[str] = None) -> Field:
     """The column a first sample's value ``value`` at field ``name`` makes (``requested``: the
     caller's ``fields`` entry: a kind, or ``"jpeg"``/``"png"`` for an image)."""
-    from colabfast.layouts import ImageFile
+    from colabfast.layouts.base import ImageFile
 
     if requested in ENCODINGS:
         field = classify(value, name)
@@ -270,7 +270,7 @@ def encode(value: Any, field: Field, index: int, image_options: dict) -> Any:
         FieldError: the value does not fit the field's kind.
         Exception: what PIL raises for an image file it cannot read (the caller reports it).
     """
-    from colabfast.layouts import ImageFile
+    from colabfast.layouts.base import ImageFile
 
     kind, name = field.kind, field.name
     if kind in IMAGE_KINDS:
@@ -335,7 +335,7 @@ def _kind(index: int, field: Field, value: Any) -> FieldError:
 
 def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int]]:
     """A layout's image or mask file (:class:`colabfast.layouts.ImageFile`) as the mirror stores it."""
-    from colabfast.packing import encode_image
+    from colabfast.encoding import encode_image
 
     if f.kind == "image":
         return encode_image(f.data, "encoded" if options.get("store") != "raw" else "raw",

@@ -1,94 +1,22 @@
 """Folder layouts that :func:`colabfast.pack` reads with no Dataset to write: COCO, Pascal VOC,
 YOLO (Ultralytics, Roboflow), image/mask pairs and CSV tables.
 
-Each layout is a map-style dataset over the source folder (:class:`Layout`): made from the folder,
-it lists the files and parses every annotation (reading no image), then ``layout[i]`` reads sample
-``i``'s files and returns its value, which the mirror stores column by column and
-:class:`colabfast.H5Dataset` (or the layout's drop-in) gives back. A new layout is one new module
-here, registered in :data:`LAYOUTS`.
+Each layout is a map-style dataset over the source folder (:class:`~colabfast.layouts.base.Layout`):
+made from the folder, it lists the files and parses every annotation (reading no image), then
+``layout[i]`` reads sample ``i``'s files and returns its value, which the mirror stores column by
+column and :class:`colabfast.H5Dataset` (or the layout's drop-in) gives back. A new layout is one
+new module here, added to :data:`LAYOUTS`.
 """
 
-from __future__ import annotations
-
-import dataclasses
-import os
-from pathlib import Path
-from typing import Any, ClassVar, Optional
-
-from colabfast._fileio import FileEntry, PathLike
-from colabfast.errors import Error
+from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.coco import Coco
+from colabfast.layouts.segmentation import Segmentation
+from colabfast.layouts.table import Csv
+from colabfast.layouts.voc import VOCDetection, VOCSegmentation
+from colabfast.layouts.yolo import Yolo
 
 __all__ = ["ImageFile", "Layout", "LayoutError", "LAYOUTS", "Coco", "VOCDetection", "VOCSegmentation", "Yolo",
            "Segmentation", "Csv"]
-
-
-class LayoutError(Error, ValueError):
-    """An annotation file (or the folder's layout) is malformed: the message names the file, the line
-    where there is one, what is wrong and the fix."""
-
-    def __init__(self, path: PathLike, why: str, line: Optional[int] = None, fix: str = ""):
-        self.path, self.line, self.why = os.fspath(path), line, why
-        where = f"{self.path}, line {line}" if line is not None else self.path
-        super().__init__(f"{where}: {why}" + (f". {fix}" if fix else ""))
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageFile:
-    """An image or mask file's bytes, as a layout returns them: the mirror stores them as
-    ``pack`` stores an ImageFolder's files (``kind="image"``: the pixels of
-    ``PIL.Image.open(f).convert("RGB")``, kept as the file's bytes where every decoder gives those
-    pixels), or losslessly in the file's own mode (``kind="mask"``: a palette PNG stays ``"P"`` with
-    its palette, class ids stay exact)."""
-
-    data: bytes
-    path: str  # relative to the layout's root, for messages
-    kind: str = "image"  # "image" or "mask"
-
-
-class Layout:
-    """A source folder read as a map-style dataset (see the module's docstring).
-
-    Subclasses set ``name`` and implement ``__init__`` (list and parse, no image read),
-    ``__len__``, ``__getitem__`` and ``detect``.
-
-    Attributes:
-        root: the source folder.
-        paths: each sample's image path relative to ``root`` (POSIX), in sample order.
-        files: every file the mirror depends on (images, masks, annotation files), for its
-            fingerprint: a changed file makes ``pack`` and ``open_dataset`` build a new mirror.
-        skipped: ``(path, why)`` for what ``on_error="skip"`` left out (also listed by
-            ``colabfast info``).
-        info: JSON-able facts the drop-in reader needs (class names, COCO's categories, ...),
-            stored in the mirror.
-    """
-
-    name: ClassVar[str]
-    root: Path
-    paths: list[str]
-    files: list[FileEntry]
-    skipped: list[tuple[str, str]]
-    info: dict[str, Any]
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> Any:
-        raise NotImplementedError
-
-    @staticmethod
-    def detect(root: Path) -> bool:
-        """True if ``root`` looks like this layout (cheap: a few listings, no parsing)."""
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        return f"{self.name} layout, {len(self)} images"
-
-
-from colabfast.layouts.coco import Coco  # noqa: E402  (each module imports the classes above)
-from colabfast.layouts.segmentation import Segmentation  # noqa: E402
-from colabfast.layouts.table import Csv  # noqa: E402
-from colabfast.layouts.voc import VOCDetection, VOCSegmentation  # noqa: E402
-from colabfast.layouts.yolo import Yolo  # noqa: E402
 
 # name -> class, in the order "auto" tries them (a VOC tree with both image sets is packed for detection;
 # csv last: one table at the top of a folder of images)

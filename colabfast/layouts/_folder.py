@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Optional, TypeVar
 from PIL import Image
 
 from colabfast._fileio import FileEntry, read_regular, retry, scan_tree
-from colabfast.layouts import LayoutError
+from colabfast.layouts.base import LayoutError
 
 T = TypeVar("T")
 U = TypeVar("U")

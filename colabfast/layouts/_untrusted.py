@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Optional, TypeVar, Union
 import numpy as np
 
 from colabfast._fileio import FileEntry, PathLike, open_regular, retry
-from colabfast.layouts import LayoutError
+from colabfast.layouts.base import LayoutError
 
 T = TypeVar("T")
 

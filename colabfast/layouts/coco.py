@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from colabfast._fileio import FileEntry, PathLike, read_regular, retry
-from colabfast.layouts import ImageFile, Layout, LayoutError
 from colabfast.layouts._untrusted import (
     MAX_ANNOTATION_BYTES,
     MAX_DEPTH,
@@ -22,6 +21,7 @@ from colabfast.layouts._untrusted import (
     safe_rel,
     stat_files,
 )
+from colabfast.layouts.base import ImageFile, Layout, LayoutError
 
 __all__ = ["Coco", "ROBOFLOW_JSON"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from colabfast._fileio import FileEntry, PathLike
-from colabfast.layouts import ImageFile, Layout, LayoutError
 from colabfast.layouts._folder import check_on_error, first_file, image_size, list_files, read_file, reject, stem
+from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
 __all__ = ["Segmentation"]

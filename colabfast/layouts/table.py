@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from colabfast._fileio import FileEntry, PathLike, human_bytes, read_regular, retry
-from colabfast.layouts import ImageFile, Layout, LayoutError
 from colabfast.layouts._folder import check_on_error, first_file, list_files, read_file, reject, stem
+from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
 __all__ = ["Csv", "PATH_COLUMNS", "MAX_TABLE_BYTES"]

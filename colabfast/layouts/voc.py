@@ -17,7 +17,6 @@ import defusedxml
 import defusedxml.ElementTree
 
 from colabfast._fileio import FileEntry, PathLike, read_regular, retry
-from colabfast.layouts import ImageFile, Layout, LayoutError
 from colabfast.layouts._untrusted import (
     MAX_ANNOTATION_BYTES,
     MAX_DEPTH,
@@ -28,6 +27,7 @@ from colabfast.layouts._untrusted import (
     safe_rel,
     stat_files,
 )
+from colabfast.layouts.base import ImageFile, Layout, LayoutError
 
 __all__ = ["VOCDetection", "VOCSegmentation", "parse_voc_xml"]
 

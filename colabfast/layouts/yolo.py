@@ -22,7 +22,6 @@ import numpy as np
 import yaml
 
 from colabfast._fileio import FileEntry, PathLike
-from colabfast.layouts import ImageFile, Layout, LayoutError
 from colabfast.layouts._folder import (
     check_on_error,
     first_file,
@@ -33,6 +32,7 @@ from colabfast.layouts._folder import (
     read_text,
     reject,
 )
+from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import is_image
 
 __all__ = ["Yolo", "label_path"]

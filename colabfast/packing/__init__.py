@@ -15,7 +15,6 @@ import ctypes.util
 import dataclasses
 import errno
 import hashlib
-import io
 import json
 import multiprocessing
 import os
@@ -32,7 +31,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import h5py
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
 from colabfast import env
 from colabfast._fileio import (
@@ -48,6 +47,7 @@ from colabfast._fileio import (
 )
 from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
+from colabfast.encoding import encode_image, resized_size
 from colabfast.errors import Error
 from colabfast.mirror import (
     STORES,
@@ -328,7 +328,7 @@ def _pack_columns(dataset: Any, dst: PathLike, layout: str, fields: Optional[dic
                   on_error: str, progress: bool, overwrite: bool) -> Path:
     """:func:`pack` for a map-style dataset or a layout: a mirror of columns (see
     :mod:`colabfast.packing.dataset`)."""
-    from colabfast.layouts import Layout
+    from colabfast.layouts.base import Layout
     from colabfast.packing import dataset as ds
 
     given = Path(os.path.abspath(dst))
@@ -581,58 +581,6 @@ def _work_dir(dst: Path) -> Path:
 
 
 # --- decoding, in worker processes -----------------------------------------------------------------
-
-
-def resized_size(width: int, height: int, image_size: Union[int, Sequence[int]]) -> tuple[int, int]:
-    """(width, height) after ``torchvision.transforms.Resize(image_size)`` (its
-    ``_compute_resized_output_size`` rule: an int is the new short side, the long side truncated)."""
-    if isinstance(image_size, int):
-        short, long = (width, height) if width <= height else (height, width)
-        new_short, new_long = image_size, int(image_size * long / short)
-        return (new_short, new_long) if width <= height else (new_long, new_short)
-    return int(image_size[1]), int(image_size[0])
-
-
-def _exact_everywhere(fmt: Optional[str], mode: str, data: bytes) -> bool:
-    """True if every decoder (PIL, torchvision/libjpeg-turbo, nvJPEG) yields PIL's RGB pixels."""
-    if fmt == "JPEG":
-        return mode in ("RGB", "L")
-    if fmt == "PNG":  # 8-bit truecolour: IHDR bit depth at byte 24, colour type at byte 25
-        return mode == "RGB" and len(data) > 25 and data[24] == 8 and data[25] == 2
-    return False
-
-
-def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[bytes, tuple[int, int, int]]:
-    """What the mirror stores for one source file, and the decoded (H, W, 3) shape.
-
-    Decodes fully (so truncated files fail here, not in training) with
-    ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images.
-
-    Raises:
-        Exception: whatever PIL raises for a file it cannot read (``UnidentifiedImageError``,
-            ``OSError("image file is truncated")``, ...).
-    """
-    img = Image.open(io.BytesIO(data))
-    fmt, mode = img.format, img.mode
-    rgb = img.convert("RGB")
-    # A tRNS chunk of a 1-bit or 16-bit grey PNG stays in ``info`` as one int, which PIL cannot save
-    # with RGB; ImageFolder's pixels have no transparency either.
-    rgb.info.pop("transparency", None)
-    if image_size is not None:
-        size = resized_size(rgb.width, rgb.height, image_size)
-        if size != rgb.size:
-            rgb = rgb.resize(size, Image.Resampling.BILINEAR)
-    shape = (rgb.height, rgb.width, 3)
-    if store == "raw":
-        return rgb.tobytes(), shape
-    if image_size is None and _exact_everywhere(fmt, mode, data):
-        return data, shape
-    out = io.BytesIO()
-    if image_size is None:
-        rgb.save(out, format="PNG")  # lossless: any decoder then gives PIL's convert("RGB") pixels
-    else:
-        rgb.save(out, format="JPEG", quality=quality)
-    return out.getvalue(), shape
 
 
 def _encode_chunk(items: list[Union[bytes, str]], store: str, image_size, quality: int) -> dict:

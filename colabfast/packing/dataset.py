@@ -47,7 +47,7 @@ def identity(dataset: Any) -> Optional[str]:
     """What tells this dataset's content from another's, where it says: a layout's files (names,
     sizes, times), a Hugging Face dataset's ``_fingerprint``, or a ``fingerprint`` attribute of yours;
     else None (then a finished mirror is never taken for this dataset's: it is packed again)."""
-    from colabfast.layouts import Layout
+    from colabfast.layouts.base import Layout
     from colabfast.packing import _file_key
 
     if isinstance(dataset, Layout):

@@ -1,0 +1,63 @@
+"""What a mirror stores for one image file: :func:`encode_image` (pack's rule for an ImageFolder's
+files and for layouts' images), and torchvision's ``Resize`` size rule (:func:`resized_size`)."""
+
+from __future__ import annotations
+
+import io
+from typing import Optional, Sequence, Union
+
+from PIL import Image
+
+__all__ = ["encode_image", "resized_size", "exact_everywhere"]
+
+
+def resized_size(width: int, height: int, image_size: Union[int, Sequence[int]]) -> tuple[int, int]:
+    """(width, height) after ``torchvision.transforms.Resize(image_size)`` (its
+    ``_compute_resized_output_size`` rule: an int is the new short side, the long side truncated)."""
+    if isinstance(image_size, int):
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = image_size, int(image_size * long / short)
+        return (new_short, new_long) if width <= height else (new_long, new_short)
+    return int(image_size[1]), int(image_size[0])
+
+
+def exact_everywhere(fmt: Optional[str], mode: str, data: bytes) -> bool:
+    """True if every decoder (PIL, torchvision/libjpeg-turbo, nvJPEG) yields PIL's RGB pixels."""
+    if fmt == "JPEG":
+        return mode in ("RGB", "L")
+    if fmt == "PNG":  # 8-bit truecolour: IHDR bit depth at byte 24, colour type at byte 25
+        return mode == "RGB" and len(data) > 25 and data[24] == 8 and data[25] == 2
+    return False
+
+
+def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[bytes, tuple[int, int, int]]:
+    """What the mirror stores for one source file, and the decoded (H, W, 3) shape.
+
+    Decodes fully (so truncated files fail here, not in training) with
+    ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images.
+
+    Raises:
+        Exception: whatever PIL raises for a file it cannot read (``UnidentifiedImageError``,
+            ``OSError("image file is truncated")``, ...).
+    """
+    img = Image.open(io.BytesIO(data))
+    fmt, mode = img.format, img.mode
+    rgb = img.convert("RGB")
+    # A tRNS chunk of a 1-bit or 16-bit grey PNG stays in ``info`` as one int, which PIL cannot save
+    # with RGB; ImageFolder's pixels have no transparency either.
+    rgb.info.pop("transparency", None)
+    if image_size is not None:
+        size = resized_size(rgb.width, rgb.height, image_size)
+        if size != rgb.size:
+            rgb = rgb.resize(size, Image.Resampling.BILINEAR)
+    shape = (rgb.height, rgb.width, 3)
+    if store == "raw":
+        return rgb.tobytes(), shape
+    if image_size is None and exact_everywhere(fmt, mode, data):
+        return data, shape
+    out = io.BytesIO()
+    if image_size is None:
+        rgb.save(out, format="PNG")  # lossless: any decoder then gives PIL's convert("RGB") pixels
+    else:
+        rgb.save(out, format="JPEG", quality=quality)
+    return out.getvalue(), shape
