@@ -120,7 +120,7 @@ def classify(value: Any, name: str, requested: Optional[str] = None) -> Field:
         field.meta["encoding"] = requested
         return field
     if isinstance(value, ImageFile):  # a layout's file: an image is read as torchvision reads it, in RGB
-        return Field(name, value.kind, "pil", meta={"rgb": True} if value.kind == "image" else {})
+        return Field(name, value.kind, "pil", meta={"rgb": True} if value.kind == "image" and not value.keep else {})
     if isinstance(value, Image.Image):
         kind = "mask" if value.mode == "P" or requested == "mask" else "image"
         return Field(name, kind, "pil")
@@ -337,17 +337,17 @@ def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int]]:
     """A layout's image or mask file (:class:`colabfast.layouts.ImageFile`) as the mirror stores it."""
     from colabfast.encoding import encode_image
 
-    if f.kind == "image":
+    if f.kind == "image" and not f.keep:
         return encode_image(f.data, "encoded" if options.get("store") != "raw" else "raw",
                             options.get("image_size"), options.get("quality") or 90)
     with Image.open(io.BytesIO(f.data)) as img:
         img.load()
         bands = len(img.getbands())
         shape = (img.height, img.width, bands)
-        if img.format == "PNG" and img.mode in PNG_MODES:
+        if img.format == "PNG" and img.mode in PNG_MODES or f.keep and img.format == "JPEG":
             return f.data, shape  # decoded above: whole and readable; kept as the file is
         if img.mode not in PNG_MODES:
-            raise ValueError(f"a mask in mode {img.mode}, which PNG cannot hold exactly")
+            raise ValueError(f"an image in mode {img.mode}, which PNG cannot hold exactly")
         out = io.BytesIO()
         img.save(out, format="PNG")
         return out.getvalue(), shape

@@ -31,6 +31,33 @@ thousands of small ones. Format version 2, all datasets contiguous and unfiltere
         calib/<key>          kitti: float64 [N, k] for P0..P3, R0_rect, Tr_velo_to_cam,
                              Tr_imu_to_velo (NaN where a sample has no calib file)
 
+Version 3, a **mirror of columns**, holds any map-style dataset's samples (``pack(dataset)``, and the
+folder layouts of :mod:`colabfast.layouts`: coco, voc-detection, voc-segmentation, yolo,
+segmentation, csv; layout ``"dataset"`` for yours), one column per field of a sample (the kinds
+are :mod:`colabfast.columns`'), with version 2's guarantees (contiguous, unfiltered, checksummed, no
+variable-length types, no pickle)::
+
+    /                        attrs: as above (store "encoded"), format_version=3, and
+                             columns (JSON: {"template": how the fields make a sample,
+                             "fields": [{"name", "kind", "as", "dtype", "shape", "meta"}]}),
+                             layout_info (JSON: what a layout's drop-in needs, e.g. COCO's
+                             categories)
+        order, paths, path_offsets   as above: N samples
+        columns/<k>/         field k, by kind:
+            images, image_offsets, image_shapes, image_crc32
+                             image, mask: encoded files (JPEG, PNG) as a sample table's,
+                             (H, W, C) with C 1..4
+            values           int (int64 [N]), float (float64 [N]), bool (uint8 [N]),
+                             ndarray (dtype [N, *shape])
+            data, offsets    str, bytes, json (uint8 [bytes], int64 [N + 1]: UTF-8, at most
+                             16 MiB of JSON per sample)
+            values, offsets  ragged: rows dtype [M, *shape], int64 [N + 1] (sample i's rows
+                             values[offsets[i]:offsets[i + 1]]); with meta "ndim", values
+                             flat and ``shapes`` int64 [N, ndim] each sample's shape
+
+Imagefolder, KITTI and files mirrors are still written as version 2 (their format did not
+change), so an older colabfast reads them.
+
 Version 2 adds the checksums: every dataset but ``images`` carries an attribute ``crc32`` (zlib's
 CRC-32 of its bytes, then of its other attributes as sorted JSON), ``header_crc32`` covers the root
 attributes but ``complete``, and ``image_crc32`` each stored image. The index is checked at open;

@@ -28,6 +28,7 @@ from colabfast import env
 from colabfast._fileio import PathLike, human_bytes, locked, partial_path, retry, state_name, unchanged
 from colabfast.archive import archive_suffix, strip_archive_suffix
 from colabfast.datasets import H5ImageFolder, H5Kitti, MirrorDataset
+from colabfast.h5dataset import H5CocoDetection, H5Dataset, H5VOCDetection, H5VOCSegmentation
 from colabfast.mirror import KITTI_SPLITS, Header, MirrorError, header, read_h5
 
 __all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "default_mirrors", "mirror_name",
@@ -36,8 +37,10 @@ __all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "
 MIRRORS_FOLDER = "colabfast-mirrors"  # at the top of My Drive, or beside a source that is not on Drive
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # the first 8 bytes of an HDF5 file (pack writes no user block)
 ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a dataset folder (an ImageFolder tree "
-           "of class folders, KITTI's training/image_2 + label_2, or a folder of images), or an archive of an "
-           "ImageFolder tree or ImageNet's (.zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)")
+           "of class folders, KITTI's training/image_2 + label_2, a COCO folder with its annotation JSON, a "
+           "VOCdevkit tree, a YOLO export (images/ + labels/ + data.yaml), images/ + masks/ folders, a folder of "
+           "images with one CSV table of labels, or a folder of images), or an archive of an ImageFolder tree or "
+           "ImageNet's (.zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)")
 # pack()'s options that open_dataset passes on; src, dst, split, image_size and progress are its own
 PACK_OPTIONS = ("layout", "labels", "store", "quality", "shuffle", "seed", "workers", "on_error", "retries")
 
@@ -46,6 +49,11 @@ def _one_split(split: Optional[str], layout: str) -> dict:
     if split is not None:
         raise ValueError(f"split={split!r}: a mirror of the {layout} layout has one set of samples; split= "
                          f"picks KITTI's {' or '.join(KITTI_SPLITS)}, or the part of Kaggle's ImageNet zip to pack")
+    return {}
+
+
+def _packed_split(split: Optional[str], layout: str) -> dict:
+    """A folder layout's ``split`` (VOC's image set, a YOLO export's split) chose what pack read."""
     return {}
 
 
@@ -63,6 +71,13 @@ DROP_INS: dict[str, tuple[type[MirrorDataset], Callable[[Optional[str], str], di
     "imagefolder": (H5ImageFolder, _one_split),
     "files": (H5ImageFolder, _one_split),
     "kitti": (H5Kitti, _kitti_split),
+    "coco": (H5CocoDetection, _one_split),
+    "voc-detection": (H5VOCDetection, _packed_split),
+    "voc-segmentation": (H5VOCSegmentation, _packed_split),
+    "yolo": (H5Dataset, _packed_split),
+    "segmentation": (H5Dataset, _one_split),
+    "csv": (H5Dataset, _one_split),
+    "dataset": (H5Dataset, _one_split),
 }
 
 

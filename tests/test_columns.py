@@ -286,3 +286,34 @@ def test_a_corrupt_column_is_a_mirror_error(tmp_path, edit, match):
     _corrupt(tmp_path / "s.h5", edit)
     with pytest.raises(MirrorError, match=match):
         load_columns(tmp_path / "s.h5")
+
+
+def test_a_hugging_face_dataset_keeps_its_jpeg_bytes(tmp_path):
+    datasets = pytest.importorskip("datasets")  # in the test extra (Colab has it): CI runs this
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(4):
+        out = io.BytesIO()
+        mode = "L" if i == 1 else "RGB"
+        Image.fromarray(rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)).convert(mode).save(
+            out, "PNG" if i == 2 else "JPEG")
+        files.append({"bytes": out.getvalue(), "path": None})
+    turned = Image.fromarray(rng.integers(0, 256, (10, 16, 3), dtype=np.uint8))
+    exif = turned.getexif()
+    exif[0x0112] = 6  # rotated: datasets turns it when it decodes
+    out = io.BytesIO()
+    turned.save(out, "JPEG", exif=exif)
+    files.append({"bytes": out.getvalue(), "path": None})
+    hf = datasets.Dataset.from_dict({"image": files, "label": [0, 1, 2, 3, 4], "caption": list("abcde")})
+    hf = hf.cast_column("image", datasets.Image())
+    cf.pack(hf, tmp_path / "hf.h5", workers=0, progress=False)
+    ds = cf.H5Dataset(tmp_path / "hf.h5")
+    for i in range(len(hf)):
+        got, want = ds[i], hf[i]
+        assert list(got) == ["image", "label", "caption"] and got["label"] == want["label"]
+        assert got["caption"] == want["caption"] and got["image"].mode == want["image"].mode
+        assert np.array_equal(np.asarray(got["image"]), np.asarray(want["image"]))
+    stored = cf.H5Dataset(tmp_path / "hf.h5", output="bytes")
+    assert stored[0]["image"].numpy().tobytes() == files[0]["bytes"]  # the JPEG as it was
+    assert stored[4]["image"].numpy().tobytes()[:4] == b"\x89PNG"  # turned by datasets: stored as it returns it
+    assert cf.info(tmp_path / "hf.h5").layout == "dataset"

@@ -45,6 +45,7 @@ class ImageFile:
     data: bytes
     path: str  # relative to the layout's root, for messages
     kind: str = "image"  # "image" or "mask"
+    keep: bool = False  # an image kept in its own mode (as PIL opens the file), not converted to RGB
 
 
 class Layout:

@@ -220,7 +220,10 @@ def pack(
         if store != "encoded":
             raise ValueError("store='raw' is for folders of images; a mirror of a dataset stores its images "
                              "encoded (PNG, or the JPEG files' own bytes)")
-        dataset = src if column_layout is None else _open_layout(src, column_layout, labels, split, on_error, retries)
+        from colabfast.hf import packable
+
+        dataset = packable(src) if column_layout is None else _open_layout(src, column_layout, labels, split,
+                                                                            on_error, retries)
         return _pack_columns(dataset, dst, column_layout or "dataset", fields,
                              _options(store, _check_size(image_size), quality),
                              env.cpu_count() if workers is None else workers, on_error, progress, overwrite)
