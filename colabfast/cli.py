@@ -89,10 +89,10 @@ def _drivesim(args: argparse.Namespace) -> int:
     return cli(args)
 
 
-# pack --layout: a folder's layouts, then colabfast.archivesource.LAYOUTS (spelled out here so that
-# `colabfast --help` does not import numpy; tests/test_cli.py checks the two agree).
-_PACK_LAYOUTS = ["auto", "imagefolder", "kitti", "files", "imagenet-train", "imagenet-val", "kaggle-train",
-                 "kaggle-val"]
+# pack --layout: a folder's layouts, colabfast.layouts.LAYOUTS, then colabfast.archivesource.LAYOUTS
+# (spelled out here so that `colabfast --help` does not import numpy; tests/test_cli.py checks they agree).
+_PACK_LAYOUTS = ["auto", "imagefolder", "kitti", "files", "coco", "voc-detection", "voc-segmentation", "yolo",
+                 "segmentation", "csv", "imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,11 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="mirror file to write, e.g. /content/drive/MyDrive/kitti.h5")
     p.add_argument("--layout", choices=_PACK_LAYOUTS, default="auto",
                    help="what src holds (default auto: detected); imagenet-* and kaggle-* are for archives")
-    p.add_argument("--labels", metavar="DEVKIT",
-                   help="ImageNet's ILSVRC2012_devkit_t12.tar.gz: the labels of ILSVRC2012_img_val.tar "
-                        "(class names only for the training tar)")
-    p.add_argument("--split", choices=["train", "val"],
-                   help="the part of Kaggle's ImageNet zip to pack (default train)")
+    p.add_argument("--labels", metavar="FILE",
+                   help="coco: the annotation JSON; csv: the table of labels; ImageNet's "
+                        "ILSVRC2012_devkit_t12.tar.gz: the labels of ILSVRC2012_img_val.tar (class names only for "
+                        "the training tar)")
+    p.add_argument("--split",
+                   help="voc-*: the image set (default train); yolo: the split folder; Kaggle's ImageNet zip: train "
+                        "or val (default train)")
     p.add_argument("--store", choices=["encoded", "raw"], default="encoded",
                    help="keep encoded files (default) or store decoded pixels")
     p.add_argument("--image-size", type=int, nargs="+", metavar="N",

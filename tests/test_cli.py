@@ -137,8 +137,9 @@ def test_pack_layouts_are_the_librarys():
     """The command spells out the archive layouts (no numpy import for --help): they must be archivesource's."""
     from colabfast import cli
     from colabfast.archivesource import LAYOUTS
+    from colabfast.layouts import LAYOUTS as FOLDER_LAYOUTS
 
-    assert set(cli._PACK_LAYOUTS) == {"auto", "kitti", "files", *LAYOUTS}
+    assert set(cli._PACK_LAYOUTS) == {"auto", "kitti", "files", *LAYOUTS, *FOLDER_LAYOUTS}
 
 
 def test_pack_speaks_labels_and_split_as_options(tmp_path, capsys):
