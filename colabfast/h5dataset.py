@@ -182,6 +182,25 @@ class H5Dataset(MirrorDataset):
         canvas = self._values[f.meta["canvas"]][position] if "canvas" in f.meta else None
         return col.array_value(arr, f, canvas)
 
+    def batchable(self) -> bool:
+        """Whether :class:`colabfast.reader.BatchReader`'s threads can read this dataset's batches: items
+        ``(image, target)`` whose image is the first image column, 3-channel, as uint8 ``[3, H, W]``
+        tensors (or encoded bytes), and no transforms (the threads build exactly what ``__getitem__``
+        builds: :meth:`target_at` gives the target)."""
+        first = self.fields[self.image_column]
+        as_tensor = self.mode in ("tensor", "bytes") or (self.mode == "auto" and first.as_ == "tensor")
+        return (self.pair and self.transforms is None and self.transform is None and as_tensor
+                and self._image_first() and bool((self.reader.shapes[:, 2] == 3).all()))
+
+    def _image_first(self) -> bool:
+        return self.template["tuple"][0] == {"column": self.image_column}
+
+    def target_at(self, position: int) -> Any:
+        """The target of the ``(image, target)`` sample at stored ``position``, as ``__getitem__`` gives it."""
+        values = [None if f.as_ == "hidden" or k == self.image_column else self.value(k, position)
+                  for k, f in enumerate(self.fields)]
+        return col.unflatten(values, self.template["tuple"][1])
+
     def raw_sample(self, index: int, image: Any = None) -> Any:
         """Sample ``index`` before transforms (``image``: its first image column, already read)."""
         (position,) = self.positions_of(self._checked([index]))
@@ -225,6 +244,12 @@ class _PairOf(H5Dataset):
             if name not in names:
                 raise MirrorError(f"{path}: a {self.header.layout} mirror without a {name!r} field")
         self._image_k, self._target_k = names.index(self.image_field), names.index(self.target_field)
+
+    def _image_first(self) -> bool:
+        return self._image_k == self.image_column
+
+    def target_at(self, position: int) -> Any:
+        return self.value(self._target_k, position)
 
     def raw_sample(self, index: int, image: Any = None) -> Any:
         (position,) = self.positions_of(self._checked([index]))

@@ -27,8 +27,10 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from colabfast.collate import collate_value
 from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets, undecodable
 from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, decode_cpu
+from colabfast.h5dataset import H5Dataset
 from colabfast.mirror import MirrorError, runs
 from colabfast.prefetch import ImageList
 
@@ -45,6 +47,11 @@ def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool,
     caller's Python per sample.
     """
     dataset = through_subsets(dataset)[0]
+    if isinstance(dataset, H5Dataset) and not transform_on_cpu and (decode != "cpu" or dataset.output != "bytes"):
+        if dataset.batchable():
+            return True, "threads in this process read whole batches (colabfast.reader), targets from the columns"
+        return False, ("worker processes: the samples are not (image, target) pairs of 3-channel uint8 tensors "
+                       "without transforms (H5Dataset.batchable)")
     if type(dataset) is not H5ImageFolder:
         kind = "a KITTI mirror (targets built per sample)" if isinstance(dataset, MirrorDataset) else "not a mirror"
         return False, f"worker processes: {kind}"
@@ -103,8 +110,9 @@ class BatchReader:
         self.threads = max(1, threads)
         self.prefetch = max(1, prefetch if prefetch is not None else 2 * self.threads)
         self.channels_last, self.pin_memory = channels_last, pin_memory
-        # in stored order, as everything read
-        self._targets = torch.from_numpy(np.asarray(self.dataset.reader.index.targets, dtype=np.int64))
+        # in stored order, as everything read; a mirror of columns builds each target (H5Dataset.target_at)
+        targets = self.dataset.reader.index.targets
+        self._targets = None if targets is None else torch.from_numpy(np.asarray(targets, dtype=np.int64))
         self._memory = _Recycled(keep=self.prefetch + self.threads + 2)  # in flight, + the caller's
 
     def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[list]:
@@ -134,7 +142,10 @@ class BatchReader:
         mapped = indices if self._map is None else self._map[np.asarray(indices, dtype=np.int64)]
         indices = [int(i) for i in mapped]  # the mirror's
         positions = self.dataset.positions_of(indices)  # where they are stored: all reads go by these
-        targets = self._targets[positions]
+        if self._targets is not None:
+            targets = self._targets[positions]
+        else:
+            targets = collate_value([self.dataset.target_at(p) for p in positions])
         if self.dataset.output == "bytes":
             return [self._read_bytes(positions, indices), targets]
         return [self._read_images(positions), targets]

@@ -317,3 +317,23 @@ def test_a_hugging_face_dataset_keeps_its_jpeg_bytes(tmp_path):
     assert stored[0]["image"].numpy().tobytes() == files[0]["bytes"]  # the JPEG as it was
     assert stored[4]["image"].numpy().tobytes()[:4] == b"\x89PNG"  # turned by datasets: stored as it returns it
     assert cf.info(tmp_path / "hf.h5").layout == "dataset"
+
+
+def test_reader_threads_build_the_batches_workers_build(odd_mirror):
+    ds = cf.H5Dataset(odd_mirror, output="tensor")
+    threaded = cf.DataLoader(ds, batch_size=3)
+    assert "colabfast.reader" in repr(threaded) and "targets from the columns" in repr(threaded)
+    workers = cf.DataLoader(ds, batch_size=3, num_workers=2)
+    assert "worker" in repr(workers)
+    for (ia, ta), (ib, tb) in zip(threaded, workers, strict=True):
+        assert [torch.equal(a, b) for a, b in zip(ia, ib)] and len(ia) == len(ib)
+        assert list(ta) == list(tb)
+        for key in ta:
+            a, b = ta[key], tb[key]
+            if isinstance(a, list):
+                assert all(np.array_equal(np.asarray(x), np.asarray(y)) if isinstance(x, (torch.Tensor, np.ndarray))
+                           else x == y for x, y in zip(a, b, strict=True)), key
+            else:
+                assert torch.equal(a, b) or torch.allclose(a, b, equal_nan=True), key
+    assert "worker processes" in repr(cf.DataLoader(cf.H5Dataset(odd_mirror, output="tensor",
+                                                                 transform=lambda x: x), batch_size=3))
