@@ -13,11 +13,13 @@ other options make a new mirror beside the old ones, which stay until you delete
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import glob
 import os
 import stat
+import threading
 import time
 import warnings
 from datetime import datetime
@@ -309,13 +311,21 @@ def open_dataset(
             raise ValueError(f"{src} is a mirror already: {', '.join(given + sorted(pack_options))} apply when "
                              "open_dataset packs a folder or an archive")
         mirror, fingerprint = src, None
-    else:
-        mirror, fingerprint = _found_or_packed(src, kind, split, image_size, mirrors, progress, pack_options, steps)
+    early = None
+    if kind != "mirror":
+        folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
+        early = _Early.start(src, folder, to, progress)
+        try:
+            mirror, fingerprint = _found_or_packed(src, kind, split, image_size, mirrors, progress, pack_options,
+                                                   steps, early)
+        finally:
+            if early is not None:
+                early.stop()  # a no-op once the listing named what it staged (then it is taken below)
         split = None if kind == "archive" else split  # an archive's split chose what pack read
     # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
     # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
     at = len(steps)
-    local = _staged(mirror, to, progress, steps)
+    local = (early.take(mirror, steps) if early is not None else None) or _staged(mirror, to, progress, steps)
     if kind == "mirror" or fingerprint is not None:
         steps.insert(at, _checked(mirror, local, src, fingerprint))
     dataset = drop_in(local, split, transform=transform, target_transform=target_transform, output=output)
@@ -350,7 +360,8 @@ def _checked(mirror: Path, local: Path, src: Path, fingerprint: Optional[str]) -
 
 
 def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any, mirrors: Optional[PathLike],
-                     progress: bool, options: dict, steps: list[str]) -> tuple[Path, Optional[str]]:
+                     progress: bool, options: dict, steps: list[str],
+                     early: Optional[_Early] = None) -> tuple[Path, Optional[str]]:
     """The mirror of ``src`` with these options in ``mirrors``, packed there now unless a file has its
     name; with that file, the fingerprint it must record (checked by :func:`_checked` once staged)."""
     from colabfast.packing import pack, source_fingerprint
@@ -372,6 +383,8 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
     steps.append(f"listed {src} in {_seconds(time.perf_counter() - start)}: {described}")
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
     dst = folder / mirror_name(src, fingerprint)
+    if early is not None:
+        early.expect(dst)  # staging another mirror (the source changed) stops now, before any packing
     # One process at a time looks for this mirror and packs it: a second one waits, then finds it.
     with locked(env.cache_dir() / "locks" / f"open-{state_name(dst)}.lock", f"opening {dst}"):
         try:  # pack publishes a mirror whole (a rename), so a file at its name is complete or foreign
@@ -432,30 +445,128 @@ def _flushed(folder: Path) -> str:
     return f"flushed Drive in {_seconds(time.perf_counter() - start)}, so the next runtime finds the mirror"
 
 
+class _Early:
+    """Stages the newest mirror of a source in its mirrors folder while :func:`open_dataset` lists the
+    source, which is what says whether that mirror is still the source's: in a new runtime the mirror
+    usually is, and its copy then starts a listing's time earlier (on the Drive simulator, 0.4 s of
+    2000 images in 10 folders). The copy on Drive is vetted (:func:`colabfast.mirror.vet`) at the same
+    time, so its staged copy, the same bytes (stage copies a file again when it changes during the
+    copy), needs no second vetting. When the listing names another mirror (the source changed, or
+    other options), the copy is cancelled before anything is packed.
+    """
+
+    def __init__(self, src: Path, folder: Path, to: str, progress: bool):
+        self.candidate: Optional[Path] = None
+        self.local: Optional[Path] = None
+        self.vetted: Optional[tuple[int, ...]] = None  # the version of the Drive copy that was vetted
+        self.error: Optional[BaseException] = None
+        self.seconds = 0.0
+        self.before: Any = None  # _before_staging's, for the account
+        self.chosen, self.cancel = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(src, folder, to, progress), daemon=True,
+                                        name="colabfast-open-stage")
+        self._thread.start()
+
+    @classmethod
+    def start(cls, src: Path, folder: Path, to: str, progress: bool) -> Optional[_Early]:
+        """Start staging the newest mirror of ``src`` in ``folder``, where that is a slow mount
+        (a mirror on local disk is opened where it is); None where there is nothing to start."""
+        if env.drive_kind(folder) is None and not env.is_fuse(folder):
+            return None
+        return cls(src, folder, to, progress)
+
+    def _run(self, src: Path, folder: Path, to: str, progress: bool) -> None:
+        from colabfast.mirror import file_version, vet
+        from colabfast.staging import stage
+
+        try:
+            stem = glob.escape(strip_archive_suffix(src.name))
+            found = [(p.stat().st_mtime_ns, p) for p in folder.glob(f"{stem}-*.h5")]  # one listing
+            self.candidate = max(found)[1] if found else None
+            self.chosen.set()
+            if self.candidate is None or self.cancel.is_set():
+                return
+            start = time.perf_counter()
+            before = file_version(os.stat(self.candidate))
+            vet(self.candidate)
+            self.vetted = before if file_version(os.stat(self.candidate)) == before else None
+            if not self.cancel.is_set():
+                self.before = _before_staging(self.candidate, to)
+                self.local = stage(self.candidate, to=to, progress=progress, cancel=self.cancel)
+            self.seconds = time.perf_counter() - start
+        except BaseException as exc:  # noqa: BLE001 (reported by take(), or the normal path raises it again)
+            self.error = exc
+        finally:
+            self.chosen.set()
+
+    def expect(self, mirror: Path) -> None:
+        """The listing says the mirror is ``mirror``: a copy of any other stops now."""
+        self.chosen.wait()
+        self.wanted = self.candidate == mirror
+        self.stop()
+
+    wanted = False  # the listing named the mirror this stages
+
+    def stop(self) -> None:
+        """Cancel the copy and wait for the thread, unless the listing named the mirror it stages."""
+        if not self.wanted:
+            self.cancel.set()
+            self._thread.join()
+
+    def take(self, mirror: Path, steps: list[str]) -> Optional[Path]:
+        """The staged copy of ``mirror`` if this is what it staged (trusted when the Drive copy it was
+        copied from is the version vetted), else None (the caller stages it)."""
+        from colabfast.mirror import file_version, trust
+
+        if not self.wanted or self.candidate != mirror:
+            self.stop()
+            return None
+        self._thread.join()
+        if self.error is not None or self.local is None:
+            return None  # staging it again says what is wrong, as it would have without this
+        try:
+            if self.vetted is not None and file_version(os.stat(mirror)) == self.vetted:
+                trust(self.local)  # the same bytes as the vetted copy on Drive
+        except OSError:
+            return None
+        steps.append(_staging_words(self.local, self.before, self.seconds, ", begun while the source was listed"))
+        return self.local
+
+
 def _staged(mirror: Path, to: str, progress: bool, steps: list[str]) -> Path:
     """``mirror`` staged by :func:`colabfast.stage`'s rule (or where it is, when local and ``to="auto"``)."""
-    from colabfast.staging import default_destination, stage
+    from colabfast.staging import stage
 
     where = env.storage(mirror)
     if to == "auto" and where in ("disk", "ram"):
         steps.append(f"opened in place: it is on local {'RAM' if where == 'ram' else 'disk'} already")
         return mirror
+    before = _before_staging(mirror, to)
+    start = time.perf_counter()
+    local = stage(mirror, to=to, progress=progress)
+    steps.append(_staging_words(local, before, time.perf_counter() - start))
+    return local
+
+
+def _before_staging(mirror: Path, to: str) -> tuple[os.stat_result, Any, Optional[os.stat_result]]:
+    """What :func:`_staging_words` compares with: the mirror's stat, where stage will put it and why,
+    and what is there now."""
+    from colabfast.staging import default_destination
+
     st = retry(lambda: os.stat(mirror), 5)
     chosen = default_destination(mirror.name, st.st_size, to, single=True)
     there = None
     if chosen.path is not None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             there = os.stat(chosen.path)
-        except FileNotFoundError:
-            pass
-    start = time.perf_counter()
-    local = stage(mirror, to=to, progress=progress)
-    took = time.perf_counter() - start
+    return st, chosen, there
+
+
+def _staging_words(local: Path, before: tuple[os.stat_result, Any, Optional[os.stat_result]], took: float,
+                   extra: str = "") -> str:
+    st, chosen, there = before
     place = "the RAM disk" if env.is_ram(local) else "local disk"
     if chosen.path == local and unchanged(there, st.st_size, st.st_mtime_ns):
-        steps.append(f"already staged to {place} at {local}: nothing copied")
-    else:
-        rate = f", {st.st_size / took / 1e6:.0f} MB/s" if took > 0.1 else ""
-        steps.append(f"staged to {place} at {local} in {_seconds(took)} ({human_bytes(st.st_size)}{rate}; "
-                     f"{chosen.why})")
-    return local
+        return f"already staged to {place} at {local}: nothing copied"
+    rate = f", {st.st_size / took / 1e6:.0f} MB/s" if took > 0.1 else ""
+    return f"staged to {place} at {local} in {_seconds(took)} ({human_bytes(st.st_size)}{rate}; {chosen.why}){extra}"

@@ -108,6 +108,7 @@ def stage(
     progress: bool = True,
     overwrite: bool = False,
     allow_links: bool = False,
+    cancel: Optional[threading.Event] = None,
 ) -> Path:
     """Copy a folder, file or archive from a slow mount (Drive) to local disk or RAM.
 
@@ -157,6 +158,10 @@ def stage(
         allow_links: extract symbolic and hard links from archives, as long as they stay inside
             ``dst`` (see :func:`colabfast.archive.extract`); by default an archive with links is
             refused.
+        cancel: an event another thread sets to stop copying files (within 0.25 s; partial files
+            are deleted, files already copied stay): stage then raises ``OSError(errno.ECANCELED)``.
+            :func:`colabfast.open_dataset` stages the mirror it expects while it lists the source,
+            and cancels that when the listing names another.
 
     Returns:
         The staged path: the folder, the file, or for an archive the extraction folder (or, when
@@ -189,7 +194,7 @@ def stage(
         raise ValueError(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     if dst is not None and to != "auto":
         raise ValueError(f"pass dst or to, not both: to={to!r} only picks a default destination")
-    opts = _Options(verify, retries, progress, overwrite, allow_links)
+    opts = _Options(verify, retries, progress, overwrite, allow_links, cancel)
     source = _resolve(src, retries)
     if workers is None:
         workers = 64 if env.is_fuse(source.path) else 16
@@ -281,6 +286,7 @@ class _Options(NamedTuple):
     progress: bool
     overwrite: bool
     allow_links: bool
+    cancel: Optional[threading.Event] = None
 
 
 def _say_up_to_date(dst: Path, opts: _Options) -> None:
@@ -639,6 +645,7 @@ def _stage_tree(
     if old and not old.get("complete"):
         _remove_partials(dst if not single else None, [target_of(f.rel) for f in todo])
     copier = _Copier(src, target_of, opts.verify, opts.retries, hashes)
+    copier.cancel = opts.cancel
     name = next(iter(names.values())) if single else dst.name
     try:
         failures.update(copier.run(todo, workers, opts.progress, desc=f"stage {name}"))
@@ -712,6 +719,7 @@ class _Copier:
         self._done = 0  # bytes copied, updated by worker threads
         self._lock = threading.Lock()
         self.abort = threading.Event()  # set when the run is interrupted
+        self.cancel: Optional[threading.Event] = None  # set by another thread: stop (stage's cancel)
         self._queue: collections.deque = collections.deque()  # (FileEntry, attempt) still to start
         self._ranges: collections.deque = collections.deque()  # (FileEntry, task) ranges of started big files
         self._big: list[_BigFile] = []
@@ -741,6 +749,8 @@ class _Copier:
                     pending[pool.submit(task[1])] = task[0]
                 if not pending:
                     break
+                if self.cancel is not None and self.cancel.is_set():
+                    raise OSError(errno.ECANCELED, f"staging was cancelled ({desc})")
                 done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
                 for fut in done:
                     f, exc = pending.pop(fut), fut.exception()

@@ -72,7 +72,7 @@ def same_as_imagefolder(ds, root: Path) -> None:
         assert ta == tb and np.array_equal(np.asarray(a), np.asarray(b))
 
 
-def open_in_new_process(path: Path, local: Path, runtime: str) -> str:
+def open_in_new_process(path: Path, local: Path, runtime: str, images: int = 12) -> str:
     """``open_dataset(path)`` in a new Python process with its own cache and local disk (a new runtime,
     Drive still mounted); returns its account."""
     (local / runtime / "tmp").mkdir(parents=True)
@@ -83,7 +83,7 @@ def open_in_new_process(path: Path, local: Path, runtime: str) -> str:
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     account, n, staged = json.loads(done.stdout.splitlines()[-1])
-    assert n == 12 and staged.startswith(str(local / runtime / "tmp"))
+    assert n == images and staged.startswith(str(local / runtime / "tmp"))
     return account
 
 
@@ -113,7 +113,12 @@ def test_a_new_runtime_only_stages(my_drive, local):
     account = open_in_new_process(src, local, "runtime2")
     assert "found a mirror of it" in account and "packed" not in account and "flushed" not in account
     assert f"staged to local disk at {local / 'runtime2' / 'tmp'}" in account
+    assert "begun while the source was listed" in account  # the newest mirror, staged during the listing
     assert first.path.name in account
+    cls = sorted(p for p in src.iterdir())[0]  # a changed source: the copy begun is not the one taken
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(cls / "new.jpg")
+    changed = open_in_new_process(src, local, "runtime3", images=13)
+    assert "packed" in changed.split("\n")[1] and "begun while the source was listed" not in changed
 
 
 @pytest.mark.fuse

@@ -718,3 +718,19 @@ def test_archive_of_one_folder_named_like_it_is_not_nested(tmp_path, capsys, ver
     assert next(out.rglob("*.bin")).stat().st_ino == ino
     assert f"{out} is up to date, nothing copied" in capsys.readouterr().err
     assert stage(archive, tmp_path / "elsewhere", progress=False) == tmp_path / "elsewhere" / "other"
+
+
+def test_a_cancelled_stage_stops_and_leaves_no_partial_file(tmp_path, need_fuse):
+    import threading
+
+    from colabfast.drivesim import DriveSim
+
+    (tmp_path / "drive").mkdir()
+    (tmp_path / "drive" / "big.h5").write_bytes(os.urandom(24 << 20))
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=1, read_ms=1, mbps=20) as sim:
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()  # 24 MB at 20 MB/s: more than a second to copy
+        with pytest.raises(OSError, match="cancelled") as raised:
+            stage(sim.mountpoint / "big.h5", tmp_path / "dst" / "big.h5", progress=False, cancel=cancel)
+        assert raised.value.errno == errno.ECANCELED
+        assert not any(p.is_file() for p in (tmp_path / "dst").rglob("*"))  # no partial, no copy
