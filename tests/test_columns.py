@@ -101,7 +101,7 @@ def test_info_lists_the_columns(odd_mirror):
 def test_output_tensor_and_bytes(odd_mirror):
     ref = Odd()[1]
     t = cf.H5Dataset(odd_mirror, output="tensor")[1]
-    assert t[0].dtype == torch.uint8 and torch.equal(t[0].permute(1, 2, 0), torch.from_numpy(np.asarray(ref[0])))
+    assert t[0].dtype == torch.uint8 and torch.equal(t[0].permute(1, 2, 0), torch.from_numpy(np.array(ref[0])))
     assert t[1]["mask"].shape == (1, 10, 13) and np.array_equal(t[1]["mask"][0].numpy(), np.asarray(ref[1]["mask"]))
     b = cf.H5Dataset(odd_mirror, output="bytes")[1]
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(b[0].numpy().tobytes()))), np.asarray(ref[0]))

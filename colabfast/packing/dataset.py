@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import os
 import warnings
+import zlib
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -25,7 +26,7 @@ import h5py
 import numpy as np
 
 from colabfast import columns as col
-from colabfast._fileio import partial_path
+from colabfast._fileio import partial_path, write_all
 from colabfast.mirror import COLUMNS_VERSION, Header, MirrorError, load_columns, load_index, write_array
 
 __all__ = ["plan", "make_parts", "assemble", "check_built", "header", "identity", "describe_dataset"]
@@ -192,6 +193,7 @@ def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field],
             out[f"c{k}_blob"] = _blob([b for b, _ in vals])
             out[f"c{k}_offsets"] = _ends([len(b) for b, _ in vals])
             out[f"c{k}_shapes"] = np.array([s for _, s in vals], dtype=np.int32).reshape(-1, 3)
+            out[f"c{k}_crc32"] = np.array([zlib.crc32(b) for b, _ in vals], dtype=np.uint32)
         elif f.kind in ("int", "float", "bool"):
             out[f"c{k}_values"] = np.array(vals, dtype={"int": np.int64, "float": np.float64, "bool": np.uint8}[f.kind])
         elif f.kind in ("str", "bytes", "json"):
@@ -228,10 +230,11 @@ def _save(path: Path, result: dict) -> None:
     os.replace(tmp, path)
 
 
-def _load(path: Path, nfields: int) -> Optional[dict]:
+def _load(path: Path, nfields: int, skip: tuple[str, ...] = ()) -> Optional[dict]:
+    """A part's arrays (but those named in ``skip``: the image bytes, read when they are written)."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            out = {k: z[k] for k in z.files}
+            out = {k: z[k] for k in z.files if k not in skip}
     except (OSError, ValueError, KeyError, EOFError):
         return None
     out["errors"] = [tuple(e) for e in json.loads(str(out["errors"]))]
@@ -263,14 +266,19 @@ def decide(fields: list[col.Field], parts: list[dict]) -> None:
 
 def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], template: dict, head: Header,
              order: np.ndarray, paths: list[str]) -> None:
-    """Write the mirror of columns to ``build`` from the parts (each loaded once per column kind)."""
-    parts = [_load(p, len(fields)) for p in part_paths]
+    """Write the mirror of columns to ``build`` from the parts: every column but the images from the
+    parts held in memory (numbers, arrays, text: small), then the images part by part, each written at
+    its place in the file (the ``images`` datasets are allocated first, contiguous, at a fixed offset),
+    so memory holds one part's images at a time, not the dataset's."""
+    blobs = tuple(f"c{k}_blob" for k, f in enumerate(fields) if f.kind in col.IMAGE_KINDS)
+    parts = [_load(p, len(fields), skip=blobs) for p in part_paths]
     if any(p is None for p in parts):
         raise MirrorError(f"a part in {part_paths[0].parent} is unreadable though it was just written: run pack() "
                           "again")
     decide(fields, parts)  # type: ignore[arg-type]
     head.columns = {"template": template, "fields": [f.spec() for f in fields]}
     head.version = COLUMNS_VERSION
+    places: list[tuple[int, int]] = []  # (column, file offset of its images)
     with h5py.File(build, "w", locking=False) as h:
         head.write(h)
         write_array(h, "order", order.astype(np.int64))
@@ -280,10 +288,24 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
         group = h.create_group("columns")
         for k, f in enumerate(fields):
             c = group.create_group(str(k))
-            _write_column(c, k, f, parts)  # type: ignore[arg-type]
+            images = _write_column(c, k, f, parts)  # type: ignore[arg-type]
+            if images is not None:
+                places.append((k, int(images.id.get_offset() or 0)))
+    fd = os.open(build, os.O_WRONLY)
+    try:
+        for k, base in places:
+            for path in part_paths:
+                with np.load(path, allow_pickle=False) as z:
+                    blob = z[f"c{k}_blob"]
+                write_all(fd, memoryview(blob), base)
+                base += len(blob)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict]) -> None:
+def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict]) -> Optional[h5py.Dataset]:
+    """Write column ``k`` into group ``c``; an image column's ``images`` is only allocated (returned)."""
     def joined(key: str) -> np.ndarray:
         return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.uint8)
 
@@ -296,15 +318,17 @@ def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict]) -> Non
         return np.concatenate(out)
 
     if f.kind in col.IMAGE_KINDS:
-        blob = joined(f"c{k}_blob").astype(np.uint8)
         ends = offsets()
-        import zlib
-
-        write_array(c, "images", blob)
+        # Contiguous, unfiltered, allocated now and never filled (so it takes no disk until written): its
+        # place in the file is fixed before the images are written there.
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        images = c.create_dataset("images", shape=(int(ends[-1]),), dtype=np.uint8, dcpl=dcpl)
         write_array(c, "image_offsets", ends)
         write_array(c, "image_shapes", np.concatenate([p[f"c{k}_shapes"] for p in parts]).astype(np.int32))
-        write_array(c, "image_crc32", np.array([zlib.crc32(blob[a:b].data) for a, b in zip(ends[:-1], ends[1:])],
-                                               dtype=np.uint32))
+        write_array(c, "image_crc32", np.concatenate([p[f"c{k}_crc32"] for p in parts]).astype(np.uint32))
+        return images
     elif f.kind in ("int", "float", "bool"):
         write_array(c, "values", joined(f"c{k}_values").astype({"int": "<i8", "float": "<f8", "bool": "u1"}[f.kind]))
     elif f.kind in ("str", "bytes", "json"):
@@ -325,6 +349,7 @@ def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict]) -> Non
         else:
             write_array(c, "values", flat.reshape(-1, *trail))
             write_array(c, "offsets", _ends(shapes[:, 0].tolist() if len(shapes) else []))
+    return None
 
 
 def _torch_dtype(name: Optional[str]) -> str:
