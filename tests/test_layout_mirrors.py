@@ -245,3 +245,278 @@ def test_csv_through_h5dataset(kaggle, tmp_path, layout):  # noqa: F811
     for i in range(len(ds)):
         same_image(ds[i][0], Image.open(kaggle / ds.source_paths[i]).convert("RGB"))
     tensor_output_is_the_pil_pixels(m, cf.H5Dataset)
+
+
+# --- item 2: the DataLoader over the drop-ins ---------------------------------------------------
+
+
+def detection_batches(loader) -> list:
+    batches = list(loader)
+    assert batches, "no batch came out"
+    for images, targets in batches:
+        assert isinstance(targets, list) and len(targets) == len(images)  # one target per sample
+    return batches
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("pipeline", [None, "v2"])
+def test_dataloader_over_coco_targets_per_sample(coco, tmp_path, num_workers, pipeline):
+    root, ann = coco
+    m = pack(root, tmp_path / "coco.h5", labels=ann)
+    transforms = None if pipeline is None else v2.Compose([v2.Resize((24, 24)), v2.ToImage()])
+    ds = cf.H5CocoDetection(m, output="tensor", transforms=transforms)
+    loader = cf.DataLoader(ds, batch_size=3, shuffle=False, num_workers=num_workers, device="cpu")
+    batches = detection_batches(loader)
+    got = [t for _, targets in batches for t in targets]
+    assert got == [ds[i][1] for i in range(len(ds))]  # the annotation lists, as CocoDetection's
+    images = [x for b, _ in batches for x in b]
+    assert [tuple(x.shape) for x in images] == [tuple(ds[i][0].shape) for i in range(len(ds))]
+    for i, x in enumerate(images):
+        assert x.dtype == torch.uint8 and torch.equal(torch.as_tensor(x), torch.as_tensor(ds[i][0]))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_over_yolo_boxes_per_sample(yolo, tmp_path, num_workers):  # noqa: F811
+    m = pack(yolo, tmp_path / "yolo.h5", split="train")
+    ds = cf.H5Dataset(m, output="tensor")
+    loader = cf.DataLoader(ds, batch_size=4, shuffle=False, num_workers=num_workers, device="cpu")
+    (images, targets), = detection_batches(loader)
+    for i, target in enumerate(targets):
+        want = ds[i][1]
+        assert torch.equal(target["boxes"], want["boxes"]) and torch.equal(target["labels"], want["labels"])
+        assert torch.equal(images[i], ds[i][0])
+
+
+# --- item 3: on_error="skip" --------------------------------------------------------------------
+
+
+def test_skip_packs_the_rest_and_lists_both_bad_files(coco, tmp_path):
+    root, ann = coco
+    data = json.loads(ann.read_text())
+    data["annotations"][0]["bbox"] = [1, 2, "wide", 4]  # a bad annotation, of image 7 (b.jpg)
+    ann.write_text(json.dumps(data))
+    (root / "d.jpg").write_bytes(b"\xff\xd8\xff not a JPEG")  # an unreadable image, image 5
+    with pytest.raises(Exception, match="instances.json"):
+        pack(root, tmp_path / "strict.h5", labels=ann)
+    m = pack(root, tmp_path / "coco.h5", labels=ann, on_error="skip")
+    skipped = cf.info(m).skipped
+    assert len(skipped) == 2, skipped
+    bad_ann, bad_image = sorted(skipped, key=lambda s: s["path"].endswith("d.jpg"))
+    assert bad_ann["path"].endswith("b.jpg") and "instances.json" in bad_ann["error"] and "bbox" in bad_ann["error"]
+    assert bad_image["path"].endswith("d.jpg") and "cannot identify image" in bad_image["error"]
+    ds = cf.H5CocoDetection(m)
+    assert ds.ids == [3, 11]
+    oracle = datasets.CocoDetection(str(root), str(tmp_path / "coco" / "instances.json"))
+    for i, image_id in enumerate(ds.ids):
+        same(ds[i], oracle[oracle.ids.index(image_id)])
+
+
+# --- item 4: packed from the simulated Drive ----------------------------------------------------
+
+
+@pytest.mark.fuse
+def test_pack_coco_from_the_simulated_drive(standin, tmp_path, monkeypatch):
+    from colabfast import drive, drivesim
+    from colabfast import standin as standin_module
+
+    ok, why = drivesim.available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    local = tmp_path / "local"
+    root = local / "images"
+    root.mkdir(parents=True)
+    make_coco(root, local / "instances.json")
+    shutil.copytree(local, standin / "MyDrive" / "coco")
+    monkeypatch.setenv(standin_module.SIM_VAR, "open_ms=1,read_ms=0")
+    my_drive = drive.mount(tmp_path / "drive")
+    try:
+        m = pack(my_drive / "coco" / "images", tmp_path / "coco.h5", labels=my_drive / "coco" / "instances.json")
+        same_dataset(cf.H5CocoDetection(m), datasets.CocoDetection(str(root), str(local / "instances.json")))
+        assert cf.info(m).source == str(my_drive / "coco" / "images")
+    finally:
+        drive.flush_and_unmount()
+
+
+# --- item 5: hostile mirrors of columns ---------------------------------------------------------
+
+
+class EveryKind(torch.utils.data.Dataset):
+    """Samples with an image, a palette mask, ragged boxes (empty rows too), JSON and a string."""
+
+    def __len__(self) -> int:
+        return 5
+
+    def __getitem__(self, i: int):
+        rng = np.random.default_rng(i)
+        mask = Image.fromarray(rng.integers(0, 4, (12, 10), dtype=np.uint8), "P")
+        mask.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255])
+        return photo(10, 12, rng), {"mask": mask, "boxes": torch.rand(i % 3, 4), "ann": [{"id": i, "t": [1, 2]}],
+                                    "name": f"n{i} é", "score": i / 2}
+
+
+@pytest.fixture
+def columns_mirror(tmp_path) -> Path:
+    return pack(EveryKind(), tmp_path / "good.h5", workers=0)
+
+
+def read_all(m: Path) -> str:
+    """Everything a user reads of a mirror of columns, as a comparable string."""
+    ds = cf.H5Dataset(m, output="tensor", verify=True)
+    cf.info(m)
+    mirror.verify(m)
+    out = []
+    for i in range(len(ds)):
+        image, target = ds[i]
+        out.append(repr((image.tolist(), {k: v.tolist() if isinstance(v, torch.Tensor) else v
+                                           for k, v in target.items()})))
+    return "\n".join(out)
+
+
+HOSTILE_RUNNER = textwrap.dedent("""
+    import sys
+    import colabfast.mirror as mirror
+    from colabfast.mirror import MirrorError
+    sys.path.insert(0, sys.argv[1])
+    from tests.test_layout_mirrors import read_all
+    mirror.VET_TIMEOUT = 20
+    for line in sys.stdin:
+        path = line.strip()
+        print("start", path, flush=True)
+        try:
+            outcome = str(hash(read_all(path)))
+        except MirrorError as exc:
+            outcome = "MirrorError" if path in str(exc) else f"MirrorError not naming the file: {exc}"
+        except FileNotFoundError as exc:
+            outcome = "MirrorError" if path in str(exc) else f"FileNotFoundError: {exc}"
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        print("done", path, outcome, flush=True)
+""")
+
+
+def hand_made(good: Path, out: Path) -> list[Path]:
+    """Corruptions of a mirror of columns that keep every checksum valid (or break them on purpose)."""
+    from tests.test_mirror import put, set_attrs
+
+    with h5py.File(good, "r") as f:
+        spec = json.loads(f.attrs["columns"])
+    kinds = {f["name"]: k for k, f in enumerate(spec["fields"])}
+    mask, boxes, ann, name = (f"columns/{kinds[n]}" for n in ("1.mask", "1.boxes", "1.ann", "1.name"))
+    made = []
+
+    def case(label, change):
+        m = out / f"hand-{label}.h5"
+        shutil.copyfile(good, m)
+        with h5py.File(m, "r+") as f:
+            change(f)
+        made.append(m)
+
+    def columns_attr(f, change):
+        s = json.loads(f.attrs["columns"])
+        change(s)
+        set_attrs(f, columns=json.dumps(s))
+
+    case("mask-missing", lambda f: f.__delitem__(mask))
+    case("mask-images-missing", lambda f: f[mask].__delitem__("images"))
+    case("mask-offsets-past", lambda f: put(f[mask], "image_offsets", f[mask]["image_offsets"][()] + 1))
+    case("mask-shape-5-channels", lambda f: put(f[mask], "image_shapes", np.c_[f[mask]["image_shapes"][:, :2],
+                                                                               np.full(5, 5, np.int32)]))
+    case("mask-bytes-garbage", lambda f: f[mask]["images"].__setitem__(slice(None), 7))
+    case("ragged-offsets-back", lambda f: put(f[boxes], "offsets", f[boxes]["offsets"][()][::-1]))
+    case("ragged-offsets-past", lambda f: put(f[boxes], "offsets", f[boxes]["offsets"][()] * 2))
+    case("ragged-values-3-wide", lambda f: put(f[boxes], "values", np.zeros((6, 3), np.float32)))
+    case("ragged-dtype-object", lambda f: columns_attr(f, lambda s: s["fields"][kinds["1.boxes"]].update(dtype="|O")))
+    case("ragged-dtype-text", lambda f: columns_attr(f, lambda s: s["fields"][kinds["1.boxes"]].update(dtype="<U4")))
+    case("ragged-dtype-nonsense", lambda f: columns_attr(f, lambda s: s["fields"][kinds["1.boxes"]].update(
+        dtype="xyz")))
+    case("ragged-ndim-bad", lambda f: columns_attr(f, lambda s: s["fields"][kinds["1.boxes"]].update(
+        meta={"ndim": "2"})))
+    case("ragged-shape-huge", lambda f: columns_attr(f, lambda s: s["fields"][kinds["1.boxes"]].update(
+        shape=[2**30, 2**30])))
+    case("json-not-json", lambda f: put(f[ann], "data", np.frombuffer(b"{" * len(f[ann]["data"]), np.uint8)))
+    case("json-deep", lambda f: (put(f[ann], "data", np.frombuffer(b"[" * 100000 + b"]" * 100000, np.uint8)),
+                                 put(f[ann], "offsets", np.r_[0, np.full(5, 200000)].astype(np.int64))))
+    case("str-not-utf8", lambda f: put(f[name], "data", np.full(len(f[name]["data"]), 0xFF, np.uint8)))
+    case("str-offsets-past", lambda f: put(f[name], "offsets", f[name]["offsets"][()] + 10**12))
+    case("template-column-past", lambda f: columns_attr(f, lambda s: s.__setitem__("template", {"column": 99})))
+    case("template-deep", lambda f: columns_attr(f, lambda s: s.__setitem__("template", json.loads(
+        '{"tuple": [' * 20 + '{"column": 0}' + "]}" * 20))))
+    case("fields-not-a-list", lambda f: columns_attr(f, lambda s: s.__setitem__("fields", {"a": 1})))
+    case("kind-unknown", lambda f: columns_attr(f, lambda s: s["fields"][0].update(kind="video")))
+    case("columns-not-json", lambda f: set_attrs(f, columns="{"))
+    case("columns-removed", lambda f: (f.attrs.__delitem__("columns"),
+                                       set_attrs(f, layout=f.attrs["layout"])))
+    case("version-2", lambda f: set_attrs(f, format_version=2))
+    case("order-short", lambda f: put(f, "order", f["order"][()][:-1]))
+    case("layout-info-list", lambda f: set_attrs(f, layout_info="[1]"))
+    case("mask-crc-flipped", lambda f: f[mask]["image_crc32"].__setitem__(0, f[mask]["image_crc32"][0] ^ 1))
+    case("truncated", lambda f: None)
+    with open(made[-1], "r+b") as fh:
+        fh.truncate(good.stat().st_size // 2)
+    case("empty-file", lambda f: None)
+    made[-1].write_bytes(b"")
+    return made
+
+
+def fuzzed(good: Path, out: Path, count: int, seed: int) -> list[Path]:
+    rng = np.random.default_rng(seed)
+    data = bytes(good.read_bytes())
+    made = []
+    for k in range(count):
+        mutated = bytearray(data)
+        for pos in rng.choice(len(data), int(rng.integers(1, 5)), replace=False):
+            mutated[pos] ^= int(rng.integers(1, 256))
+        m = out / f"fuzz-{k:03d}.h5"
+        m.write_bytes(bytes(mutated))
+        made.append(m)
+    return made
+
+
+def test_hostile_mirrors_of_columns_are_mirror_errors(columns_mirror, tmp_path):
+    """Hand-made corruptions of a version 3 mirror (every column kind) and 40 fuzzed copies, read in a
+    subprocess with a time limit: each is a MirrorError naming the file, or exactly the packed data."""
+    corpus = hand_made(columns_mirror, tmp_path) + fuzzed(columns_mirror, tmp_path, 40, seed=25)
+    expected = str(hash(read_all(columns_mirror)))
+    proc = subprocess.run([sys.executable, "-c", HOSTILE_RUNNER, str(ROOT)], capture_output=True, text=True,
+                          input="".join(f"{p}\n" for p in corpus), timeout=900, cwd=ROOT,
+                          env={**os.environ, "COLABFAST_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "0"})
+    started = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("start")]
+    assert proc.returncode == 0, f"the reader died (rc {proc.returncode}) on {started[-1:]}: {proc.stderr[-2000:]}"
+    outcomes = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines() if line.startswith("done"))
+    assert len(outcomes) == len(corpus)
+    wrong = {Path(p).name: o for p, o in outcomes.items()
+             if o != "MirrorError" and (Path(p).name.startswith("hand-") or o != expected)}
+    assert not wrong, wrong
+
+
+# --- item 6: colabfast info ---------------------------------------------------------------------
+
+
+def info_cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "colabfast.cli", "info", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "COLABFAST_CACHE": str(cache)})
+
+
+def test_info_lists_columns_and_verify_names_a_flipped_mask_byte(columns_mirror, tmp_path):
+    out = info_cli(str(columns_mirror), cache=tmp_path / "cache")
+    assert out.returncode == 0, out.stderr
+    for line in ("0: image", "1.mask: mask", "1.boxes: ragged float32 [*, 4]", "1.ann: json", "1.name: str",
+                 "1.score: float"):
+        assert line in out.stdout, out.stdout
+    out = info_cli("--verify", str(columns_mirror), cache=tmp_path / "cache")
+    assert out.returncode == 0 and "verified" in out.stdout, out.stdout + out.stderr
+    m = tmp_path / "flipped.h5"
+    shutil.copyfile(columns_mirror, m)
+    with h5py.File(m, "r") as f:
+        spec = json.loads(f.attrs["columns"])
+        k = next(k for k, s in enumerate(spec["fields"]) if s["name"] == "1.mask")
+        at = f[f"columns/{k}/images"].id.get_offset() + int(f[f"columns/{k}/image_offsets"][3]) + 40
+    with open(m, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0x40]))
+    out = info_cli("--verify", str(m), cache=tmp_path / "cache")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "1 of 5 samples do not match their checksums" in out.stderr and "sample 3" in out.stderr
+    assert "field '1.mask'" in out.stderr and str(m) in out.stderr
