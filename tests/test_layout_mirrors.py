@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import h5py
@@ -24,8 +25,7 @@ from PIL import Image
 import colabfast as cf
 import colabfast.mirror as mirror
 from colabfast.layouts import Yolo
-from colabfast.mirror import MirrorError
-from colabfast.testing.data import encode, photo
+from colabfast.testing.data import photo
 from tests.test_layouts_coco_voc import make_coco, make_voc
 from tests.test_layouts_yolo_seg_csv import kaggle, seg, yolo  # noqa: F401 (fixtures)
 
@@ -114,7 +114,8 @@ def transform_arguments(make_ours, make_theirs) -> None:
                 np.testing.assert_array_equal(a, b)
             else:
                 same_image(a, b)
-            assert ta == tb if "transform" not in kwargs or "target_transform" in kwargs else describe(ta) == describe(tb)
+            raw = "transform" in kwargs and "target_transform" not in kwargs  # targets as the datasets gave them
+            assert describe(ta) == describe(tb) if raw else ta == tb
     with pytest.raises(ValueError, match="Only transforms or transform/target_transform"):
         make_theirs(transform=np.asarray, transforms=flip_pair)
     with pytest.raises(ValueError, match="Only transforms or transform/target_transform"):
@@ -373,7 +374,7 @@ def read_all(m: Path) -> str:
 
 
 HOSTILE_RUNNER = textwrap.dedent("""
-    import sys
+    import sys, zlib
     import colabfast.mirror as mirror
     from colabfast.mirror import MirrorError
     sys.path.insert(0, sys.argv[1])
@@ -383,7 +384,7 @@ HOSTILE_RUNNER = textwrap.dedent("""
         path = line.strip()
         print("start", path, flush=True)
         try:
-            outcome = str(hash(read_all(path)))
+            outcome = str(zlib.crc32(read_all(path).encode()))
         except MirrorError as exc:
             outcome = "MirrorError" if path in str(exc) else f"MirrorError not naming the file: {exc}"
         except FileNotFoundError as exc:
@@ -473,13 +474,13 @@ def fuzzed(good: Path, out: Path, count: int, seed: int) -> list[Path]:
 
 
 def test_hostile_mirrors_of_columns_are_mirror_errors(columns_mirror, tmp_path):
-    """Hand-made corruptions of a version 3 mirror (every column kind) and 40 fuzzed copies, read in a
+    """Hand-made corruptions of a version 3 mirror (every column kind) and 20 fuzzed copies, read in a
     subprocess with a time limit: each is a MirrorError naming the file, or exactly the packed data."""
-    corpus = hand_made(columns_mirror, tmp_path) + fuzzed(columns_mirror, tmp_path, 40, seed=25)
-    expected = str(hash(read_all(columns_mirror)))
+    corpus = hand_made(columns_mirror, tmp_path) + fuzzed(columns_mirror, tmp_path, 20, seed=25)
+    expected = str(zlib.crc32(read_all(columns_mirror).encode()))
     proc = subprocess.run([sys.executable, "-c", HOSTILE_RUNNER, str(ROOT)], capture_output=True, text=True,
                           input="".join(f"{p}\n" for p in corpus), timeout=900, cwd=ROOT,
-                          env={**os.environ, "COLABFAST_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "0"})
+                          env={**os.environ, "COLABFAST_CACHE": str(tmp_path / "cache")})
     started = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("start")]
     assert proc.returncode == 0, f"the reader died (rc {proc.returncode}) on {started[-1:]}: {proc.stderr[-2000:]}"
     outcomes = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines() if line.startswith("done"))
