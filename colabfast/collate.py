@@ -42,9 +42,11 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
     Everything else is collated like ``default_collate`` (numbers to tensors, dicts per key,
     namedtuples, equal-length sequences transposed), except that a sequence of dicts, a sequence
     whose length differs between samples, an empty sequence, tensors of different shapes (boxes
-    ``[M, 4]`` with M per image), or None is kept per sample (a list of the samples' values): KITTI
-    target lists are never transposed, detection targets are lists of tensors as torchvision's
-    detection models take them, and a test split's None targets pass.
+    ``[M, 4]`` with M per image), a dict holding such tensors, or None is kept per sample (a list of
+    the samples' values): KITTI target lists are never transposed, detection targets
+    (``{"boxes": [M, 4], "labels": [M]}``) are a list of dicts as torchvision's detection models take
+    them, and a test split's None targets pass. (Tensors of one shape in every sample of a batch,
+    e.g. one box each, are stacked as ``default_collate`` stacks them.)
 
     Args:
         batch: the samples.
@@ -73,6 +75,8 @@ def collate_value(values: Sequence[Any]) -> Any:
     if isinstance(elem, torch.Tensor) and any(v.shape != elem.shape for v in values):
         return list(values)  # ragged targets (boxes [M, 4], labels [M]): one per sample, as torchvision's detection
     if isinstance(elem, collections.abc.Mapping):
+        if any(isinstance(v, torch.Tensor) and any(x[k].shape != v.shape for x in values) for k, v in elem.items()):
+            return list(values)  # a detection target ({"boxes": [M, 4], "labels": [M]}): the dicts, one per sample
         collated = {key: collate_value([v[key] for v in values]) for key in elem}
         try:
             if isinstance(elem, collections.abc.MutableMapping):

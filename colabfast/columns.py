@@ -320,7 +320,9 @@ def encode(value: Any, field: Field, index: int, image_options: dict) -> Any:
         if t.dtype == torch.bfloat16:
             raise FieldError(f"sample {index}: field {name!r} is bfloat16, which NumPy cannot hold: convert it")
         return t.numpy()
-    if isinstance(value, np.ndarray) and field.as_ == "ndarray":
+    # "tensor" with a NumPy dtype ("<f4"): a layout's ndarray targets, which pack has its readers return as
+    # tensors; a column of a dataset's tensors has a torch dtype ("float32"), so an ndarray stays refused there
+    if isinstance(value, np.ndarray) and field.as_ in ("ndarray", "tensor"):
         if (value.dtype.str if value.dtype != bool else "bool") != field.dtype:
             raise _kind(index, field, value)
         return np.ascontiguousarray(value)
