@@ -23,7 +23,8 @@ from colabfast.prefetch import ImageList
 __all__ = ["collate", "collate_value"]
 
 
-def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.channels_last) -> Any:
+def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.channels_last,
+            per_sample: frozenset = frozenset()) -> Any:
     """``default_collate`` for image datasets: images stay uint8 and are batched with one memcpy each.
 
     The image is a sample's first element (torchvision's ``(image, target)`` convention) or the sample
@@ -45,12 +46,16 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
     ``[M, 4]`` with M per image), a dict holding such tensors, or None is kept per sample (a list of
     the samples' values): KITTI target lists are never transposed, detection targets
     (``{"boxes": [M, 4], "labels": [M]}``) are a list of dicts as torchvision's detection models take
-    them, and a test split's None targets pass. (Tensors of one shape in every sample of a batch,
-    e.g. one box each, are stacked as ``default_collate`` stacks them.)
+    them, and a test split's None targets pass. Tensors of one shape in every sample of a batch
+    (one box each) are stacked as ``default_collate`` stacks them, unless ``per_sample`` names them.
 
     Args:
         batch: the samples.
         memory_format: layout of same-shape uint8 image batches (see above).
+        per_sample: places in a sample (paths of tuple positions and dict keys, e.g. ``(1,)`` for the
+            target of an ``(image, target)`` pair) kept per sample whatever their values are in one
+            batch: what :meth:`colabfast.H5Dataset.per_sample` names (its ragged and JSON fields), so that
+            a batch whose images happen to hold one box each is not stacked where others are lists.
 
     Returns:
         The batch, structured like one sample.
@@ -60,24 +65,25 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
         return _collate_images(batch, memory_format)
     if isinstance(elem, (tuple, list)) and elem and _is_image(elem[0]) and _same_length(batch):
         images = _collate_images([sample[0] for sample in batch], memory_format)
-        rest = [collate_value(parts) for parts in list(zip(*batch))[1:]]
+        rest = [collate_value(parts, (i,), per_sample) for i, parts in enumerate(zip(*batch)) if i]
         if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
             return type(elem)(images, *rest)
         return [images, *rest]  # default_collate also turns tuples into lists
-    return collate_value(batch)
+    return collate_value(batch, (), per_sample)
 
 
-def collate_value(values: Sequence[Any]) -> Any:
-    """``default_collate`` of one part of the samples, keeping dict lists, ragged lists and None per sample."""
+def collate_value(values: Sequence[Any], path: tuple = (), per_sample: frozenset = frozenset()) -> Any:
+    """``default_collate`` of one part of the samples (at ``path`` in a sample), keeping dict lists, ragged
+    lists, None, and what ``per_sample`` names (see :func:`collate`) per sample."""
     elem = values[0]
-    if elem is None:
+    if elem is None or path in per_sample:
         return list(values)
     if isinstance(elem, torch.Tensor) and any(v.shape != elem.shape for v in values):
         return list(values)  # ragged targets (boxes [M, 4], labels [M]): one per sample, as torchvision's detection
     if isinstance(elem, collections.abc.Mapping):
         if any(isinstance(v, torch.Tensor) and any(x[k].shape != v.shape for x in values) for k, v in elem.items()):
             return list(values)  # a detection target ({"boxes": [M, 4], "labels": [M]}): the dicts, one per sample
-        collated = {key: collate_value([v[key] for v in values]) for key in elem}
+        collated = {key: collate_value([v[key] for v in values], (*path, key), per_sample) for key in elem}
         try:
             if isinstance(elem, collections.abc.MutableMapping):
                 clone = copy.copy(elem)
@@ -88,11 +94,11 @@ def collate_value(values: Sequence[Any]) -> Any:
         except TypeError:
             return collated
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
-        return type(elem)(*(collate_value(parts) for parts in zip(*values)))
+        return type(elem)(*(collate_value(parts, (*path, i), per_sample) for i, parts in enumerate(zip(*values))))
     if isinstance(elem, collections.abc.Sequence) and not isinstance(elem, (str, bytes)):
         if not elem or not _same_length(values) or all(isinstance(x, collections.abc.Mapping) for x in elem):
             return list(values)
-        transposed = [collate_value(parts) for parts in zip(*values)]
+        transposed = [collate_value(parts, (*path, i), per_sample) for i, parts in enumerate(zip(*values))]
         if isinstance(elem, tuple):
             return transposed
         try:

@@ -195,6 +195,26 @@ class H5Dataset(MirrorDataset):
     def _image_first(self) -> bool:
         return self.template["tuple"][0] == {"column": self.image_column}
 
+    def per_sample(self) -> frozenset:
+        """Where a batch keeps each sample's value (:func:`colabfast.collate.collate`'s ``per_sample``):
+        every ragged or JSON field, or the dict holding it (a detection target ``{"boxes", "labels"}``
+        stays one dict per sample, as torchvision's detection models take them), so that the batch's
+        structure never depends on what its samples happen to hold."""
+        out: set[tuple] = set()
+
+        def walk(t: dict, path: tuple, holder: Optional[tuple]) -> None:
+            if "tuple" in t:
+                for i, sub in enumerate(t["tuple"]):
+                    walk(sub, (*path, i), None)
+            elif "dict" in t:
+                for key, sub in t["dict"]:
+                    walk(sub, (*path, key), path if holder is None else holder)
+            elif self.fields[t["column"]].kind in ("ragged", "json"):
+                out.add(path if holder is None else holder)
+
+        walk(self.template, (), None)
+        return frozenset(out)
+
     def target_at(self, position: int) -> Any:
         """The target of the ``(image, target)`` sample at stored ``position``, as ``__getitem__`` gives it."""
         values = [None if f.as_ == "hidden" or k == self.image_column else self.value(k, position)
@@ -247,6 +267,9 @@ class _PairOf(H5Dataset):
 
     def _image_first(self) -> bool:
         return self._image_k == self.image_column
+
+    def per_sample(self) -> frozenset:
+        return frozenset({(1,)}) if self.fields[self._target_k].kind in ("ragged", "json") else frozenset()
 
     def target_at(self, position: int) -> Any:
         return self.value(self._target_k, position)

@@ -242,7 +242,9 @@ def plan(
     if collate_fn is None and batching:
         _check_batchable(dataset, per_image_transform=transform is not None and not cuda)
         layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
-        collate_with = functools.partial(collate, memory_format=layout)
+        per_sample = _per_sample(dataset)
+        collate_with = functools.partial(collate, memory_format=layout,
+                                         **({"per_sample": per_sample} if per_sample else {}))
         reasons["collate_fn"] = f"uint8 images batched {_layout_name(layout)}"
     else:
         reasons["collate_fn"] = "set by caller" if collate_fn is not None else "torch's default without batching"
@@ -321,6 +323,13 @@ def _choose_sampler(dataset: Any, sampler: Any, batch_sampler: Any, shuffle: Opt
     if sampler is not None or batch_sampler is not None:
         return (sampler if sampler is not None else batch_sampler), "set by caller"
     return ("RandomSampler" if shuffle else "SequentialSampler"), "torch's default"
+
+
+def _per_sample(dataset: Any) -> frozenset:
+    """What the collate keeps per sample for ``dataset`` (a mirror of columns says: its ragged and JSON
+    fields; see :func:`colabfast.collate.collate`)."""
+    inner = datasets.through_subsets(dataset)[0]
+    return inner.per_sample() if callable(getattr(inner, "per_sample", None)) else frozenset()
 
 
 def _check_batchable(dataset: Any, *, per_image_transform: bool) -> None:

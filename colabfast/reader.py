@@ -113,6 +113,7 @@ class BatchReader:
         # in stored order, as everything read; a mirror of columns builds each target (H5Dataset.target_at)
         targets = self.dataset.reader.index.targets
         self._targets = None if targets is None else torch.from_numpy(np.asarray(targets, dtype=np.int64))
+        self._per_sample = self.dataset.per_sample() if targets is None else frozenset()
         self._memory = _Recycled(keep=self.prefetch + self.threads + 2)  # in flight, + the caller's
 
     def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[list]:
@@ -145,7 +146,7 @@ class BatchReader:
         if self._targets is not None:
             targets = self._targets[positions]
         else:
-            targets = collate_value([self.dataset.target_at(p) for p in positions])
+            targets = collate_value([self.dataset.target_at(p) for p in positions], (1,), self._per_sample)
         if self.dataset.output == "bytes":
             return [self._read_bytes(positions, indices), targets]
         return [self._read_images(positions), targets]

@@ -326,14 +326,32 @@ def test_reader_threads_build_the_batches_workers_build(odd_mirror):
     workers = cf.DataLoader(ds, batch_size=3, num_workers=2)
     assert "worker" in repr(workers)
     for (ia, ta), (ib, tb) in zip(threaded, workers, strict=True):
-        assert [torch.equal(a, b) for a, b in zip(ia, ib)] and len(ia) == len(ib)
-        assert list(ta) == list(tb)
-        for key in ta:
-            a, b = ta[key], tb[key]
-            if isinstance(a, list):
-                assert all(np.array_equal(np.asarray(x), np.asarray(y)) if isinstance(x, (torch.Tensor, np.ndarray))
-                           else x == y for x, y in zip(a, b, strict=True)), key
-            else:
-                assert torch.equal(a, b) or torch.allclose(a, b, equal_nan=True), key
+        assert len(ia) == len(ib) and all(torch.equal(a, b) for a, b in zip(ia, ib))
+        assert isinstance(ta, list) and isinstance(tb, list)  # dicts holding ragged fields: one per sample
+        for a, b in zip(ta, tb, strict=True):
+            assert list(a) == list(b)
+            for key in a:
+                _same(a[key], b[key], key)
     assert "worker processes" in repr(cf.DataLoader(cf.H5Dataset(odd_mirror, output="tensor",
                                                                  transform=lambda x: x), batch_size=3))
+
+
+def test_ragged_targets_stay_per_sample_even_when_a_batch_holds_one_size(tmp_path):
+    class Boxes(torch.utils.data.Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            m = 1 if i < 3 else i  # samples 0-2 hold one box each: a batch of them could be stacked
+            return (torch.zeros(3, 8, 8, dtype=torch.uint8),
+                    {"boxes": torch.full((m, 4), float(i)), "labels": torch.arange(m)})
+
+    cf.pack(Boxes(), tmp_path / "b.h5", workers=0, progress=False)
+    ds = cf.H5Dataset(tmp_path / "b.h5")
+    assert ds.per_sample() == {(1,)}
+    for workers in (0, 2):
+        batches = list(cf.DataLoader(ds, batch_size=3, num_workers=workers))
+        for images, targets in batches:
+            assert images.shape == (3, 3, 8, 8) and isinstance(targets, list) and len(targets) == 3
+            assert all(set(t) == {"boxes", "labels"} and t["boxes"].shape[1] == 4 for t in targets)
+        assert [t["boxes"].shape[0] for _, ts in batches for t in ts] == [1, 1, 1, 3, 4, 5]
