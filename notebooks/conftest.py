@@ -51,6 +51,13 @@ TINY = {
         "COLABFAST_EPOCHS": "2",
         "COLABFAST_STEPS": "3",
     },
+    "detection.ipynb": {
+        "COLABFAST_BATCH_SIZE": "4",
+        "COLABFAST_STEPS": "2",
+        "COLABFAST_MIN_SIZE": "96",
+        "COLABFAST_MAX_SIZE": "160",
+        "COLABFAST_PRETRAINED": "0",  # no downloads in the tests
+    },
 }
 
 _workdir: Optional[Path] = None

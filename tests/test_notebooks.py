@@ -23,7 +23,7 @@ def run_cells(notebook: str, monkeypatch, **environ: str) -> dict:
         monkeypatch.setenv(name, value)
     cells = [c.source for c in nbformat.read(NOTEBOOKS / notebook, 4).cells if c.cell_type == "code"]
     parameters = next(s for s in cells if 'os.environ.get("COLABFAST_TINY"' in s)
-    data = next(s for s in cells if "from colabfast.testing.data import" in s)
+    data = next(s for s in cells if "from colabfast.testing." in s)
     namespace: dict = {}
     exec(compile("import colabfast as cf\n" + parameters, f"{notebook}:parameters", "exec"), namespace)
     exec(compile(data, f"{notebook}:data", "exec"), namespace)
@@ -78,3 +78,41 @@ def test_kitti_missing_folder_is_an_error(monkeypatch, tmp_path):
     assert "is not a KITTI folder: it needs training/image_2" in str(caught.value)
     assert "holds: data_object_image_2.zip" in str(caught.value)
     assert tree(tmp_path) == ["kitti", "kitti/data_object_image_2.zip"]
+
+
+def test_detection_missing_annotations_is_an_error(monkeypatch, tmp_path):
+    """DATA names the export's top folder, not its train/: an error saying so, nothing written."""
+    export = tmp_path / "my-dataset"
+    (export / "train").mkdir(parents=True)
+    (export / "train" / "_annotations.coco.json").write_text("{}")
+    (export / "README.roboflow.txt").write_text("")
+    with pytest.raises(FileNotFoundError) as caught:
+        run_cells("detection.ipynb", monkeypatch, COLABFAST_DATA=str(export), COLABFAST_DEMO_DIR=str(tmp_path / "demo"))
+    message = str(caught.value)
+    assert f"{export / '_annotations.coco.json'} is not there" in message
+    assert "holds: README.roboflow.txt, train" in message and "set DATA to one of them" in message
+    assert tree(tmp_path) == ["my-dataset", "my-dataset/README.roboflow.txt", "my-dataset/train",
+                              "my-dataset/train/_annotations.coco.json"]
+
+
+def test_detection_takes_labels_elsewhere(monkeypatch, tmp_path):
+    """COCO's own layout: images in one folder, the JSON elsewhere (CocoDetection's root and annFile)."""
+    (tmp_path / "train2017").mkdir()
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "annotations" / "instances_train2017.json").write_text("{}")
+    ns = run_cells("detection.ipynb", monkeypatch, COLABFAST_DATA=str(tmp_path / "train2017"),
+                   COLABFAST_LABELS=str(tmp_path / "annotations" / "instances_train2017.json"))
+    assert ns["ANNOTATIONS"] == tmp_path / "annotations" / "instances_train2017.json"
+    assert ns["MIRROR"].endswith("colabfast-mirrors/" + f"{tmp_path.name}-train2017.h5")
+
+
+def test_detection_demo_lives_in_its_own_folder(monkeypatch, tmp_path):
+    mine, demo = tmp_path / "mine", tmp_path / "demo"
+    mine.mkdir()
+    ns = run_cells("detection.ipynb", monkeypatch, COLABFAST_DATA=str(mine), COLABFAST_DEMO_DIR=str(demo),
+                   COLABFAST_TINY="1")
+    assert tree(mine) == []
+    assert ns["DATA"] == demo / "data" / "train"
+    assert ns["ANNOTATIONS"] == demo / "data" / "train" / "_annotations.coco.json"
+    assert ns["ANNOTATIONS"].is_file() and len(list(ns["DATA"].glob("*.jpg"))) == 12
+    assert ns["MIRROR"] == f"{demo}/mirrors/train.h5"
