@@ -38,7 +38,11 @@ class _EncodedImages:
     """``dataset[i]`` with its image features read as bytes (``Image(decode=False)``)."""
 
     def __init__(self, dataset: Any, names: list[str]):
-        from datasets import Image as ImageFeature
+        try:  # installed: the dataset is one of its
+            from datasets import Image as ImageFeature
+        except ImportError as exc:
+            raise ImportError(f"{type(dataset).__module__} datasets need the datasets package: pip install "
+                              "datasets") from exc
 
         raw = dataset
         for name in names:

@@ -243,8 +243,8 @@ def plan(
         _check_batchable(dataset, per_image_transform=transform is not None and not cuda)
         layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
         per_sample = _per_sample(dataset)
-        collate_with = functools.partial(collate, memory_format=layout,
-                                         **({"per_sample": per_sample} if per_sample else {}))
+        extra: dict[str, Any] = {"per_sample": per_sample} if per_sample else {}
+        collate_with = functools.partial(collate, memory_format=layout, **extra)
         reasons["collate_fn"] = f"uint8 images batched {_layout_name(layout)}"
     else:
         reasons["collate_fn"] = "set by caller" if collate_fn is not None else "torch's default without batching"

@@ -219,7 +219,7 @@ def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_pat
 
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=600, size=(64, 48))
     dst, work = tmp_path / "m.h5", tmp_path / ".m.h5.colabfast-pack"
-    code = ("import sys, colabfast.packing as p\np.CHUNK = 20\nfrom colabfast.cli import main\n"
+    code = ("import sys, colabfast.packing.common as c\nc.CHUNK = 20\nfrom colabfast.cli import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     cwd = Path(__file__).parents[1]
     child = subprocess.Popen([sys.executable, "-c", code, "pack", str(src), str(dst), "--workers", "2", "-q"],

@@ -234,9 +234,9 @@ def test_never_overwrites_a_file_that_is_not_its_mirror(tmp_path):
 
 
 def test_resumes_from_finished_parts(tmp_path, monkeypatch):
-    import colabfast.packing as packing
+    from colabfast.packing import common
 
-    monkeypatch.setattr(packing, "CHUNK", 2)
+    monkeypatch.setattr(common, "CHUNK", 2)
     calls, armed = [], [True]
 
     class Counted(Odd):

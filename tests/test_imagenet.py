@@ -22,12 +22,11 @@ import torchvision
 from PIL import Image
 from torchvision import transforms
 
-import colabfast.packing as packing
 from colabfast.archive import UnsafeArchiveError
 from colabfast.archivesource import ArchiveReadError
 from colabfast.datasets import H5ImageFolder
 from colabfast.mirror import info
-from colabfast.packing import pack
+from colabfast.packing import archives, common, pack
 from colabfast.testing.data import make_imagefolder
 from colabfast.testing.imagenet_archives import _tar_bytes, make_imagenet_archives, make_kaggle_zip
 
@@ -253,7 +252,7 @@ def test_links_and_devices_in_an_archive_are_never_read(tmp_path):
 
 
 def test_truncated_archive_names_the_member_keeps_parts_and_resumes(official, tmp_path, monkeypatch):
-    monkeypatch.setattr(packing, "CHUNK", 4)
+    monkeypatch.setattr(common, "CHUNK", 4)
     archive = tmp_path / "ILSVRC2012_img_train.tar"
     full = official["train"].read_bytes()
     archive.write_bytes(full[: int(len(full) * 0.7)])
@@ -268,7 +267,7 @@ def test_truncated_archive_names_the_member_keeps_parts_and_resumes(official, tm
 
     archive.write_bytes(full)  # the complete upload
     encoded, seen = [], []
-    real = packing._encode_chunk
+    real = archives._encode_chunk
 
     def encode(items, *a):
         if not encoded:  # the resumed pack's first new chunk: the kept parts are still there, untouched
@@ -276,7 +275,7 @@ def test_truncated_archive_names_the_member_keeps_parts_and_resumes(official, tm
         encoded.append(len(items))
         return real(items, *a)
 
-    monkeypatch.setattr(packing, "_encode_chunk", encode)
+    monkeypatch.setattr(archives, "_encode_chunk", encode)
     pack(archive, dst, image_size=24, workers=0, progress=False)
     assert sum(encoded) == 28 - 4 * len(parts)  # only what was not packed before
     assert kept.items() <= seen[0].items()
@@ -296,10 +295,10 @@ def test_truncation_at_a_member_boundary_is_caught(tmp_path):
 
 def test_resume_enters_a_plain_tar_at_the_member_reached(official, tmp_path, monkeypatch):
     """The resumed stream starts at the recorded member's offset: the bytes before it are not read again."""
-    monkeypatch.setattr(packing, "CHUNK", 7)  # a part per class
+    monkeypatch.setattr(common, "CHUNK", 7)  # a part per class
     archive = tmp_path / "ILSVRC2012_img_train.tar"
     shutil.copy(official["train"], archive)
-    real = packing._encode_chunk
+    real = archives._encode_chunk
     calls = []
 
     def stop_at_the_third_part(items, *args):
@@ -308,10 +307,10 @@ def test_resume_enters_a_plain_tar_at_the_member_reached(official, tmp_path, mon
             raise KeyboardInterrupt
         return real(items, *args)
 
-    monkeypatch.setattr(packing, "_encode_chunk", stop_at_the_third_part)
+    monkeypatch.setattr(archives, "_encode_chunk", stop_at_the_third_part)
     with pytest.raises(KeyboardInterrupt):
         pack(archive, tmp_path / "m.h5", workers=0, progress=False)
-    monkeypatch.setattr(packing, "_encode_chunk", real)
+    monkeypatch.setattr(archives, "_encode_chunk", real)
     seen = []
     from colabfast.archivesource import ArchiveSource
 
@@ -339,10 +338,11 @@ def test_killed_archive_pack_resumes_from_its_last_part(tmp_path, monkeypatch):
     dst = tmp_path / "m.h5"
     # The child stalls while saving its 4th part, so the kill always lands mid-stream with 3 parts logged
     # (on a busy machine the whole pack could otherwise finish before the parent looks).
-    code = ("import time\nimport colabfast.packing as p\np.CHUNK = 8\nsave, saved = p._save_part, []\n"
+    code = ("import time\nimport colabfast.packing as p\nfrom colabfast.packing import archives, common\n"
+            "common.CHUNK = 8\nsave, saved = archives._save_part, []\n"
             "def stalling(path, result):\n    saved.append(path)\n    if len(saved) == 4:\n        time.sleep(600)\n"
             "    save(path, result)\n"
-            "p._save_part = stalling\n"
+            "archives._save_part = stalling\n"
             f"p.pack({str(archive)!r}, {str(dst)!r}, image_size=32, workers=1, progress=False)\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
     log = tmp_path / ".m.h5.colabfast-pack" / "stream.jsonl"
@@ -356,10 +356,10 @@ def test_killed_archive_pack_resumes_from_its_last_part(tmp_path, monkeypatch):
         child.wait()
     done = len(log.read_text().splitlines()) - 1
     assert done == 3 and not dst.exists()
-    real = packing._encode_chunk
+    real = archives._encode_chunk
     encoded = []
-    monkeypatch.setattr(packing, "CHUNK", 8)
-    monkeypatch.setattr(packing, "_encode_chunk", lambda items, *a: (encoded.append(len(items)), real(items, *a))[1])
+    monkeypatch.setattr(common, "CHUNK", 8)
+    monkeypatch.setattr(archives, "_encode_chunk", lambda items, *a: (encoded.append(len(items)), real(items, *a))[1])
     pack(archive, dst, image_size=32, workers=0, progress=False)
     assert sum(encoded) <= 240 - 8 * done  # the finished parts were not decoded again
     mirror = H5ImageFolder(dst)
@@ -367,8 +367,8 @@ def test_killed_archive_pack_resumes_from_its_last_part(tmp_path, monkeypatch):
 
 
 def test_an_archive_larger_than_the_disk_on_drivefs_warns_about_its_cache(official, tmp_path, monkeypatch):
-    monkeypatch.setattr(packing.env, "drive_kind", lambda path: "drivefs")
-    monkeypatch.setattr(packing.env, "disk_free", lambda path: 1000)  # bytes: less than the archive
+    monkeypatch.setattr(archives.env, "drive_kind", lambda path: "drivefs")
+    monkeypatch.setattr(archives.env, "disk_free", lambda path: 1000)  # bytes: less than the archive
     with pytest.warns(UserWarning, match=r"refresh_drive\(\).*continues from the archive member"):
         with pytest.raises(OSError):  # and the mirror cannot be built in 1000 bytes either
             pack(official["train"], tmp_path / "m.h5", image_size=24, workers=0, progress=False)

@@ -14,10 +14,9 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-import colabfast.packing as packing
 from colabfast.datasets import H5ImageFolder
 from colabfast.mirror import info
-from colabfast.packing import PackError, pack, resized_size
+from colabfast.packing import PackError, common, folders, pack, resized_size
 from colabfast.testing.data import add_broken_images, make_imagefolder, make_kitti
 
 
@@ -121,9 +120,9 @@ def test_rerun_is_free_and_changes_repack(inet, tmp_path):
 
 def test_interrupted_pack_resumes_from_its_parts(tmp_path, monkeypatch):
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=300, size=(32, 24))
-    monkeypatch.setattr(packing, "CHUNK", 50)
+    monkeypatch.setattr(common, "CHUNK", 50)
     encoded = []
-    real = packing._encode_chunk
+    real = folders._encode_chunk
 
     def counting(items, *args):
         encoded.append(len(items))
@@ -131,13 +130,13 @@ def test_interrupted_pack_resumes_from_its_parts(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # the notebook's stop button, mid-pack
         return real(items, *args)
 
-    monkeypatch.setattr(packing, "_encode_chunk", counting)
+    monkeypatch.setattr(folders, "_encode_chunk", counting)
     with pytest.raises(KeyboardInterrupt):
         pack(src, tmp_path / "m.h5", workers=0, progress=False)
     assert not (tmp_path / "m.h5").exists()
     assert len(list((tmp_path / ".m.h5.colabfast-pack").glob("*.npz"))) == 4
     encoded.clear()
-    monkeypatch.setattr(packing, "_encode_chunk", lambda items, *a: (encoded.append(len(items)), real(items, *a))[1])
+    monkeypatch.setattr(folders, "_encode_chunk", lambda items, *a: (encoded.append(len(items)), real(items, *a))[1])
     pack(src, tmp_path / "m.h5", workers=0, progress=False)
     assert sum(encoded) == 600 - 4 * 50  # only the unfinished parts were decoded again
     assert not (tmp_path / ".m.h5.colabfast-pack").exists()
@@ -151,16 +150,16 @@ def _allocated(folder: Path) -> int:
 
 def test_assembly_moves_the_parts_into_the_mirror_peak_disk_is_the_mirror_and_one_part(tmp_path, monkeypatch):
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=120, size=(64, 48))
-    monkeypatch.setattr(packing, "CHUNK", 20)
+    monkeypatch.setattr(common, "CHUNK", 20)
     out = tmp_path / "out"
     out.mkdir()
-    peak, real = [0], packing._load_part
+    peak, real = [0], folders._load_part
 
     def measuring(path):
         peak[0] = max(peak[0], _allocated(out))
         return real(path)
 
-    monkeypatch.setattr(packing, "_load_part", measuring)
+    monkeypatch.setattr(folders, "_load_part", measuring)
     dst = pack(src, out / "m.h5", store="raw", workers=0, progress=False)
     mirror = dst.stat().st_size
     with h5py.File(dst) as f:
@@ -183,8 +182,8 @@ def torch_equal(a, b) -> bool:
 
 def test_killed_assembly_continues_with_the_parts_not_yet_moved(tmp_path, monkeypatch):
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=60, size=(48, 32))
-    monkeypatch.setattr(packing, "CHUNK", 20)
-    real, loaded = packing._load_part, []
+    monkeypatch.setattr(common, "CHUNK", 20)
+    real, loaded = folders._load_part, []
 
     def dying(path):
         loaded.append(path.name)
@@ -192,14 +191,14 @@ def test_killed_assembly_continues_with_the_parts_not_yet_moved(tmp_path, monkey
             raise KeyboardInterrupt
         return real(path)
 
-    monkeypatch.setattr(packing, "_load_part", dying)
+    monkeypatch.setattr(folders, "_load_part", dying)
     with pytest.raises(KeyboardInterrupt):
         pack(src, tmp_path / "m.h5", workers=0, progress=False)
     work = tmp_path / ".m.h5.colabfast-pack"
     assert len(list(work.glob("*.npz"))) == 4  # 2 of 6 moved into the unfinished mirror, and deleted
     assert not (tmp_path / "m.h5").exists()
-    monkeypatch.setattr(packing, "_load_part", real)
-    monkeypatch.setattr(packing, "_encode_chunk", lambda *a: pytest.fail("nothing is decoded again"))
+    monkeypatch.setattr(folders, "_load_part", real)
+    monkeypatch.setattr(folders, "_encode_chunk", lambda *a: pytest.fail("nothing is decoded again"))
     dst = pack(src, tmp_path / "m.h5", workers=0, progress=False)
     assert not work.exists()
     ds = H5ImageFolder(dst, output="bytes", verify=True)
@@ -211,8 +210,8 @@ def test_killed_assembly_continues_with_the_parts_not_yet_moved(tmp_path, monkey
 def test_killed_pack_resumes(tmp_path):
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=400, size=(32, 24))
     dst = tmp_path / "m.h5"
-    code = ("import colabfast.packing as p\n"
-            "p.CHUNK = 40\n"
+    code = ("import colabfast.packing as p, colabfast.packing.common as c\n"
+            "c.CHUNK = 40\n"
             f"p.pack({str(src)!r}, {str(dst)!r}, workers=1, progress=False)\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
     work = tmp_path / ".m.h5.colabfast-pack"
@@ -296,8 +295,8 @@ def test_a_second_pack_into_the_same_destination_waits_for_the_first(inet, tmp_p
 def test_concurrent_packs_with_different_options_both_succeed_with_one_complete_mirror(tmp_path):
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=300, size=(48, 36))
     dst = tmp_path / "m.h5"
-    children = [subprocess.Popen([sys.executable, "-c", "import colabfast.packing as p\n"
-                                  f"p.CHUNK = 32\np.pack({str(src)!r}, {str(dst)!r}, image_size={size}, workers=1, "
+    children = [subprocess.Popen([sys.executable, "-c", "import colabfast.packing as p, colabfast.packing.common as c\n"
+                                  f"c.CHUNK = 32\np.pack({str(src)!r}, {str(dst)!r}, image_size={size}, workers=1, "
                                   "progress=False)\n"], cwd=Path(__file__).parents[1], stderr=subprocess.PIPE)
                 for size in (16, 24)]
     for child in children:
@@ -318,20 +317,20 @@ def test_pack_killed_while_copying_onto_drive_reuses_its_verified_local_mirror(i
             "    data = Path(a).read_bytes()\n"
             "    Path(b).write_bytes(data[: len(data) // 2])\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "p.shutil.copyfile = half_then_die\n"
+            "shutil.copyfile = half_then_die\n"
             f"p.pack({str(inet)!r}, {str(dst)!r}, image_size=24, workers=0, progress=False)\n")
     child = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
     assert child.returncode == -9 and not dst.exists()
     built = list(work.rglob("mirror.h5"))
     assert len(built) == 1 and info(built[0]).complete  # verified, kept until the copy is done
 
-    monkeypatch.setattr(packing.env, "is_fuse", lambda path: True)
-    monkeypatch.setattr(packing.env, "work_dir", lambda: work)
+    monkeypatch.setattr(common.env, "is_fuse", lambda path: True)
+    monkeypatch.setattr(common.env, "work_dir", lambda: work)
 
     def rebuilt(*args):
         raise AssertionError("the images were decoded again")
 
-    monkeypatch.setattr(packing, "_make_parts", rebuilt)
+    monkeypatch.setattr(folders, "_make_parts", rebuilt)
     pack(inet, dst, image_size=24, workers=0, progress=False)
     assert info(dst).complete and len(H5ImageFolder(dst)) == 25
     assert not list(work.rglob("mirror.h5"))
@@ -339,8 +338,8 @@ def test_pack_killed_while_copying_onto_drive_reuses_its_verified_local_mirror(i
 
 def test_retries_reach_the_reads(inet, tmp_path, monkeypatch):
     seen = []
-    real = packing.retry
-    monkeypatch.setattr(packing, "retry", lambda fn, retries: (seen.append(retries), real(fn, retries))[1])
+    real = folders.retry
+    monkeypatch.setattr(folders, "retry", lambda fn, retries: (seen.append(retries), real(fn, retries))[1])
     pack(inet, tmp_path / "m.h5", retries=2, workers=0, progress=False)
     assert seen and set(seen) == {2}
 
@@ -387,7 +386,7 @@ def test_a_folder_as_destination_is_refused_before_anything_is_read(inet, tmp_pa
     """Issue 23 item 7: it did all the work, then failed with [Errno 21] leaving its partial files."""
     out = tmp_path / "out"
     out.mkdir()
-    monkeypatch.setattr(packing, "read_source", lambda *a: pytest.fail("the source was read"))
+    monkeypatch.setattr(folders, "read_source", lambda *a: pytest.fail("the source was read"))
     for overwrite in (False, True):
         with pytest.raises(ValueError, match=rf"{out} is a folder: pack writes one mirror file.*{out}/inet.h5"):
             pack(inet, out, overwrite=overwrite, progress=False)

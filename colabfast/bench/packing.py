@@ -120,7 +120,8 @@ def run_archive(size: float = 1.0, repeats: int = 3, workers: int = 2, image_siz
     """
     from colabfast.archivesource import ArchiveSource
     from colabfast.drivesim import DriveSim, DriveSimParams, available
-    from colabfast.packing import _encode_chunk, pack
+    from colabfast.packing import pack
+    from colabfast.packing.folders import _encode_chunk
     from colabfast.testing.imagenet_archives import make_train_tar
 
     scenario = "pack/archive"

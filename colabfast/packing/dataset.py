@@ -1,10 +1,10 @@
 """Packing a map-style dataset (yours, a Hugging Face one, or a folder layout of
-:mod:`colabfast.layouts`) into a mirror of typed columns (format version 3).
+:mod:`colabfast.layouts`) into a mirror of typed columns (format version 3): :func:`pack_columns`.
 
 ``dataset[i]`` runs in worker processes (forked, as torch's DataLoader forks its workers), each
 with a few threads, since a dataset's ``__getitem__`` usually waits on Drive; what it returns is
 cut into fields (:mod:`colabfast.columns`), encoded there, and saved in resumable parts of
-:data:`~colabfast.packing.CHUNK` samples, which are then assembled into the mirror, verified and
+:data:`~colabfast.packing.common.CHUNK` samples, which are then assembled into the mirror, verified and
 published as every mirror is.
 """
 
@@ -14,6 +14,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import warnings
 import zlib
 from collections import deque
@@ -25,16 +26,92 @@ from typing import Any, Optional
 import h5py
 import numpy as np
 
+import colabfast.packing.common as common
 from colabfast import columns as col
-from colabfast._fileio import partial_path, write_all
-from colabfast.mirror import COLUMNS_VERSION, Header, MirrorError, load_columns, load_index, write_array
+from colabfast import env
+from colabfast._fileio import PathLike, locked, partial_path, write_all
+from colabfast.mirror import COLUMNS_VERSION, Header, MirrorError, load_columns, load_index, trust, write_array
+from colabfast.packing.common import (
+    PackError,
+    _complete,
+    _existing_mirror,
+    _file_key,
+    _InlineExecutor,
+    _printable,
+    _publish,
+    _seal,
+    _stopping,
+    _version,
+    _work_dir,
+    _worker_start,
+    lock_path,
+)
 
-__all__ = ["plan", "make_parts", "assemble", "check_built", "header", "identity", "describe_dataset"]
+__all__ = ["pack_columns", "plan", "make_parts", "assemble", "check_built", "header", "identity", "describe_dataset"]
 
 THREADS = 8  # threads per worker process calling dataset[i]: they overlap a dataset's reads from Drive
 ARRAY = "array"  # a field of arrays before packing decides: ndarray or ragged
 
 _dataset: Any = None  # the dataset, in each worker process (inherited through fork, or sent once)
+
+
+def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_error: str, progress: bool,
+                 overwrite: bool, layout: str, fields: Optional[dict]) -> Path:
+    """:func:`colabfast.pack` for the map-style dataset ``src`` (a layout of :mod:`colabfast.layouts`
+    is one): a mirror of columns, ``layout`` its name or ``"dataset"``. Returns ``dst`` as given.
+    Raises what :func:`colabfast.pack` raises."""
+    from colabfast.layouts.base import Layout
+
+    dataset = src
+
+    given = Path(os.path.abspath(dst))
+    dst = Path(os.path.realpath(given))
+    is_layout = isinstance(dataset, Layout)
+    source = _printable(str(dataset.root)) if is_layout else describe_dataset(dataset)
+    work = _work_dir(dst)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    with locked(lock_path(dst), f"packing into {dst}"):
+        packed_from = _existing_mirror(dst, overwrite, "mirror")
+        if packed_from is not None and packed_from != source:
+            raise ValueError(f"{dst} is a mirror of {packed_from}, not of {source}: packing would replace it, so "
+                             "nothing was written. Pass another dst, or overwrite=True to replace it.")
+        template, flds, fingerprint = plan(dataset, fields, options, layout)
+        if is_layout:  # arrays of a layout's targets come back as tensors, as torchvision's models take them
+            for f in flds:
+                if f.as_ == "ndarray" and f.kind == "array":
+                    f.as_ = "tensor"
+        n = len(dataset)
+        if progress:
+            print(f"pack: {source}: {dataset.describe() if is_layout else f'{n} samples'}, fields "
+                  + ", ".join(f"{f.name} ({f.kind if f.kind != 'array' else 'array'})" for f in flds
+                              if f.as_ != "hidden"))
+        if not fingerprint.endswith("-anonymous") and _complete(dst, fingerprint):
+            if progress:
+                print(f"pack: {dst} is already a complete mirror of this dataset with these options")
+            return given
+        build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+        work.mkdir(parents=True, exist_ok=True)
+        part_paths, errors = make_parts(dataset, template, flds, options, work, workers, progress, fingerprint)
+        paths = list(dataset.paths) if is_layout else [str(i) for i in range(n)]
+        failures = [(paths[i], e) for i, e in errors]
+        skipped = [(_printable(p), e) for p, e in (dataset.skipped if is_layout else [])]
+        if failures and on_error == "raise":
+            raise PackError(failures)
+        if failures:
+            warnings.warn(f"pack: skipped {len(failures)} samples that failed, e.g. {failures[0][0]}: "
+                          f"{failures[0][1]}", stacklevel=3)
+        bad = {i for i, _ in errors}
+        kept = np.array([i for i in range(n) if i not in bad], dtype=np.int64)
+        head = header(layout, source, options, fingerprint, sorted(failures + skipped),
+                         dataset.info if is_layout else None)
+        build.parent.mkdir(parents=True, exist_ok=True)
+        assemble(build, part_paths, flds, template, head, kept, [paths[i] for i in kept])
+        _seal(build)
+        check_built(build, flds, len(kept))
+        _publish(build, dst)
+        trust(dst)
+        shutil.rmtree(work, ignore_errors=True)
+    return given
 
 
 def describe_dataset(dataset: Any) -> str:
@@ -49,8 +126,6 @@ def identity(dataset: Any) -> Optional[str]:
     sizes, times), a Hugging Face dataset's ``_fingerprint``, or a ``fingerprint`` attribute of yours;
     else None (then a finished mirror is never taken for this dataset's: it is packed again)."""
     from colabfast.layouts.base import Layout
-    from colabfast.packing import _file_key
-
     if isinstance(dataset, Layout):
         h = hashlib.sha256(dataset.name.encode())
         for f in dataset.files:
@@ -90,8 +165,8 @@ def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: d
 
     n = len(dataset)
     tag = fingerprint[:16]
-    jobs = [(work / f"columns-{k // _chunk():06d}-{tag}.npz", range(k, min(n, k + _chunk())))
-            for k in range(0, n, _chunk())]
+    jobs = [(work / f"columns-{k // common.CHUNK:06d}-{tag}.npz", range(k, min(n, k + common.CHUNK)))
+            for k in range(0, n, common.CHUNK)]
     wanted = {p for p, _ in jobs}
     for stale in work.glob("*.npz"):
         if stale not in wanted:
@@ -109,8 +184,6 @@ def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: d
         print(f"pack: resuming: {finished} of {n} samples were packed by an earlier run")
     pool = _pool(dataset, workers)
     inflight: deque[tuple[Future, Path, range]] = deque()
-    from colabfast.packing import _stopping
-
     def finish(fut: Future, path: Path, idx: range) -> None:
         result = fut.result()
         _save(path, result)
@@ -127,17 +200,9 @@ def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: d
     return [p for p, _ in jobs], sorted(errors)
 
 
-def _chunk() -> int:
-    from colabfast.packing import CHUNK
-
-    return CHUNK
-
-
 def _pool(dataset: Any, workers: int) -> Executor:
     """Worker processes holding ``dataset`` (inherited through fork; sent pickled once where only spawn
     exists), or this process for ``workers=0``."""
-    from colabfast.packing import _InlineExecutor
-
     global _dataset
     if workers <= 0:
         _dataset = dataset
@@ -153,8 +218,6 @@ def _pool(dataset: Any, workers: int) -> Executor:
 
 
 def _start(parent: int, dataset: Any) -> None:
-    from colabfast.packing import _worker_start
-
     global _dataset
     if dataset is not None:
         _dataset = dataset
@@ -371,8 +434,6 @@ def check_built(build: Path, fields: list[col.Field], n: int) -> None:
 
 def header(layout: str, source: str, options: dict, fingerprint: str, skipped: list[tuple[str, str]],
            info: Optional[dict]) -> Header:
-    from colabfast.packing import _version
-
     classes = info.get("classes") if info and isinstance(info.get("classes"), list) else None
     return Header(layout=layout, store=options["store"], classes=classes, image_size=options["image_size"],
                   quality=options["quality"], shuffled=False, seed=None, fingerprint=fingerprint,

@@ -1,0 +1,266 @@
+"""What every kind of source packs with: :class:`PackError`, the part size :data:`CHUNK`, the worker
+processes (forked before any thread, stopped on Ctrl-C, ended with their parent), the lock and work
+folder of a destination, the refusal to write over what is not a mirror of the same source, part
+files, and sealing, verifying and publishing a built mirror atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import stat
+import warnings
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Iterator, Optional, Sequence, Union
+
+import h5py
+import numpy as np
+
+from colabfast import env
+from colabfast._fileio import FileEntry, partial_path, state_name
+from colabfast.errors import Error
+from colabfast.mirror import Header, MirrorError, check, open_h5, trust
+
+__all__ = ["CHUNK", "PackError", "lock_path"]
+
+CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
+
+
+class PackError(Error, ValueError):
+    """Source images (or folders) could not be read or decoded; nothing final was written.
+
+    Attributes:
+        failures: ``(path, error message)`` for every bad file.
+    """
+
+    def __init__(self, failures: list[tuple[str, str]]):
+        self.failures = failures
+        shown = "".join(f"\n  {p}: {e}" for p, e in failures[:20])
+        more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+        super().__init__(
+            f"{len(failures)} source files or folders cannot be read:{shown}{more}\n"
+            "Nothing was written to the destination. Fix or delete them and run pack() again "
+            "(the images already processed are kept and reused), or pass on_error='skip' to leave them out."
+        )
+
+
+def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:
+    """The options a mirror records and its fingerprint covers (``image_size`` as :func:`_check_size` returns it)."""
+    return {"store": store, "image_size": image_size, "quality": quality if image_size else None}
+
+
+def _check_size(image_size) -> Union[int, list[int], None]:
+    if image_size is None:
+        return None
+    if isinstance(image_size, int) and image_size > 0:
+        return image_size
+    if (isinstance(image_size, (tuple, list)) and len(image_size) == 2
+            and all(isinstance(v, int) and v > 0 for v in image_size)):
+        return [int(image_size[0]), int(image_size[1])]
+    raise ValueError(f"image_size must be a positive int (short side) or (H, W), not {image_size!r}")
+
+
+def _version() -> str:
+    from colabfast import __version__
+
+    return __version__
+
+
+def _file_key(f: FileEntry) -> bytes:
+    """What a fingerprint takes from one source file: its name's bytes (any, as the file system
+    holds them: not UTF-8 is fine), size and time."""
+    return os.fsencode(f.rel) + f"\0{f.size}\0{f.mtime_ns}\n".encode()
+
+
+def _printable(name: str) -> str:
+    """``name`` as text that can be written as UTF-8 (the mirror's paths, messages): the bytes of a name
+    that is not valid UTF-8 (which Python lists as lone surrogates) become ``\\xNN``."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def lock_path(dst: Path) -> Path:
+    """The lock a running :func:`pack` into ``dst`` holds: in colabfast's cache folder, so nothing is
+    left beside the user's mirror."""
+    return env.cache_dir() / "locks" / f"pack-{state_name(dst)}.lock"
+
+
+def _work_dir(dst: Path) -> Path:
+    """Where parts and the build go: beside ``dst`` on a local disk, else in the local work folder."""
+    if not env.is_fuse(dst.parent):
+        return dst.with_name(f".{dst.name}.colabfast-pack")
+    tag = hashlib.sha1(os.fsencode(dst)).hexdigest()[:10]
+    return env.work_dir() / "pack" / f"{dst.stem}-{tag}"
+
+
+def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
+    """The source of the mirror at ``dst``, or None when nothing is there (or ``overwrite``); refuses a
+    folder, a special file, and (without ``overwrite``) a file that is not a colabfast mirror. Called
+    before anything is read, so that a wrong ``dst`` costs nothing."""
+    try:
+        mode = os.stat(dst).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{dst} is a folder: pack writes one mirror file. Pass a file name, e.g. "
+                         f"{dst / (name + '.h5')}")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{dst} is not a regular file (a pipe or a device): pass a mirror file name as dst")
+    if overwrite:
+        return None
+    try:
+        with open_h5(dst) as f:
+            return Header.read(f, dst, complete=False).source
+    except (MirrorError, OSError):
+        raise ValueError(f"{dst} exists and is not a readable colabfast mirror: packing would replace it, so nothing "
+                         "was read. Pass another dst, or overwrite=True to replace it.") from None
+
+
+def _check_same_source(dst: Path, packed_from: str, root: Path) -> None:
+    """Refuse to replace a mirror of another source (see :func:`pack`'s ``overwrite``)."""
+    if packed_from != _printable(str(root)) and os.path.realpath(packed_from) != os.path.realpath(root):
+        raise ValueError(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
+                         "nothing was written. Pass another dst, or overwrite=True to replace it.")
+
+
+def _complete(path: Path, fingerprint: str) -> bool:
+    """True if ``path`` is a complete, verified mirror with this ``fingerprint``: the destination of an
+    earlier run (nothing to do), or its local build left when it was killed while copying it onto
+    Drive (published again instead of being rebuilt)."""
+    if not path.is_file():
+        return False
+    try:
+        with open_h5(path) as f:
+            return Header.read(f, path).fingerprint == fingerprint
+    except (MirrorError, OSError):
+        return False
+
+
+# --- worker processes -----------------------------------------------------------------------------
+
+
+def _process_pool(workers: int) -> Executor:
+    """Worker processes, all started now, before this call starts any thread of its own.
+
+    Fork, as torch's DataLoader uses on Linux: spawn would re-import the caller's ``__main__``, which
+    breaks scripts without an ``if __name__ == "__main__"`` guard. Forking before our reader threads
+    and tqdm's monitor exist keeps their locks out of the children; the workers only run PIL.
+    """
+    if workers <= 0:
+        return _InlineExecutor()
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_worker_start,
+                               initargs=(os.getpid(),))
+    with warnings.catch_warnings():  # Python 3.12 warns about fork in any multi-threaded process
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pool.submit(int).result()  # with fork, the first submit starts every worker
+    return pool
+
+
+@contextlib.contextmanager
+def _stopping(pool: Executor) -> Iterator[Executor]:
+    """Shut ``pool`` down after the block; when the block fails (Ctrl-C), without starting the work
+    still queued, and without waiting for the pieces being decoded."""
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _worker_start(parent: int) -> None:
+    """Worker start-up: leave Ctrl-C to the packing process, and end when that process dies.
+
+    Ctrl-C in a terminal reaches every process of the group: each worker would print its own
+    traceback (38 lines with 2 workers) before the packing process's one line; the packing process
+    stops the pool instead (:func:`_stopping`). Forked workers hold both ends of their work queue's
+    pipe, so they never see it close when the packing process dies (a killed notebook kernel) and
+    would wait forever; Linux can signal them instead (prctl PR_SET_PDEATHSIG).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: no such call
+        return
+    if os.getppid() != parent:  # it died before the call above took effect
+        os._exit(1)
+
+
+class _InlineExecutor(Executor):
+    """Runs work in this process (``workers=0``): for debugging, and where processes cannot start."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            fut.set_exception(exc)
+        return fut
+
+
+# --- part files, and publishing the mirror built from them ------------------------------------------
+
+
+def _load_part(path: Path) -> Optional[dict]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {"blob": z["blob"], "offsets": z["offsets"], "shapes": z["shapes"],
+                    "errors": [tuple(e) for e in json.loads(str(z["errors"]))]}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _save_part(path: Path, result: dict) -> None:
+    tmp = partial_path(path)
+    with open(tmp, "wb") as f:
+        np.savez(f, blob=np.frombuffer(result["blob"], np.uint8) if isinstance(result["blob"], bytes)
+                 else result["blob"], offsets=result["offsets"], shapes=result["shapes"],
+                 errors=np.array(json.dumps(result["errors"])))
+    os.replace(tmp, path)
+
+
+def _seal(build: Path) -> None:
+    with h5py.File(build, "r+", locking=False) as f:
+        f.attrs["complete"] = True
+    with open(build, "rb+") as f:
+        os.fsync(f.fileno())
+    trust(build)
+
+
+def _publish(build: Path, dst: Path) -> None:
+    """Move the verified build to ``dst`` atomically (copying it onto Drive first when needed)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if build != partial_path(dst):
+        tmp = partial_path(dst)
+        shutil.copyfile(build, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        if tmp.stat().st_size != build.stat().st_size:
+            raise OSError(errno.EIO, f"copying the mirror to {tmp} wrote {tmp.stat().st_size} bytes, expected "
+                             f"{build.stat().st_size}; run pack() again")
+        _verify_attrs(tmp)
+        os.replace(tmp, dst)
+        build.unlink()  # only now: a run killed during the copy publishes this verified build again
+    else:
+        os.replace(build, dst)
+    with contextlib.suppress(OSError):  # not every filesystem (FUSE) can fsync a folder
+        fd = os.open(dst.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _verify_attrs(path: Path) -> None:
+    with open_h5(path) as f:
+        check(f, path)
