@@ -47,8 +47,8 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                         "or 'none' (default: all; those not installed get a note)")
     parser.add_argument("--drive", type=_drive_settings, default={}, metavar="KEY=VALUE,...",
                         help="Drive simulator settings for the staging, epoch, coldreads, open and detection "
-                             "scenarios, over the defaults open_ms=100,read_ms=2,mbps=60 (per-open and per-read latency in "
-                             "ms, MB/s); eio_open=P,eio_read=P inject EIO faults with probability P")
+                             "scenarios, over the defaults open_ms=100,read_ms=2,mbps=60 (per-open and per-read "
+                             "latency in ms, MB/s); eio_open=P,eio_read=P inject EIO faults with probability P")
     parser.add_argument("--work", help="folder for the generated data (default: a temp folder)")
     return parser
 
