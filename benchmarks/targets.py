@@ -89,6 +89,21 @@ def main() -> None:
     check("26", "first runtime vs the hand-written stage -> pack -> flush -> stage",
           ratio("open/first-batch", first, "by hand: stage -> pack -> flush -> stage, first runtime"), lambda v: v >= 1)
 
+    print("Issue 25, a COCO-style detection dataset (colabfast bench detection, 2 CPUs):")
+    read, items, loader = "detection/read", "colabfast H5CocoDetection(output='tensor'), item by item", \
+        "colabfast H5CocoDetection(output='tensor') + colabfast.DataLoader"
+    tv_items, tv_loader = "torchvision CocoDetection + v2.PILToTensor, item by item", \
+        "torchvision CocoDetection + v2.PILToTensor + torch DataLoader"
+    check("25", "mirror item by item vs CocoDetection item by item (target >= 2x)", ratio(read, items, tv_items),
+          lambda v: v >= 2)
+    check("25", "mirror + colabfast.DataLoader vs CocoDetection + torch DataLoader, 2 workers (target >= 2x)",
+          ratio(read, loader, tv_loader), lambda v: v >= 2)
+    check("25", "cold from Drive: stage the mirror + read vs CocoDetection on the mount (target >= 10x)",
+          ratio("detection/drive", "colabfast: stage the mirror", "torchvision CocoDetection on the Drive mount"),
+          lambda v: v >= 10)
+    check("25", "pack(layout='coco') vs the decode bound, 2 processes (target >= 0.8)",
+          metric("detection/pack", "colabfast.pack(folder, layout='coco')", "x decode bound"), lambda v: v >= 0.8, "")
+
     print("Issue 12, the batch reader (loader/reader: mirrors in the page cache, FFCV's channels-last layout):")
     reader = "loader/reader"
     check("12", "raw 256 px vs FFCV raw (target >= 1.0)",

@@ -24,6 +24,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from colabfast.gpudecode import Encoded, EncodedImages, decode_batch, is_encoded
@@ -104,6 +105,11 @@ class Normalize:
         if self.mean is None and self.std is None and scale == 1.0:
             if images.dtype == dtype and _has_format(images, self.memory_format):
                 return images
+            if images.device.type == "cpu" and images.dtype == dtype and \
+                    _format(images, self.memory_format) == torch.contiguous_format:
+                # numpy copies an HWC-memory uint8 image into CHW 5x faster than torch's copy_ (0.3 vs
+                # 1.7 ms at 500x375 on 2 CPUs): the per-image cost of a detection batch's list of images
+                return torch.from_numpy(np.ascontiguousarray(images.numpy()))
             return _empty(images, dtype, self.memory_format).copy_(images)
         multiplier, offset = self._scale_and_shift(images, dtype, scale)
         out = _empty(images, dtype, self.memory_format)

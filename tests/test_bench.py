@@ -297,6 +297,41 @@ def test_open_scenario(need_fuse, tmp_path):
     assert not list(tmp_path.iterdir())  # its data is gone
 
 
+@pytest.mark.fuse
+def test_detection_scenario(need_fuse, tmp_path):
+    pytest.importorskip("pycocotools")
+    from colabfast.bench import detection
+
+    rows = detection.run(size=0.001, repeats=1, workers=1, drive=QUICK_DRIVE, work=tmp_path)
+    for r in rows:
+        check_rows([r], "detection/")
+        assert r.seconds is not None, r.note
+        assert r.metrics["images/s"] == pytest.approx(2 * detection.BATCH / r.seconds)  # 32 images at the least
+    by = {(r.scenario, r.method): r for r in rows}
+    assert [(r.scenario, r.reference) for r in rows] == [
+        ("detection/pack", False), ("detection/pack", True), *[("detection/read", False)] * 4,
+        ("detection/drive", False), ("detection/drive", False)]
+    pack, bound = rows[:2]
+    assert pack.metrics["x decode bound"] == pytest.approx(pack.metrics["images/s"] / bound.metrics["images/s"])
+    assert pack.metrics["mirror MB"] > 0
+    items, loader = by[("detection/read", detection.H5_ITEMS)], by[("detection/read", detection.H5_LOADER)]
+    for r in (items, loader):
+        assert r.metrics["x CocoDetection item by item"] == pytest.approx(
+            r.metrics["images/s"] / by[("detection/read", detection.TV_ITEMS)].metrics["images/s"])
+        assert "x CocoDetection + DataLoader" in r.metrics
+    assert "x CocoDetection on Drive" in by[("detection/drive", detection.STAGED)].metrics
+    assert not list(tmp_path.iterdir())  # its data is gone
+
+
+def test_detection_scenario_without_fuse_says_why(monkeypatch, tmp_path):
+    import colabfast.drivesim as drivesim
+    from colabfast.bench import detection
+
+    monkeypatch.setattr(drivesim, "available", lambda: (False, "no /dev/fuse here"))
+    rows = detection._drive(tmp_path, tmp_path, tmp_path / "a.json", tmp_path / "coco.h5", 1, 1, 1, {}, "")
+    assert [(r.scenario, r.seconds) for r in rows] == [("detection/drive", None)] and "no /dev/fuse" in rows[0].note
+
+
 def test_cli_writes_the_reports(tmp_path, capsys):
     parser = cli.build_parser(argparse.ArgumentParser(prog="colabfast bench"))
     args = parser.parse_args(["pack", "--size", "0.01", "--repeats", "1", "--workers", "1", "--out",
@@ -332,4 +367,4 @@ def test_cli_drive_settings():
 def test_cli_module_help():
     done = subprocess.run([sys.executable, "-m", "colabfast.bench.cli", "--help"], capture_output=True, text=True,
                           cwd=ROOT, check=True)
-    assert "staging,epoch,coldreads,pack,loader,gpu,open,all" in done.stdout and "--size" in done.stdout
+    assert "staging,epoch,coldreads,pack,loader,gpu,open,detection,all" in done.stdout and "--size" in done.stdout

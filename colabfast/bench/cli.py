@@ -1,4 +1,4 @@
-"""``colabfast bench [staging|epoch|coldreads|pack|loader|gpu|open|all]``: run scenarios, print the
+"""``colabfast bench [staging|epoch|coldreads|pack|loader|gpu|open|detection|all]``: run scenarios, print the
 tables, write Markdown, JSON and a PNG chart into ``--out``.
 
 The top-level CLI mounts this module as its ``bench`` subcommand: ``build_parser(parser)`` adds the
@@ -14,7 +14,7 @@ from typing import Callable
 
 from colabfast.bench.timing import Result
 
-SCENARIOS = ("staging", "epoch", "coldreads", "pack", "loader", "gpu", "open")
+SCENARIOS = ("staging", "epoch", "coldreads", "pack", "loader", "gpu", "open", "detection")
 # --size's default: all scenarios at this scale take about 5 minutes on 2 vCPU (staging ~1.5, epoch
 # ~3.5: per-file Drive latency and the peers' start-up costs dominate). 1.0 is the full-size run
 # (2000 small files and a 1 GB file to stage, 2000 images per image size): about 50 minutes.
@@ -28,7 +28,8 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "a simulated Drive (vs cp -r, rsync, shutil.copytree, a thread pool, cp, unzip, tar), epoch "
         "throughput (vs torchvision ImageFolder, a naive h5 Dataset, WebDataset, LitData, MosaicML "
         "Streaming, Efficio, FFCV), pack throughput, GPU feeding (CUDA only), and the time from a Drive "
-        "folder to the first batch with open_dataset (vs cp -r, cp + unzip, stage -> pack -> stage by hand). "
+        "folder to the first batch with open_dataset (vs cp -r, cp + unzip, stage -> pack -> stage by hand), and a "
+        "COCO detection dataset (its mirror vs torchvision CocoDetection, locally and from Drive; pack vs decoding). "
         "Prints Markdown tables and writes bench.md, bench.json and bench.png into --out."
     )
     parser.add_argument("scenario", nargs="?", choices=[*SCENARIOS, "all"], default="all",
@@ -45,9 +46,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--peers", help="comma-separated peers for the epoch scenario, e.g. 'webdataset,ffcv', "
                                         "or 'none' (default: all; those not installed get a note)")
     parser.add_argument("--drive", type=_drive_settings, default={}, metavar="KEY=VALUE,...",
-                        help="Drive simulator settings for the staging, epoch, coldreads and open scenarios, "
-                             "over the defaults open_ms=100,read_ms=2,mbps=60 (per-open and per-read latency in "
-                             "ms, MB/s); eio_open=P,eio_read=P inject EIO faults with probability P")
+                        help="Drive simulator settings for the staging, epoch, coldreads, open and detection "
+                             "scenarios, over the defaults open_ms=100,read_ms=2,mbps=60 (per-open and per-read "
+                             "latency in ms, MB/s); eio_open=P,eio_read=P inject EIO faults with probability P")
     parser.add_argument("--work", help="folder for the generated data (default: a temp folder)")
     return parser
 
@@ -71,7 +72,7 @@ def _drive_settings(text: str) -> dict[str, float]:
 
 
 def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]]:
-    from colabfast.bench import coldreads, epoch, gpufeed, loader, opening, packing, peers, staging
+    from colabfast.bench import coldreads, detection, epoch, gpufeed, loader, opening, packing, peers, staging
 
     chosen = None if args.peers is None else [] if args.peers.strip().lower() == "none" else \
         peers.by_name(args.peers.split(","))
@@ -90,6 +91,8 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
                                    num_workers=args.workers, work=args.work),
         "open": lambda: opening.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                     workers=args.workers or 2, drive=args.drive, work=args.work),
+        "detection": lambda: detection.run(size=args.size, repeats=args.repeats, workers=args.workers or 2,
+                                           drive=args.drive, work=args.work),
     }
 
 
