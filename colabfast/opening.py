@@ -267,8 +267,9 @@ def open_dataset(
 
     Args:
         path: a mirror file, a dataset folder, or an archive (see :data:`ACCEPTS`).
-        split: KITTI's ``"training"`` (default) or ``"testing"``; for Kaggle's ImageNet zip, the part
-            to pack (``"train"``, ``"val"``); None for other layouts.
+        split: KITTI's ``"training"`` (default) or ``"testing"``; what pack reads of a VOC tree (the
+            image set) or a YOLO export (the split folder), or of Kaggle's ImageNet zip (``"train"``,
+            ``"val"``); None for other layouts.
         transform, target_transform, output: the drop-in dataset's (``output``: ``"pil"``,
             ``"tensor"`` uint8 [3, H, W], or ``"bytes"``; see :class:`colabfast.H5ImageFolder`).
         image_size: resize when packing, as :func:`colabfast.pack` (an int short side, or ``(H, W)``).
@@ -283,7 +284,10 @@ def open_dataset(
     Returns:
         The drop-in dataset for the mirror's layout (:data:`DROP_INS`): :class:`colabfast.H5ImageFolder`
         for ImageFolder trees, archives and folders of images (targets -1), :class:`colabfast.H5Kitti`
-        for KITTI; its ``account`` attribute (str, one line per step) says what was done.
+        for KITTI, :class:`colabfast.H5CocoDetection`, :class:`colabfast.H5VOCDetection` and
+        :class:`colabfast.H5VOCSegmentation` for COCO and VOC, :class:`colabfast.H5Dataset` for YOLO
+        exports, image/mask folders, CSV tables and mirrors of any dataset; its ``account`` attribute
+        (str, one line per step) says what was done.
 
     Raises:
         FileNotFoundError: nothing at ``path``, or a folder holding no images (naming what it holds).
@@ -321,7 +325,8 @@ def open_dataset(
         finally:
             if early is not None:
                 early.stop()  # a no-op once the listing named what it staged (then it is taken below)
-        split = None if kind == "archive" else split  # an archive's split chose what pack read
+        if _packs_split(src, kind, pack_options):
+            split = None  # it chose what pack read
     # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
     # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
     at = len(steps)
@@ -365,18 +370,17 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
     """The mirror of ``src`` with these options in ``mirrors``, packed there now unless a file has its
     name; with that file, the fingerprint it must record (checked by :func:`_checked` once staged)."""
     from colabfast.packing import pack, source_fingerprint
-    from colabfast.sources import detect_layout
 
-    if kind == "folder":  # a wrong split is named now, not after packing
-        layout = options.get("layout", "auto")
-        layout = detect_layout(src) if layout == "auto" else layout
+    packs_split = _packs_split(src, kind, options)
+    if kind == "folder" and not packs_split:  # a wrong split is named now, not after packing
+        layout = _folder_layout(src, options)
         if layout in DROP_INS:
             DROP_INS[layout][1](split, layout)
     start = time.perf_counter()
     fingerprint_options = {k: v for k, v in options.items()
-                           if k in ("layout", "labels", "store", "quality", "shuffle", "seed", "retries")}
+                           if k in ("layout", "labels", "store", "quality", "shuffle", "seed", "retries", "on_error")}
     try:
-        fingerprint, described = source_fingerprint(src, split=split if kind == "archive" else None,
+        fingerprint, described = source_fingerprint(src, split=split if packs_split else None,
                                                     image_size=image_size, **fingerprint_options)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{exc}. {src} holds {_contents(src)}. {ACCEPTS}.") from exc
@@ -395,7 +399,7 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
         _check_writable(folder)
         start = time.perf_counter()
         try:
-            pack(src, dst, split=split if kind == "archive" else None, image_size=image_size, progress=progress,
+            pack(src, dst, split=split if packs_split else None, image_size=image_size, progress=progress,
                  **options)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
@@ -418,6 +422,23 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
     if env.drive_kind(folder) is not None:
         steps.append(_flushed(folder))
     return dst, None
+
+
+def _folder_layout(src: Path, options: dict) -> str:
+    """The layout pack reads the folder ``src`` as (given, or detected: a few listings)."""
+    from colabfast.packing import column_layout
+    from colabfast.sources import detect_layout
+
+    layout = options.get("layout", "auto")
+    return column_layout(src, layout, options.get("labels")) or (detect_layout(src) if layout == "auto" else layout)
+
+
+def _packs_split(src: Path, kind: str, options: dict) -> bool:
+    """Whether ``split`` chooses what pack reads (an archive's part, VOC's image set, a YOLO export's
+    split), rather than a split of the mirror (KITTI's)."""
+    if kind == "archive":
+        return True
+    return kind == "folder" and _folder_layout(src, options) in ("voc-detection", "voc-segmentation", "yolo")
 
 
 def _contents(folder: Path) -> str:

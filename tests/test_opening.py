@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from torchvision.datasets import ImageFolder, Kitti
 
@@ -302,3 +303,29 @@ def test_the_open_command(local):
     assert again.returncode == 0 and again.stdout.strip() == path
     bad = run(str(local / "missing"))
     assert bad.returncode == 1 and "colabfast open: nothing to open" in bad.stderr
+
+
+def test_detection_layouts_open_as_their_drop_ins(local):
+    from torchvision.datasets import CocoDetection
+
+    from colabfast.testing.layouts import make_coco, make_yolo
+
+    root = local / "export" / "train"
+    make_coco(root, 6, size=(64, 48))
+    ds = open_dataset(root, progress=False)
+    assert type(ds).__name__ == "H5CocoDetection" and "coco layout" in ds.account
+    ref = CocoDetection(str(root), str(root / "_annotations.coco.json"))
+    assert ds.ids == ref.ids
+    for (a, ta), (b, tb) in zip(ref, ds):
+        assert ta == tb and np.array_equal(np.asarray(a), np.asarray(b))
+    again = open_dataset(root, progress=False)
+    assert "found a mirror of it made " in again.account and "packed" not in again.account
+
+    yolo = local / "yolo"
+    make_yolo(yolo, 5, size=(64, 48))
+    boxes = open_dataset(yolo, "train", output="tensor", progress=False)
+    assert type(boxes).__name__ == "H5Dataset" and len(boxes) == 5
+    image, target = boxes[0]
+    assert image.shape[0] == 3 and set(target) == {"boxes", "labels"} and target["boxes"].dtype == torch.float32
+    with pytest.raises(ValueError, match="split="):
+        open_dataset(root, "val", progress=False)  # a COCO folder has one set of samples

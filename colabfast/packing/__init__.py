@@ -163,8 +163,8 @@ def pack(
     """
     if store not in STORES:
         raise ValueError(f"store must be 'encoded' or 'raw', not {store!r}")
-    column_layout = _column_layout(src, layout, labels)
-    if column_layout is not None or _is_dataset(src):
+    folder_layout = column_layout(src, layout, labels)
+    if folder_layout is not None or _is_dataset(src):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if not 1 <= quality <= 100:
@@ -177,11 +177,11 @@ def pack(
                              "encoded (PNG, or the JPEG files' own bytes)")
         from colabfast.hf import packable
 
-        dataset = packable(src) if column_layout is None else _open_layout(src, column_layout, labels, split,
+        dataset = packable(src) if folder_layout is None else _open_layout(src, folder_layout, labels, split,
                                                                             on_error, retries)
         return pack_columns(dataset, dst, options=_options(store, _check_size(image_size), quality),
                             workers=env.cpu_count() if workers is None else workers, on_error=on_error,
-                            progress=progress, overwrite=overwrite, layout=column_layout or "dataset", fields=fields)
+                            progress=progress, overwrite=overwrite, layout=folder_layout or "dataset", fields=fields)
     if fields is not None:
         raise ValueError("fields= is for packing a dataset or a layout of colabfast.layouts")
     if on_error not in ("raise", "skip"):
@@ -214,7 +214,7 @@ def _is_dataset(src: Any) -> bool:
             and hasattr(src, "__len__"))
 
 
-def _column_layout(src: Any, layout: str, labels: Optional[PathLike] = None) -> Optional[str]:
+def column_layout(src: Any, layout: str, labels: Optional[PathLike] = None) -> Optional[str]:
     """The :mod:`colabfast.layouts` layout ``src`` is packed as (given, or detected for ``"auto"``), or None."""
     from colabfast.layouts import LAYOUTS
 
@@ -248,14 +248,23 @@ def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optio
 def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[PathLike] = None,
                        split: Optional[str] = None, store: str = "encoded",
                        image_size: Union[int, tuple[int, int], None] = None, quality: int = 90,
-                       shuffle: bool = False, seed: int = 0, retries: int = 5) -> tuple[str, str]:
+                       shuffle: bool = False, seed: int = 0, retries: int = 5,
+                       on_error: str = "raise") -> tuple[str, str]:
     """``(fingerprint, description)`` of the mirror :func:`pack` would make of the folder or archive
     ``src`` with these options: the ``fingerprint`` it records in the mirror (what a finished mirror
     depends on: the files' names, sizes and times, labels, layout and options), and e.g.
     ``"imagefolder layout, 300 images in 10 classes"``. Lists the folder (or looks into the archive),
-    reading no image. Raises what :func:`pack` raises for the same source."""
+    reading no image; a folder layout of :mod:`colabfast.layouts` also parses its annotations and
+    reads its first sample (what fixes the mirror's columns). Raises what :func:`pack` raises for the
+    same source."""
     streamed = archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src)
     options = _options(store, _check_size(image_size), quality)
+    folder_layout = None if streamed else column_layout(src, layout, labels)
+    if folder_layout is not None:
+        from colabfast.packing.dataset import plan
+
+        dataset = _open_layout(src, folder_layout, labels, split, on_error, retries)
+        return plan(dataset, None, options, folder_layout)[2], dataset.describe()
     if streamed:
         fingerprint, archive = _archive_listing(src, options, layout, labels, split, retries)
         return fingerprint, archive.describe()
