@@ -599,3 +599,38 @@ def test_an_unreadable_sub_folder_is_listed_not_a_raw_error(tmp_path):
                       "(Permission denied): its images are unknown"]
     mirror = info(tmp_path / "skip.h5")
     assert mirror.samples[""] == 4 and [s["path"] for s in mirror.skipped] == [str(a / "sub")]
+
+
+def test_a_jpeg_corrupt_inside_is_found_by_the_check_at_one_eighth_scale(tmp_path):
+    """Kept JPEGs are checked by decoding them at 1/8 scale (encode_image): all the entropy-coded data
+    is still decoded, so a file corrupt inside, whole in length, fails where a full decode fails."""
+    import io
+
+    from colabfast.encoding import encode_image
+    from colabfast.testing.data import encode, photo
+
+    good = encode(photo(320, 240, np.random.default_rng(1)))
+    assert encode_image(good, "encoded", None, 90) == (good, (240, 320, 3))
+
+    def fails(fn) -> bool:
+        try:
+            fn()
+        except OSError:
+            return True
+        return False
+
+    caught = []
+    for start in range(len(good) // 4, len(good) - 64, len(good) // 16):  # corruptions along the data
+        bad = bytearray(good)
+        for k in range(start, start + 48):
+            bad[k] = 0xFF if k % 5 == 0 else bad[k] ^ 0x5A
+        full = fails(lambda: Image.open(io.BytesIO(bytes(bad))).convert("RGB"))  # what ImageFolder meets
+        assert fails(lambda: encode_image(bytes(bad), "encoded", None, 90)) == full, start
+        if full:
+            caught.append(bytes(bad))
+    assert caught  # some corruption a full decode finds: the check found each one too
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "bad.jpg").write_bytes(caught[0])
+    (tmp_path / "src" / "a" / "good.jpg").write_bytes(good)
+    with pytest.raises(PackError, match="bad.jpg"):
+        pack(tmp_path / "src", tmp_path / "m.h5", workers=0, progress=False)

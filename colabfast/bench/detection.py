@@ -6,8 +6,8 @@ the machine's load drifts alike for all:
 - ``detection/read``: one full pass over the dataset, images as uint8 ``[C, H, W]`` tensors and
   targets as COCO's lists of annotation dicts, from local disk (the files in the page cache, as
   after staging): :class:`colabfast.H5CocoDetection` with ``output="tensor"``, item by item and
-  through :class:`colabfast.DataLoader` (its defaults: batches of ``BATCH`` as lists, images of
-  different sizes cannot be stacked), against ``CocoDetection`` with ``v2.PILToTensor()``, item by
+  through :class:`colabfast.DataLoader` (its defaults: its reader threads read whole batches,
+  images of different sizes as a list, targets per sample), against ``CocoDetection`` with ``v2.PILToTensor()``, item by
   item and through a torch ``DataLoader`` with ``workers`` worker processes (the tuned baseline).
 - ``detection/drive``: the same pass with the data on the Drive simulator (100 ms per open, 60 MB/s
   by default), cold: what :func:`colabfast.open_dataset` does with a mirror on Drive (stage it to
@@ -188,7 +188,7 @@ def _read(folder: Path, ann: Path, mirror: Path, n: int, repeats: int, workers: 
 
     def h5_loader() -> int:
         ds = cf.H5CocoDetection(mirror, output="tensor")
-        return _pass(cf.DataLoader(ds, BATCH, num_workers=workers, device="cpu"))
+        return _pass(cf.DataLoader(ds, BATCH, device="cpu"))  # its defaults: the reader threads
 
     def coco() -> CocoDetection:
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools' "loading annotations into memory..."
@@ -232,7 +232,7 @@ def _drive(tmp: Path, folder: Path, ann: Path, mirror: Path, n: int, repeats: in
         def staged() -> int:
             path = cf.stage(on_drive / mirror.name, local / mirror.name, progress=False)
             ds = cf.H5CocoDetection(path, output="tensor")
-            return _pass(cf.DataLoader(ds, BATCH, num_workers=workers, device="cpu"))
+            return _pass(cf.DataLoader(ds, BATCH, device="cpu"))  # its defaults: the reader threads
 
         def mounted() -> int:
             with contextlib.redirect_stdout(io.StringIO()):

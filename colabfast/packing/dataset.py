@@ -185,14 +185,13 @@ def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: d
     pool = _pool(dataset, workers)
     inflight: deque[tuple[Future, Path, range]] = deque()
     def finish(fut: Future, path: Path, idx: range) -> None:
-        result = fut.result()
-        _save(path, result)
-        errors.extend((int(i), str(e)) for i, e in result["errors"])
+        errors.extend((int(i), str(e)) for i, e in fut.result())  # the worker saved the part
         bar.update(len(idx))
 
     with _stopping(pool), tqdm(total=n, initial=finished, unit="sample", desc="pack", disable=not progress) as bar:
         for path, idx in todo:
-            inflight.append((pool.submit(_encode_part, idx.start, idx.stop, template, fields, options), path, idx))
+            inflight.append((pool.submit(_encode_part, idx.start, idx.stop, template, fields, options, path), path,
+                             idx))
             while len(inflight) > max(workers, 1):
                 finish(*inflight.popleft())
         while inflight:
@@ -224,8 +223,11 @@ def _start(parent: int, dataset: Any) -> None:
     _worker_start(parent)
 
 
-def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field], options: dict) -> dict:
-    """Samples ``start..stop`` fetched (by threads) and encoded: runs in a worker process.
+def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field], options: dict,
+                 path: Path) -> list[tuple[int, str]]:
+    """Samples ``start..stop`` fetched (by threads), encoded and saved as the part at ``path`` (in the
+    worker: only the failures travel back); runs in a worker process. Returns ``(index, error)`` of
+    each sample that failed.
 
     Raises:
         FieldError: a sample that does not fit the fields (a bug to fix, not a bad file to skip).
@@ -270,7 +272,8 @@ def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field],
             out[f"c{k}_blob"] = _blob([np.ascontiguousarray(v).tobytes() for v in vals])
             ndim = ndims.pop() if ndims else 0
             out[f"c{k}_shapes"] = np.array([v.shape for v in vals], dtype=np.int64).reshape(len(vals), ndim)
-    return out
+    _save(path, out)
+    return out["errors"]
 
 
 def _blob(parts: list[bytes]) -> np.ndarray:
