@@ -50,7 +50,8 @@ class _EncodedImages:
         self.dataset, self.raw, self.names = dataset, raw, names
         self.features = {name: dataset.features[name] for name in names}
         self.fingerprint = getattr(dataset, "_fingerprint", None)
-        self.root = None
+        cls = type(dataset)
+        self.source_name = f"{cls.__module__}.{cls.__qualname__}"  # what the mirror records it was packed from
 
     def __len__(self) -> int:
         return len(self.raw)

@@ -521,3 +521,62 @@ def test_info_lists_columns_and_verify_names_a_flipped_mask_byte(columns_mirror,
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert "1 of 5 samples do not match their checksums" in out.stderr and "sample 3" in out.stderr
     assert "field '1.mask'" in out.stderr and str(m) in out.stderr
+
+
+def _zip_tree(folder: Path, archive: Path) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                z.write(path, path.relative_to(folder).as_posix())
+    return archive
+
+
+def test_an_export_zip_packs_as_its_layout_and_is_found_without_extracting(tmp_path, capsys):
+    from torchvision.datasets import CocoDetection
+
+    import colabfast as cf
+    from colabfast.testing.layouts import make_coco, make_yolo
+
+    export = tmp_path / "export"
+    make_coco(export / "train", 5, size=(64, 48), seed=1)
+    make_coco(export / "valid", 3, size=(64, 48), seed=2)
+    (export / "README.roboflow.txt").write_text("exported\n")
+    archive = _zip_tree(export, tmp_path / "export.zip")
+    with pytest.raises(FileNotFoundError, match="train, valid.*split="):
+        cf.pack(archive, tmp_path / "m.h5", progress=False)
+    cf.pack(archive, tmp_path / "train.h5", split="train", progress=False)
+    ds = cf.H5CocoDetection(tmp_path / "train.h5")
+    ref = CocoDetection(str(export / "train"), str(export / "train" / "_annotations.coco.json"))
+    assert ds.ids == ref.ids and cf.info(tmp_path / "train.h5").source == str(archive)
+    for (a, ta), (b, tb) in zip(ref, ds):
+        assert ta == tb and np.array_equal(np.asarray(a), np.asarray(b))
+    capsys.readouterr()
+    cf.pack(archive, tmp_path / "train.h5", split="train")
+    assert "already a complete mirror" in capsys.readouterr().out  # nothing extracted again
+    assert not any((cf.env.work_dir() / "unpacked").glob("train-*"))  # the extraction is gone
+
+    yolo = make_yolo(tmp_path / "yolo", 4, size=(64, 48))
+    packed = cf.pack(_zip_tree(yolo, tmp_path / "yolo.zip"), tmp_path / "y.h5", progress=False)
+    assert cf.info(packed).layout == "yolo" and len(cf.H5Dataset(packed)) == 4
+
+
+def test_open_dataset_opens_an_export_zip(tmp_path, monkeypatch):
+    import tempfile
+
+    import colabfast as cf
+    from colabfast import env
+    from colabfast.testing.layouts import make_coco
+
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+    make_coco(tmp_path / "export" / "train", 4, size=(64, 48))
+    archive = _zip_tree(tmp_path / "export", tmp_path / "export.zip")
+    ds = cf.open_dataset(archive, "train", progress=False)
+    assert type(ds).__name__ == "H5CocoDetection" and len(ds) == 4
+    again = cf.open_dataset(archive, "train", progress=False)
+    assert "found a mirror of it made" in again.account and "packed" not in again.account

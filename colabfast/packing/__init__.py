@@ -164,7 +164,8 @@ def pack(
     if store not in STORES:
         raise ValueError(f"store must be 'encoded' or 'raw', not {store!r}")
     folder_layout = column_layout(src, layout, labels)
-    if folder_layout is not None or _is_dataset(src):
+    packed_archive = _archive_of_layout(src, layout)
+    if folder_layout is not None or packed_archive is not None or _is_dataset(src):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if not 1 <= quality <= 100:
@@ -175,6 +176,13 @@ def pack(
         if store != "encoded":
             raise ValueError("store='raw' is for folders of images; a mirror of a dataset stores its images "
                              "encoded (PNG, or the JPEG files' own bytes)")
+        if packed_archive is not None:
+            from colabfast.packing.unpacked import pack_unpacked
+
+            return pack_unpacked(src, dst, layout=packed_archive, labels=labels, split=split,
+                                 options=_options(store, _check_size(image_size), quality),
+                                 workers=env.cpu_count() if workers is None else workers, on_error=on_error,
+                                 progress=progress, overwrite=overwrite, retries=retries, fields=fields)
         from colabfast.hf import packable
 
         dataset = packable(src) if folder_layout is None else _open_layout(src, folder_layout, labels, split,
@@ -206,6 +214,16 @@ def pack(
                             overwrite=overwrite, layout=layout, labels=labels, split=split, seed=seed, retries=retries)
     return pack_folder(src, dst, options=options, workers=workers, on_error=on_error, progress=progress,
                        overwrite=overwrite, layout=layout, shuffle=shuffle, seed=seed, retries=retries)
+
+
+def _archive_of_layout(src: Any, layout: str) -> Optional[str]:
+    """The :mod:`colabfast.layouts` layout of an archive file ``src`` (see
+    :func:`colabfast.packing.unpacked.archive_layout`), or None."""
+    if not isinstance(src, (str, os.PathLike)) or archive_suffix(os.fspath(src)) is None or not os.path.isfile(src):
+        return None
+    from colabfast.packing.unpacked import archive_layout
+
+    return archive_layout(src, layout)
 
 
 def _is_dataset(src: Any) -> bool:
@@ -259,6 +277,11 @@ def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[
     same source."""
     streamed = archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src)
     options = _options(store, _check_size(image_size), quality)
+    if (packed_archive := _archive_of_layout(src, layout)) is not None:
+        from colabfast.packing.unpacked import unpacked_fingerprint
+
+        return (unpacked_fingerprint(src, packed_archive, labels, split, options, retries),
+                f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB")
     folder_layout = None if streamed else column_layout(src, layout, labels)
     if folder_layout is not None:
         from colabfast.packing.dataset import plan

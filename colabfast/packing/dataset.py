@@ -56,10 +56,12 @@ _dataset: Any = None  # the dataset, in each worker process (inherited through f
 
 
 def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_error: str, progress: bool,
-                 overwrite: bool, layout: str, fields: Optional[dict]) -> Path:
+                 overwrite: bool, layout: str, fields: Optional[dict], source: Optional[str] = None,
+                 fingerprint: Optional[str] = None) -> Path:
     """:func:`colabfast.pack` for the map-style dataset ``src`` (a layout of :mod:`colabfast.layouts`
-    is one): a mirror of columns, ``layout`` its name or ``"dataset"``. Returns ``dst`` as given.
-    Raises what :func:`colabfast.pack` raises."""
+    is one): a mirror of columns, ``layout`` its name or ``"dataset"``; ``source`` and ``fingerprint``
+    what the mirror records, where the caller knows better (an archive extracted to be packed).
+    Returns ``dst`` as given. Raises what :func:`colabfast.pack` raises."""
     from colabfast.layouts.base import Layout
 
     dataset = src
@@ -67,7 +69,7 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
     given = Path(os.path.abspath(dst))
     dst = Path(os.path.realpath(given))
     is_layout = isinstance(dataset, Layout)
-    source = _printable(str(dataset.root)) if is_layout else describe_dataset(dataset)
+    source = source or (_printable(str(dataset.root)) if is_layout else describe_dataset(dataset))
     work = _work_dir(dst)
     work.parent.mkdir(parents=True, exist_ok=True)
     with locked(lock_path(dst), f"packing into {dst}"):
@@ -75,7 +77,8 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
         if packed_from is not None and packed_from != source:
             raise ValueError(f"{dst} is a mirror of {packed_from}, not of {source}: packing would replace it, so "
                              "nothing was written. Pass another dst, or overwrite=True to replace it.")
-        template, flds, fingerprint = plan(dataset, fields, options, layout)
+        template, flds, planned = plan(dataset, fields, options, layout)
+        fingerprint = fingerprint or planned
         if is_layout:  # arrays of a layout's targets come back as tensors, as torchvision's models take them
             for f in flds:
                 if f.as_ == "ndarray" and f.kind == "array":
@@ -116,6 +119,8 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
 
 def describe_dataset(dataset: Any) -> str:
     """What a mirror records as its source for a dataset that is not a folder: its class (and root)."""
+    if isinstance(named := getattr(dataset, "source_name", None), str):
+        return named
     cls = type(dataset)
     root = getattr(dataset, "root", None)
     return f"{cls.__module__}.{cls.__qualname__}" + (f"({root})" if isinstance(root, (str, os.PathLike)) else "")

@@ -1,0 +1,134 @@
+"""Packing an archive of a folder layout (a Roboflow or Ultralytics export zip, a VOCdevkit tar): the
+archive is extracted safely to local disk (:func:`colabfast.archive.extract`: nothing outside the
+folder, no links), packed as the folder it holds, and the extraction deleted.
+
+Unlike ImageNet's archives (:mod:`colabfast.packing.archives`) these are not read as a stream: a
+layout's annotation file may come after its images in a tar, and an export is small beside the disk.
+The mirror records the archive as its source, and a fingerprint of the archive itself (its name,
+size and time, the layout and options), so a second run finds the finished mirror without
+extracting anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any, Optional
+
+from colabfast import env
+from colabfast._fileio import PathLike, retry
+from colabfast.archive import archive_suffix, extract
+
+__all__ = ["archive_layout", "pack_unpacked", "unpacked_fingerprint"]
+
+
+def archive_layout(path: PathLike, layout: str) -> Optional[str]:
+    """The :mod:`colabfast.layouts` layout the archive at ``path`` is packed as: ``layout`` when it is
+    one, else for ``"auto"`` what a zip's member names show (read from its central directory: no data
+    read); None for anything else (ImageNet's archives and archives of an ImageFolder tree)."""
+    from colabfast.layouts import LAYOUTS
+
+    if layout in LAYOUTS:
+        return layout
+    if layout != "auto" or archive_suffix(path) != ".zip":
+        return None
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if not n.endswith("/")]
+    except (OSError, zipfile.BadZipFile):
+        return None  # packing it as an archive stream says what is wrong
+    parts = [n.split("/") for n in names]
+    if any(p[-1] == "_annotations.coco.json" for p in parts):
+        return "coco"
+    if any("ImageSets" in p and "Main" in p for p in parts) and any("Annotations" in p for p in parts):
+        return "voc-detection"
+    if any("ImageSets" in p and "Segmentation" in p for p in parts):
+        return "voc-segmentation"
+    if any(p[-1] in ("data.yaml", "data.yml") for p in parts) and any("labels" in p[:-1] for p in parts):
+        return "yolo"
+    if any("images" in p[:-1] for p in parts) and any("masks" in p[:-1] for p in parts):
+        return "segmentation"
+    return None
+
+
+def unpacked_fingerprint(path: PathLike, layout: str, labels: Optional[PathLike], split: Optional[str],
+                         options: dict, retries: int = 5) -> str:
+    """What a mirror of the archive at ``path`` records and is found by: the archive's name, size and
+    modification time, the layout, ``labels``, ``split`` and the options."""
+    st = retry(lambda: os.stat(path), retries)
+    key = {"archive": os.path.basename(os.fspath(path)), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+           "layout": layout, "labels": None if labels is None else os.fspath(labels), "split": split, **options}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional[PathLike], split: Optional[str],
+                  options: dict, workers: int, on_error: str, progress: bool, overwrite: bool, retries: int,
+                  fields: Optional[dict]) -> Path:
+    """:func:`colabfast.pack` for an archive of the folder layout ``layout``: ``labels`` (a COCO JSON or
+    a CSV table) is a path inside the archive; ``split`` picks, in an export holding ``train/``,
+    ``valid/`` and ``test/`` folders, the one to pack. Returns ``dst`` as given.
+
+    Raises:
+        what :func:`colabfast.pack` and :func:`colabfast.archive.extract` raise; ``FileNotFoundError``
+        when the archive does not hold what the layout reads.
+    """
+    from colabfast.packing.common import _complete, _printable
+    from colabfast.packing.dataset import pack_columns
+
+    archive = Path(os.path.abspath(src))
+    fingerprint = unpacked_fingerprint(archive, layout, labels, split, options, retries)
+    real = Path(os.path.realpath(os.path.abspath(dst)))
+    if not overwrite and _complete(real, fingerprint):  # found before extracting anything
+        if progress:
+            print(f"pack: {real} is already a complete mirror of {archive} with these options")
+        return Path(os.path.abspath(dst))
+    tag = hashlib.sha1(os.fsencode(real)).hexdigest()[:10]
+    folder = env.work_dir() / "unpacked" / f"{real.stem}-{tag}"
+    if progress:
+        print(f"pack: extracting {archive} to {folder} (a {layout} layout is packed from its folder)")
+    extract(archive, folder, retries=retries)  # resumes: entries already extracted are skipped
+    dataset = _open(folder, layout, labels, split, on_error, retries, archive)
+    done = pack_columns(dataset, dst, options=options, workers=workers, on_error=on_error, progress=progress,
+                        overwrite=overwrite, layout=layout, fields=fields, source=_printable(str(archive)),
+                        fingerprint=fingerprint)
+    shutil.rmtree(folder, ignore_errors=True)
+    return done
+
+
+def _open(folder: Path, layout: str, labels: Optional[PathLike], split: Optional[str], on_error: str, retries: int,
+          archive: Path) -> Any:
+    """The layout over the extracted ``folder``: its root the folder (or its one top-level folder),
+    or for an export of several splits (``train/``, ``valid/``, ``test/``) the folder ``split``."""
+    from colabfast.layouts import LAYOUTS
+
+    root = folder
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    if len(entries) == 1 and entries[0].is_dir():
+        root = entries[0]
+    kwargs: dict[str, Any] = {"on_error": on_error, "retries": retries}
+    if layout in ("voc-detection", "voc-segmentation", "yolo"):
+        if split is not None:
+            kwargs["split"] = split
+    elif split is not None:  # an export's split folder (its only folder: then the one at the top)
+        if (root / split).is_dir():
+            root = root / split
+        elif root.name != split:
+            held = ", ".join(sorted(p.name for p in root.iterdir())) or "nothing"
+            raise FileNotFoundError(f"{archive} holds no folder {split!r} (split=) at its top: it holds {held}")
+    elif layout == "coco" and labels is None and not (root / "_annotations.coco.json").is_file():
+        splits = sorted(p.name for p in root.iterdir() if (p / "_annotations.coco.json").is_file())
+        if len(splits) != 1:
+            raise FileNotFoundError(f"{archive} holds {'the COCO exports ' + ', '.join(splits) if splits else 'no '}"
+                                    "_annotations.coco.json" + (": pass split= one of them" if splits else
+                                                                ": pass labels= the annotation JSON inside it"))
+        root = root / splits[0]
+    if labels is not None:
+        inside = Path(os.path.normpath(os.fspath(labels)))
+        if inside.is_absolute() or inside.parts[:1] == ("..",):
+            raise ValueError(f"labels={labels!r}: for an archive, the path of the annotation file inside it")
+        kwargs["labels"] = folder / inside if (folder / inside).exists() else root / inside
+    return LAYOUTS[layout](root, **kwargs)  # type: ignore[call-arg]
