@@ -319,13 +319,15 @@ def open_dataset(
     if kind != "mirror":
         folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
         early = _Early.start(src, folder, to, progress)
+        if kind == "folder":  # detected once (a listing of the folder on Drive), then given to pack
+            pack_options = {**pack_options, "layout": _folder_layout(src, pack_options)}
         try:
             mirror, fingerprint = _found_or_packed(src, kind, split, image_size, mirrors, progress, pack_options,
                                                    steps, early)
         finally:
             if early is not None:
                 early.stop()  # a no-op once the listing named what it staged (then it is taken below)
-        if _packs_split(src, kind, pack_options):
+        if _packs_split(kind, pack_options):
             split = None  # it chose what pack read
     # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
     # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
@@ -371,7 +373,7 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
     name; with that file, the fingerprint it must record (checked by :func:`_checked` once staged)."""
     from colabfast.packing import pack, source_fingerprint
 
-    packs_split = _packs_split(src, kind, options)
+    packs_split = _packs_split(kind, options)
     if kind == "folder" and not packs_split:  # a wrong split is named now, not after packing
         layout = _folder_layout(src, options)
         if layout in DROP_INS:
@@ -433,12 +435,11 @@ def _folder_layout(src: Path, options: dict) -> str:
     return column_layout(src, layout, options.get("labels")) or (detect_layout(src) if layout == "auto" else layout)
 
 
-def _packs_split(src: Path, kind: str, options: dict) -> bool:
+def _packs_split(kind: str, options: dict) -> bool:
     """Whether ``split`` chooses what pack reads (an archive's part, VOC's image set, a YOLO export's
-    split), rather than a split of the mirror (KITTI's)."""
-    if kind == "archive":
-        return True
-    return kind == "folder" and _folder_layout(src, options) in ("voc-detection", "voc-segmentation", "yolo")
+    split), rather than a split of the mirror (KITTI's); ``options["layout"]`` a folder's layout, as
+    :func:`_folder_layout` gives it."""
+    return kind == "archive" or options.get("layout") in ("voc-detection", "voc-segmentation", "yolo")
 
 
 def _contents(folder: Path) -> str:
@@ -497,7 +498,7 @@ class _Early:
         return cls(src, folder, to, progress)
 
     def _run(self, src: Path, folder: Path, to: str, progress: bool) -> None:
-        from colabfast.mirror import file_version, vet
+        from colabfast.mirror import file_version
         from colabfast.staging import stage
 
         try:
@@ -508,17 +509,31 @@ class _Early:
             if self.candidate is None or self.cancel.is_set():
                 return
             start = time.perf_counter()
-            before = file_version(os.stat(self.candidate))
-            vet(self.candidate)
-            self.vetted = before if file_version(os.stat(self.candidate)) == before else None
-            if not self.cancel.is_set():
-                self.before = _before_staging(self.candidate, to)
-                self.local = stage(self.candidate, to=to, progress=progress, cancel=self.cancel)
-            self.seconds = time.perf_counter() - start
+            candidate = self.candidate
+            before = file_version(os.stat(candidate))
+            vetting = threading.Thread(target=self._vet, args=(candidate, before), daemon=True,
+                                       name="colabfast-open-vet")
+            vetting.start()  # a child process reading the metadata, while the bytes are copied
+            try:
+                self.before = _before_staging(candidate, to)
+                self.local = stage(candidate, to=to, progress=progress, cancel=self.cancel)
+                self.seconds = time.perf_counter() - start
+            finally:
+                vetting.join()
         except BaseException as exc:  # noqa: BLE001 (reported by take(), or the normal path raises it again)
             self.error = exc
         finally:
             self.chosen.set()
+
+    def _vet(self, candidate: Path, before: tuple[int, ...]) -> None:
+        from colabfast.mirror import file_version, vet
+
+        try:
+            vet(candidate)
+        except (MirrorError, OSError):
+            return  # not vetted: the staged copy is vetted when it is opened, and fails there
+        if file_version(os.stat(candidate)) == before:
+            self.vetted = before
 
     def expect(self, mirror: Path) -> None:
         """The listing says the mirror is ``mirror``: a copy of any other stops now."""

@@ -15,8 +15,10 @@ the machine's load drifts alike for all:
   torch ``DataLoader`` with ``workers`` workers. The simulator drops a file's cached pages at each
   open, so every run reads through the simulated link.
 - ``detection/pack``: ``colabfast.pack(folder, layout="coco")`` with ``workers`` processes against
-  the decode bound: decoding every image (PIL, ``convert("RGB")``, the work pack must do to check
-  each one) in ``workers`` processes, the files' bytes already in memory.
+  the decode bound: decoding every image fully as torchvision's datasets do (PIL,
+  ``convert("RGB")``) in ``workers`` processes, the files' bytes already in memory. (Pack checks a
+  JPEG it keeps by decoding it at 1/8 scale, which reads all its entropy-coded data for less:
+  :func:`colabfast.encoding.encode_image`.)
 
 Run pinned to 2 CPUs, as Colab has: ``taskset -c 0,1 colabfast bench detection``.
 """
