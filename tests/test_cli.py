@@ -219,8 +219,10 @@ def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_pat
 
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=600, size=(64, 48))
     dst, work = tmp_path / "m.h5", tmp_path / ".m.h5.colabfast-pack"
-    code = ("import sys, colabfast.packing.common as c\nc.CHUNK = 20\nfrom colabfast.cli import main\n"
-            "sys.exit(main(sys.argv[1:]))\n")
+    # SIGUSR1 dumps every thread's stack to stderr: what a hang below shows in the failure
+    code = ("import faulthandler, signal, sys, colabfast.packing.common as c\nc.CHUNK = 20\n"
+            "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+            "from colabfast.cli import main\nsys.exit(main(sys.argv[1:]))\n")
     cwd = Path(__file__).parents[1]
     child = subprocess.Popen([sys.executable, "-c", code, "pack", str(src), str(dst), "--workers", "2", "-q"],
                              cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -232,9 +234,12 @@ def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_pat
     os.killpg(child.pid, signal.SIGINT)
     try:
         _, err = child.communicate(timeout=120)
-    except subprocess.TimeoutExpired:  # the code before the fix could hang here
+    except subprocess.TimeoutExpired:  # the code before the fix could hang here: say where it hangs
+        os.kill(child.pid, signal.SIGUSR1)
+        time.sleep(1)
         os.killpg(child.pid, signal.SIGKILL)
-        raise
+        _, err = child.communicate()
+        raise AssertionError(f"pack did not end within 120 s of Ctrl-C; its threads:\n{err[-6000:]}") from None
     assert child.returncode == 130, err
     assert err.splitlines() == ["interrupted; run the same command again to resume"]
     parts = len(list(work.glob("*.npz")))

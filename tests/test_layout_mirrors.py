@@ -557,8 +557,8 @@ def test_an_export_zip_packs_as_its_layout_and_is_found_without_extracting(tmp_p
     assert "already a complete mirror" in capsys.readouterr().out  # nothing extracted again
     assert not any((cf.env.work_dir() / "unpacked").glob("train-*"))  # the extraction is gone
 
-    yolo = make_yolo(tmp_path / "yolo", 4, size=(64, 48))
-    packed = cf.pack(_zip_tree(yolo, tmp_path / "yolo.zip"), tmp_path / "y.h5", progress=False)
+    exported = make_yolo(tmp_path / "yolo", 4, size=(64, 48))
+    packed = cf.pack(_zip_tree(exported, tmp_path / "yolo.zip"), tmp_path / "y.h5", progress=False)
     assert cf.info(packed).layout == "yolo" and len(cf.H5Dataset(packed)) == 4
 
 

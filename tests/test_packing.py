@@ -624,10 +624,11 @@ def test_a_jpeg_corrupt_inside_is_found_by_the_check_at_one_eighth_scale(tmp_pat
         bad = bytearray(good)
         for k in range(start, start + 48):
             bad[k] = 0xFF if k % 5 == 0 else bad[k] ^ 0x5A
-        full = fails(lambda: Image.open(io.BytesIO(bytes(bad))).convert("RGB"))  # what ImageFolder meets
-        assert fails(lambda: encode_image(bytes(bad), "encoded", None, 90)) == full, start
+        data = bytes(bad)
+        full = fails(lambda d=data: Image.open(io.BytesIO(d)).convert("RGB"))  # what ImageFolder meets
+        assert fails(lambda d=data: encode_image(d, "encoded", None, 90)) == full, start
         if full:
-            caught.append(bytes(bad))
+            caught.append(data)
     assert caught  # some corruption a full decode finds: the check found each one too
     (tmp_path / "src" / "a").mkdir(parents=True)
     (tmp_path / "src" / "a" / "bad.jpg").write_bytes(caught[0])
