@@ -21,7 +21,8 @@ import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Subset
 from torchvision.datasets.vision import StandardTransform
 
-from colabfast import datasets, env, reader, transforms
+from colabfast import datasets, env, reader, threadworkers, transforms
+from colabfast.augment import FusedTransform
 from colabfast.collate import collate
 from colabfast.datasets import unwrap
 from colabfast.gpudecode import Encoded, decode_cpu, is_encoded, is_jpeg
@@ -128,14 +129,17 @@ class BlockPlan(NamedTuple):
 
 
 class ReaderPlan(NamedTuple):
-    """In a :func:`plan`: batches read by ``threads`` threads of :mod:`colabfast.reader`, ``prefetch``
-    batches ahead of the one handed out."""
+    """In a :func:`plan`: batches made by ``threads`` threads in this process, ``prefetch`` batches
+    ahead of the one handed out: whole batches read by :mod:`colabfast.reader`, with ``per_sample``
+    (a :class:`~colabfast.augment.FusedTransform`) applied to each image as it is decoded, drawing as
+    worker processes would (:mod:`colabfast.threadworkers`)."""
 
     threads: int
     prefetch: int
+    per_sample: Optional[FusedTransform] = None
 
     def __str__(self) -> str:
-        return f"{self.threads} threads"
+        return f"{self.threads} threads" + (", per-sample transforms fused" if self.per_sample else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +215,7 @@ def plan(
     memory_format: Optional[torch.memory_format] = None,
     decode: str = "auto",
     transform: Optional[Callable] = None,
+    draft: bool = False,
 ) -> Plan:
     """What :class:`DataLoader` will do with these arguments: a :class:`Plan`.
 
@@ -249,11 +254,14 @@ def plan(
     else:
         reasons["collate_fn"] = "set by caller" if collate_fn is not None else "torch's default without batching"
 
-    threads = None
+    threads, per_sample = None, None
     wants_workers = num_workers is not None or worker_init_fn is not None or multiprocessing_context is not None
     if not wants_workers and layout is not None and batch_sampler is None and batch_size and not iterable:
-        fits, reasons["reader"] = reader.applies(dataset, transform_on_cpu=transform is not None and not cuda,
-                                                 decode=decode)
+        cpu_transform = None if cuda else transform
+        fits, reasons["reader"] = reader.applies(dataset, transform_on_cpu=cpu_transform is not None, decode=decode)
+        if not fits and _transformed(dataset, cpu_transform):
+            fused, why = reader.fused_for(dataset, transform=cpu_transform, decode=decode, draft=draft)
+            fits, per_sample, reasons["reader"] = fused is not None, fused, why
         threads = env.cpu_count() if fits else None
     else:
         reasons["reader"] = ("IterableDataset" if iterable else
@@ -265,10 +273,17 @@ def plan(
         # torch's prefetch_factor counts batches per worker; the reader's threads take its place.
         factor = choose("prefetch_factor", prefetch_factor, READER_PREFETCH,
                         f"{READER_PREFETCH} batches read ahead per reader thread")
-        batch_reader = ReaderPlan(threads, factor * threads)
-        persistent = False
-        reasons["persistent_workers"] = ("no worker processes: reader threads start in microseconds"
-                                         + (" (persistent_workers=True does not apply)" if persistent_workers else ""))
+        batch_reader = ReaderPlan(threads, factor * threads, per_sample)
+        persistent = False  # torch's, which refuses it without workers; the threads keep theirs (below)
+        if per_sample and persistent_workers is False:
+            reasons["persistent_workers"] = "set by caller: the reader threads draw a new base seed each epoch"
+        elif per_sample:
+            reasons["persistent_workers"] = ("no worker processes: the reader threads keep their random streams "
+                                             "between epochs, as persistent workers do")
+        else:
+            reasons["persistent_workers"] = ("no worker processes: reader threads start in microseconds"
+                                             + (" (persistent_workers=True does not apply)" if persistent_workers
+                                                else ""))
     else:
         workers = choose("num_workers", num_workers, *_default_workers(dataset, iterable, multiprocessing_context,
                                                                        collate_fn, worker_init_fn, transform))
@@ -282,6 +297,13 @@ def plan(
     return Plan(device=target, decode=decode, reader=batch_reader, num_workers=workers, persistent_workers=persistent,
                 prefetch_factor=factor, pin_memory=pin, sampler=order, layout=layout, collate_fn=collate_with,
                 reasons=reasons)
+
+
+def _transformed(dataset: Any, cpu_transform: Optional[Callable]) -> bool:
+    """True where a sample of ``dataset`` goes through a transform on the CPU (its own or the loader's)."""
+    inner = datasets.through_subsets(dataset)[0]
+    return cpu_transform is not None or any(getattr(inner, name, None) is not None
+                                            for name in ("transform", "target_transform", "transforms"))
 
 
 def _choose_decode(decode: str, dataset: Any, cuda: bool, batching: bool) -> tuple[str, str]:
@@ -413,6 +435,22 @@ class DataLoader(torch.utils.data.DataLoader):
             (:class:`~colabfast.prefetch.Feeder`, default 3): GPU memory for that many batches stays
             allocated; 2-4 measured within noise of each other on an H100 (benchmarks/README.md).
 
+        draft: where the reader threads fuse a per-sample crop with decoding (see ``transform`` below),
+            decode a JPEG at 1/2, 1/4 or 1/8 scale when the crop is shrunk at least that much
+            (libjpeg-turbo's DCT scaling, :mod:`colabfast.augment`): several times faster on large
+            photos, not the exact pixels of decode-then-crop (the difference is measured in
+            ``benchmarks/README.md``). Default False: exactly torchvision's pixels.
+
+    Per-sample random transforms on the CPU run in this process's reader threads, not in worker
+    processes, where they fuse with decoding (:func:`colabfast.reader.fused_for`): a mirror
+    (``H5ImageFolder(output="tensor")``, or an ``H5Dataset`` of pairs) whose ``transform`` (or the
+    loader's ``transform``) is ``v2.Compose([v2.RandomResizedCrop(...) or v2.Resize(...) or
+    v2.CenterCrop(...), v2.RandomHorizontalFlip(), ...])``. Batch ``k`` is then made by thread
+    ``k % num_threads`` drawing from a generator seeded as worker ``k % num_workers`` seeds torch, so the
+    batches are exactly those ``num_workers=<CPUs>`` worker processes give under the same seed
+    (:mod:`colabfast.threadworkers`). Any other transform runs in worker processes; ``loader.choices``
+    says which and why.
+
     Raises:
         ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a mirror
             dataset giving PIL images (``output="pil"``, the default) that nothing makes tensors before
@@ -451,6 +489,7 @@ class DataLoader(torch.utils.data.DataLoader):
         decode: str = "auto",
         transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         feed_depth: int = FEED_DEPTH,
+        draft: bool = False,
         **kwargs: Any,
     ) -> None:
         if feed_depth < 1:
@@ -459,7 +498,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, worker_init_fn=worker_init_fn,
                  multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
                  persistent_workers=persistent_workers, device=device, memory_format=memory_format, decode=decode,
-                 transform=transform)
+                 transform=transform, draft=draft)
         cuda = p.device.type == "cuda"
         if isinstance(p.sampler, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
@@ -494,15 +533,23 @@ class DataLoader(torch.utils.data.DataLoader):
         if transform is not None:
             self.choices["transform"] = (transform, _where_transform_runs(transform, cuda))
         self._convert = BatchConverter(p.device, self.normalize, transform if cuda else None, non_blocking=cuda)
-        self._reader = None
+        self._reader: Optional[reader.BatchReader] = None
+        self._threads: Optional[threadworkers.ThreadWorkers] = None
         if p.reader is not None:
             self._reader = reader.BatchReader(dataset, threads=p.reader.threads, prefetch=p.reader.prefetch,
-                                              pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last)
+                                              pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last,
+                                              fused=p.reader.per_sample)
+        if p.reader is not None and p.reader.per_sample:  # random draws: dealt out as to worker processes
+            self._threads = threadworkers.ThreadWorkers(self._reader.read, workers=p.reader.threads,
+                                                        prefetch=p.reader.prefetch,
+                                                        persistent=persistent_workers is not False, generator=generator)
         # On CUDA each epoch's batches are converted by a feeder thread on the loader's one side stream,
         # made here and never per epoch (timm#2781).
         self._feeding = Feeding(self._convert, torch.cuda.Stream(device=p.device), feed_depth) if cuda else None
 
     def _batches(self) -> Iterator:
+        if self._threads is not None:
+            return self._threads.batches(self.batch_sampler)  # type: ignore[arg-type]
         if self._reader is not None:
             # the reader runs only with a batch_size and no batch_sampler: torch made a BatchSampler
             assert self.batch_sampler is not None

@@ -22,11 +22,12 @@ import collections
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 
+from colabfast.augment import FusedTransform, fuse
 from colabfast.collate import collate_value
 from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets, undecodable
 from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, decode_cpu
@@ -34,7 +35,7 @@ from colabfast.h5dataset import H5Dataset
 from colabfast.mirror import MirrorError, runs
 from colabfast.prefetch import ImageList
 
-__all__ = ["BatchReader", "applies"]
+__all__ = ["BatchReader", "applies", "fused_for"]
 
 
 def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool, str]:
@@ -66,6 +67,38 @@ def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool,
     return True, "threads in this process read whole batches (colabfast.reader): no per-sample Python"
 
 
+def fused_for(dataset: Any, *, transform: Optional[Callable], decode: str,
+              draft: bool = False) -> tuple[Optional[FusedTransform], str]:
+    """The per-sample transform :class:`BatchReader` can run itself, fused with decoding
+    (:func:`colabfast.augment.fuse`), for ``dataset`` and the loader's CPU ``transform``, and why (or
+    why not).
+
+    It can for an :class:`~colabfast.H5ImageFolder` (or a ``Subset`` of one) with ``output="tensor"``
+    whose own ``transform`` fuses (no ``target_transform``, no loader ``transform``), or with no
+    transforms of its own and a loader ``transform`` that fuses; likewise for an
+    :class:`~colabfast.H5Dataset` of ``(image, target)`` pairs (:meth:`~colabfast.H5Dataset.batchable`)
+    and a loader ``transform`` that fuses. Anything else runs in worker processes, where torchvision's
+    per-call Python does not hold the GIL of the process that trains (measured in threads: 0.6-0.9x
+    the worker processes, ``benchmarks/README.md``).
+    """
+    inner = through_subsets(dataset)[0]
+    if decode == "gpu" or getattr(inner, "output", None) != "tensor":
+        return None, "worker processes: transforms run per sample on images that are not decoded tensors"
+    own = type(inner) is H5ImageFolder and inner.transforms is not None
+    if own and (inner.target_transform is not None or transform is not None):
+        return None, "worker processes: transforms run per sample, the dataset's and the loader's or a target's"
+    if not own and not (type(inner) is H5ImageFolder or (isinstance(inner, H5Dataset) and inner.batchable())):
+        return None, "worker processes: the dataset's own transforms run per sample in Python"
+    what, given = ("the dataset's transform", inner.transform) if own else ("DataLoader(transform=...)", transform)
+    fused = fuse(given, draft=draft)
+    if fused is None:
+        return None, (f"worker processes: transforms run per sample in Python, and {what} is not one the reader "
+                      "fuses with decoding (a leading v2 RandomResizedCrop, Resize or CenterCrop, then flips: "
+                      "colabfast.augment.fuse)")
+    return fused, ("threads in this process decode and transform each sample in one pass (colabfast.augment), "
+                   "drawing as worker processes would: the same batches, no worker start")
+
+
 class BatchReader:
     """Batches of an :class:`~colabfast.H5ImageFolder` read by threads, as the loader's collate builds them.
 
@@ -90,6 +123,8 @@ class BatchReader:
             bounded by ``prefetch + threads + 2`` batches besides those the caller holds.
         channels_last: the memory layout of same-size image batches.
         pin_memory: allocate image batches in pinned memory (needs CUDA).
+        fused: a per-sample transform run on each image as it is decoded (see :func:`fused_for`), drawing
+            from the generator given to :meth:`read`; the images are then its outputs.
 
     Raises (while iterating):
         MirrorError: an image cannot be decoded, a read ends early (the file was truncated), or with
@@ -105,8 +140,10 @@ class BatchReader:
         prefetch: Optional[int] = None,
         channels_last: bool = False,
         pin_memory: bool = False,
+        fused: Optional[FusedTransform] = None,
     ) -> None:
         self.dataset, self._map = through_subsets(dataset)
+        self.fused = fused
         self.threads = max(1, threads)
         self.prefetch = max(1, prefetch if prefetch is not None else 2 * self.threads)
         self.channels_last, self.pin_memory = channels_last, pin_memory
@@ -138,8 +175,8 @@ class BatchReader:
             return []
         return self.read(indices)
 
-    def read(self, indices: Sequence[int]) -> list:
-        """One batch for ``indices`` (see the class docstring)."""
+    def read(self, indices: Sequence[int], generator: Optional[torch.Generator] = None) -> list:
+        """One batch for ``indices`` (see the class docstring); ``generator``: what ``fused`` draws from."""
         mapped = indices if self._map is None else self._map[np.asarray(indices, dtype=np.int64)]
         indices = [int(i) for i in mapped]  # the mirror's
         positions = self.dataset.positions_of(indices)  # where they are stored: all reads go by these
@@ -149,6 +186,8 @@ class BatchReader:
             targets = collate_value([self.dataset.target_at(p) for p in positions], (1,), self._per_sample)
         if self.dataset.output == "bytes":
             return [self._read_bytes(positions, indices), targets]
+        if self.fused is not None:
+            return [self._read_fused(positions, generator), targets]
         return [self._read_images(positions), targets]
 
     # --- reading ---------------------------------------------------------------------------------
@@ -229,6 +268,34 @@ class BatchReader:
         for k, (i, data) in enumerate(zip(indices, stored)):
             self._decode(i, data, scratch)
             np.copyto(slots[k], scratch.transpose(2, 0, 1))
+        return out
+
+    def _read_fused(self, indices: list[int], generator: Optional[torch.Generator]) -> Any:
+        """The images at stored positions ``indices`` through ``fused``, drawing from ``generator``."""
+        assert self.fused is not None
+        reader = self.dataset.reader
+        raw = reader.store == "raw"
+        g = generator if generator is not None else torch.default_generator
+        images = []
+        for i, data in zip(indices, self.dataset._stored(indices)):  # one read per run; verified there
+            try:
+                images.append(self.fused(data, reader.shapes[i], raw, i, g))
+            except ValueError as exc:
+                raise undecodable(reader, i, exc) from exc
+        first = images[0]
+        if any(x.shape != first.shape for x in images):
+            return ImageList([x if x.is_contiguous() else x.contiguous() for x in images])
+        c, h, w = first.shape
+        if self.channels_last:
+            out = self._empty((len(images), h, w, c))
+            slots = out.numpy()
+            for k, x in enumerate(images):
+                np.copyto(slots[k], x.permute(1, 2, 0).numpy())
+            return out.permute(0, 3, 1, 2)
+        out = self._empty((len(images), c, h, w))
+        slots = out.numpy()
+        for k, x in enumerate(images):
+            np.copyto(slots[k], x.numpy())
         return out
 
     def _image(self, index: int, data: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,190 @@
+"""Per-sample CPU augmentation fused with decoding, for the reader threads: :func:`fuse`, :class:`FusedTransform`.
+
+The usual training transform, ``v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip()])``
+(or a ``Resize``/``CenterCrop`` followed by flips), costs more in torchvision's per-call Python (input
+flattening, kernel dispatch, tv_tensor wrapping: about 0.4 ms per image on the development machine)
+than in its pixel work, and in threads that Python holds the GIL. :class:`FusedTransform` does the
+same steps in one pass per image, FFCV-style (its ``RandomResizedCropRGBImageDecoder`` draws the crop,
+then decodes and resizes; Leclerc et al., CVPR 2023): it draws every random parameter first, with the
+arithmetic of torchvision's ``make_params`` on an explicit generator, then decodes the stored image
+(the JPEG, or a view of the raw pixels: a crop of a raw image reads only its pixels), then calls the
+same ``torchvision.transforms.v2.functional`` kernels the transforms call. Same draws, same kernels:
+the same pixels as the transforms (tested against them, image for image).
+
+``draft=True`` also decodes a JPEG at 1/2, 1/4 or 1/8 scale (libjpeg-turbo's DCT scaling through
+``simplejpeg``'s ``min_height``/``min_width``; PIL calls it ``Image.draft``) when the crop is shrunk by
+at least that much, skipping most of the inverse DCT and colour conversion (a 1600x1200 photo cropped to
+224 decodes several times faster). The pixels then differ from decode-then-crop-then-resize: the figures
+are in ``benchmarks/README.md`` (``colabfast bench augment``). No DCT scaling applies to a 224 px crop of
+an image 448 px or less on a side (ImageNet's 500x375, a 256 px mirror).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional, Union
+
+import simplejpeg
+import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from colabfast.gpudecode import JPEG_MAGIC, check_encoded, decode_cpu
+
+__all__ = ["FusedTransform", "fuse"]
+
+_LEADING = (v2.RandomResizedCrop, v2.Resize, v2.CenterCrop)
+_FLIPS = {v2.RandomHorizontalFlip: -1, v2.RandomVerticalFlip: -2}
+_DRAFT_SCALES = (8, 4, 2)  # libjpeg-turbo's power-of-two DCT scalings, largest first
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedTransform:
+    """A leading ``v2.RandomResizedCrop``, ``v2.Resize`` or ``v2.CenterCrop`` (or none) and the random
+    flips after it, applied to one stored image in one pass (see the module docstring).
+
+    Attributes:
+        leading: the leading transform, or None.
+        flips: ``(dim, p)`` per flip in order: dim -1 horizontal, -2 vertical; flipped with probability p.
+        draft: DCT-scaled JPEG decoding where the crop is shrunk 2x or more (not exact).
+    """
+
+    leading: Optional[Union[v2.RandomResizedCrop, v2.Resize, v2.CenterCrop]]
+    flips: tuple[tuple[int, float], ...]
+    draft: bool = False
+
+    def __call__(self, stored: torch.Tensor, shape: Any, raw: bool, where: int,
+                 generator: torch.Generator) -> torch.Tensor:
+        """The transformed image.
+
+        Args:
+            stored: uint8 ``[nbytes]``: the raw HWC pixels (``raw``) or the encoded file.
+            shape: the stored image's ``(H, W, C)``.
+            raw: whether ``stored`` is raw pixels.
+            where: the sample's stored position, for errors.
+            generator: the random stream drawn from (one per reader thread).
+
+        Returns:
+            uint8 ``[C, h, w]``.
+
+        Raises:
+            ValueError: the encoded image cannot be decoded or its header disagrees with ``shape``
+                (:func:`colabfast.gpudecode.decode_cpu`'s errors).
+        """
+        h, w = int(shape[0]), int(shape[1])
+        box = _crop_params(self.leading, h, w, generator) if isinstance(self.leading, v2.RandomResizedCrop) else None
+        flipped = [dim for dim, p in self.flips if not bool(torch.rand(1, generator=generator) >= p)]
+        if raw:
+            image = stored.view(h, w, int(shape[2])).permute(2, 0, 1)
+        else:
+            image, box = self._decode(stored, h, w, where, box)
+        t = self.leading
+        if isinstance(t, v2.RandomResizedCrop):
+            assert box is not None
+            top, left, bh, bw = box
+            # The crop copied out first, channels-last (HWC): the resize kernel reads it 1.6-2x faster than a
+            # strided view (measured), with the same pixels; a raw image's pixels outside it are never copied.
+            crop = image.permute(1, 2, 0)[top : top + bh, left : left + bw].contiguous().permute(2, 0, 1)
+            image = F.resize(crop, t.size, interpolation=t.interpolation, antialias=t.antialias)
+        elif isinstance(t, v2.Resize):
+            image = F.resize(image, self._resized(image, h, w), interpolation=t.interpolation,
+                             max_size=None if image.shape[-2:] != (h, w) else t.max_size, antialias=t.antialias)
+        elif isinstance(t, v2.CenterCrop):
+            image = F.center_crop(image, output_size=t.size)
+        for dim in flipped:
+            image = image.flip(dim)
+        return image
+
+    def _resized(self, image: torch.Tensor, h: int, w: int) -> list[int]:
+        """The output size v2.Resize gives the full-size image; a drafted image is resized to it."""
+        assert isinstance(self.leading, v2.Resize)
+        if image.shape[-2:] == (h, w):
+            return self.leading.size  # type: ignore[return-value]
+        return list(F._geometry._compute_resized_output_size((h, w), size=self.leading.size,
+                                                             max_size=self.leading.max_size))
+
+    def _decode(self, stored: torch.Tensor, h: int, w: int, where: int,
+                box: Optional[tuple[int, int, int, int]]) -> tuple[torch.Tensor, Optional[tuple[int, int, int, int]]]:
+        """The decoded image ``[3, H', W']`` and the crop box in its pixels: DCT-scaled where allowed."""
+        scale = self._draft_scale(h, w, box) if self.draft and stored[:3].numpy().tobytes() == JPEG_MAGIC else 1
+        if scale > 1:
+            raw = stored.numpy()
+            check_encoded(raw, where, (h, w))  # the declared size, within the pixel limit, before decoding
+            try:
+                hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", min_height=-(-h // scale),
+                                             min_width=-(-w // scale))
+            except ValueError:  # a libjpeg warning or corrupt data: the exact path decides
+                hwc = None
+            if hwc is not None:
+                hs, ws = hwc.shape[:2]
+                image = torch.from_numpy(hwc).permute(2, 0, 1)
+                if box is None:
+                    return image, None
+                top, left = round(box[0] * hs / h), round(box[1] * ws / w)
+                bh = max(1, min(hs - top, round(box[2] * hs / h)))
+                bw = max(1, min(ws - left, round(box[3] * ws / w)))
+                return image, (top, left, bh, bw)
+        return decode_cpu(stored, where, size=(h, w)), box
+
+    def _draft_scale(self, h: int, w: int, box: Optional[tuple[int, int, int, int]]) -> int:
+        """The largest of 8, 4, 2 by which the image may be shrunk while decoding and keep at least as
+        many pixels as the output needs (1: none)."""
+        t = self.leading
+        if isinstance(t, v2.RandomResizedCrop) and box is not None:
+            need = (t.size[0] * h / box[2], t.size[1] * w / box[3])  # full-image pixels the crop's output needs
+        elif isinstance(t, v2.Resize):
+            need = tuple(float(v) for v in F._geometry._compute_resized_output_size((h, w), size=t.size,
+                                                                                    max_size=t.max_size))
+        else:
+            return 1
+        for s in _DRAFT_SCALES:
+            if -(-h // s) >= need[0] and -(-w // s) >= need[1]:
+                return s
+        return 1
+
+
+def _crop_params(t: v2.RandomResizedCrop, height: int, width: int,
+                 g: torch.Generator) -> tuple[int, int, int, int]:
+    """``t.make_params`` for an image of ``height`` x ``width``, drawn from ``g``: torchvision's
+    arithmetic and draws, in its order (``torchvision/transforms/v2/_geometry.py``), so a generator in
+    the state of a worker's global one gives that worker's crop."""
+    area = height * width
+    lo, hi = float(t._log_ratio[0]), float(t._log_ratio[1])
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(t.scale[0], t.scale[1], generator=g).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(lo, hi, generator=g)).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
+            j = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
+            return i, j, h, w
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(t.ratio):
+        w, h = width, int(round(width / min(t.ratio)))
+    elif in_ratio > max(t.ratio):
+        h, w = height, int(round(height * max(t.ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def fuse(transform: Any, *, draft: bool = False) -> Optional[FusedTransform]:
+    """``transform`` as a :class:`FusedTransform`, or None where it is anything else.
+
+    Fused: ``v2.Compose`` (or one transform) of an optional leading ``v2.RandomResizedCrop``,
+    ``v2.Resize`` or ``v2.CenterCrop`` followed by any number of ``v2.RandomHorizontalFlip`` and
+    ``v2.RandomVerticalFlip``, at least one step; exactly those classes (a subclass may draw otherwise).
+    """
+    steps = list(transform.transforms) if type(transform) is v2.Compose else [transform]
+    leading = steps.pop(0) if steps and type(steps[0]) in _LEADING else None
+    flips = []
+    for step in steps:
+        if type(step) not in _FLIPS:
+            return None
+        flips.append((_FLIPS[type(step)], float(step.p)))
+    if leading is None and not flips:
+        return None
+    return FusedTransform(leading, tuple(flips), draft)
+

@@ -1,0 +1,114 @@
+"""Batches made in threads of the training process as worker processes would make them: :class:`ThreadWorkers`.
+
+With a per-sample random transform on the CPU (a random crop and flip at least), a plain
+``torch.utils.data.DataLoader`` makes each batch in a worker process and sends it back through shared
+memory. Where colabfast can do that work in threads instead (:func:`colabfast.reader.fused_for` says
+when: the crop is fused with decoding by :mod:`colabfast.augment`, whose heavy parts release the GIL),
+:class:`ThreadWorkers` deals the batches out as torch deals them to its workers and gives each thread
+the random stream its worker would have, so the loader yields exactly the same batches as with
+``num_workers`` worker processes: no worker start (seconds on Colab), no pickling, no shared-memory
+batches.
+
+Thread ``w`` makes batch ``k`` when ``k % workers == w`` (torch's in-order loader deals them out so), one
+batch after another, drawing from a ``torch.Generator`` seeded as worker ``w`` seeds torch's
+(``base_seed + w``, ``torch/utils/data/_utils/worker.py``), the base seed drawn from the loader's
+``generator`` as torch draws it: once for the loader's life (as persistent workers keep their streams),
+or each epoch with ``persistent_workers=False``. Nothing touches torch's global generator, which the
+training loop may be drawing from at the same time.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+import torch
+
+__all__ = ["ThreadWorkers", "worker_generators"]
+
+
+def _one_intraop_thread() -> None:
+    """Run this thread's torch ops on one core, as torch's workers do (``torch.set_num_threads(1)``).
+
+    ATen's OpenMP backend keeps the number per thread (OpenMP's ``nthreads-var`` of the calling thread),
+    so the reader threads run their kernels serially while the training thread keeps its own; two
+    reader threads each starting a team of intra-op threads on 2 CPUs ran no faster than one.
+    """
+    torch.get_num_threads()  # this thread's own lazy initialisation first (it would take the default set next)
+    torch.set_num_threads(1)
+
+
+_OPENMP = "OpenMP" in torch.__config__.parallel_info()
+
+
+def worker_generators(base_seed: int, workers: int) -> list[torch.Generator]:
+    """CPU generators in the states torch's ``DataLoader`` workers ``0 .. workers - 1`` start from: worker
+    ``w`` calls ``torch.manual_seed(base_seed + w)``."""
+    return [torch.Generator().manual_seed(base_seed + w) for w in range(workers)]
+
+
+class ThreadWorkers:
+    """Batches made by ``fetch`` in ``workers`` threads, each standing in for one worker process.
+
+    Args:
+        fetch: ``(indices, generator) -> batch``, what a worker does for one batch (read, decode,
+            transform, collate), drawing from ``generator``.
+        workers: threads; batch ``k`` is made by thread ``k % workers``, one after another.
+        prefetch: batches made ahead of the one handed out (torch's ``prefetch_factor * num_workers``).
+        persistent: keep each thread's random stream from epoch to epoch (torch's
+            ``persistent_workers=True``); False draws a new base seed each epoch.
+        generator: where the base seed is drawn from (the loader's ``generator``; None: torch's global).
+
+    Raises (while iterating): whatever ``fetch`` raises, with a note naming the batch's indices.
+    """
+
+    def __init__(self, fetch: Callable[[list, torch.Generator], Any], *, workers: int, prefetch: int,
+                 persistent: bool = True, generator: Optional[torch.Generator] = None) -> None:
+        self.fetch, self.workers = fetch, max(1, workers)
+        self.prefetch = max(self.workers, prefetch)
+        self.persistent, self.generator = persistent, generator
+        self._generators: Optional[list[torch.Generator]] = None
+
+    def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[Any]:
+        """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead."""
+        if self._generators is None or not self.persistent:
+            # torch's _BaseDataLoaderIter draws its workers' base seed so, before the sampler's first draw
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+            self._generators = worker_generators(seed, self.workers)
+        pending: collections.deque[Future] = collections.deque()
+        stop = threading.Event()
+        with ExitStack() as stack:
+            pools = [stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix=f"colabfast-worker-{w}"))
+                     for w in range(self.workers)]
+            if _OPENMP:
+                n = torch.get_num_threads()  # this thread's, and the process default
+                for f in [pool.submit(_one_intraop_thread) for pool in pools]:
+                    f.result()
+                torch.set_num_threads(n)  # the default back: the reader threads keep their 1
+            try:
+                for k, indices in enumerate(batch_indices):
+                    w = k % self.workers
+                    pending.append(pools[w].submit(self._make, self._generators[w], list(indices), stop))
+                    if len(pending) > self.prefetch:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            finally:  # the consumer stopped early or a batch failed: drop what is queued
+                stop.set()
+                for f in pending:
+                    f.cancel()
+
+    def _make(self, generator: torch.Generator, indices: list, stop: threading.Event) -> Any:
+        if stop.is_set():
+            return None
+        try:
+            batch = self.fetch(indices, generator)
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                shown = indices if len(indices) <= 8 else [*indices[:8], "..."]
+                exc.add_note(f"(in a colabfast.DataLoader reader thread, making the batch of indices {shown})")
+            raise
+        return batch
