@@ -1,0 +1,209 @@
+"""colabfast.threadworkers: per-sample random transforms in the reader threads give exactly the batches of
+worker processes under the same seed, epoch after epoch, and leave torch's global generator alone."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Subset
+from torchvision.transforms import v2
+
+import colabfast as cf
+from colabfast import threadworkers
+from colabfast.mirror import MirrorError
+from colabfast.packing import pack
+from colabfast.testing.data import make_imagefolder
+
+CROP_FLIP = v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(0.3)])
+
+
+@pytest.fixture(scope="module")
+def mirrors(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("threadworkers")
+    src = make_imagefolder(out / "src", classes=3, per_class=12, size=(60, 44), vary=0.3)
+    return {"raw": pack(src, out / "raw.h5", store="raw", progress=False),
+            "encoded": pack(src, out / "encoded.h5", progress=False),
+            "shuffled": pack(src, out / "shuffled.h5", shuffle=True, seed=3, progress=False)}
+
+
+def _run(make_loader, epochs: int = 3, seed: int = 11) -> tuple[list, torch.Tensor]:
+    torch.manual_seed(seed)
+    loader = make_loader()
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        out.append([(x.clone(), y.clone()) for x, y in loader])
+    return out, torch.rand(4)  # where torch's global stream stands afterwards
+
+
+def _assert_same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for ea, eb in zip(a, b):
+        assert len(ea) == len(eb)
+        for (xa, ya), (xb, yb) in zip(ea, eb):
+            assert xa.shape == xb.shape and xa.stride() == xb.stride()
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+@pytest.mark.parametrize("name", ["raw", "encoded", "shuffled"])
+@pytest.mark.parametrize("where", ["dataset", "loader"])
+def test_threads_give_the_worker_processes_batches_sample_for_sample(mirrors, name, where):
+    def loader(**kwargs):
+        own = CROP_FLIP if where == "dataset" else None
+        ds = cf.H5ImageFolder(mirrors[name], output="tensor", transform=own)
+        return cf.DataLoader(ds, batch_size=5, shuffle=True, device="cpu",
+                             transform=None if where == "dataset" else CROP_FLIP, **kwargs)
+
+    threads = loader()
+    assert threads._threads is not None and threads.num_workers == 0
+    assert "drawing as worker processes would" in threads.choices["reader"][1]
+    workers = loader(num_workers=2)
+    assert workers._threads is None and workers.num_workers == 2
+    (a, after_a), (b, after_b) = _run(loader), _run(lambda: loader(num_workers=2))
+    _assert_same(a, b)
+    assert torch.equal(after_a, after_b)  # both drew their base seed from it, and nothing else
+
+
+def test_without_persistent_workers_each_epoch_draws_a_new_base_seed_as_torch_does(mirrors):
+    def loader(**kwargs):
+        ds = cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=CROP_FLIP)
+        return cf.DataLoader(ds, batch_size=4, device="cpu", persistent_workers=False, **kwargs)
+
+    a, after_a = _run(loader)
+    b, after_b = _run(lambda: loader(num_workers=2))
+    _assert_same(a, b)
+    assert torch.equal(after_a, after_b)
+    assert not torch.equal(a[0][0][0], a[1][0][0])  # epochs differ (same order, new crops)
+    assert "new base seed each epoch" in loader().choices["persistent_workers"][1]
+
+
+def test_a_subset_and_a_generator_give_the_same_batches_as_workers(mirrors):
+    def loader(**kwargs):
+        ds = Subset(cf.H5ImageFolder(mirrors["encoded"], output="tensor", transform=CROP_FLIP), list(range(3, 30, 2)))
+        return cf.DataLoader(ds, batch_size=3, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(5),
+                             **kwargs)
+
+    assert loader()._threads is not None
+    _assert_same(_run(loader)[0], _run(lambda: loader(num_workers=2))[0])
+
+
+def test_the_training_loop_drawing_meanwhile_changes_nothing(mirrors):
+    """The reader threads never touch torch's global generator: a loop drawing from it (dropout on the
+    CPU) gets the same numbers, and the batches stay the same."""
+    def loader():
+        ds = cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=CROP_FLIP)
+        return cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu")
+
+    torch.manual_seed(1)
+    quiet = [x.clone() for x, _ in loader()]
+    torch.manual_seed(1)
+    busy, draws = [], []
+    for x, _ in loader():
+        busy.append(x.clone())
+        draws.append(torch.rand(2))
+    assert all(torch.equal(a, b) for a, b in zip(quiet, busy))
+    torch.manual_seed(1)
+    for _ in range(2):  # what the loader drew: its BlockShuffleSampler's seed, then the threads' base seed
+        torch.empty((), dtype=torch.int64).random_()
+    assert all(torch.equal(d, torch.rand(2)) for d in draws)
+
+
+def test_what_does_not_fuse_stays_in_worker_processes_and_the_loader_says_why(mirrors):
+    cases = {
+        "ColorJitter": (v2.Compose([v2.RandomResizedCrop(8), v2.ColorJitter(0.3)]), None),
+        "a lambda": (lambda x: x, None),
+        "a target_transform": (CROP_FLIP, lambda y: y + 1),
+    }
+    for label, (transform, target_transform) in cases.items():
+        ds = cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=transform, target_transform=target_transform)
+        loader = cf.DataLoader(ds, batch_size=4, device="cpu")
+        assert loader._threads is None and loader.num_workers == 2, label
+        assert loader.choices["reader"][1].startswith("worker processes"), label
+    both = cf.DataLoader(cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=CROP_FLIP), 4, device="cpu",
+                         transform=CROP_FLIP)
+    assert both._threads is None and "the dataset's and the loader's" in both.choices["reader"][1]
+    shown = repr(cf.DataLoader(cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=CROP_FLIP), 4,
+                               device="cpu"))
+    assert "2 threads, per-sample transforms fused" in shown or "1 threads, per-sample transforms fused" in shown
+
+
+def test_an_undecodable_image_names_its_sample_from_a_reader_thread(mirrors, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad.h5"
+    shutil.copy(mirrors["encoded"], bad)
+    reader = cf.H5ImageFolder(bad, output="tensor").reader
+    start, end = int(reader.offsets[7]), int(reader.offsets[8])
+    with open(bad, "r+b") as f:  # sample 7 keeps the JPEG signature; the rest is not a JPEG any more
+        f.seek(reader.data_offset + start + 3)
+        f.write(b"\x00" * (end - start - 3))
+    loader = cf.DataLoader(cf.H5ImageFolder(bad, output="tensor", transform=CROP_FLIP), batch_size=4, device="cpu")
+    assert loader._threads is not None
+    with pytest.raises(MirrorError, match="sample 7"):
+        for _ in loader:
+            pass
+
+
+def test_batches_are_dealt_to_threads_as_torch_deals_them_to_workers():
+    made: list[tuple[int, int, str]] = []
+    lock = threading.Lock()
+
+    def fetch(indices, generator):
+        with lock:
+            made.append((indices[0], generator.initial_seed(), threading.current_thread().name))
+        return indices[0], torch.get_num_threads()
+
+    g = torch.Generator().manual_seed(3)
+    base = int(torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(3)).item())
+    tw = threadworkers.ThreadWorkers(fetch, workers=2, prefetch=4, generator=g)
+    main_threads = torch.get_num_threads()
+    out = list(tw.batches([[k] for k in range(9)]))
+    assert [k for k, _ in out] == list(range(9))  # in order
+    assert all(n == 1 for _, n in out)  # each reader thread runs torch on one core
+    assert torch.get_num_threads() == main_threads  # and this thread keeps its own
+    seeds = {k: seed for k, seed, _ in made}
+    assert all(seeds[k] == base + k % 2 for k in range(9))
+    names = {k: name for k, _, name in made}
+    assert len({names[k] for k in range(0, 9, 2)}) == 1 and names[0] != names[1]
+    list(tw.batches([[0]]))  # persistent: the same streams go on, no new base seed
+    assert g.initial_seed() == 3 and torch.equal(g.get_state(), _after_one_draw(3))
+
+
+def _after_one_draw(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    torch.empty((), dtype=torch.int64).random_(generator=g)
+    return g.get_state()
+
+
+def test_stopping_early_returns_and_the_next_epoch_runs(mirrors):
+    ds = cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=CROP_FLIP)
+    loader = cf.DataLoader(ds, batch_size=2, shuffle=True, device="cpu")
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert sum(len(y) for _, y in loader) == len(ds)
+
+
+class _Pairs(torch.utils.data.Dataset):
+    """(uint8 image [3, H, W], class) pairs of a few sizes: packed as a mirror of columns (PNG images)."""
+
+    def __len__(self) -> int:
+        return 14
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(0, 256, (3, 30 + 3 * (i % 4), 40), dtype=torch.uint8, generator=g), i % 3
+
+
+def test_a_mirror_of_pairs_with_the_loaders_transform_gives_the_workers_batches(tmp_path):
+    m = pack(_Pairs(), tmp_path / "pairs.h5", progress=False)
+
+    def loader(**kwargs):
+        ds = cf.H5Dataset(m, output="tensor")
+        return cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", transform=CROP_FLIP, **kwargs)
+
+    assert loader()._threads is not None
+    _assert_same(_run(loader)[0], _run(lambda: loader(num_workers=2))[0])
