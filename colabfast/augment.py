@@ -104,7 +104,7 @@ class FusedTransform:
         """The output size v2.Resize gives the full-size image; a drafted image is resized to it."""
         assert isinstance(self.leading, v2.Resize)
         if image.shape[-2:] == (h, w):
-            return self.leading.size  # type: ignore[return-value]
+            return self.leading.size
         return list(F._geometry._compute_resized_output_size((h, w), size=self.leading.size,
                                                              max_size=self.leading.max_size))
 
@@ -139,6 +139,7 @@ class FusedTransform:
         with it by 0.3, up to 6, at 1.4x the speed instead of 1.6-1.9x; PIL's and torchvision's own
         antialiased resizes differ by 0.3-1.2 on average)."""
         t = self.leading
+        need: tuple[float, ...]
         if isinstance(t, v2.RandomResizedCrop) and box is not None:
             need = (t.size[0] * h / box[2], t.size[1] * w / box[3])  # full-image pixels the crop's output needs
         elif isinstance(t, v2.Resize):

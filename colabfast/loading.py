@@ -130,16 +130,16 @@ class BlockPlan(NamedTuple):
 
 class ReaderPlan(NamedTuple):
     """In a :func:`plan`: batches made by ``threads`` threads in this process, ``prefetch`` batches
-    ahead of the one handed out: whole batches read by :mod:`colabfast.reader`, with ``per_sample``
+    ahead of the one handed out: whole batches read by :mod:`colabfast.reader`, with ``fused``
     (a :class:`~colabfast.augment.FusedTransform`) applied to each image as it is decoded, drawing as
     worker processes would (:mod:`colabfast.threadworkers`)."""
 
     threads: int
     prefetch: int
-    per_sample: Optional[FusedTransform] = None
+    fused: Optional[FusedTransform] = None
 
     def __str__(self) -> str:
-        return f"{self.threads} threads" + (", per-sample transforms fused" if self.per_sample else "")
+        return f"{self.threads} threads" + (", per-sample transforms fused" if self.fused else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,14 +254,15 @@ def plan(
     else:
         reasons["collate_fn"] = "set by caller" if collate_fn is not None else "torch's default without batching"
 
-    threads, per_sample = None, None
+    threads: Optional[int] = None
+    fused: Optional[FusedTransform] = None
     wants_workers = num_workers is not None or worker_init_fn is not None or multiprocessing_context is not None
     if not wants_workers and layout is not None and batch_sampler is None and batch_size and not iterable:
         cpu_transform = None if cuda else transform
         fits, reasons["reader"] = reader.applies(dataset, transform_on_cpu=cpu_transform is not None, decode=decode)
         if not fits and _transformed(dataset, cpu_transform):
-            fused, why = reader.fused_for(dataset, transform=cpu_transform, decode=decode, draft=draft)
-            fits, per_sample, reasons["reader"] = fused is not None, fused, why
+            fused, reasons["reader"] = reader.fused_for(dataset, transform=cpu_transform, decode=decode, draft=draft)
+            fits = fused is not None
         threads = env.cpu_count() if fits else None
     else:
         reasons["reader"] = ("IterableDataset" if iterable else
@@ -273,11 +274,11 @@ def plan(
         # torch's prefetch_factor counts batches per worker; the reader's threads take its place.
         factor = choose("prefetch_factor", prefetch_factor, READER_PREFETCH,
                         f"{READER_PREFETCH} batches read ahead per reader thread")
-        batch_reader = ReaderPlan(threads, factor * threads, per_sample)
+        batch_reader = ReaderPlan(threads, factor * threads, fused)
         persistent = False  # torch's, which refuses it without workers; the threads keep theirs (below)
-        if per_sample and persistent_workers is False:
+        if fused and persistent_workers is False:
             reasons["persistent_workers"] = "set by caller: the reader threads draw a new base seed each epoch"
-        elif per_sample:
+        elif fused:
             reasons["persistent_workers"] = ("no worker processes: the reader threads keep their random streams "
                                              "between epochs, as persistent workers do")
         else:
@@ -422,7 +423,8 @@ class DataLoader(torch.utils.data.DataLoader):
             CPU. Decoded images are RGB uint8 ``[3, H, W]``. An undecodable file raises ``ValueError``
             naming its dataset index.
         transform: applied to the images (uint8 ``[C, H, W]``, after decoding) before batching: on
-            the GPU in the feeder thread when ``device`` is CUDA, per image in the workers otherwise.
+            the GPU in the feeder thread when ``device`` is CUDA, per image on the CPU otherwise (in
+            the reader threads where it fuses with decoding, see below; else in the workers).
             A :mod:`colabfast.transforms` transform (``Compose([RandomResizedCrop(224),
             RandomHorizontalFlip()])``) transforms each batch at once; any other callable, e.g. a
             torchvision v2 transform, is called per image (slower on the GPU: ``loader.choices`` says
@@ -435,11 +437,11 @@ class DataLoader(torch.utils.data.DataLoader):
             (:class:`~colabfast.prefetch.Feeder`, default 3): GPU memory for that many batches stays
             allocated; 2-4 measured within noise of each other on an H100 (benchmarks/README.md).
 
-        draft: where the reader threads fuse a per-sample crop with decoding (see ``transform`` below),
-            decode a JPEG at 1/2, 1/4 or 1/8 scale when the crop is shrunk at least that much
-            (libjpeg-turbo's DCT scaling, :mod:`colabfast.augment`): several times faster on large
-            photos, not the exact pixels of decode-then-crop (the difference is measured in
-            ``benchmarks/README.md``). Default False: exactly torchvision's pixels.
+        draft: where the reader threads fuse a per-sample crop with decoding (see below), decode a
+            JPEG at 1/2, 1/4 or 1/8 scale when the crop is shrunk at least twice that much
+            (libjpeg-turbo's DCT scaling, :mod:`colabfast.augment`): faster on large photos, not
+            the exact pixels of decode-then-crop (0.3 levels of 255 apart on average, measured in
+            :meth:`colabfast.augment.FusedTransform._draft_scale`). Default False: torchvision's pixels.
 
     Per-sample random transforms on the CPU run in this process's reader threads, not in worker
     processes, where they fuse with decoding (:func:`colabfast.reader.fused_for`): a mirror
@@ -531,15 +533,17 @@ class DataLoader(torch.utils.data.DataLoader):
             self.choices["sampler"] = (self.sampler, p.reasons["sampler"])
         self.choices["normalize"] = (self.normalize, "from dtype, mean, std, memory_format")
         if transform is not None:
-            self.choices["transform"] = (transform, _where_transform_runs(transform, cuda))
+            fused = p.reader is not None and p.reader.fused is not None
+            self.choices["transform"] = (transform, _where_transform_runs(transform, cuda, fused))
         self._convert = BatchConverter(p.device, self.normalize, transform if cuda else None, non_blocking=cuda)
         self._reader: Optional[reader.BatchReader] = None
         self._threads: Optional[threadworkers.ThreadWorkers] = None
         if p.reader is not None:
             self._reader = reader.BatchReader(dataset, threads=p.reader.threads, prefetch=p.reader.prefetch,
                                               pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last,
-                                              fused=p.reader.per_sample)
-        if p.reader is not None and p.reader.per_sample:  # random draws: dealt out as to worker processes
+                                              fused=p.reader.fused)
+        if p.reader is not None and self._reader is not None and p.reader.fused is not None:
+            # random draws: batches dealt out as to worker processes
             self._threads = threadworkers.ThreadWorkers(self._reader.read, workers=p.reader.threads,
                                                         prefetch=p.reader.prefetch,
                                                         persistent=persistent_workers is not False, generator=generator)
@@ -608,9 +612,9 @@ def _prepared(dataset: Any, p: Plan, transform: Optional[Callable]) -> Any:
     return dataset
 
 
-def _where_transform_runs(transform: Callable, cuda: bool) -> str:
+def _where_transform_runs(transform: Callable, cuda: bool, threads: bool = False) -> str:
     if not cuda:
-        return "per image in the workers"
+        return "per image, fused with decoding in the reader threads" if threads else "per image in the workers"
     if getattr(transform, "batched", False):
         return "whole batches on the GPU, in the feeder thread"
     return "per image on the GPU, in the feeder thread (fallback: colabfast.transforms batch)"
