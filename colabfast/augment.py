@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from typing import Any, Optional, Union
 
+import numpy as np
 import simplejpeg
 import torch
 from torchvision.transforms import v2
@@ -74,31 +76,42 @@ class FusedTransform:
             ValueError: the encoded image cannot be decoded or its header disagrees with ``shape``
                 (:func:`colabfast.gpudecode.decode_cpu`'s errors).
         """
+        image, flipped = self.apply(stored, shape, raw, where, generator)
+        for dim in flipped:
+            image = image.flip(dim)
+        return image
+
+    def apply(self, stored: torch.Tensor, shape: Any, raw: bool, where: int,
+              generator: torch.Generator) -> tuple[torch.Tensor, list[int]]:
+        """As ``__call__``, the flips drawn but left to the caller: ``(image [C, h, w], dims to flip)``,
+        so that a batch's copy can flip as it copies (:class:`colabfast.reader.BatchReader`)."""
         h, w = int(shape[0]), int(shape[1])
-        box = _crop_params(self.leading, h, w, generator) if isinstance(self.leading, v2.RandomResizedCrop) else None
-        flipped = [dim for dim, p in self.flips if not bool(torch.rand(1, generator=generator) >= p)]
+        draw = _Draws.of(generator)
+        box = draw.crop(self.leading, h, w) if isinstance(self.leading, v2.RandomResizedCrop) else None
+        flipped = [dim for dim, p in self.flips if draw.uniform(0.0, 1.0) < p]  # v2: "if torch.rand(1) >= p: skip"
         if raw:
-            image = stored.view(h, w, int(shape[2])).permute(2, 0, 1)
+            hwc = stored.numpy().reshape(h, w, int(shape[2]))
         else:
             image, box = self._decode(stored, h, w, where, box)
+            hwc = image.permute(1, 2, 0).numpy()
         t = self.leading
         if isinstance(t, v2.RandomResizedCrop):
             assert box is not None
             top, left, bh, bw = box
-            # The crop copied out first, channels-last (HWC): the resize kernel reads it 1.6-2x faster than a
-            # strided view (measured), with the same pixels; a raw image's pixels outside it are never copied.
-            crop = image.permute(1, 2, 0)[top : top + bh, left : left + bw].contiguous().permute(2, 0, 1)
-            image = F.resize(crop, t.size, interpolation=t.interpolation, antialias=t.antialias)
-        elif isinstance(t, v2.Resize):
+            # The crop copied out first (numpy: one memcpy per row), channels-last: torchvision's resize
+            # kernel reads it 1.6-2x faster than a strided view (measured), with the same pixels; a raw
+            # image's pixels outside the crop are never copied.
+            crop = torch.from_numpy(np.ascontiguousarray(hwc[top : top + bh, left : left + bw])).permute(2, 0, 1)
+            return F.resize(crop, t.size, interpolation=t.interpolation, antialias=t.antialias), flipped
+        image = torch.from_numpy(hwc).permute(2, 0, 1)
+        if isinstance(t, v2.Resize):
             image = F.resize(image, self._resized(image, h, w), interpolation=t.interpolation,
                              max_size=None if image.shape[-2:] != (h, w) else t.max_size, antialias=t.antialias)
         elif isinstance(t, v2.CenterCrop):
             image = F.center_crop(image, output_size=t.size)
         if self.center is not None:
             image = F.center_crop(image, output_size=self.center.size)
-        for dim in flipped:
-            image = image.flip(dim)
-        return image
+        return image, flipped
 
     def _resized(self, image: torch.Tensor, h: int, w: int) -> list[int]:
         """The output size v2.Resize gives the full-size image; a drafted image is resized to it."""
@@ -153,30 +166,51 @@ class FusedTransform:
         return 1
 
 
-def _crop_params(t: v2.RandomResizedCrop, height: int, width: int,
-                 g: torch.Generator) -> tuple[int, int, int, int]:
-    """``t.make_params`` for an image of ``height`` x ``width``, drawn from ``g``: torchvision's
-    arithmetic and draws, in its order (``torchvision/transforms/v2/_geometry.py``), so a generator in
-    the state of a worker's global one gives that worker's crop."""
-    area = height * width
-    lo, hi = float(t._log_ratio[0]), float(t._log_ratio[1])
-    for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(t.scale[0], t.scale[1], generator=g).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(lo, hi, generator=g)).item()
-        w = int(round(math.sqrt(target_area * aspect_ratio)))
-        h = int(round(math.sqrt(target_area / aspect_ratio)))
-        if 0 < w <= width and 0 < h <= height:
-            i = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
-            j = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
-            return i, j, h, w
-    in_ratio = float(width) / float(height)
-    if in_ratio < min(t.ratio):
-        w, h = width, int(round(width / min(t.ratio)))
-    elif in_ratio > max(t.ratio):
-        h, w = height, int(round(height * max(t.ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
+class _Draws:
+    """torchvision's draws from one generator, each one torch call into a reused one-element tensor (every
+    torch call drops and retakes the GIL, which the other reader thread is waiting for)."""
+
+    _local = threading.local()
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+        self.f, self.e, self.i = torch.empty(1), torch.empty(1), torch.empty(1, dtype=torch.int64)
+
+    @classmethod
+    def of(cls, generator: torch.Generator) -> _Draws:
+        """This thread's draws from ``generator``."""
+        draws = getattr(cls._local, "draws", None)
+        if draws is None or draws.generator is not generator:
+            draws = cls._local.draws = cls(generator)
+        return draws
+
+    def uniform(self, lo: float, hi: float) -> float:
+        """``torch.empty(1).uniform_(lo, hi).item()``; ``torch.rand(1).item()`` for 0, 1."""
+        return self.f.uniform_(lo, hi, generator=self.generator).item()
+
+    def crop(self, t: v2.RandomResizedCrop, height: int, width: int) -> tuple[int, int, int, int]:
+        """``t.make_params`` for an image of ``height`` x ``width``: torchvision's arithmetic and draws,
+        in its order (``torchvision/transforms/v2/_geometry.py``), so a generator in the state of a
+        worker's global one gives that worker's crop ``(top, left, height, width)``."""
+        g, area = self.generator, height * width
+        lo, hi = float(t._log_ratio[0]), float(t._log_ratio[1])
+        for _ in range(10):
+            target_area = area * self.f.uniform_(t.scale[0], t.scale[1], generator=g).item()
+            aspect_ratio = torch.exp(self.f.uniform_(lo, hi, generator=g), out=self.e).item()  # in float32
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                i = int(self.i.random_(0, height - h + 1, generator=g).item())  # torch.randint's own draw
+                j = int(self.i.random_(0, width - w + 1, generator=g).item())
+                return i, j, h, w
+        in_ratio = float(width) / float(height)
+        if in_ratio < min(t.ratio):
+            w, h = width, int(round(width / min(t.ratio)))
+        elif in_ratio > max(t.ratio):
+            h, w = height, int(round(height * max(t.ratio)))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
 
 
 def fuse(transform: Any, *, draft: bool = False) -> Optional[FusedTransform]:
@@ -194,7 +228,7 @@ def fuse(transform: Any, *, draft: bool = False) -> Optional[FusedTransform]:
     for step in steps:
         if type(step) not in _FLIPS:
             return None
-        flips.append((_FLIPS[type(step)], float(step.p)))
+        flips.append((_FLIPS[type(step)], float(np.float32(step.p))))  # torch compares in float32
     if leading is None and not flips:
         return None
     return FusedTransform(leading, tuple(flips), draft, center)

@@ -271,7 +271,8 @@ class BatchReader:
         return out
 
     def _read_fused(self, indices: list[int], generator: Optional[torch.Generator]) -> Any:
-        """The images at stored positions ``indices`` through ``fused``, drawing from ``generator``."""
+        """The images at stored positions ``indices`` through ``fused``, drawing from ``generator``; each
+        image flipped as it is copied into the batch (numpy's copy with a negative stride)."""
         assert self.fused is not None
         reader = self.dataset.reader
         raw = reader.store == "raw"
@@ -279,23 +280,23 @@ class BatchReader:
         images = []
         for i, data in zip(indices, self.dataset._stored(indices)):  # one read per run; verified there
             try:
-                images.append(self.fused(data, reader.shapes[i], raw, i, g))
+                images.append(self.fused.apply(data, reader.shapes[i], raw, i, g))
             except ValueError as exc:
                 raise undecodable(reader, i, exc) from exc
-        first = images[0]
-        if any(x.shape != first.shape for x in images):
-            return ImageList([x if x.is_contiguous() else x.contiguous() for x in images])
+        first = images[0][0]
+        if any(x.shape != first.shape for x, _ in images):
+            return ImageList([_flipped(x, dims).contiguous() for x, dims in images])
         c, h, w = first.shape
         if self.channels_last:
             out = self._empty((len(images), h, w, c))
             slots = out.numpy()
-            for k, x in enumerate(images):
-                np.copyto(slots[k], x.permute(1, 2, 0).numpy())
+            for k, (x, dims) in enumerate(images):
+                np.copyto(slots[k], _flipped(x.permute(1, 2, 0).numpy(), [d - 1 for d in dims]))  # HWC
             return out.permute(0, 3, 1, 2)
         out = self._empty((len(images), c, h, w))
         slots = out.numpy()
-        for k, x in enumerate(images):
-            np.copyto(slots[k], x.numpy())
+        for k, (x, dims) in enumerate(images):
+            np.copyto(slots[k], _flipped(x.numpy(), dims))
         return out
 
     def _image(self, index: int, data: torch.Tensor) -> torch.Tensor:
@@ -336,6 +337,13 @@ class BatchReader:
         else:
             reader.read_into([part.numpy() for part in out], start)
 
+
+
+def _flipped(x: Any, dims: Sequence[int]) -> Any:
+    """``x`` (a ``[C, H, W]`` tensor, or an array) reversed along ``dims`` (-1 columns, -2 rows): a view."""
+    for d in dims:
+        x = x.flip(d) if isinstance(x, torch.Tensor) else np.flip(x, d)
+    return x
 
 
 class _Recycled:

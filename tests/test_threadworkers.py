@@ -80,11 +80,12 @@ def test_without_persistent_workers_each_epoch_draws_a_new_base_seed_as_torch_do
     assert "new base seed each epoch" in loader().choices["persistent_workers"][1]
 
 
-def test_a_subset_and_a_generator_give_the_same_batches_as_workers(mirrors):
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_a_subset_and_a_generator_give_the_same_batches_as_workers(mirrors, memory_format):
     def loader(**kwargs):
         ds = Subset(cf.H5ImageFolder(mirrors["encoded"], output="tensor", transform=CROP_FLIP), list(range(3, 30, 2)))
         return cf.DataLoader(ds, batch_size=3, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(5),
-                             **kwargs)
+                             memory_format=memory_format, **kwargs)
 
     assert loader()._threads is not None
     _assert_same(_run(loader)[0], _run(lambda: loader(num_workers=2))[0])
