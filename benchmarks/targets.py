@@ -104,6 +104,13 @@ def main() -> None:
     check("25", "pack(layout='coco') vs the decode bound, 2 processes (target >= 0.8)",
           metric("detection/pack", "colabfast.pack(folder, layout='coco')", "x decode bound"), lambda v: v >= 0.8, "")
 
+    print("Issue 28, CPU augmentation (augment: RandomResizedCrop(224) + flip, FFCV's channels-last layout):")
+    for case, target in (("JPEG 500x375", 1.2), ("JPEG 256px", 1.2), ("raw 256px", 1.0)):
+        check("28", f"{case}: colabfast.DataLoader's defaults vs FFCV (target >= {target})",
+              metric(f"augment/{case}", "colabfast.DataLoader (defaults)", "x FFCV"), lambda v, t=target: v >= t)
+        check("28", f"{case}: the reader threads vs worker processes (same batches)",
+              metric(f"augment/{case}", "colabfast.DataLoader (defaults)", "x worker processes"), lambda v: v >= 1.0)
+
     print("Issue 12, the batch reader (loader/reader: mirrors in the page cache, FFCV's channels-last layout):")
     reader = "loader/reader"
     check("12", "raw 256 px vs FFCV raw (target >= 1.0)",

@@ -368,3 +368,25 @@ def test_cli_module_help():
     done = subprocess.run([sys.executable, "-m", "colabfast.bench.cli", "--help"], capture_output=True, text=True,
                           cwd=ROOT, check=True)
     assert "staging,epoch,coldreads,pack,loader,gpu,open,detection,all" in done.stdout and "--size" in done.stdout
+
+
+def test_augment_scenario(tmp_path):
+    from colabfast import env
+    from colabfast.bench import augment, peers
+
+    rows = augment.run(size=0.02, repeats=1, min_seconds=0, batch_size=16, work=tmp_path)
+    cases = ["augment/JPEG 500x375", "augment/JPEG 256px", "augment/raw 256px"]
+    assert sorted({r.scenario for r in rows}) == sorted(cases)
+    for case in cases:
+        got = {r.method: r for r in rows if r.scenario == case}
+        ours = got["colabfast.DataLoader (defaults)"]
+        procs = got[f"colabfast.DataLoader(num_workers={env.cpu_count()})"]
+        assert all(r.seconds and r.metrics["images/s"] > 0 for r in got.values())
+        assert procs.metrics["x worker processes"] == 1.0
+        assert ours.metrics["x worker processes"] == pytest.approx(ours.metrics["images/s"] / procs.metrics["images/s"])
+        assert "per-sample transforms fused" in ours.note  # the defaults ran in the reader threads
+        assert ("decode-only ceiling" in got) == (case != "augment/raw 256px")
+        if peers.FFCV_RAW.missing():
+            assert "FFCV" not in got and "FFCV" in ours.note
+        else:
+            assert got["FFCV"].metrics["x FFCV"] == 1.0

@@ -1,4 +1,4 @@
-"""``colabfast bench [staging|epoch|coldreads|pack|loader|gpu|open|detection|all]``: run scenarios, print the
+"""``colabfast bench [staging|epoch|coldreads|pack|loader|augment|gpu|open|detection|all]``: run scenarios, print the
 tables, write Markdown, JSON and a PNG chart into ``--out``.
 
 The top-level CLI mounts this module as its ``bench`` subcommand: ``build_parser(parser)`` adds the
@@ -14,7 +14,7 @@ from typing import Callable
 
 from colabfast.bench.timing import Result
 
-SCENARIOS = ("staging", "epoch", "coldreads", "pack", "loader", "gpu", "open", "detection")
+SCENARIOS = ("staging", "epoch", "coldreads", "pack", "loader", "augment", "gpu", "open", "detection")
 # --size's default: all scenarios at this scale take about 5 minutes on 2 vCPU (staging ~1.5, epoch
 # ~3.5: per-file Drive latency and the peers' start-up costs dominate). 1.0 is the full-size run
 # (2000 small files and a 1 GB file to stage, 2000 images per image size): about 50 minutes.
@@ -72,7 +72,7 @@ def _drive_settings(text: str) -> dict[str, float]:
 
 
 def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]]:
-    from colabfast.bench import coldreads, detection, epoch, gpufeed, loader, opening, packing, peers, staging
+    from colabfast.bench import augment, coldreads, detection, epoch, gpufeed, loader, opening, packing, peers, staging
 
     chosen = None if args.peers is None else [] if args.peers.strip().lower() == "none" else \
         peers.by_name(args.peers.split(","))
@@ -87,6 +87,8 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
         "loader": lambda: loader.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                      num_workers=args.workers, work=args.work)
         + loader.run_reader(size=args.size, repeats=max(5, args.repeats), batch_size=args.batch_size, work=args.work),
+        "augment": lambda: augment.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
+                                       work=args.work),
         "gpu": lambda: gpufeed.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                    num_workers=args.workers, work=args.work),
         "open": lambda: opening.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
