@@ -7,7 +7,9 @@ tree of photo-like JPEGs (about 500x375), and ``MyDrive/photos.zip`` of it. Ever
 a new Python process with its own empty local disk and cache (``TMPDIR``, ``COLABFAST_CACHE``): a new
 runtime, Drive still mounted. The simulator drops a file's cached pages at each open, so every read
 of Drive goes through the simulated link. The time runs from the call (after the imports) to the
-first batch of a DataLoader (batch ``batch_size``, ``CenterCrop(224)`` on uint8 tensors, 2 workers):
+first batch of a DataLoader (batch ``batch_size``, ``CenterCrop(224)`` on uint8 tensors): for the
+folklore cell a torch DataLoader with ``workers`` worker processes, for colabfast's rows
+``colabfast.DataLoader`` with its defaults (the crop fused in its reader threads: no worker start):
 
 - ``colabfast.open_dataset, first runtime``: no mirror on Drive: it packs one into
   ``MyDrive/colabfast-mirrors``, flushes Drive, stages it; then ``colabfast.DataLoader``.
@@ -71,7 +73,7 @@ def _runtime(method: str, drive: Path, local: Path, batch_size: int, workers: in
     start = time.perf_counter()
     if method in (FIRST, SECOND):
         ds = cf.open_dataset(drive / "photos", transform=crop, output="tensor", progress=False)
-        loader = cf.DataLoader(ds, batch_size, shuffle=True, num_workers=workers, device="cpu")
+        loader = cf.DataLoader(ds, batch_size, shuffle=True, device="cpu")  # its defaults: reader threads
         done.update(account=ds.account, staged=str(ds.path))
     elif method in (BY_HAND, BY_HAND_AGAIN):
         root = cf.stage(drive / "photos", local / "photos", progress=False)
@@ -79,7 +81,7 @@ def _runtime(method: str, drive: Path, local: Path, batch_size: int, workers: in
         cf.flush_drive(drive, quiet=True)
         staged = cf.stage(drive / "photos.h5", local / "photos.h5", progress=False)
         loader = cf.DataLoader(cf.H5ImageFolder(staged, transform=crop, output="tensor"), batch_size, shuffle=True,
-                               num_workers=workers, device="cpu")
+                               device="cpu")
     elif method == CP:
         subprocess.run(["cp", "-r", str(drive / "photos"), str(local / "photos")], check=True)
         loader = folklore(local / "photos")
@@ -119,7 +121,7 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, workers: int 
         size: scale: 1.0 is 2000 JPEGs of about 500x375 in 10 classes (about 110 MB).
         repeats: rounds; each runs every method once, in a new process (median reported, with min and max).
         batch_size: images in the first batch.
-        workers: DataLoader worker processes, for every method (2: Colab).
+        workers: the folklore cell's DataLoader worker processes (2: Colab); colabfast's loader chooses.
         drive: simulator settings over :class:`~colabfast.drivesim.DriveSimParams`' defaults (100 ms
             per open, 2 ms per read, 60 MB/s).
         work: where to put the data (default: a temp folder).
