@@ -18,10 +18,9 @@ Removing Data Bottlenecks", CVPR 2023); the figures against it are in ``benchmar
 
 from __future__ import annotations
 
-import collections
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -34,6 +33,7 @@ from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, decode
 from colabfast.h5dataset import H5Dataset
 from colabfast.mirror import MirrorError, runs
 from colabfast.prefetch import ImageList
+from colabfast.threadworkers import in_order
 
 __all__ = ["BatchReader", "applies", "fused_for"]
 
@@ -155,20 +155,9 @@ class BatchReader:
 
     def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[list]:
         """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead."""
-        pending: collections.deque[Future] = collections.deque()
-        stop = threading.Event()
         with ThreadPoolExecutor(self.threads, thread_name_prefix="colabfast-reader") as pool:
-            try:
-                for indices in batch_indices:
-                    pending.append(pool.submit(self._checked, list(indices), stop))
-                    if len(pending) > self.prefetch:
-                        yield pending.popleft().result()
-                while pending:
-                    yield pending.popleft().result()
-            finally:  # the consumer stopped early or a batch failed: drop what is queued
-                stop.set()
-                for f in pending:
-                    f.cancel()
+            yield from in_order(lambda _, indices, stop: pool.submit(self._checked, indices, stop), batch_indices,
+                                self.prefetch)
 
     def _checked(self, indices: list[int], stop: threading.Event) -> list:
         if stop.is_set():

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-__all__ = ["ThreadWorkers", "worker_generators"]
+__all__ = ["ThreadWorkers", "in_order", "worker_generators"]
 
 
 def _one_intraop_thread() -> None:
@@ -42,6 +42,26 @@ def _one_intraop_thread() -> None:
 
 
 _OPENMP = "OpenMP" in torch.__config__.parallel_info()
+
+
+def in_order(submit: Callable[[int, list, threading.Event], Future], batch_indices: Iterable[Sequence[int]],
+             prefetch: int) -> Iterator[Any]:
+    """The results of ``submit(k, indices, stop)`` for each batch ``k`` of ``batch_indices``, in order,
+    submitted ``prefetch`` ahead of the one handed out. A consumer that stops early, or a batch that
+    fails, cancels what is queued and sets ``stop`` for work already running."""
+    pending: collections.deque[Future] = collections.deque()
+    stop = threading.Event()
+    try:
+        for k, indices in enumerate(batch_indices):
+            pending.append(submit(k, list(indices), stop))
+            if len(pending) > prefetch:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        stop.set()
+        for f in pending:
+            f.cancel()
 
 
 def worker_generators(base_seed: int, workers: int) -> list[torch.Generator]:
@@ -78,8 +98,6 @@ class ThreadWorkers:
             # torch's _BaseDataLoaderIter draws its workers' base seed so, before the sampler's first draw
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
             self._generators = worker_generators(seed, self.workers)
-        pending: collections.deque[Future] = collections.deque()
-        stop = threading.Event()
         with ExitStack() as stack:
             pools = [stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix=f"colabfast-worker-{w}"))
                      for w in range(self.workers)]
@@ -88,18 +106,9 @@ class ThreadWorkers:
                 for f in [pool.submit(_one_intraop_thread) for pool in pools]:
                     f.result()
                 torch.set_num_threads(n)  # the default back: the reader threads keep their 1
-            try:
-                for k, indices in enumerate(batch_indices):
-                    w = k % self.workers
-                    pending.append(pools[w].submit(self._make, self._generators[w], list(indices), stop))
-                    if len(pending) > self.prefetch:
-                        yield pending.popleft().result()
-                while pending:
-                    yield pending.popleft().result()
-            finally:  # the consumer stopped early or a batch failed: drop what is queued
-                stop.set()
-                for f in pending:
-                    f.cancel()
+            generators = self._generators
+            yield from in_order(lambda k, indices, stop: pools[k % self.workers].submit(
+                self._make, generators[k % self.workers], indices, stop), batch_indices, self.prefetch)
 
     def _make(self, generator: torch.Generator, indices: list, stop: threading.Event) -> Any:
         if stop.is_set():
