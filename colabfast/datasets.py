@@ -420,8 +420,10 @@ class MirrorDataset(VisionDataset):
     ):
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
-        super().__init__(os.fspath(path), transforms=transforms, transform=transform,
-                         target_transform=target_transform)
+        # VisionDataset's, by name: a drop-in also derives from the torchvision class it replaces (for
+        # wrap_dataset_for_transforms_v2), whose own __init__ (its files, pycocotools) must not run
+        VisionDataset.__init__(self, os.fspath(path), transforms=transforms, transform=transform,
+                               target_transform=target_transform)
         self.path = Path(os.path.abspath(path))
         self.output = output
         self.reader = MirrorReader(path, split, in_memory=in_memory, column=column)

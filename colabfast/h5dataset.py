@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 from PIL import Image
+from torchvision import datasets
 
 from colabfast import columns as col
 from colabfast._fileio import PathLike
@@ -286,12 +287,14 @@ class _PairOf(H5Dataset):
         return self.source_paths
 
 
-class H5CocoDetection(_PairOf):
+class H5CocoDetection(_PairOf, datasets.CocoDetection):
     """A drop-in for ``torchvision.datasets.CocoDetection(root, annFile)`` reading a mirror packed with
     ``layout="coco"``: the same ``ids`` (sorted image ids) and items ``(image, target)``: a PIL RGB
     image and the image's list of annotation dicts as in the JSON, in its order (what pycocotools'
-    ``loadAnns`` returns). ``categories`` is the JSON's list. Works with
-    ``torchvision.datasets.wrap_dataset_for_transforms_v2`` (without ``target_keys``).
+    ``loadAnns`` returns). ``categories`` is the JSON's list. A subclass of ``CocoDetection`` (whose
+    ``__init__`` and file loaders it does not use), so ``isinstance`` checks pass and
+    ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it as ``CocoDetection``, with
+    ``target_keys`` too (``"masks"`` from the polygons and RLEs, as for torchvision's own).
 
     Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``, as torchvision's).
     """
@@ -307,11 +310,12 @@ class H5CocoDetection(_PairOf):
         self.categories: list[dict] = self.info.get("categories", [])
 
 
-class H5VOCDetection(_PairOf):
+class H5VOCDetection(_PairOf, datasets.VOCDetection):
     """A drop-in for ``torchvision.datasets.VOCDetection`` reading a mirror packed with
     ``layout="voc-detection"``: items ``(image, target)``, a PIL RGB image and the annotation XML
-    parsed as torchvision parses it (``{"annotation": {...}}``), in the image set's order. Works with
-    ``torchvision.datasets.wrap_dataset_for_transforms_v2``.
+    parsed as torchvision parses it (``{"annotation": {...}}``), in the image set's order. A subclass of
+    ``VOCDetection`` (whose ``__init__`` it does not use): ``torchvision.datasets.wrap_dataset_for_transforms_v2``
+    wraps it as ``VOCDetection``, ``target_keys`` included.
 
     Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``).
     """
@@ -319,11 +323,12 @@ class H5VOCDetection(_PairOf):
     layouts = ("voc-detection",)
 
 
-class H5VOCSegmentation(_PairOf):
+class H5VOCSegmentation(_PairOf, datasets.VOCSegmentation):
     """A drop-in for ``torchvision.datasets.VOCSegmentation`` reading a mirror packed with
     ``layout="voc-segmentation"``: items ``(image, mask)``, a PIL RGB image and the
     ``SegmentationClass`` PNG as PIL opens it (``"P"``, with VOC's palette; 255 marks borders), in the
-    image set's order. Works with ``torchvision.datasets.wrap_dataset_for_transforms_v2``.
+    image set's order. A subclass of ``VOCSegmentation`` (whose ``__init__`` it does not use):
+    ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it as ``VOCSegmentation``.
 
     Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``).
     """
@@ -331,19 +336,3 @@ class H5VOCSegmentation(_PairOf):
     layouts = ("voc-segmentation",)
     target_field = "mask"
 
-
-def _register_wrappers() -> None:
-    """Let ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wrap the drop-ins as the classes they
-    replace (its registry of wrappers, keyed by dataset class)."""
-    try:
-        from torchvision import datasets
-        from torchvision.tv_tensors._dataset_wrapper import WRAPPER_FACTORIES
-    except ImportError:  # an older torchvision: no transforms v2
-        return
-    for ours, theirs in ((H5CocoDetection, datasets.CocoDetection), (H5VOCDetection, datasets.VOCDetection),
-                         (H5VOCSegmentation, datasets.VOCSegmentation)):
-        if theirs in WRAPPER_FACTORIES and ours not in WRAPPER_FACTORIES:
-            WRAPPER_FACTORIES[ours] = WRAPPER_FACTORIES[theirs]
-
-
-_register_wrappers()

@@ -154,10 +154,10 @@ def test_coco_drop_in_is_coco_detection(coco, tmp_path, layout):
     transform_arguments(lambda **kw: cf.H5CocoDetection(m, **kw),
                         lambda **kw: datasets.CocoDetection(str(root), str(ann), **kw))
     same_dataset(wrap_v2(ours), wrap_v2(theirs))
-    # torchvision takes target_keys (e.g. "masks") only for its own four classes, by identity: a drop-in
-    # that is not a subclass of CocoDetection cannot have them (the docstring says so)
-    with pytest.raises(ValueError, match="target_keys.*H5CocoDetection"):
-        wrap_v2(ours, target_keys="all")
+    # torchvision takes target_keys (e.g. "masks") only for its own four classes, found through the MRO
+    assert isinstance(ours, datasets.CocoDetection)
+    same_dataset(wrap_v2(ours, target_keys="all"), wrap_v2(theirs, target_keys="all"))
+    same_dataset(wrap_v2(ours, target_keys={"masks", "labels"}), wrap_v2(theirs, target_keys={"masks", "labels"}))
     tensor_output_is_the_pil_pixels(m, cf.H5CocoDetection)
 
 
@@ -182,6 +182,8 @@ def test_voc_detection_drop_in_is_voc_detection(tmp_path, layout):
     transform_arguments(lambda **kw: cf.H5VOCDetection(m, **kw),
                         lambda **kw: datasets.VOCDetection(str(tmp_path / "voc"), image_set="train", **kw))
     same_dataset(wrap_v2(ours), wrap_v2(theirs))
+    assert isinstance(ours, datasets.VOCDetection)
+    same_dataset(wrap_v2(ours, target_keys="all"), wrap_v2(theirs, target_keys="all"))
     tensor_output_is_the_pil_pixels(m, cf.H5VOCDetection)
 
 
