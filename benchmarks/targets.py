@@ -110,6 +110,11 @@ def main() -> None:
               metric(f"augment/{case}", "colabfast.DataLoader (defaults)", "x FFCV"), lambda v, t=target: v >= t)
         check("28", f"{case}: the reader threads vs worker processes (same batches)",
               metric(f"augment/{case}", "colabfast.DataLoader (defaults)", "x worker processes"), lambda v: v >= 1.0)
+        check("28", f"{case}: colabfast.DataLoader's defaults vs torchvision ImageFolder + v2, tuned workers",
+              metric(f"augment/{case}", "colabfast.DataLoader (defaults)", "x torchvision"), lambda v: v >= 1.0)
+    check("28", "detection v2 (boxes, SanitizeBoundingBoxes): the mirror + colabfast.DataLoader vs the source "
+                "dataset + torch DataLoader", metric("augment/detection v2", "colabfast.DataLoader (defaults)",
+                                                     "x torch DataLoader"), lambda v: v >= 1.0)
 
     print("Issue 12, the batch reader (loader/reader: mirrors in the page cache, FFCV's channels-last layout):")
     reader = "loader/reader"

@@ -367,26 +367,61 @@ def test_cli_drive_settings():
 def test_cli_module_help():
     done = subprocess.run([sys.executable, "-m", "colabfast.bench.cli", "--help"], capture_output=True, text=True,
                           cwd=ROOT, check=True)
-    assert "staging,epoch,coldreads,pack,loader,gpu,open,detection,all" in done.stdout and "--size" in done.stdout
+    assert "staging,epoch,coldreads,pack,loader,augment,gpu,open,detection,all" in done.stdout
+    assert "--size" in done.stdout
 
 
 def test_augment_scenario(tmp_path):
-    from colabfast import env
-    from colabfast.bench import augment, peers
+    from colabfast.bench import augment
 
-    rows = augment.run(size=0.02, repeats=1, min_seconds=0, batch_size=16, work=tmp_path)
-    cases = ["augment/JPEG 500x375", "augment/JPEG 256px", "augment/raw 256px"]
-    assert sorted({r.scenario for r in rows}) == sorted(cases)
+    rows = augment.run(size=0.02, repeats=1, min_seconds=0, batch_size=16, workers=2, work=tmp_path)
+    cases = [f"augment/{c}" for c in augment.CASES]
+    assert list(dict.fromkeys(r.scenario for r in rows)) == cases
+    procs, tv = "colabfast.DataLoader(num_workers=2)", "torchvision ImageFolder + v2, 2 tuned workers"
+    ffcv_missing = peers.FFCV_RAW.missing()
     for case in cases:
         got = {r.method: r for r in rows if r.scenario == case}
-        ours = got["colabfast.DataLoader (defaults)"]
-        procs = got[f"colabfast.DataLoader(num_workers={env.cpu_count()})"]
-        assert all(r.seconds and r.metrics["images/s"] > 0 for r in got.values())
-        assert procs.metrics["x worker processes"] == 1.0
-        assert ours.metrics["x worker processes"] == pytest.approx(ours.metrics["images/s"] / procs.metrics["images/s"])
-        assert "per-sample transforms fused" in ours.note  # the defaults ran in the reader threads
-        assert ("decode-only ceiling" in got) == (case != "augment/raw 256px")
-        if peers.FFCV_RAW.missing():
-            assert "FFCV" not in got and "FFCV" in ours.note
+        ours = got[augment.OURS]
+        measured = [r for r in got.values() if r.seconds is not None]
+        assert all(r.metrics["images/s"] > 0 and r.low <= r.seconds <= r.high for r in measured)
+        # epochs of 70 images: 4 batches of 16 at the least, rounded up to 10 classes of 7
+        assert all(r.seconds == pytest.approx(70 / r.metrics["images/s"]) and "70 images" in r.note for r in measured)
+        assert procs in got and got[procs].metrics["x worker processes"] == 1.0
+        assert ours.metrics["x worker processes"] == pytest.approx(ours.metrics["images/s"] / got[procs].metrics[
+            "images/s"])
+        if case == "augment/detection v2":
+            source = got["source dataset + torch DataLoader, 2 workers"]
+            assert set(got) == {augment.OURS, procs, source.method} and source.metrics["x torch DataLoader"] == 1.0
+            assert ours.metrics["x torch DataLoader"] == pytest.approx(ours.metrics["images/s"] / source.speed)
+            assert "reader: none" in ours.note  # v2 transforms of boxes: not fused, worker processes
+            continue
+        assert "reader: 2 threads, per-sample transforms fused" in ours.note  # the defaults: reader threads
+        assert got[tv].metrics["x torchvision"] == 1.0
+        assert ours.metrics["x torchvision"] == pytest.approx(ours.metrics["images/s"] / got[tv].metrics["images/s"])
+        ceiling = got.get(augment.CEILING)
+        assert (ceiling is not None) == (case != "augment/raw 256px")
+        if ceiling:
+            assert ceiling.reference and ceiling.metrics["of decode ceiling"] == 1.0
+            assert ours.metrics["of decode ceiling"] == pytest.approx(ours.metrics["images/s"] / ceiling.speed)
+        ffcv = got[augment.FFCV]
+        if ffcv_missing:
+            assert ffcv.seconds is None and "not installed" in ffcv.note and "x FFCV" not in ours.metrics
         else:
-            assert got["FFCV"].metrics["x FFCV"] == 1.0
+            assert ffcv.metrics["x FFCV"] == 1.0 and "FFCV 1." in ffcv.note
+            assert ours.metrics["x FFCV"] == pytest.approx(ours.metrics["images/s"] / ffcv.metrics["images/s"])
+    assert not list(tmp_path.iterdir())  # its data is gone
+
+
+def test_augment_one_case_without_ffcv(monkeypatch, tmp_path):
+    from colabfast.bench import augment
+
+    monkeypatch.setattr(peers, "FFCV_RAW", ABSENT)  # as where FFCV is not installed
+    rows = augment.run(size=0.01, repeats=1, min_seconds=0, batch_size=8, workers=1, work=tmp_path,
+                       only=("raw 256px",))
+    assert {r.scenario for r in rows} == {"augment/raw 256px"}
+    by = {r.method: r for r in rows}
+    assert set(by) == {augment.OURS, "colabfast.DataLoader(num_workers=1)",
+                       "torchvision ImageFolder + v2, 1 tuned workers", augment.FFCV}
+    assert by[augment.FFCV].seconds is None and "not installed" in by[augment.FFCV].note
+    assert all(r.metrics["images/s"] > 0 and "x FFCV" not in r.metrics for r in rows if r.method != augment.FFCV)
+    assert "### augment/raw 256px" in report.markdown(rows)  # a row that did not run shows its note

@@ -27,7 +27,8 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "Measure colabfast against what users would pick instead, in one run on this machine: staging from "
         "a simulated Drive (vs cp -r, rsync, shutil.copytree, a thread pool, cp, unzip, tar), epoch "
         "throughput (vs torchvision ImageFolder, a naive h5 Dataset, WebDataset, LitData, MosaicML "
-        "Streaming, Efficio, FFCV), pack throughput, GPU feeding (CUDA only), and the time from a Drive "
+        "Streaming, Efficio, FFCV), pack throughput, CPU augmentation (RandomResizedCrop + flip: the loader's reader "
+        "threads vs its worker processes, torchvision, FFCV), GPU feeding (CUDA only), and the time from a Drive "
         "folder to the first batch with open_dataset (vs cp -r, cp + unzip, stage -> pack -> stage by hand), and a "
         "COCO detection dataset (its mirror vs torchvision CocoDetection, locally and from Drive; pack vs decoding). "
         "Prints Markdown tables and writes bench.md, bench.json and bench.png into --out."
@@ -88,7 +89,7 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
                                      num_workers=args.workers, work=args.work)
         + loader.run_reader(size=args.size, repeats=max(5, args.repeats), batch_size=args.batch_size, work=args.work),
         "augment": lambda: augment.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
-                                       work=args.work),
+                                       workers=args.workers or 2, work=args.work),
         "gpu": lambda: gpufeed.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                    num_workers=args.workers, work=args.work),
         "open": lambda: opening.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
