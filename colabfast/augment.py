@@ -57,6 +57,8 @@ class FusedTransform:
     flips: tuple[tuple[int, float], ...]
     draft: bool = False
     center: Optional[v2.CenterCrop] = None  # after a leading Resize: the evaluation transform
+    # RandomResizedCrop's log(ratio) bounds as the float32 values its draws take, read once (not per image)
+    log_ratio: tuple[float, float] = (0.0, 0.0)
 
     def __call__(self, stored: torch.Tensor, shape: Any, raw: bool, where: int,
                  generator: torch.Generator) -> torch.Tensor:
@@ -87,7 +89,7 @@ class FusedTransform:
         so that a batch's copy can flip as it copies (:class:`colabfast.reader.BatchReader`)."""
         h, w = int(shape[0]), int(shape[1])
         draw = _Draws.of(generator)
-        box = draw.crop(self.leading, h, w) if isinstance(self.leading, v2.RandomResizedCrop) else None
+        box = draw.crop(self.leading, self.log_ratio, h, w) if isinstance(self.leading, v2.RandomResizedCrop) else None
         flipped = [dim for dim, p in self.flips if draw.uniform(0.0, 1.0) < p]  # v2: "if torch.rand(1) >= p: skip"
         if raw:
             hwc = stored.numpy().reshape(h, w, int(shape[2]))
@@ -188,12 +190,13 @@ class _Draws:
         """``torch.empty(1).uniform_(lo, hi).item()``; ``torch.rand(1).item()`` for 0, 1."""
         return self.f.uniform_(lo, hi, generator=self.generator).item()
 
-    def crop(self, t: v2.RandomResizedCrop, height: int, width: int) -> tuple[int, int, int, int]:
-        """``t.make_params`` for an image of ``height`` x ``width``: torchvision's arithmetic and draws,
-        in its order (``torchvision/transforms/v2/_geometry.py``), so a generator in the state of a
-        worker's global one gives that worker's crop ``(top, left, height, width)``."""
-        g, area = self.generator, height * width
-        lo, hi = float(t._log_ratio[0]), float(t._log_ratio[1])
+    def crop(self, t: v2.RandomResizedCrop, log_ratio: tuple[float, float], height: int,
+             width: int) -> tuple[int, int, int, int]:
+        """``t.make_params`` for an image of ``height`` x ``width`` (``log_ratio``: ``t._log_ratio`` as
+        floats): torchvision's arithmetic and draws, in its order (``torchvision/transforms/v2/_geometry.py``),
+        so a generator in the state of a worker's global one gives that worker's crop ``(top, left, height,
+        width)``."""
+        g, area, (lo, hi) = self.generator, height * width, log_ratio
         for _ in range(10):
             target_area = area * self.f.uniform_(t.scale[0], t.scale[1], generator=g).item()
             aspect_ratio = torch.exp(self.f.uniform_(lo, hi, generator=g), out=self.e).item()  # in float32
@@ -231,5 +234,8 @@ def fuse(transform: Any, *, draft: bool = False) -> Optional[FusedTransform]:
         flips.append((_FLIPS[type(step)], float(np.float32(step.p))))  # torch compares in float32
     if leading is None and not flips:
         return None
-    return FusedTransform(leading, tuple(flips), draft, center)
+    log_ratio = (0.0, 0.0)
+    if isinstance(leading, v2.RandomResizedCrop):
+        log_ratio = (float(leading._log_ratio[0]), float(leading._log_ratio[1]))
+    return FusedTransform(leading, tuple(flips), draft, center, log_ratio)
 

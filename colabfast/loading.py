@@ -542,10 +542,9 @@ class DataLoader(torch.utils.data.DataLoader):
             self._reader = reader.BatchReader(dataset, threads=p.reader.threads, prefetch=p.reader.prefetch,
                                               pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last,
                                               fused=p.reader.fused)
-        if p.reader is not None and self._reader is not None and p.reader.fused is not None:
-            # random draws: batches dealt out as to worker processes
-            self._threads = threadworkers.ThreadWorkers(self._reader.read, workers=p.reader.threads,
-                                                        prefetch=p.reader.prefetch,
+        if self._reader is not None and self._reader.fused is not None:  # random draws: dealt out as to workers
+            self._threads = threadworkers.ThreadWorkers(self._reader.read, workers=self._reader.threads,
+                                                        prefetch=self._reader.prefetch,
                                                         persistent=persistent_workers is not False, generator=generator)
         # On CUDA each epoch's batches are converted by a feeder thread on the loader's one side stream,
         # made here and never per epoch (timm#2781).
