@@ -185,8 +185,10 @@ def run(size: float = 1.0, repeats: int = 3, min_seconds: float = 2.0, batch_siz
             if case == "JPEG 500x375":
                 mirror, files = pack(src, tmp / "jpg500.h5", progress=False), src
             else:
-                jpg256 = jpg256 or pack(src, tmp / "jpg256.h5", image_size=256, progress=False)
-                files = _export(H5ImageFolder(jpg256, output="bytes"), tmp / "src256")
+                if jpg256 is None:  # packed and exported once for both 256 px cases
+                    jpg256 = pack(src, tmp / "jpg256.h5", image_size=256, progress=False)
+                    _export(H5ImageFolder(jpg256, output="bytes"), tmp / "src256")
+                files = tmp / "src256"
                 mirror = pack(src, tmp / "raw256.h5", image_size=256, store="raw", progress=False) if raw else jpg256
             cl = torch.channels_last  # FFCV's layout (and the GPU's): no transposing copy on either side
             ours = DataLoader(H5ImageFolder(mirror, output="tensor", transform=_crop_flip()), batch_size=batch_size,
