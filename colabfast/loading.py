@@ -11,8 +11,10 @@ overrides an argument the caller passed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import operator
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sized, Union, cast
 
@@ -129,16 +131,19 @@ class BlockPlan(NamedTuple):
 
 
 class ReaderPlan(NamedTuple):
-    """In a :func:`plan`: batches made by ``threads`` threads in this process, ``prefetch`` batches
-    ahead of the one handed out: whole batches read by :mod:`colabfast.reader`, with ``fused``
-    (a :class:`~colabfast.augment.FusedTransform`) applied to each image as it is decoded, drawing as
-    worker processes would (:mod:`colabfast.threadworkers`)."""
+    """In a :func:`plan`: batches made by ``threads`` threads in this process (0: by the thread that
+    converts them, the CUDA feeder), ``prefetch`` batches ahead of the one handed out: whole batches
+    read by :mod:`colabfast.reader`, with ``fused`` (a :class:`~colabfast.augment.FusedTransform`)
+    applied to each image as it is decoded, drawing as worker processes would
+    (:mod:`colabfast.threadworkers`)."""
 
     threads: int
     prefetch: int
     fused: Optional[FusedTransform] = None
 
     def __str__(self) -> str:
+        if not self.threads:
+            return "in the feeder thread"
         return f"{self.threads} threads" + (", per-sample transforms fused" if self.fused else "")
 
 
@@ -264,6 +269,13 @@ def plan(
             fused, reasons["reader"] = reader.fused_for(dataset, transform=cpu_transform, decode=decode, draft=draft)
             fits = fused is not None
         threads = env.cpu_count() if fits else None
+        if fits and decode == "gpu":
+            # Reading a batch's files is one pread per run: the feeder thread does it itself, just before
+            # nvJPEG. Reader threads on top of the feeder and the training thread cost ResNet-50 on an H100
+            # pinned to 2 CPUs a fifth of its speed (benchmarks/gpu_feed_probe.py, benchmarks/README.md).
+            threads = 0
+            reasons["reader"] = ("the feeder thread reads each batch's files (one pread per run) into pinned "
+                                 "memory just before nvJPEG decodes them: no reader threads to share 2 CPUs with")
     else:
         reasons["reader"] = ("IterableDataset" if iterable else
                              "the caller chose workers (num_workers, worker_init_fn or multiprocessing_context), "
@@ -272,9 +284,10 @@ def plan(
     if threads is not None:
         workers = choose("num_workers", None, 0, "the reader threads do the work (see reader)")
         # torch's prefetch_factor counts batches per worker; the reader's threads take its place.
-        factor = choose("prefetch_factor", prefetch_factor, READER_PREFETCH,
-                        f"{READER_PREFETCH} batches read ahead per reader thread")
-        batch_reader = ReaderPlan(threads, factor * threads, fused)
+        factor = choose("prefetch_factor", prefetch_factor, READER_PREFETCH if threads else None,
+                        f"{READER_PREFETCH} batches read ahead per reader thread" if threads else
+                        "read when the feeder needs the batch; feed_depth converted batches wait ahead")
+        batch_reader = ReaderPlan(threads, (factor or 0) * threads, fused)
         persistent = False  # torch's, which refuses it without workers; the threads keep theirs (below)
         if fused and persistent_workers is False:
             reasons["persistent_workers"] = "set by caller: the reader threads draw a new base seed each epoch"
@@ -418,7 +431,12 @@ class DataLoader(torch.utils.data.DataLoader):
         decode: where encoded images (a dataset yielding JPEG/PNG bytes, e.g.
             ``H5ImageFolder(output="bytes")``) are decoded. ``"gpu"``: JPEGs in batches with nvJPEG in
             the main process (other formats in the workers, on the CPU); needs a CUDA ``device``.
-            ``"cpu"``: in the workers. ``"auto"``: ``"gpu"`` when the dataset yields bytes
+            ``"cpu"``: in the workers. A mirror's files (``H5ImageFolder(output="bytes")`` left to the
+            defaults) are read by the feeder thread itself, one ``pread`` per run of stored samples
+            into pinned memory just before nvJPEG: with reader threads or worker processes beside the
+            feeder and the training thread, ResNet-50 on an H100 pinned to 2 CPUs ran at 0.56-0.78 of
+            the data-on-GPU ceiling, reading in the feeder at 0.79-0.87 (benchmarks/README.md).
+            ``"auto"``: ``"gpu"`` when the dataset yields bytes
             (``dataset.output == "bytes"``) and batches go to CUDA, ``"cpu"`` when they stay on the
             CPU. Decoded images are RGB uint8 ``[3, H, W]``. An undecodable file raises ``ValueError``
             naming its dataset index.
@@ -557,7 +575,15 @@ class DataLoader(torch.utils.data.DataLoader):
             # the reader runs only with a batch_size and no batch_sampler: torch made a BatchSampler
             assert self.batch_sampler is not None
             return self._reader.batches(self.batch_sampler)
-        return super().__iter__()
+        starting = self.num_workers > 0 and (not self.persistent_workers or self._iterator is None)
+        with _frozen_for_fork(starting and self._forks()):
+            return super().__iter__()
+
+    def _forks(self) -> bool:
+        context = self.multiprocessing_context
+        method = context.get_start_method() if context is not None else \
+            torch.multiprocessing.get_start_method(allow_none=False)
+        return method == "fork"
 
     # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
     def __iter__(self) -> Iterator:  # type: ignore[override]
@@ -617,6 +643,30 @@ def _where_transform_runs(transform: Callable, cuda: bool, threads: bool = False
     if getattr(transform, "batched", False):
         return "whole batches on the GPU, in the feeder thread"
     return "per image on the GPU, in the feeder thread (fallback: colabfast.transforms batch)"
+
+
+@contextlib.contextmanager
+def _frozen_for_fork(forking: bool) -> Iterator[None]:
+    """Start forked workers with every object of this process out of their garbage collector's reach.
+
+    A forked worker inherits this process's objects, CUDA tensors among them. Where one sits in a
+    reference cycle (garbage here, or made garbage in the child when the other threads' frames are
+    gone), the worker's collector frees it; a tensor the feeder ``record_stream``-ed then records a
+    CUDA event, CUDA cannot run in a forked child, and the worker aborts ("CUDA error: initialization
+    error" in ``insert_events``; seen on an H100 with ``num_workers=1``). ``gc.freeze()`` before the
+    fork keeps the children's collectors off everything inherited (Python's documented recipe for
+    fork, ``gc.freeze``); the parent takes it back with ``gc.unfreeze()`` once the workers run.
+    Only where CUDA is initialised: elsewhere there is nothing to protect.
+    """
+    if not (forking and torch.cuda.is_initialized()):
+        yield
+        return
+    gc.collect()  # what is garbage now goes here, where CUDA works, not in the children
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _spawned() -> bool:

@@ -118,11 +118,14 @@ class BatchReader:
             :meth:`batches` and :meth:`read` are this dataset's. They are mapped to stored positions
             (through the Subsets, then :meth:`~colabfast.datasets.MirrorDataset.positions_of`), and
             everything is read by position: a run of consecutive stored samples is one read.
-        threads: batches read at once (default: the CPUs this process may use).
-        prefetch: batches read ahead of the one handed out (default ``2 * threads``); memory is
-            bounded by ``prefetch + threads + 2`` batches besides those the caller holds.
+        threads: batches read at once; 0 reads each batch in the thread that iterates :meth:`batches`
+            when it asks for it (no reader threads, nothing read ahead).
+        prefetch: batches read ahead of the one handed out (default ``2 * threads``; none without
+            threads); memory is bounded by ``prefetch + threads + 2`` batches besides those the caller
+            holds.
         channels_last: the memory layout of same-size image batches.
-        pin_memory: allocate image batches in pinned memory (needs CUDA).
+        pin_memory: allocate batches (images, or the files of ``output="bytes"``) in pinned memory
+            (needs CUDA).
         fused: a per-sample transform run on each image as it is decoded (see :func:`fused_for`), drawing
             from the generator given to :meth:`read`; the images are then its outputs.
 
@@ -144,8 +147,8 @@ class BatchReader:
     ) -> None:
         self.dataset, self._map = through_subsets(dataset)
         self.fused = fused
-        self.threads = max(1, threads)
-        self.prefetch = max(1, prefetch if prefetch is not None else 2 * self.threads)
+        self.threads = max(0, threads)
+        self.prefetch = 0 if not self.threads else max(1, prefetch if prefetch is not None else 2 * self.threads)
         self.channels_last, self.pin_memory = channels_last, pin_memory
         # in stored order, as everything read; a mirror of columns builds each target (H5Dataset.target_at)
         targets = self.dataset.reader.index.targets
@@ -155,6 +158,10 @@ class BatchReader:
 
     def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[list]:
         """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead."""
+        if not self.threads:
+            for indices in batch_indices:
+                yield self.read(indices)
+            return
         with ThreadPoolExecutor(self.threads, thread_name_prefix="colabfast-reader") as pool:
             yield from in_order(lambda _, indices, stop: pool.submit(self._checked, indices, stop), batch_indices,
                                 self.prefetch)
@@ -201,7 +208,7 @@ class BatchReader:
         decoding errors, as the worker path's do."""
         offsets = self.dataset.reader.offsets
         lengths = torch.from_numpy((offsets[np.add(indices, 1)] - offsets[indices]).astype(np.int64))
-        data = self._memory.empty((int(lengths.sum()),))
+        data = self._empty((int(lengths.sum()),))
         starts = np.concatenate(([0], np.cumsum(lengths.numpy())))
         self._read_runs(indices, data, starts.tolist())
         files = data.split(lengths.tolist())

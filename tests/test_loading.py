@@ -317,7 +317,7 @@ def mirror(tmp_path_factory):
     return pack(make_imagefolder(out / "src", classes=2, per_class=4, size=(20, 16)), out / "m.h5", progress=False)
 
 
-def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch):
+def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch, mirror):
     """Issue 24, item 2: one field per decision, their reasons, and loader.choices in its old shape
     (name -> (value, why)) made from the same plan."""
     import dataclasses
@@ -345,6 +345,13 @@ def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch):
     assert cuda.device == torch.device("cuda", 0) and cuda.layout == torch.channels_last and cuda.pin_memory
     assert cuda.choices()["decode"] == ("gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches")
     assert cuda.reasons["collate_fn"] == "uint8 images batched channels-last"
+    # A mirror's files for nvJPEG: read by the feeder thread itself into pinned memory, no reader threads
+    from colabfast.datasets import H5ImageFolder
+
+    gpu = loading.plan(H5ImageFolder(mirror, output="bytes"), batch_size=4)
+    assert gpu.decode == "gpu" and gpu.pin_memory and gpu.num_workers == 0
+    assert (gpu.reader.threads, gpu.reader.prefetch, gpu.prefetch_factor) == (0, 0, None)
+    assert str(gpu.choices()["reader"][0]) == "in the feeder thread" and "pinned" in gpu.reasons["reader"]
 
 
 def test_a_pil_mirror_is_refused_before_iterating_with_the_fix(mirror, monkeypatch):
@@ -385,3 +392,33 @@ def test_the_block_sampler_says_how_many_blocks_a_batch_mixes(batch_size, block,
     assert len({i // block for i in first}) >= min(spans, 400 // block)  # what the sentence claims
     unbatched = loading.plan(Images(40, mirror=True), batch_size=None, shuffle=True, num_workers=0, device="cpu")
     assert unbatched.reasons["sampler"] == "h5 mirror, shuffle=True, blocks of 64: no batches to mix"
+
+
+class _FreezeCount(Dataset):
+    """Each sample is ``gc.get_freeze_count()`` where it is made: in a worker, what the fork froze."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        import gc
+
+        return gc.get_freeze_count()
+
+
+@pytest.mark.skipif(multiprocessing.get_start_method() != "fork", reason="workers fork only where fork is the default")
+@pytest.mark.parametrize("persistent", [True, False])
+def test_forked_workers_start_with_the_parents_objects_frozen_where_cuda_is_initialised(monkeypatch, persistent):
+    """On an H100 a forked worker's garbage collector freed an inherited CUDA tensor the feeder had
+    record_stream-ed and the worker aborted (CUDA error: initialization error); gc.freeze() around the
+    fork keeps the child's collector off what it inherits, and the parent takes its objects back."""
+    import gc
+
+    plain = DataLoader(_FreezeCount(), 2, num_workers=1, device="cpu", persistent_workers=persistent)
+    assert [int(v) for b in plain for v in b] == [0] * 4  # no CUDA: nothing frozen
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    loader = DataLoader(_FreezeCount(), 2, num_workers=1, device="cpu", persistent_workers=persistent)
+    for _epoch in range(2):
+        counts = [int(v) for b in loader for v in b]
+        assert len(counts) == 4 and min(counts) > 1000, counts  # the parent's objects, frozen in the child
+        assert gc.get_freeze_count() == 0  # and taken back here

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,7 @@ def test_bytes_batches_equal_the_collated_worker_batches(mirrors):
     """decode='gpu' gets the batch's files packed in one tensor: the same EncodedImages the worker
     path's collate builds, read with one pread per run."""
     ds = H5ImageFolder(mirrors["encoded-vary"], output="bytes")
+    threads_before = threading.active_count()
     r = reader.BatchReader(ds, threads=2)
     indices = [3, 4, 5, 6, 0, 11, 12]
     images, targets = r.read(indices)
@@ -160,6 +162,23 @@ def test_bytes_batches_equal_the_collated_worker_batches(mirrors):
     assert torch.equal(images.indices, images_ref.indices) and torch.equal(targets, targets_ref)
     batches = list(r.batches([indices[:3], indices[3:]]))
     assert torch.equal(torch.cat([b[0].data for b in batches]), images.data)
+    # threads=0 (the CUDA feeder reading its own batches): the same batches, read in the calling
+    # thread when each is asked for, none ahead
+    inline = reader.BatchReader(ds, threads=0)
+    assert (inline.threads, inline.prefetch) == (0, 0)
+    caller, seen = threading.get_ident(), []
+
+    def order():
+        for part in (indices[:3], indices[3:]):
+            seen.append(len(seen))
+            yield part
+
+    got = inline.batches(order())
+    first = next(got)
+    assert seen == [0] and torch.equal(first[0].data, batches[0][0].data)  # nothing read ahead
+    second = next(got)
+    assert torch.equal(second[0].data, batches[1][0].data) and torch.equal(second[1], batches[1][1])
+    assert threading.get_ident() == caller and threading.active_count() == threads_before
 
 
 def test_where_the_reader_does_not_apply_the_loader_says_why(mirrors):

@@ -19,8 +19,10 @@ Each row gives images/s, the data wait share, the loader alone and the fraction 
 - ``colabfast.DataLoader`` with JPEGs decoded in the CPU workers;
 - ``colabfast.DataLoader`` with JPEGs decoded on the GPU (nvJPEG, ``decode="gpu"``).
 
-Every loader has the same batch size and ``num_workers``. :func:`colabfast.diagnose` times each step
-(the wait for the next batch, then the step with its GPU work synchronised) and the loader alone.
+Every loader has the same batch size; the peers have ``num_workers`` workers, ``colabfast.DataLoader``
+its defaults (reader threads for the CPU decode; for nvJPEG, the feeder thread reads the files).
+:func:`colabfast.diagnose` times each step (the wait for the next batch, then the step with its GPU
+work synchronised) and the loader alone.
 Runs only where torch sees a CUDA GPU; elsewhere each row says so.
 """
 
@@ -127,7 +129,9 @@ def _loaders(mirror: Path, batch_size: int, workers: int) -> dict[str, Callable[
     crop = v2.CenterCrop(CROP)
     floats = v2.Compose([crop, v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
     common = {"batch_size": batch_size, "shuffle": True, "num_workers": workers}
-    ours = {"device": "cuda", "mean": MEAN, "std": STD, "memory_format": torch.channels_last, **common}
+    # colabfast's rows use its defaults (what a user gets): reader threads, or the feeder reading files
+    ours = {"device": "cuda", "mean": MEAN, "std": STD, "memory_format": torch.channels_last,
+            "batch_size": batch_size, "shuffle": True}
     return {
         METHODS[0]: lambda: _ToCuda(torch.utils.data.DataLoader(
             H5ImageFolder(mirror, transform=floats, output="tensor"), pin_memory=True, **common)),
@@ -166,7 +170,8 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, num_workers: 
         size: scale: 1.0 is 2560 JPEGs of 256x256 and 60 measured steps per repeat.
         repeats: measurements per loader (median reported, with min and max).
         batch_size: images per step, for every loader.
-        num_workers: loader workers for every loader (default: the CPU count, as on Colab: 2).
+        num_workers: workers of the peers' loaders and DALI's threads (default: the CPU count, as on
+            Colab: 2); colabfast's loaders keep their defaults.
         steps: measured training steps per repeat, after 5 warm-up steps (default: from ``size``).
         work: where to put the data (default: a temp folder).
         cpus: pin the process to this many CPUs while measuring (``os.sched_setaffinity``; Colab has 2);
@@ -240,8 +245,9 @@ def _imagenet(size: float, repeats: int, workers: int, steps: Optional[int],
     steps = steps or max(10, round(40 * size))
     per_class = max(2, round(3000 * size / CLASSES))
     gpu = (env.gpu() or {}).get("name", "CUDA GPU")
-    note = f"{gpu}; batch {batch}, {workers} workers, {steps} steps per repeat, {len(os.sched_getaffinity(0))} CPUs"
-    ours = {"batch_size": batch, "shuffle": True, "num_workers": workers, "device": "cuda", "mean": MEAN,
+    note = (f"{gpu}; batch {batch}, colabfast's default readers (DALI: {workers} threads), {steps} steps per repeat, "
+            f"{len(os.sched_getaffinity(0))} CPUs")
+    ours = {"batch_size": batch, "shuffle": True, "device": "cuda", "mean": MEAN,  # the loader's defaults
             "std": STD, "dtype": torch.bfloat16, "memory_format": torch.channels_last, "decode": "gpu",
             "drop_last": True}
     batched = transforms.Compose([transforms.RandomResizedCrop(crop), transforms.RandomHorizontalFlip()])
@@ -346,7 +352,7 @@ def _resnet18(size: float, repeats: int, batch_size: int, workers: int, steps: O
     steps = steps or max(10, round(60 * size))
     per_class = max(2, round(2560 * size / CLASSES))
     gpu = (env.gpu() or {}).get("name", "CUDA GPU")
-    note = f"{gpu}; batch {batch_size}, {workers} workers, {steps} steps per repeat"
+    note = f"{gpu}; batch {batch_size}, {workers} workers (colabfast: its default readers), {steps} steps per repeat"
     with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as tmp:
         tmp = Path(tmp)
         tree = data.make_imagefolder(tmp / "imagefolder", classes=CLASSES, per_class=per_class, size=IMAGE_SIZE)
