@@ -87,10 +87,33 @@ class FusedTransform:
               generator: torch.Generator) -> tuple[torch.Tensor, list[int]]:
         """As ``__call__``, the flips drawn but left to the caller: ``(image [C, h, w], dims to flip)``,
         so that a batch's copy can flip as it copies (:class:`colabfast.reader.BatchReader`)."""
+        box, flipped = self.draw(shape, generator)
+        return self.make(stored, shape, raw, where, box, flipped)
+
+    def output_size(self) -> Optional[tuple[int, int]]:
+        """``(H, W)`` of every output whatever the stored image's size, or None where the image's size
+        decides it (a ``Resize`` alone, or only flips)."""
+        t = self.center if self.center is not None else self.leading
+        if isinstance(t, (v2.RandomResizedCrop, v2.CenterCrop)):
+            h, w = t.size  # torchvision keeps both sides (_setup_size)
+            return int(h), int(w)
+        return None
+
+    def draw(self, shape: Any, generator: torch.Generator) -> tuple[Optional[tuple[int, int, int, int]], list[int]]:
+        """The random part of :meth:`apply` for an image of ``shape`` (``[H, W, ...]``): the crop box
+        ``(top, left, height, width)`` (None unless ``RandomResizedCrop``) and the dims to flip, drawn
+        from ``generator`` in torchvision's order. A batch drawn image by image, then made in pieces by
+        several threads (:meth:`make`), is the batch one thread makes with :meth:`apply`."""
         h, w = int(shape[0]), int(shape[1])
         draw = _Draws.of(generator)
         box = draw.crop(self.leading, self.log_ratio, h, w) if isinstance(self.leading, v2.RandomResizedCrop) else None
         flipped = [dim for dim, p in self.flips if draw.uniform(0.0, 1.0) < p]  # v2: "if torch.rand(1) >= p: skip"
+        return box, flipped
+
+    def make(self, stored: torch.Tensor, shape: Any, raw: bool, where: int, box: Optional[tuple[int, int, int, int]],
+             flipped: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """:meth:`apply` with the draws given (:meth:`draw`): no random number is drawn."""
+        h, w = int(shape[0]), int(shape[1])
         if raw:
             hwc = stored.numpy().reshape(h, w, int(shape[2]))
         else:

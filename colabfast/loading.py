@@ -563,7 +563,8 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._reader is not None and self._reader.fused is not None:  # random draws: dealt out as to workers
             self._threads = threadworkers.ThreadWorkers(self._reader.read, workers=self._reader.threads,
                                                         prefetch=self._reader.prefetch,
-                                                        persistent=persistent_workers is not False, generator=generator)
+                                                        persistent=persistent_workers is not False, generator=generator,
+                                                        split=self._reader.split)
         # On CUDA each epoch's batches are converted by a feeder thread on the loader's one side stream,
         # made here and never per epoch (timm#2781).
         self._feeding = Feeding(self._convert, torch.cuda.Stream(device=p.device), feed_depth) if cuda else None

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-__all__ = ["ThreadWorkers", "in_order", "worker_generators"]
+__all__ = ["Joined", "ThreadWorkers", "in_order", "worker_generators"]
 
 
 def _one_intraop_thread() -> None:
@@ -64,6 +64,21 @@ def in_order(submit: Callable[[int, list, threading.Event], Future], batch_indic
             f.cancel()
 
 
+class Joined:
+    """Pieces of one batch made by several threads, as one pending batch for :func:`in_order`:
+    :meth:`result` waits for every piece and joins them (in the caller's thread); :meth:`cancel`
+    cancels the pieces not started."""
+
+    def __init__(self, pieces: list[Future], join: Callable[[list], Any]) -> None:
+        self.pieces, self.join = pieces, join
+
+    def result(self) -> Any:
+        return self.join([piece.result() for piece in self.pieces])
+
+    def cancel(self) -> bool:
+        return all([piece.cancel() for piece in self.pieces])
+
+
 def worker_generators(base_seed: int, workers: int) -> list[torch.Generator]:
     """CPU generators in the states torch's ``DataLoader`` workers ``0 .. workers - 1`` start from: worker
     ``w`` calls ``torch.manual_seed(base_seed + w)``."""
@@ -81,13 +96,18 @@ class ThreadWorkers:
         persistent: keep each thread's random stream from epoch to epoch (torch's
             ``persistent_workers=True``); False draws a new base seed each epoch.
         generator: where the base seed is drawn from (the loader's ``generator``; None: torch's global).
+        split: ``(indices, generator, parts)`` -> ``(pieces, join)`` or None
+            (:meth:`colabfast.reader.BatchReader.split`): each epoch's first batch, its random numbers
+            drawn from thread 0's generator as thread 0 would draw them, is made by every thread at
+            once, so the training loop gets it sooner; the batches are the same.
 
     Raises (while iterating): whatever ``fetch`` raises, with a note naming the batch's indices.
     """
 
     def __init__(self, fetch: Callable[[list, torch.Generator], Any], *, workers: int, prefetch: int,
-                 persistent: bool = True, generator: Optional[torch.Generator] = None) -> None:
-        self.fetch, self.workers = fetch, max(1, workers)
+                 persistent: bool = True, generator: Optional[torch.Generator] = None,
+                 split: Optional[Callable[[list, torch.Generator, int], Any]] = None) -> None:
+        self.fetch, self.workers, self.split = fetch, max(1, workers), split
         self.prefetch = max(self.workers, prefetch)
         self.persistent, self.generator = persistent, generator
         self._generators: Optional[list[torch.Generator]] = None
@@ -107,8 +127,23 @@ class ThreadWorkers:
                     f.result()
                 torch.set_num_threads(n)  # the default back: the reader threads keep their 1
             generators = self._generators
-            yield from in_order(lambda k, indices, stop: pools[k % self.workers].submit(
-                self._make, generators[k % self.workers], indices, stop), batch_indices, self.prefetch)
+
+            def submit(k: int, indices: list, stop: threading.Event) -> Any:
+                made = self.split(indices, generators[0], self.workers) if k == 0 and self.split else None
+                if made is not None:  # the epoch's first batch, drawn from its thread's generator, made by all
+                    pieces, join = made
+                    return Joined([pool.submit(self._piece, piece, indices) for pool, piece in zip(pools, pieces)],
+                                  join)
+                return pools[k % self.workers].submit(self._make, generators[k % self.workers], indices, stop)
+
+            yield from in_order(submit, batch_indices, self.prefetch)
+
+    def _piece(self, piece: Callable[[], Any], indices: list) -> Any:
+        try:
+            return piece()
+        except Exception as exc:
+            _name_batch(exc, indices)
+            raise
 
     def _make(self, generator: torch.Generator, indices: list, stop: threading.Event) -> Any:
         if stop.is_set():
@@ -116,8 +151,12 @@ class ThreadWorkers:
         try:
             batch = self.fetch(indices, generator)
         except Exception as exc:
-            if hasattr(exc, "add_note"):  # Python 3.11+
-                shown = indices if len(indices) <= 8 else [*indices[:8], "..."]
-                exc.add_note(f"(in a colabfast.DataLoader reader thread, making the batch of indices {shown})")
+            _name_batch(exc, indices)
             raise
         return batch
+
+
+def _name_batch(exc: Exception, indices: list) -> None:
+    if hasattr(exc, "add_note"):  # Python 3.11+
+        shown = indices if len(indices) <= 8 else [*indices[:8], "..."]
+        exc.add_note(f"(in a colabfast.DataLoader reader thread, making the batch of indices {shown})")

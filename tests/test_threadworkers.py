@@ -35,7 +35,8 @@ def _run(make_loader, epochs: int = 3, seed: int = 11) -> tuple[list, torch.Tens
     out = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        out.append([(x.clone(), y.clone()) for x, y in loader])
+        out.append([(x.clone() if isinstance(x, torch.Tensor) else [i.clone() for i in x], y.clone())
+                    for x, y in loader])
     return out, torch.rand(4)  # where torch's global stream stands afterwards
 
 
@@ -44,8 +45,11 @@ def _assert_same(a: list, b: list) -> None:
     for ea, eb in zip(a, b):
         assert len(ea) == len(eb)
         for (xa, ya), (xb, yb) in zip(ea, eb):
-            assert xa.shape == xb.shape and xa.stride() == xb.stride()
-            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+            assert torch.equal(ya, yb) and type(xa) is type(xb)
+            xs, ys = (xa, xb) if isinstance(xa, list) else ([xa], [xb])  # a batch, or a list of images
+            assert len(xs) == len(ys)
+            for pa, pb in zip(xs, ys):
+                assert pa.shape == pb.shape and pa.stride() == pb.stride() and torch.equal(pa, pb)
 
 
 @pytest.mark.parametrize("name", ["raw", "encoded", "shuffled"])
@@ -208,3 +212,39 @@ def test_a_mirror_of_pairs_with_the_loaders_transform_gives_the_workers_batches(
 
     assert loader()._threads is not None
     _assert_same(_run(loader)[0], _run(lambda: loader(num_workers=2))[0])
+
+
+@pytest.mark.parametrize("transform", [CROP_FLIP, None], ids=["fused", "decode only"])
+def test_each_epochs_first_batch_is_made_by_every_thread_and_is_the_same_batch(mirrors, monkeypatch, transform):
+    """The training loop waits for an epoch's first batch: both reader threads make a piece of it (the
+    random draws made first, in order, from thread 0's generator), and it is the batch one thread makes."""
+    from colabfast import reader
+
+    made: list[tuple[str, int, bool]] = []
+    read = reader.BatchReader.read
+
+    def spy(self, indices, generator=None, draws=None, out=None):
+        made.append((threading.current_thread().name, len(indices), draws is not None))
+        return read(self, indices, generator, draws, out)
+
+    def loader(**kwargs):
+        ds = cf.H5ImageFolder(mirrors["encoded"], output="tensor", transform=transform)
+        return cf.DataLoader(ds, batch_size=6, shuffle=True, device="cpu", **kwargs)  # 36 samples: 6 batches
+
+    monkeypatch.setattr(threadworkers, "_OPENMP", False)  # the spy's threads are counted, not torch's
+    monkeypatch.setattr(reader.BatchReader, "read", spy)
+    one = loader()
+    assert one._reader is not None and one._reader.threads == 2
+    a, _ = _run(loader, epochs=2)
+    pieces = [m for m in made if m[1] == 3]
+    assert len(pieces) == 4  # two pieces, each epoch
+    if transform is not None:  # one piece to each thread worker (a pool of readers takes them as they come)
+        assert {name for name, _, _ in pieces[:2]} == {"colabfast-worker-0_0", "colabfast-worker-1_0"}
+    assert all(drawn == (transform is not None) for _, _, drawn in pieces)
+    assert len(a[0]) == 6 and [n for _, n, _ in made].count(6) == 2 * 5  # every other batch made whole
+    if transform is not None:
+        b, _ = _run(lambda: loader(num_workers=2), epochs=2)
+    else:  # one thread only (no split): the batches of a single reader
+        monkeypatch.setattr(reader.BatchReader, "split", lambda *args: None)
+        b, _ = _run(loader, epochs=2)
+    _assert_same(a, b)
