@@ -469,7 +469,9 @@ class DataLoader(torch.utils.data.DataLoader):
     ``k % num_threads`` drawing from a generator seeded as worker ``k % num_workers`` seeds torch, so the
     batches are exactly those ``num_workers=<CPUs>`` worker processes give under the same seed
     (:mod:`colabfast.threadworkers`). Any other transform runs in worker processes; ``loader.choices``
-    says which and why.
+    says which and why. An epoch's first batch, which the training loop waits for, is made by all the
+    reader threads at once (its random numbers drawn first, in order, as one thread draws them): the
+    same batch, sooner (:meth:`colabfast.reader.BatchReader.split`).
 
     Raises:
         ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a mirror
