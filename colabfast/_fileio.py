@@ -458,3 +458,9 @@ class ReadaheadFile(io.RawIOBase):
             os.close(self._fd)
         super().close()
 
+
+def file_version(st: os.stat_result) -> tuple[int, ...]:
+    """What tells one version of a file from another (``os.stat``/``os.fstat``): size, modification
+    and change time, inode and device. A copy, a rewrite or a replacement (``os.replace``, as pack and
+    stage publish) changes it."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev

@@ -103,7 +103,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 import h5py
 import numpy as np
 
-from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, human_bytes, python_child
+from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, file_version, human_bytes, python_child
 from colabfast.errors import Error
 
 FORMAT = "colabfast-mirror"
@@ -263,13 +263,6 @@ def _open(path: Path) -> h5py.File:
 
 
 _vetted: set[str] = set()  # keys (see _key) of files vetted in, or inherited by, this process
-
-
-def file_version(st: os.stat_result) -> tuple[int, ...]:
-    """What tells one version of a file from another (``os.stat``/``os.fstat``): size, modification
-    and change time, inode and device. A copy, a rewrite or a replacement (``os.replace``, as pack and
-    stage publish) changes it."""
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
 
 
 def _key(path: Path) -> str:

@@ -24,16 +24,20 @@ import time
 import warnings
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from colabfast import env
-from colabfast._fileio import PathLike, human_bytes, locked, partial_path, retry, state_name, unchanged
+from colabfast._fileio import PathLike, file_version, human_bytes, locked, partial_path, retry, state_name, unchanged
 from colabfast.archive import archive_suffix, strip_archive_suffix
-from colabfast.datasets import H5ImageFolder, H5Kitti, MirrorDataset
-from colabfast.h5dataset import H5CocoDetection, H5Dataset, H5VOCDetection, H5VOCSegmentation
-from colabfast.mirror import KITTI_SPLITS, Header, MirrorError, header, read_h5
 
-__all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "default_mirrors", "mirror_name",
+if TYPE_CHECKING:
+    from colabfast.datasets import MirrorDataset
+    from colabfast.mirror import Header
+
+# The readers (h5py, torchvision: 0.2-0.3 s to import in a new runtime) are imported where they are used,
+# not here: open_dataset starts copying a mirror before it needs them (issue 26's time to the first batch).
+
+__all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "default_mirrors", "mirror_name",  # noqa: F822 (DROP_INS: module __getattr__)
            "drop_in"]
 
 MIRRORS_FOLDER = "colabfast-mirrors"  # at the top of My Drive, or beside a source that is not on Drive
@@ -48,6 +52,8 @@ PACK_OPTIONS = ("layout", "labels", "store", "quality", "shuffle", "seed", "work
 
 
 def _one_split(split: Optional[str], layout: str) -> dict:
+    from colabfast.mirror import KITTI_SPLITS
+
     if split is not None:
         raise ValueError(f"split={split!r}: a mirror of the {layout} layout has one set of samples; split= "
                          f"picks KITTI's {' or '.join(KITTI_SPLITS)}, or the part of Kaggle's ImageNet zip to pack")
@@ -60,6 +66,8 @@ def _packed_split(split: Optional[str], layout: str) -> dict:
 
 
 def _kitti_split(split: Optional[str], layout: str) -> dict:
+    from colabfast.mirror import KITTI_SPLITS
+
     if split not in (None, *KITTI_SPLITS):
         raise ValueError(f"split={split!r}: a KITTI mirror holds {' and '.join(KITTI_SPLITS)} (default training)")
     return {"train": split != "testing"}
@@ -69,18 +77,28 @@ def _kitti_split(split: Optional[str], layout: str) -> dict:
 # that colabfast learns to pack adds its line here. A "files" mirror (a folder of images, no classes)
 # reads as an ImageFolder whose targets are -1 (or the labels given to pack): no torchvision class
 # reads a flat folder, and H5ImageFolder's items are what DataLoader pipelines expect.
-DROP_INS: dict[str, tuple[type[MirrorDataset], Callable[[Optional[str], str], dict]]] = {
-    "imagefolder": (H5ImageFolder, _one_split),
-    "files": (H5ImageFolder, _one_split),
-    "kitti": (H5Kitti, _kitti_split),
-    "coco": (H5CocoDetection, _one_split),
-    "voc-detection": (H5VOCDetection, _packed_split),
-    "voc-segmentation": (H5VOCSegmentation, _packed_split),
-    "yolo": (H5Dataset, _packed_split),
-    "segmentation": (H5Dataset, _one_split),
-    "csv": (H5Dataset, _one_split),
-    "dataset": (H5Dataset, _one_split),
-}
+def _drop_ins() -> dict[str, tuple[type[MirrorDataset], Callable[[Optional[str], str], dict]]]:
+    from colabfast.datasets import H5ImageFolder, H5Kitti
+    from colabfast.h5dataset import H5CocoDetection, H5Dataset, H5VOCDetection, H5VOCSegmentation
+
+    return {
+        "imagefolder": (H5ImageFolder, _one_split),
+        "files": (H5ImageFolder, _one_split),
+        "kitti": (H5Kitti, _kitti_split),
+        "coco": (H5CocoDetection, _one_split),
+        "voc-detection": (H5VOCDetection, _packed_split),
+        "voc-segmentation": (H5VOCSegmentation, _packed_split),
+        "yolo": (H5Dataset, _packed_split),
+        "segmentation": (H5Dataset, _one_split),
+        "csv": (H5Dataset, _one_split),
+        "dataset": (H5Dataset, _one_split),
+    }
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DROP_INS":  # made when asked for: its classes import h5py and torchvision
+        return _drop_ins()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def what_is(path: Path) -> str:
@@ -136,8 +154,10 @@ def drop_in(mirror: PathLike, split: Optional[str] = None, **kwargs: Any) -> Mir
     Raises:
         MirrorError: not a mirror this colabfast reads. ValueError: a ``split`` the layout lacks.
     """
+    from colabfast.mirror import header, read_h5
+
     layout = read_h5(mirror, lambda f: header(f, mirror).layout)
-    cls, split_args = DROP_INS[layout]
+    cls, split_args = _drop_ins()[layout]
     return cls(mirror, **split_args(split, layout), **kwargs)
 
 
@@ -154,6 +174,8 @@ class _Mirror:
 
 def _look_at(path: Path) -> Optional[_Mirror]:
     """The mirror at ``path``; None when nothing is there."""
+    from colabfast.mirror import MirrorError, header, read_h5
+
     try:
         size = retry(lambda: path.stat().st_size, 5)
     except FileNotFoundError:
@@ -319,6 +341,8 @@ def open_dataset(
     if kind != "mirror":
         folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
         early = _Early.start(src, folder, to, progress)
+        if early is not None:  # what follows imports the readers (h5py, the layouts: 0.3 s holding the GIL)
+            early.copying.wait(timeout=1.0)
         if kind == "folder":  # detected once (a listing of the folder on Drive), then given to pack
             pack_options = {**pack_options, "layout": _folder_layout(src, pack_options)}
         try:
@@ -352,6 +376,8 @@ def _checked(mirror: Path, local: Path, src: Path, fingerprint: Optional[str]) -
         MirrorError: not a complete colabfast mirror, or (``fingerprint``) not the one of ``src``
             with these options: a file at that name is never overwritten.
     """
+    from colabfast.mirror import MirrorError
+
     m = _look_at(local)
     assert m is not None  # staged, or opened where it is
     if fingerprint is None:
@@ -376,8 +402,9 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
     packs_split = _packs_split(kind, options)
     if kind == "folder" and not packs_split:  # a wrong split is named now, not after packing
         layout = _folder_layout(src, options)
-        if layout in DROP_INS:
-            DROP_INS[layout][1](split, layout)
+        drop_ins = _drop_ins()
+        if layout in drop_ins:
+            drop_ins[layout][1](split, layout)
     start = time.perf_counter()
     fingerprint_options = {k: v for k, v in options.items()
                            if k in ("layout", "labels", "store", "quality", "shuffle", "seed", "retries", "on_error")}
@@ -485,6 +512,7 @@ class _Early:
         self.seconds = 0.0
         self.before: Any = None  # _before_staging's, for the account
         self.chosen, self.cancel = threading.Event(), threading.Event()
+        self.copying = threading.Event()  # set once the copy is under way (or there is none)
         self._thread = threading.Thread(target=self._run, args=(src, folder, to, progress), daemon=True,
                                         name="colabfast-open-stage")
         self._thread.start()
@@ -498,7 +526,6 @@ class _Early:
         return cls(src, folder, to, progress)
 
     def _run(self, src: Path, folder: Path, to: str, progress: bool) -> None:
-        from colabfast.mirror import file_version
         from colabfast.staging import stage
 
         try:
@@ -516,6 +543,7 @@ class _Early:
             vetting.start()  # a child process reading the metadata, while the bytes are copied
             try:
                 self.before = _before_staging(candidate, to)
+                self.copying.set()
                 self.local = stage(candidate, to=to, progress=progress, cancel=self.cancel)
                 self.seconds = time.perf_counter() - start
             finally:
@@ -524,9 +552,11 @@ class _Early:
             self.error = exc
         finally:
             self.chosen.set()
+            self.copying.set()
 
     def _vet(self, candidate: Path, before: tuple[int, ...]) -> None:
-        from colabfast.mirror import file_version, vet
+        self.copying.wait()  # importing the vetting (h5py) holds the GIL: the copy starts first
+        from colabfast.mirror import MirrorError, vet
 
         try:
             vet(candidate)
@@ -552,7 +582,7 @@ class _Early:
     def take(self, mirror: Path, steps: list[str]) -> Optional[Path]:
         """The staged copy of ``mirror`` if this is what it staged (trusted when the Drive copy it was
         copied from is the version vetted), else None (the caller stages it)."""
-        from colabfast.mirror import file_version, trust
+        from colabfast.mirror import trust
 
         if not self.wanted or self.candidate != mirror:
             self.stop()

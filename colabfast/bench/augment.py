@@ -23,6 +23,10 @@ ImageNet recipe stores it) and ``augment/raw 256px`` (the same, raw pixels). Row
 - ``decode-only ceiling`` (JPEG cases, a reference): every image's bytes already in RAM decoded by
   ``workers`` threads with ``simplejpeg``, no crop, no batching.
 
+``augment/train ResNet-18 128px``: training steps of ResNet-18 on the CPU fed by the loader's defaults
+against a plain torch ``DataLoader`` with ``workers`` workers (see :func:`_training`): training images/s
+and the data wait share.
+
 ``augment/detection v2``: a map-style dataset of ``(tv_tensors.Image, {"boxes": BoundingBoxes XYXY,
 "labels": int64})`` with 0-8 boxes per ~500x375 photo, packed with the image as JPEG and read with
 ``H5Dataset(transforms=v2.Compose([flip, RandomResizedCrop(224), SanitizeBoundingBoxes()]))``: the
@@ -59,7 +63,8 @@ from colabfast.testing import data
 CROP = 224
 OURS = "colabfast.DataLoader (defaults)"
 FFCV, CEILING = "FFCV", "decode-only ceiling"
-CASES = ("JPEG 500x375", "JPEG 256px", "raw 256px", "detection v2")
+CASES = ("JPEG 500x375", "JPEG 256px", "raw 256px", "detection v2", "train ResNet-18 128px")
+TRAIN_CROP, TRAIN_BATCH = 128, 32  # CPU training: small crops, small batches
 
 
 def _crop_flip() -> Any:
@@ -216,6 +221,64 @@ def run(size: float = 1.0, repeats: int = 3, min_seconds: float = 2.0, batch_siz
                 rows.append(Result(scenario, FFCV, None, note=f"FFCV {ffcv_missing}"))
         if only is None or CASES[3] in only:
             rows += _detection(src, tmp, n, repeats, min_seconds, batch_size, workers)
+        if only is None or CASES[4] in only:
+            rows += _training(src, pack(src, tmp / "train.h5", progress=False), repeats, workers,
+                              steps=8 if size >= 0.25 else 2)
+    return rows
+
+
+def _training(src: Path, mirror: Path, repeats: int, workers: int, steps: int = 8) -> list[Result]:
+    """``augment/train ResNet-18 128px``: ResNet-18 trained on the CPU (SGD, batch 32, float32), each
+    batch ``RandomResizedCrop(128)`` + flip of the 500x375 JPEGs, measured by :func:`colabfast.diagnose`
+    (``steps`` steps after 2 of warm-up, per repeat): colabfast's loader with its defaults (the crop
+    fused with decoding in its reader threads) against a plain ``torch.utils.data.DataLoader`` over
+    ``ImageFolder`` + v2 with ``workers`` tuned worker processes. On 2 CPUs the model and the loader
+    share the same cores, so the row gives training images/s and the share of each step spent
+    waiting for data."""
+    import statistics
+
+    import torchvision
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import v2
+
+    from colabfast.diagnosis import diagnose
+
+    crop = v2.Compose([v2.RandomResizedCrop(TRAIN_CROP), v2.RandomHorizontalFlip()])
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(batch: Any) -> None:
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(model(x.float().div_(255)), y)  # the same conversion for both
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    ours = "colabfast.DataLoader (defaults)"
+    plain = f"torch DataLoader + ImageFolder + v2, {workers} workers"
+    loaders: dict[str, Iterable] = {
+        ours: DataLoader(H5ImageFolder(mirror, output="tensor", transform=crop), TRAIN_BATCH, shuffle=True,
+                         device="cpu"),
+        plain: torch.utils.data.DataLoader(ImageFolder(str(src), transform=v2.Compose([v2.PILToTensor(), crop])),
+                                           TRAIN_BATCH, shuffle=True, num_workers=workers, persistent_workers=True,
+                                           prefetch_factor=4),
+    }
+    reports: dict[str, list[Any]] = {name: [] for name in loaders}
+    for _ in range(repeats):  # rounds: drift hits both alike
+        for name, loader in loaders.items():
+            reports[name].append(diagnose(loader, step, steps=steps, warmup=2, verbose=False))
+    rows = []
+    for name, rs in reports.items():
+        secs = [sum(r.data_times) + sum(r.step_times) for r in rs]
+        metrics = {"images/s": statistics.median(r.images_per_s for r in rs),
+                   "data wait %": statistics.median(r.data_fraction * 100 for r in rs),
+                   "loader images/s": statistics.median(r.loader_images_per_s for r in rs)}
+        rows.append(Result(f"augment/{CASES[4]}", name, statistics.median(secs), min(secs), max(secs), repeats, metrics,
+                           note=f"ResNet-18 on the CPU, SGD, batch {TRAIN_BATCH}, {steps} steps per repeat, "
+                                f"RandomResizedCrop({TRAIN_CROP}) + flip"
+                                + (f"; {_reader(loaders[name])}" if name == ours else "")))
+    rows[0].metrics["x plain DataLoader"] = rows[0].metrics["images/s"] / rows[1].metrics["images/s"]
     return rows
 
 
