@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import glob
 import os
 import stat
@@ -77,6 +78,7 @@ def _kitti_split(split: Optional[str], layout: str) -> dict:
 # that colabfast learns to pack adds its line here. A "files" mirror (a folder of images, no classes)
 # reads as an ImageFolder whose targets are -1 (or the labels given to pack): no torchvision class
 # reads a flat folder, and H5ImageFolder's items are what DataLoader pipelines expect.
+@functools.cache  # one table for the process: DROP_INS is it, not a copy
 def _drop_ins() -> dict[str, tuple[type[MirrorDataset], Callable[[Optional[str], str], dict]]]:
     from colabfast.datasets import H5ImageFolder, H5Kitti
     from colabfast.h5dataset import H5CocoDetection, H5Dataset, H5VOCDetection, H5VOCSegmentation

@@ -193,23 +193,22 @@ class BatchReader:
         if self.fused is None and self.dataset.reader.store == "raw":
             return None
         indices = list(indices)
+        shapes = self.dataset.reader.shapes[self._positions(indices)]
         draws = None
         if self.fused is not None:
             g = generator if generator is not None else torch.default_generator
-            shapes = self.dataset.reader.shapes
-            draws = [self.fused.draw(shapes[p], g) for p in self._positions(indices)]
+            draws = [self.fused.draw(shape, g) for shape in shapes]
         bounds = [len(indices) * k // parts for k in range(parts + 1)]
-        batch = self._batch_memory(indices)  # each piece decodes into its rows: no copy to join them
+        batch = self._batch_memory(shapes)  # each piece decodes into its rows: no copy to join them
         pieces: list[Callable[[], list]] = [
             functools.partial(self.read, indices[a:b], None, None if draws is None else draws[a:b],
                               None if batch is None else batch[a:b])
             for a, b in zip(bounds, bounds[1:])]
         return pieces, functools.partial(self._join, batch)
 
-    def _batch_memory(self, indices: list[int]) -> Optional[torch.Tensor]:
+    def _batch_memory(self, shapes: np.ndarray) -> Optional[torch.Tensor]:
         """The whole batch's image memory (``[B, H, W, C]`` channels-last, else ``[B, C, H, W]``) where
-        its images all have one size known before decoding, else None."""
-        shapes = self.dataset.reader.shapes[self._positions(indices)]
+        its images (stored ``shapes``) all have one size known before decoding, else None."""
         size = self.fused.output_size() if self.fused is not None else None
         if size is None and (self.fused is None or self.fused.leading is None):  # the stored size is kept
             size = (int(shapes[0][0]), int(shapes[0][1])) if bool((shapes[:, :2] == shapes[0, :2]).all()) else None
@@ -217,28 +216,22 @@ class BatchReader:
         if size is None or (self.dataset.reader.store == "raw" and not bool((shapes[:, 2] == channels).all())):
             return None
         h, w = size
-        return self._empty((len(indices), h, w, channels) if self.channels_last else (len(indices), channels, h, w))
+        return self._empty((len(shapes), h, w, channels) if self.channels_last else (len(shapes), channels, h, w))
 
     def _join(self, batch: Optional[torch.Tensor], pieces: list[list]) -> list:
         """One batch of :meth:`split`'s pieces, as :meth:`read` makes it whole."""
         images = [p[0] for p in pieces]
         targets = torch.cat([p[1] for p in pieces])
-        if batch is not None and all(isinstance(x, torch.Tensor) for x in images):
-            rows = [batch[a:a + len(x)] for a, x in zip(np.cumsum([0] + [len(x) for x in images]), images)]
-            for x, row in zip(images, rows):  # made in place; a piece that could not be is copied in
-                made = x.permute(0, 2, 3, 1) if self.channels_last else x
-                if made.data_ptr() != row.data_ptr() or made.shape != row.shape:
-                    row.copy_(made)
-            return [batch.permute(0, 3, 1, 2) if self.channels_last else batch, targets]
         if all(isinstance(x, torch.Tensor) for x in images) and len({x.shape[1:] for x in images}) == 1:
             n, (c, h, w) = sum(len(x) for x in images), images[0].shape[1:]
-            if self.channels_last:
-                out = self._empty((n, h, w, c))
-                torch.cat([x.permute(0, 2, 3, 1) for x in images], out=out)
-                return [out.permute(0, 3, 1, 2), targets]
-            out = self._empty((n, c, h, w))
-            torch.cat(images, out=out)
-            return [out, targets]
+            out = batch if batch is not None else self._empty((n, h, w, c) if self.channels_last else (n, c, h, w))
+            start = 0
+            for x in images:  # made in their rows of ``batch``; else copied there
+                made, row = (x.permute(0, 2, 3, 1) if self.channels_last else x), out[start:start + len(x)]
+                if made.data_ptr() != row.data_ptr():
+                    row.copy_(made)
+                start += len(x)
+            return [out.permute(0, 3, 1, 2) if self.channels_last else out, targets]
         # Images of different sizes: each as the whole batch's path makes it (fused: CHW memory; decoded
         # only: a CHW view of HWC memory, as decode_cpu returns it).
         if self.fused is not None:
