@@ -9,7 +9,12 @@ runtime, Drive still mounted. The simulator drops a file's cached pages at each 
 of Drive goes through the simulated link. The time runs from the call (after the imports) to the
 first batch of a DataLoader (batch ``batch_size``, ``CenterCrop(224)`` on uint8 tensors): for the
 folklore cell a torch DataLoader with ``workers`` worker processes, for colabfast's rows
-``colabfast.DataLoader`` with its defaults (the crop fused in its reader threads: no worker start):
+``colabfast.DataLoader`` with its defaults (the crop fused in its reader threads: no worker start).
+"After the imports" holds for both sides: torchvision's ``ImageFolder`` and ``cf.open_dataset`` /
+``cf.DataLoader`` (modules colabfast imports on first use) are imported before the clock starts; what
+they import inside the call (h5py, the reader) is timed. colabfast's modules are compiled to bytecode
+first, as ``pip install`` does: a checkout run with ``PYTHONDONTWRITEBYTECODE`` would otherwise compile
+them inside the timed stretch (0.03-0.05 s of the second runtime here), which no installed copy does:
 
 - ``colabfast.open_dataset, first runtime``: no mirror on Drive: it packs one into
   ``MyDrive/colabfast-mirrors``, flushes Drive, stages it; then ``colabfast.DataLoader``.
@@ -55,6 +60,16 @@ def _bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _compile_colabfast() -> None:
+    """Write colabfast's bytecode where it is missing, as ``pip install`` does for the package it installs
+    (a source checkout may lack it: ``PYTHONDONTWRITEBYTECODE``); a folder that cannot be written is left."""
+    import compileall
+
+    import colabfast
+
+    compileall.compile_dir(Path(colabfast.__file__).parent, quiet=2)
+
+
 def _runtime(method: str, drive: Path, local: Path, batch_size: int, workers: int) -> dict[str, Any]:
     """Run ``method`` in this (new) process: from the call to the first batch; returns what it measured."""
     import torch
@@ -70,18 +85,19 @@ def _runtime(method: str, drive: Path, local: Path, batch_size: int, workers: in
         dataset = ImageFolder(folder, transform=v2.Compose([v2.PILToTensor(), crop]))
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
 
+    open_dataset, DataLoader = cf.open_dataset, cf.DataLoader  # imported before the call, as ImageFolder is
     start = time.perf_counter()
     if method in (FIRST, SECOND):
-        ds = cf.open_dataset(drive / "photos", transform=crop, output="tensor", progress=False)
-        loader = cf.DataLoader(ds, batch_size, shuffle=True, device="cpu")  # its defaults: reader threads
+        ds = open_dataset(drive / "photos", transform=crop, output="tensor", progress=False)
+        loader = DataLoader(ds, batch_size, shuffle=True, device="cpu")  # its defaults: reader threads
         done.update(account=ds.account, staged=str(ds.path))
     elif method in (BY_HAND, BY_HAND_AGAIN):
         root = cf.stage(drive / "photos", local / "photos", progress=False)
         cf.pack(root, drive / "photos.h5", progress=False)
         cf.flush_drive(drive, quiet=True)
         staged = cf.stage(drive / "photos.h5", local / "photos.h5", progress=False)
-        loader = cf.DataLoader(cf.H5ImageFolder(staged, transform=crop, output="tensor"), batch_size, shuffle=True,
-                               device="cpu")
+        loader = DataLoader(cf.H5ImageFolder(staged, transform=crop, output="tensor"), batch_size, shuffle=True,
+                            device="cpu")
     elif method == CP:
         subprocess.run(["cp", "-r", str(drive / "photos"), str(local / "photos")], check=True)
         loader = folklore(local / "photos")
@@ -140,6 +156,7 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, workers: int 
     if not ok:
         return [Result(SCENARIO, "every method", None, note=f"Drive simulator unavailable: {why}")]
     params = DriveSimParams(**(drive or {}))
+    _compile_colabfast()
     per_class = max(2, round(2000 * size / CLASSES))
     n = per_class * CLASSES
     times: dict[str, list[float]] = {m: [] for m in METHODS}
