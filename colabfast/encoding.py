@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from typing import Optional, Sequence, Union
 
+import simplejpeg
 from PIL import Image
 
 __all__ = ["encode_image", "resized_size", "exact_everywhere"]
@@ -30,16 +31,28 @@ def exact_everywhere(fmt: Optional[str], mode: str, data: bytes) -> bool:
     return False
 
 
+def _decodes_scaled(data: bytes) -> bool:
+    """True if libjpeg-turbo decodes the JPEG ``data`` at 1/8 scale without an error or a warning."""
+    try:
+        simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=1, min_width=1, strict=True)  # 1/8 scale
+    except ValueError:  # a libjpeg warning or error: PIL, which tolerates warnings, decides
+        return False
+    return True
+
+
 def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[bytes, tuple[int, int, int]]:
     """What the mirror stores for one source file, and the decoded (H, W, 3) shape.
 
     Decodes each file (so truncated and corrupt files fail here, not in training) with
     ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images. A file
-    kept as it is (an RGB or grey JPEG, an 8-bit RGB PNG, no resizing) is only checked: a JPEG is
-    decoded at 1/8 scale (PIL's ``draft``, libjpeg's DCT scaling), which decodes all of its
-    entropy-coded data, where truncation and corruption show, and skips most of the inverse DCT and
-    the colour conversion: 0.91 instead of 1.45 ms per 500x375 photo (measured on one core here), so
-    packing checks about 1.6x as many JPEGs per second.
+    kept as it is (an RGB or grey JPEG, an 8-bit RGB PNG, no resizing) is only checked: PIL opens it
+    (its header, PIL's verdict on the format and mode), and a JPEG is decoded at 1/8 scale
+    (libjpeg-turbo's DCT scaling), which decodes all of its entropy-coded data, where truncation and
+    corruption show, and skips most of the inverse DCT and the colour conversion. The decode is
+    simplejpeg's, strict (any libjpeg warning raises) and to grey; where it raises, PIL's own 1/8
+    decode (``draft``) gives the verdict, so a file is refused exactly when PIL refuses it. Per
+    500x375 photo on one core (``colabfast bench detection``'s images): full decode 1.6 ms, PIL's
+    1/8 decode 0.83 ms, this 0.68 ms.
 
     Raises:
         Exception: whatever PIL raises for a file it cannot read (``UnidentifiedImageError``,
@@ -49,9 +62,11 @@ def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[byt
     fmt, mode = img.format, img.mode
     if store == "encoded" and image_size is None and exact_everywhere(fmt, mode, data):
         width, height = img.size
-        if fmt == "JPEG":
+        if fmt != "JPEG":
+            img.load()
+        elif not _decodes_scaled(data):
             img.draft(mode, (max(1, width // 8), max(1, height // 8)))
-        img.load()
+            img.load()
         return data, (height, width, 3)
     rgb = img.convert("RGB")
     # A tRNS chunk of a 1-bit or 16-bit grey PNG stays in ``info`` as one int, which PIL cannot save

@@ -314,6 +314,94 @@ def test_skip_packs_the_rest_and_lists_both_bad_files(coco, tmp_path):
         same(ds[i], oracle[oracle.ids.index(image_id)])
 
 
+# --- the workers write kept images straight into the mirror -------------------------------------
+
+
+@pytest.fixture
+def parts(monkeypatch) -> list[dict]:
+    """Parts of 2 samples, and what each part saved (without its arrays' contents)."""
+    import colabfast.packing.common as common
+    import colabfast.packing.dataset as packing_dataset
+
+    monkeypatch.setattr(common, "CHUNK", 2)
+    saved: list[dict] = []
+    real = packing_dataset._save
+
+    def save(path, result):
+        saved.append({k: (v.tolist() if k.endswith("_direct") else len(v)) for k, v in result.items()})
+        real(path, result)
+
+    monkeypatch.setattr(packing_dataset, "_save", save)
+    return saved
+
+
+def test_kept_images_are_written_once_into_the_mirror(coco, tmp_path, parts):
+    """Every image of a COCO folder is kept as its file is, so the listing gives each one's place in the
+    mirror: the workers write them there, the parts hold none of their bytes, and the mirror is the
+    oracle's dataset with each file's bytes."""
+    root, ann = coco
+    pack(root, tmp_path / "inline.h5", labels=ann, workers=0)  # parts saved in this process: seen
+    assert len(parts) == 2 and all(p["c0_direct"] is True and p["c0_blob"] == 0 for p in parts), parts
+    for m in (tmp_path / "inline.h5", pack(root, tmp_path / "coco.h5", labels=ann, workers=2)):
+        ours, theirs = cf.H5CocoDetection(m), datasets.CocoDetection(str(root), str(ann))
+        same_dataset(ours, theirs)
+        raw = cf.H5CocoDetection(m, output="bytes")
+        files = [root / theirs.coco.imgs[i]["file_name"] for i in theirs.ids]
+        assert [bytes(raw[i][0].numpy()) for i in range(len(raw))] == [f.read_bytes() for f in files]
+        mirror.vet(m)
+
+
+def test_an_image_not_kept_as_its_file_has_the_mirror_assembled_again(coco, tmp_path, parts):
+    """A CMYK JPEG is stored converted (as PNG), so its size is not its file's: its part keeps its images
+    and the mirror is assembled from the parts and from what the other part wrote; the same samples."""
+    root, ann = coco
+    Image.open(root / "d.jpg").convert("CMYK").save(root / "d.jpg", "JPEG")  # image 5, the second sample
+    m = pack(root, tmp_path / "coco.h5", labels=ann, workers=0)
+    assert [p["c0_direct"] if "c0_direct" in p else None for p in parts] == [None, True]
+    same_dataset(cf.H5CocoDetection(m), datasets.CocoDetection(str(root), str(ann)))
+    assert not (m.parent / ".coco.h5.colabfast-pack").exists()  # nor its rebuild
+
+
+def test_a_killed_pack_resumes_and_redoes_a_part_whose_written_images_were_lost(coco, tmp_path, parts, monkeypatch,
+                                                                                 capsys):
+    """Killed after its first part: the next run keeps that part, unless its images in the build no
+    longer match their CRC-32s (they never reached the disk): then it makes the part again."""
+    import colabfast.packing.dataset as packing_dataset
+
+    root, ann = coco
+    real, calls = packing_dataset._encode_part, []
+
+    def killed_at_the_second(*args):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(packing_dataset, "_encode_part", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        pack(root, tmp_path / "coco.h5", labels=ann, workers=0)
+    monkeypatch.setattr(packing_dataset, "_encode_part", real)
+    m = cf.pack(root, tmp_path / "coco.h5", labels=ann, workers=0)
+    assert "resuming: 2 of 4 samples" in capsys.readouterr().out
+    same_dataset(cf.H5CocoDetection(m), datasets.CocoDetection(str(root), str(ann)))
+
+    m.unlink()
+    calls.clear()
+    monkeypatch.setattr(packing_dataset, "_encode_part", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        pack(root, tmp_path / "coco.h5", labels=ann, workers=0)
+    monkeypatch.setattr(packing_dataset, "_encode_part", real)
+    plan = json.loads((tmp_path / ".coco.h5.colabfast-pack" / "direct.json").read_text())
+    with open(tmp_path / ".coco.h5.colabfast-partial", "r+b") as f:  # the first part's first image, lost
+        f.seek(plan["base"])
+        f.write(b"\0" * 16)
+    redone = []
+    monkeypatch.setattr(packing_dataset, "_encode_part", lambda *a: redone.append(a[0]) or real(*a))
+    m = cf.pack(root, tmp_path / "coco.h5", labels=ann, workers=0)
+    assert redone == [0, 2]
+    same_dataset(cf.H5CocoDetection(m), datasets.CocoDetection(str(root), str(ann)))
+
+
 # --- item 4: packed from the simulated Drive ----------------------------------------------------
 
 

@@ -601,6 +601,53 @@ def test_an_unreadable_sub_folder_is_listed_not_a_raw_error(tmp_path):
     assert mirror.samples[""] == 4 and [s["path"] for s in mirror.skipped] == [str(a / "sub")]
 
 
+def test_the_jpeg_check_refuses_exactly_what_pil_refuses(monkeypatch):
+    """encode_image checks a kept JPEG with libjpeg-turbo (simplejpeg, strict, 1/8 scale) and asks PIL
+    only where that raises: truncated files fail as PIL's decode fails, a file with only a libjpeg
+    warning (extraneous bytes before a marker, which PIL reads) is kept, and a whole file never
+    reaches PIL's decoder."""
+    import io
+
+    from PIL import JpegImagePlugin
+
+    from colabfast.encoding import encode_image
+    from colabfast.testing.data import photo
+
+    rng = np.random.default_rng(2)
+    files = []
+    for mode, progressive in (("RGB", False), ("RGB", True), ("L", False), ("L", True)):
+        out = io.BytesIO()
+        photo(96, 64, rng).convert(mode).save(out, "JPEG", quality=90, progressive=progressive)
+        files.append(out.getvalue())
+
+    def pil_refuses(data: bytes) -> bool:
+        try:
+            Image.open(io.BytesIO(data)).convert("RGB")
+        except OSError:
+            return True
+        return False
+
+    def refused(data: bytes) -> bool:
+        try:
+            encode_image(data, "encoded", None, 90)
+        except OSError:
+            return True
+        return False
+
+    for good in files:
+        for cut in (len(good) // 3, len(good) // 2, len(good) - 40, len(good) - 3):
+            assert refused(good[:cut]) == pil_refuses(good[:cut]) is True, cut
+        sos = good.index(b"\xff\xda")  # stray bytes before the scan: a libjpeg warning, read by PIL
+        stray = good[:sos] + b"\x00\x00" + good[sos:]
+        assert not pil_refuses(stray)
+        assert encode_image(stray, "encoded", None, 90)[0] == stray
+    calls = []
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", lambda self, *a: calls.append(a))
+    for good in files:
+        assert encode_image(good, "encoded", None, 90) == (good, (64, 96, 3))
+    assert not calls  # checked by libjpeg-turbo alone
+
+
 def test_a_jpeg_corrupt_inside_is_found_by_the_check_at_one_eighth_scale(tmp_path):
     """Kept JPEGs are checked by decoding them at 1/8 scale (encode_image): all the entropy-coded data
     is still decoded, so a file corrupt inside, whole in length, fails where a full decode fails."""
