@@ -473,11 +473,12 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
     is written there; else a new file is written (those images read from ``build``) and replaces it.
     """
     blobs = tuple(f"c{k}_blob" for k, f in enumerate(fields) if f.kind in col.IMAGE_KINDS)
-    parts = [_load(p, len(fields), skip=blobs) for p in part_paths]
-    if any(p is None for p in parts):
+    loaded = [_load(p, len(fields), skip=blobs) for p in part_paths]
+    parts = [p for p in loaded if p is not None]
+    if len(parts) != len(loaded):
         raise MirrorError(f"a part in {part_paths[0].parent} is unreadable though it was just written: run pack() "
                           "again")
-    decide(fields, parts)  # type: ignore[arg-type]
+    decide(fields, parts)
     head.columns = {"template": template, "fields": [f.spec() for f in fields]}
     head.version = COLUMNS_VERSION
     written = {i for i, p in enumerate(parts) if direct is not None and p.get(f"c{direct.column}_direct", False)}
@@ -494,7 +495,7 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
         for k, f in enumerate(fields):
             c = group.require_group(str(k))
             there = in_place and direct is not None and k == direct.column
-            images = _write_column(c, k, f, parts, c["images"] if there else None)  # type: ignore[arg-type]
+            images = _write_column(c, k, f, parts, c["images"] if there else None)
             if images is not None and not there:
                 places.append((k, int(images.id.get_offset() or 0)))
     fd = os.open(target, os.O_WRONLY)
@@ -503,7 +504,7 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
         for k, base in places:
             for i, path in enumerate(part_paths):
                 if direct is not None and k == direct.column and i in written:  # in build, not in the part
-                    offset, length = direct.span(i * common.CHUNK, len(parts[i][f"c{k}_crc32"]))  # type: ignore[index]
+                    offset, length = direct.span(i * common.CHUNK, len(parts[i][f"c{k}_crc32"]))
                     blob = os.pread(src, length, offset)
                     if len(blob) != length:
                         raise MirrorError(f"{build} ended early while the mirror was assembled: run pack() again")
