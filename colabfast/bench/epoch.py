@@ -2,7 +2,10 @@
 would read it, from local disk and from the Drive simulator.
 
 Methods, all yielding the same batches (uint8 images ``[B, 3, 224, 224]`` after one ``CenterCrop(224)``,
-and labels) with the same batch size and ``num_workers``:
+and labels) with the same batch size; the others' loaders with ``num_workers`` workers (threads for
+FFCV), colabfast's mirrors through :class:`colabfast.DataLoader` with its defaults, as a user runs it
+(its reader threads, the crop fused with decoding; it used to be given ``num_workers`` too, which
+put the crop in worker processes):
 
 - torchvision ``ImageFolder`` over the files (PIL decode), a plain ``torch.utils.data.DataLoader``;
 - the naive h5 Dataset of the seeds (:class:`NaiveH5`): vlen JPEG bytes, ``num_workers=0``;
@@ -184,15 +187,18 @@ def _methods(samples: list[tuple[str, int]], image_size: tuple[int, int], batch_
     def plain(dataset: Any, num_workers: int = workers) -> Iterable:
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers)
 
-    def ours(dataset: Any) -> Iterable:
+    def ours(dataset: Any) -> Iterable:  # the in-RAM ceilings: not mirrors, read by workers
         return DataLoader(dataset, batch_size, shuffle=True, num_workers=workers, device="cpu")
 
+    def defaults(dataset: Any) -> Iterable:  # a mirror: the loader's own choices
+        return DataLoader(dataset, batch_size, shuffle=True, device="cpu")
+
     def mirror(name: str) -> Callable[[Path, Optional[Path]], Iterable]:
-        return lambda root, cache: ours(H5ImageFolder(root / name, transform=crop, output="tensor"))
+        return lambda root, cache: defaults(H5ImageFolder(root / name, transform=crop, output="tensor"))
 
     def staged(root: Path, cache: Optional[Path]) -> Iterable:
         local = stage(root / "encoded.h5", cache / "encoded.h5", progress=False)
-        return ours(H5ImageFolder(local, transform=crop, output="tensor"))
+        return defaults(H5ImageFolder(local, transform=crop, output="tensor"))
 
     src = Path(samples[0][0]).parent.parent
     methods = [
@@ -206,12 +212,12 @@ def _methods(samples: list[tuple[str, int]], image_size: tuple[int, int], batch_
         _Method("colabfast encoded mirror", mirror("encoded.h5"),
                 prepare=lambda out: pack(src, out / "encoded.h5", store="encoded", workers=workers, progress=False),
                 data="encoded.h5",
-                note="pack(store='encoded'); H5ImageFolder(output='tensor') + colabfast.DataLoader; torchvision.io "
-                     "decode"),
+                note="pack(store='encoded'); H5ImageFolder(output='tensor') + colabfast.DataLoader (defaults: "
+                     "reader threads, the crop fused); libjpeg-turbo decode"),
         _Method("colabfast raw mirror", mirror("raw.h5"),
                 prepare=lambda out: pack(src, out / "raw.h5", store="raw", workers=workers, progress=False),
                 data="raw.h5",
-                note="pack(store='raw'): decoded pixels; H5ImageFolder + colabfast.DataLoader"),
+                note="pack(store='raw'): decoded pixels; H5ImageFolder + colabfast.DataLoader (defaults)"),
         _Method("colabfast encoded mirror, staged first", staged, local=False,
                 note="colabfast.stage() of the mirror to local disk, then the epoch; both timed"),
     ]
