@@ -231,6 +231,19 @@ class _Direct:
         a, b = int(self.ends[start]), int(self.ends[start + count])
         return self.base + a, b - a
 
+    def pristine(self) -> bool:
+        """True if ``build`` holds its ``images`` array and nothing else: a run killed while assembling
+        it in place may have left some of the rest (or a damaged file), so it is assembled anew."""
+        try:
+            with h5py.File(self.build, "r", locking=False) as h:
+                c = h.get(f"columns/{self.column}")
+                images = c.get("images") if isinstance(c, h5py.Group) else None
+                return (list(h) == ["columns"] and list(h["columns"]) == [str(self.column)] and not h.attrs
+                        and list(c) == ["images"] and isinstance(images, h5py.Dataset)
+                        and images.id.get_offset() == self.base and images.shape == (int(self.ends[-1]),))
+        except (OSError, KeyError, ValueError):
+            return False
+
     def _drop_unverified(self, work: Path, fingerprint: str, nfields: int) -> None:
         """Delete each finished part whose images in the build do not match its CRC-32s (a run killed
         before they reached the disk): it is made again."""
@@ -482,7 +495,7 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
     head.columns = {"template": template, "fields": [f.spec() for f in fields]}
     head.version = COLUMNS_VERSION
     written = {i for i, p in enumerate(parts) if direct is not None and p.get(f"c{direct.column}_direct", False)}
-    in_place = direct is not None and len(written) == len(parts)
+    in_place = direct is not None and len(written) == len(parts) and direct.pristine()
     target = build if direct is None or in_place else part_paths[0].parent / "rebuild.h5"
     places: list[tuple[int, int]] = []  # (column, file offset of its images), to be written
     with h5py.File(target, "r+" if in_place else "w", locking=False) as h:
