@@ -124,3 +124,27 @@ def test_a_jpeg_whose_header_disagrees_with_its_declared_size_is_refused_before_
     for draft in (False, True):
         with pytest.raises(ValueError, match="200x100|100x200|size"):
             augment.fuse(v2.Resize(20), draft=draft)(stored, (h * 2, w, c), False, 7, torch.Generator())
+
+
+def test_the_direct_resize_call_is_torchvisions_resize():
+    """Where torchvision resizes uint8 with torch's own antialiased bilinear kernel, the fused crop calls
+    that kernel directly (``_resized_hwc``): the same pixels as ``F.resize`` for crops smaller, larger
+    and the size of the output, odd sizes and one channel; a transform with other options keeps
+    ``F.resize``."""
+    from torchvision.transforms.v2 import functional as F
+
+    fused = augment.fuse(v2.RandomResizedCrop(32))
+    if not augment._native_resize(v2.RandomResizedCrop(32)):
+        pytest.skip("torchvision resizes uint8 through float32 on this CPU")
+    assert fused is not None and fused.native
+    rng = np.random.default_rng(3)
+    for h, w, c in ((7, 9, 3), (31, 40, 3), (32, 32, 3), (100, 57, 3), (64, 80, 1)):
+        crop = rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+        for size in ((32, 32), (24, 40)):
+            ours = augment._resized_hwc(crop, size)
+            theirs = F.resize(torch.from_numpy(crop).permute(2, 0, 1), list(size),
+                              interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
+            assert ours.shape == theirs.shape and torch.equal(ours, theirs), (h, w, c, size)
+    for other in (v2.RandomResizedCrop(32, antialias=False),
+                  v2.RandomResizedCrop(32, interpolation=v2.InterpolationMode.BICUBIC)):
+        assert not augment.fuse(other).native
