@@ -8,8 +8,10 @@ same steps in one pass per image, FFCV-style (its ``RandomResizedCropRGBImageDec
 then decodes and resizes; Leclerc et al., CVPR 2023): it draws every random parameter first, with the
 arithmetic of torchvision's ``make_params`` on an explicit generator, then decodes the stored image
 (the JPEG, or a view of the raw pixels: a crop of a raw image reads only its pixels), then calls the
-same ``torchvision.transforms.v2.functional`` kernels the transforms call. Same draws, same kernels:
-the same pixels as the transforms (tested against them, image for image).
+same kernels the transforms call (``torchvision.transforms.v2.functional``'s; for a crop's antialiased
+bilinear uint8 resize, torch's kernel itself, as torchvision calls it, without its Python:
+:func:`_resized_hwc`). Same draws, same kernels: the same pixels as the transforms (tested against
+them, image for image).
 
 ``draft=True`` also decodes a JPEG at 1/2, 1/4 or 1/8 scale (libjpeg-turbo's DCT scaling through
 ``simplejpeg``'s ``min_height``/``min_width``; PIL calls it ``Image.draft``) when the crop is shrunk by
