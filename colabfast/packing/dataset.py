@@ -213,7 +213,7 @@ class _Direct:
             return direct
         for part in work.glob("columns-*.npz"):  # images written into an earlier build are lost with it
             done = _load(part, len(fields))
-            if done is None or any(k.endswith("_direct") and v for k, v in done.items()):
+            if done is None or _wrote_into_build(done):
                 part.unlink()
         plan_path.unlink(missing_ok=True)
         with h5py.File(build, "w", locking=False) as h:
@@ -249,11 +249,11 @@ class _Direct:
         before they reached the disk): it is made again."""
         fd = os.open(self.build, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            for part in sorted(work.glob(f"columns-*-{fingerprint[:16]}.npz")):
-                done = _load(part, nfields)
+            for start in range(0, len(self.ends) - 1, common.CHUNK):
+                part = _part_path(work, start, fingerprint)
+                done = _load(part, nfields) if part.exists() else None
                 if done is None or not done.get(f"c{self.column}_direct", False):
                     continue
-                start = int(part.name.split("-")[1]) * common.CHUNK
                 crcs = done[f"c{self.column}_crc32"]
                 offset, length = self.span(start, len(crcs))
                 data = memoryview(os.pread(fd, length, offset))
@@ -262,6 +262,16 @@ class _Direct:
                     part.unlink()
         finally:
             os.close(fd)
+
+
+def _part_path(work: Path, start: int, fingerprint: str) -> Path:
+    """The part file of the samples from ``start`` (a multiple of ``CHUNK``) for this ``fingerprint``."""
+    return work / f"columns-{start // common.CHUNK:06d}-{fingerprint[:16]}.npz"
+
+
+def _wrote_into_build(part: dict) -> bool:
+    """True if a part's images of some column were written into the build, not kept in the part."""
+    return any(k.endswith("_direct") and bool(v) for k, v in part.items())
 
 
 def _predicted_sizes(dataset: Any, template: dict, fields: list[col.Field],
@@ -295,8 +305,7 @@ def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: d
     from tqdm.auto import tqdm
 
     n = len(dataset)
-    tag = fingerprint[:16]
-    jobs = [(work / f"columns-{k // common.CHUNK:06d}-{tag}.npz", range(k, min(n, k + common.CHUNK)))
+    jobs = [(_part_path(work, k, fingerprint), range(k, min(n, k + common.CHUNK)))
             for k in range(0, n, common.CHUNK)]
     wanted = {p for p, _ in jobs}
     for stale in work.glob("*.npz"):
@@ -306,7 +315,7 @@ def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: d
     todo = []
     for path, idx in jobs:
         done = _load(path, len(fields)) if path.exists() else None
-        if done is not None and direct is None and any(k.endswith("_direct") and v for k, v in done.items()):
+        if done is not None and direct is None and _wrote_into_build(done):
             done = None  # its images went into a build that is not being continued
         if done is None:
             todo.append((path, idx))
