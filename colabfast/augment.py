@@ -34,7 +34,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from colabfast.gpudecode import JPEG_MAGIC, check_encoded, decode_cpu
+from colabfast.gpudecode import JPEG_MAGIC, check_encoded, decode_hwc
 
 __all__ = ["FusedTransform", "fuse"]
 
@@ -71,8 +71,32 @@ def _resized_hwc(crop: np.ndarray, size: Any) -> torch.Tensor:
     image = torch.from_numpy(crop)
     if (out_h, out_w) == (h, w):
         return image.permute(2, 0, 1)
-    nchw = image.as_strided((1, c, h, w), (h * w * c, 1, w * c, c))
-    return torch._C._nn._upsample_bilinear2d_aa(nchw, [out_h, out_w], False, None)[0]
+    return _upsample(torch.from_numpy(crop.reshape(1, h, w, c).transpose(0, 3, 1, 2)), (out_h, out_w))[0]
+
+
+def _upsample(nchw: torch.Tensor, size: Any, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """torch's antialiased bilinear kernel (``align_corners=False``, no scale factors) of ``nchw``
+    (uint8 ``[1, C, h, w]``, channels-last strides) to ``size`` ``(H, W)``, into ``out`` where given
+    (any strides: channels-last ones are written directly)."""
+    return torch._C._nn._upsample_bilinear2d_aa(nchw, [int(size[0]), int(size[1])], False, None, None, out=out)
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype: Any, channels_last: bool = False) -> Any:
+    """This thread's reused memory called ``name``, of at least ``shape``'s size: a uint8 numpy array of
+    ``shape`` (1-D: at least that long), or with ``channels_last`` a ``[N, C, H, W]`` tensor in
+    channels-last memory. Only for results used before this thread's next call."""
+    held = getattr(_threads, name, None)
+    n = math.prod(shape)
+    if held is None or held.size < n:
+        held = np.empty(max(n, 0 if held is None else 2 * held.size), dtype)
+        setattr(_threads, name, held)
+    if channels_last:
+        b, c, h, w = shape
+        return torch.from_numpy(held[:n].reshape(b, h, w, c).transpose(0, 3, 1, 2))
+    return held if len(shape) == 1 else held[:n].reshape(shape)
+
+
+_threads = threading.local()  # per reader thread: _scratch's memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,12 +172,74 @@ class FusedTransform:
     def make(self, stored: torch.Tensor, shape: Any, raw: bool, where: int, box: Optional[tuple[int, int, int, int]],
              flipped: list[int]) -> tuple[torch.Tensor, list[int]]:
         """:meth:`apply` with the draws given (:meth:`draw`): no random number is drawn."""
+        hwc, box = self._pixels(stored, shape, raw, where, box)
+        return self._made(hwc, int(shape[0]), int(shape[1]), box), flipped
+
+    def make_into(self, stored: torch.Tensor, shape: Any, raw: bool, where: int,
+                  box: Optional[tuple[int, int, int, int]], flipped: list[int], out: np.ndarray) -> None:
+        """:meth:`make` written into ``out``, flips applied: uint8 ``[1, C, H, W]`` (any strides: a view of
+        a batch's memory), ``(H, W)`` :meth:`output_size`. The common cases write there directly: a
+        crop's resize, and a centre crop of at least the crop's size, copied by numpy as a box of rows
+        (torchvision's anchor arithmetic, ``_center_crop_compute_crop_anchor``). The decoded image
+        goes into this thread's scratch memory, reused image after image (fresh memory costs a page
+        fault per 4 KiB: 65 us of a 256 KiB raw image's 120 us, one core). Raises as :meth:`__call__`."""
+        hwc, box = self._pixels(stored, shape, raw, where, box, scratch=True)
+        h, w = int(shape[0]), int(shape[1])
+        t, dst = self.leading, torch.from_numpy(out)
+        if isinstance(t, v2.RandomResizedCrop) and self.native and hwc.dtype == np.uint8:
+            assert box is not None
+            top, left, bh, bw = box
+            crop = np.ascontiguousarray(hwc[top : top + bh, left : left + bw])  # why: see make
+            src = torch.from_numpy(crop.reshape(1, bh, bw, crop.shape[2]).transpose(0, 3, 1, 2))  # channels-last
+            if (bh, bw) == tuple(out.shape[2:]):
+                image = src
+            elif flipped:
+                image = _upsample(src, out.shape[2:], out=_scratch("resized", out.shape, out.dtype, True))
+            else:
+                _upsample(src, out.shape[2:], out=dst)
+                return
+        elif type(t) is v2.CenterCrop and h >= t.size[0] and w >= t.size[1]:
+            th, tw = int(t.size[0]), int(t.size[1])
+            top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
+            view = hwc[top : top + th, left : left + tw].transpose(2, 0, 1)[None]
+            if not flipped or flipped == [-2]:  # rows reversed: numpy copies whole rows
+                np.copyto(out, view[:, :, ::-1] if flipped else view)
+                return
+            image = torch.from_numpy(view)
+        else:
+            image = self._made(hwc, h, w, box)[None]
+        dst.copy_(image.flip(flipped) if flipped else image)
+
+    def _pixels(self, stored: torch.Tensor, shape: Any, raw: bool, where: int,
+                box: Optional[tuple[int, int, int, int]],
+                scratch: bool = False) -> tuple[np.ndarray, Optional[tuple[int, int, int, int]]]:
+        """The stored image's pixels ``[H', W', C]`` (decoded: DCT-scaled where allowed; raw: a view of
+        ``stored``) and the crop box in them; ``scratch``: decoded into this thread's reused memory."""
         h, w = int(shape[0]), int(shape[1])
         if raw:
-            hwc = stored.numpy().reshape(h, w, int(shape[2]))
-        else:
-            image, box = self._decode(stored, h, w, where, box)
-            hwc = image.permute(1, 2, 0).numpy()
+            return stored.numpy().reshape(h, w, int(shape[2])), box
+        scale = self._draft_scale(h, w, box) if self.draft and stored[:3].numpy().tobytes() == JPEG_MAGIC else 1
+        if scale > 1:
+            data = stored.numpy()
+            check_encoded(data, where, (h, w))  # the declared size, within the pixel limit, before decoding
+            try:
+                hwc = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-h // scale),
+                                             min_width=-(-w // scale))
+            except ValueError:  # a libjpeg warning or corrupt data: the exact path decides
+                hwc = None
+            if hwc is not None:
+                if box is None:
+                    return hwc, None
+                hs, ws = hwc.shape[:2]
+                top, left = round(box[0] * hs / h), round(box[1] * ws / w)
+                bh = max(1, min(hs - top, round(box[2] * hs / h)))
+                bw = max(1, min(ws - left, round(box[3] * ws / w)))
+                return hwc, (top, left, bh, bw)
+        buffer = _scratch("decoded", (h * w * 3,), np.dtype(np.uint8)) if scratch else None
+        return decode_hwc(stored, where, (h, w), buffer), box
+
+    def _made(self, hwc: np.ndarray, h: int, w: int, box: Optional[tuple[int, int, int, int]]) -> torch.Tensor:
+        """The transformed image ``[C, h', w']`` of the pixels ``hwc`` (``_pixels``'); flips not applied."""
         t = self.leading
         if isinstance(t, v2.RandomResizedCrop):
             assert box is not None
@@ -163,9 +249,9 @@ class FusedTransform:
             # image's pixels outside the crop are never copied.
             crop = np.ascontiguousarray(hwc[top : top + bh, left : left + bw])
             if self.native and crop.dtype == np.uint8:
-                return _resized_hwc(crop, t.size), flipped
+                return _resized_hwc(crop, t.size)
             return F.resize(torch.from_numpy(crop).permute(2, 0, 1), t.size, interpolation=t.interpolation,
-                            antialias=t.antialias), flipped
+                            antialias=t.antialias)
         image = torch.from_numpy(hwc).permute(2, 0, 1)
         if isinstance(t, v2.Resize):
             image = F.resize(image, self._resized(image, h, w), interpolation=t.interpolation,
@@ -174,7 +260,7 @@ class FusedTransform:
             image = F.center_crop(image, output_size=t.size)
         if self.center is not None:
             image = F.center_crop(image, output_size=self.center.size)
-        return image, flipped
+        return image
 
     def _resized(self, image: torch.Tensor, h: int, w: int) -> list[int]:
         """The output size v2.Resize gives the full-size image; a drafted image is resized to it."""
@@ -183,29 +269,6 @@ class FusedTransform:
             return self.leading.size
         return list(F._geometry._compute_resized_output_size((h, w), size=self.leading.size,
                                                              max_size=self.leading.max_size))
-
-    def _decode(self, stored: torch.Tensor, h: int, w: int, where: int,
-                box: Optional[tuple[int, int, int, int]]) -> tuple[torch.Tensor, Optional[tuple[int, int, int, int]]]:
-        """The decoded image ``[3, H', W']`` and the crop box in its pixels: DCT-scaled where allowed."""
-        scale = self._draft_scale(h, w, box) if self.draft and stored[:3].numpy().tobytes() == JPEG_MAGIC else 1
-        if scale > 1:
-            raw = stored.numpy()
-            check_encoded(raw, where, (h, w))  # the declared size, within the pixel limit, before decoding
-            try:
-                hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", min_height=-(-h // scale),
-                                             min_width=-(-w // scale))
-            except ValueError:  # a libjpeg warning or corrupt data: the exact path decides
-                hwc = None
-            if hwc is not None:
-                hs, ws = hwc.shape[:2]
-                image = torch.from_numpy(hwc).permute(2, 0, 1)
-                if box is None:
-                    return image, None
-                top, left = round(box[0] * hs / h), round(box[1] * ws / w)
-                bh = max(1, min(hs - top, round(box[2] * hs / h)))
-                bw = max(1, min(ws - left, round(box[3] * ws / w)))
-                return image, (top, left, bh, bw)
-        return decode_cpu(stored, where, size=(h, w)), box
 
     def _draft_scale(self, h: int, w: int, box: Optional[tuple[int, int, int, int]]) -> int:
         """The largest of 8, 4, 2 by which the image may be shrunk while decoding and keep twice the
@@ -230,14 +293,16 @@ class FusedTransform:
 
 
 class _Draws:
-    """torchvision's draws from one generator, each one torch call into a reused one-element tensor (every
-    torch call drops and retakes the GIL, which the other reader thread is waiting for)."""
+    """torchvision's draws from one generator, each one torch call into a reused one-element tensor,
+    read back through a numpy view of it (``.item()`` is one more torch call, and every torch call
+    drops and retakes the GIL, which the other reader thread is waiting for)."""
 
     _local = threading.local()
 
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
         self.f, self.e, self.i = torch.empty(1), torch.empty(1), torch.empty(1, dtype=torch.int64)
+        self.fv, self.ev, self.iv = self.f.numpy(), self.e.numpy(), self.i.numpy()  # the same memory
 
     @classmethod
     def of(cls, generator: torch.Generator) -> _Draws:
@@ -249,7 +314,8 @@ class _Draws:
 
     def uniform(self, lo: float, hi: float) -> float:
         """``torch.empty(1).uniform_(lo, hi).item()``; ``torch.rand(1).item()`` for 0, 1."""
-        return self.f.uniform_(lo, hi, generator=self.generator).item()
+        self.f.uniform_(lo, hi, generator=self.generator)
+        return float(self.fv[0])
 
     def crop(self, t: v2.RandomResizedCrop, log_ratio: tuple[float, float], height: int,
              width: int) -> tuple[int, int, int, int]:
@@ -259,14 +325,16 @@ class _Draws:
         width)``."""
         g, area, (lo, hi) = self.generator, height * width, log_ratio
         for _ in range(10):
-            target_area = area * self.f.uniform_(t.scale[0], t.scale[1], generator=g).item()
-            aspect_ratio = torch.exp(self.f.uniform_(lo, hi, generator=g), out=self.e).item()  # in float32
+            target_area = area * self.uniform(t.scale[0], t.scale[1])
+            torch.exp(self.f.uniform_(lo, hi, generator=g), out=self.e)  # in float32, as torchvision
+            aspect_ratio = float(self.ev[0])
             w = int(round(math.sqrt(target_area * aspect_ratio)))
             h = int(round(math.sqrt(target_area / aspect_ratio)))
             if 0 < w <= width and 0 < h <= height:
-                i = int(self.i.random_(0, height - h + 1, generator=g).item())  # torch.randint's own draw
-                j = int(self.i.random_(0, width - w + 1, generator=g).item())
-                return i, j, h, w
+                self.i.random_(0, height - h + 1, generator=g)  # torch.randint's own draw
+                i = int(self.iv[0])
+                self.i.random_(0, width - w + 1, generator=g)
+                return i, int(self.iv[0]), h, w
         in_ratio = float(width) / float(height)
         if in_ratio < min(t.ratio):
             w, h = width, int(round(width / min(t.ratio)))

@@ -198,7 +198,7 @@ class MirrorReader:
         """The bytes of stored sample ``position`` as a new uint8 tensor ``[nbytes]`` of its own."""
         return self.views([position])[0].clone()
 
-    def views(self, indices: Sequence[int]) -> list[torch.Tensor]:
+    def views(self, indices: Sequence[int], into: Optional[Callable[[int], torch.Tensor]] = None) -> list[torch.Tensor]:
         """The bytes of several stored samples (stored positions, not dataset indices: see
         ``positions``) as uint8 tensors ``[nbytes]``, in ``indices`` order.
 
@@ -206,7 +206,9 @@ class MirrorReader:
         On a FUSE mount such as Drive a batch drawn by
         :class:`colabfast.BlockShuffleSampler` is then a few large reads instead of one small read per
         sample, which is what makes cold storage fast. Pass them through :func:`compact` before
-        they leave the process: pickling a view copies its whole buffer.
+        they leave the process: pickling a view copies its whole buffer. ``into(nbytes)``, where given,
+        returns the memory to read into (1-D uint8, at least ``nbytes``): a reader thread's own,
+        reused batch after batch, so the views are only good until its next read.
         """
         if self.blob is not None:
             if self._loaded != self._version:  # a spawned worker's index is of another file than the blob
@@ -214,9 +216,15 @@ class MirrorReader:
             return [self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in indices]
         out: dict[int, torch.Tensor] = {}
         ordered = sorted(set(int(i) for i in indices))
-        for a, b in runs(ordered, self.offsets, MAX_READ):
-            base = int(self.offsets[ordered[a]])
-            buf = torch.empty(int(self.offsets[ordered[b - 1] + 1]) - base, dtype=torch.uint8)
+        spans = [(int(self.offsets[ordered[a]]), int(self.offsets[ordered[b - 1] + 1]), a, b)
+                 for a, b in runs(ordered, self.offsets, MAX_READ)]
+        memory = into(sum(end - base for base, end, _, _ in spans)) if into is not None else None
+        at = 0
+        for base, end, a, b in spans:
+            if memory is None:
+                buf = torch.empty(end - base, dtype=torch.uint8)
+            else:
+                buf, at = memory[at : at + end - base], at + end - base
             self.read_into(buf.numpy(), base)
             for i in ordered[a:b]:
                 out[i] = buf[int(self.offsets[i]) - base : int(self.offsets[i + 1]) - base]
@@ -473,8 +481,9 @@ class MirrorDataset(VisionDataset):
         at = self.reader.positions
         return [int(i) for i in indices] if at is None else at[np.asarray(indices, dtype=np.int64)].tolist()
 
-    def _stored(self, positions: Sequence[int]) -> list[torch.Tensor]:
-        views = self.reader.views(positions)
+    def _stored(self, positions: Sequence[int],
+                into: Optional[Callable[[int], torch.Tensor]] = None) -> list[torch.Tensor]:
+        views = self.reader.views(positions, into)
         if self.verify:  # zlib.crc32 of every image read: its cost is measured in the README's format section
             self.reader.index.check_samples(positions, [v.numpy() for v in views])
         return views

@@ -226,6 +226,34 @@ def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Siz
                          "that file.") from None
 
 
+def decode_hwc(data: torch.Tensor, where: Union[str, int] = "", size: Optional[Size] = None,
+               buffer: Optional[np.ndarray] = None) -> np.ndarray:
+    """:func:`decode_cpu`'s pixels as a uint8 array ``[H, W, 3]`` (no tensor made), decoded by libjpeg-turbo
+    into ``buffer`` where given (a C-contiguous uint8 array of at least ``H * W * 3`` bytes: the result
+    then views it; a JPEG that only torchvision or PIL decodes gets memory of its own). Arguments and
+    errors as :func:`decode_cpu`'s."""
+    raw = data.numpy()
+    if raw[:3].tobytes() != JPEG_MAGIC:
+        return np.array(decode_pil(raw, where, size))  # a writable copy (asarray's is read-only)
+    h, w = check_encoded(raw, where, size)
+    try:
+        hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=buffer)
+    except ValueError:  # a libjpeg warning (strict mode) or a corrupt file: torchvision says which
+        try:
+            with _quiet_torchvision():
+                chw = decode_jpeg(data, mode=ImageReadMode.RGB)
+        except RuntimeError as exc:
+            raise ValueError(
+                f"cannot decode the image at {_label(where)} ({data.numel()} bytes, starting "
+                f"{bytes(data[:8].tolist())!r}): {str(exc).rstrip('.')}. Re-pack or remove that file."
+            ) from exc
+        hwc = chw.permute(1, 2, 0).numpy()
+    if hwc.shape[:2] != (h, w):  # decoders read the size from the header just checked
+        raise ImageSizeError(f"the image at {_label(where)} decoded to {hwc.shape[1]}x{hwc.shape[0]}, not the "
+                             f"{w}x{h} its header says")
+    return hwc
+
+
 def decode_cpu(
     data: torch.Tensor, where: Union[str, int] = "", out: Optional[np.ndarray] = None,
     size: Optional[Size] = None,
@@ -257,31 +285,8 @@ def decode_cpu(
             ``out``'s or ``size``, read from the header before decoding.
         ValueError: the bytes are not a decodable image; the message names ``where``.
     """
-    raw = data.numpy()
-    size = out.shape[:2] if out is not None else size
-    if raw[:3].tobytes() != JPEG_MAGIC:
-        img = decode_pil(raw, where, size)
-        if out is None:
-            return torch.from_numpy(np.array(img)).permute(2, 0, 1)  # a writable copy (asarray's is read-only)
-        np.copyto(out, np.asarray(img))
-        return torch.from_numpy(out).permute(2, 0, 1)
-    h, w = check_encoded(raw, where, size)
-    try:
-        hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=out)
-    except ValueError:  # a libjpeg warning (strict mode) or a corrupt file: torchvision says which
-        try:
-            with _quiet_torchvision():
-                chw = decode_jpeg(data, mode=ImageReadMode.RGB)
-        except RuntimeError as exc:
-            raise ValueError(
-                f"cannot decode the image at {_label(where)} ({data.numel()} bytes, starting "
-                f"{bytes(data[:8].tolist())!r}): {str(exc).rstrip('.')}. Re-pack or remove that file."
-            ) from exc
-        hwc = chw.permute(1, 2, 0).numpy()
-    if hwc.shape[:2] != (h, w):  # decoders read the size from the header just checked
-        raise ImageSizeError(f"the image at {_label(where)} decoded to {hwc.shape[1]}x{hwc.shape[0]}, not the "
-                             f"{w}x{h} its header says")
-    if out is not None and not np.may_share_memory(hwc, out):  # torchvision's array, not simplejpeg's view of out
+    hwc = decode_hwc(data, where, out.shape[:2] if out is not None else size, out)
+    if out is not None and not np.may_share_memory(hwc, out):  # torchvision's or PIL's array, not a view of out
         np.copyto(out, hwc)
         hwc = out
     return torch.from_numpy(hwc).permute(2, 0, 1)

@@ -38,6 +38,10 @@ TRANSFORMS = {
     "evaluation": v2.Compose([v2.Resize(36), v2.CenterCrop(32)]),
     "center-crop-padded": v2.CenterCrop((90, 30)),  # taller than the image: torchvision pads it
     "flip-only": v2.RandomHorizontalFlip(),
+    "center-crop-hflip": v2.Compose([v2.CenterCrop(40), v2.RandomHorizontalFlip(0.6), v2.RandomVerticalFlip(0.6)]),
+    # the crop is the output's size where the image is 40x40: no resize (torchvision returns the crop)
+    "rrc-output-sized": v2.Compose([v2.RandomResizedCrop(40, scale=(1.0, 1.0), ratio=(1.0, 1.0)),
+                                    v2.RandomHorizontalFlip()]),
 }
 
 
@@ -58,6 +62,29 @@ def test_a_fused_transform_is_the_v2_transform_pixel_for_pixel_and_draw_for_draw
             assert a.shape == b.shape and a.dtype == b.dtype == torch.uint8
             assert torch.equal(a, b), (name, w, h)
         assert torch.equal(torch.rand(3, generator=g), after)  # the same numbers drawn, no more, no fewer
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["channels-last", "contiguous"])
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "jpeg"])
+@pytest.mark.parametrize("name", [n for n, tf in TRANSFORMS.items() if augment.fuse(tf).output_size() is not None])
+def test_make_into_writes_the_v2_transforms_pixels_into_a_batchs_memory(name, raw, channels_last):
+    """The reader's path: each image made straight into its row of a batch (channels-last or not),
+    flips applied there, the decoded pixels in reused scratch memory."""
+    tf = TRANSFORMS[name]
+    fused = augment.fuse(tf)
+    h, w = fused.output_size()
+    for seed, size in enumerate([(96, 72), (61, 83), (40, 40), (300, 12)]):
+        stored, shape = _stored(*size, raw, seed)
+        torch.manual_seed(seed)
+        want = [_expected(tf, stored, shape, raw) for _ in range(6)]
+        batch = torch.full((6, h, w, 3) if channels_last else (6, 3, h, w), 7, dtype=torch.uint8)
+        slots = batch.numpy().transpose(0, 3, 1, 2) if channels_last else batch.numpy()
+        g = torch.Generator().manual_seed(seed)
+        for k in range(6):
+            fused.make_into(stored, shape, raw, 0, *fused.draw(shape, g), slots[k : k + 1])
+        got = batch.permute(0, 3, 1, 2) if channels_last else batch
+        for k in range(6):
+            assert torch.equal(want[k], got[k]), (name, size, k)
 
 
 def test_fuse_takes_only_what_it_reproduces():
