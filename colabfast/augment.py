@@ -78,7 +78,10 @@ def _upsample(nchw: torch.Tensor, size: Any, out: Optional[torch.Tensor] = None)
     """torch's antialiased bilinear kernel (``align_corners=False``, no scale factors) of ``nchw``
     (uint8 ``[1, C, h, w]``, channels-last strides) to ``size`` ``(H, W)``, into ``out`` where given
     (any strides: channels-last ones are written directly)."""
-    return torch._C._nn._upsample_bilinear2d_aa(nchw, [int(size[0]), int(size[1])], False, None, None, out=out)
+    if out is None:
+        return torch._C._nn._upsample_bilinear2d_aa(nchw, [int(size[0]), int(size[1])], False, None)
+    return torch._C._nn._upsample_bilinear2d_aa(nchw, [int(size[0]), int(size[1])], False, None, None,  # type: ignore[call-arg]
+                                                out=out)  # the out= overload (torch's stubs omit it)
 
 
 def _scratch(name: str, shape: tuple[int, ...], dtype: Any, channels_last: bool = False) -> Any:
@@ -198,7 +201,7 @@ class FusedTransform:
             else:
                 _upsample(src, out.shape[2:], out=dst)
                 return
-        elif type(t) is v2.CenterCrop and h >= t.size[0] and w >= t.size[1]:
+        elif isinstance(t, v2.CenterCrop) and h >= t.size[0] and w >= t.size[1]:
             th, tw = int(t.size[0]), int(t.size[1])
             top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
             view = hwc[top : top + th, left : left + tw].transpose(2, 0, 1)[None]

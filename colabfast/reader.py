@@ -359,8 +359,9 @@ class BatchReader:
             out = self._alloc((len(indices), h, w, c) if self.channels_last else (len(indices), c, h, w), given)
             slots = out.numpy().transpose(0, 3, 1, 2) if self.channels_last else out.numpy()  # [B, C, H, W] views
             for k, (i, data) in enumerate(zip(indices, self.dataset._stored(indices, self._scratch))):
+                box, flipped = draws[k]
                 try:
-                    fused.make_into(data, reader.shapes[i], raw, i, *draws[k], slots[k : k + 1])
+                    fused.make_into(data, reader.shapes[i], raw, i, box, flipped, slots[k : k + 1])
                 except ValueError as exc:
                     raise undecodable(reader, i, exc) from exc
             return out.permute(0, 3, 1, 2) if self.channels_last else out
