@@ -235,6 +235,18 @@ def decode_hwc(data: torch.Tensor, where: Union[str, int] = "", size: Optional[S
     raw = data.numpy()
     if raw[:3].tobytes() != JPEG_MAGIC:
         return np.array(decode_pil(raw, where, size))  # a writable copy (asarray's is read-only)
+    if buffer is not None and size is not None:
+        # The header's own check folded into the decode: the declared size within the pixel limit, and
+        # memory for exactly that many pixels, which libjpeg-turbo refuses to overflow before decoding
+        # anything; a refusal, or another size, goes the checked way below and gets its error there.
+        h, w = int(size[0]), int(size[1])
+        _check_size(h, w, where, None)
+        try:
+            hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=buffer[: h * w * 3])
+        except ValueError:
+            hwc = None
+        if hwc is not None and hwc.shape[:2] == (h, w):
+            return hwc
     h, w = check_encoded(raw, where, size)
     try:
         hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=buffer)

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
-from colabfast.gpudecode import Encoded, EncodedImages, decode_batch, decode_cpu, is_encoded, is_jpeg
+from colabfast.gpudecode import Encoded, EncodedImages, decode_batch, decode_cpu, decode_hwc, is_encoded, is_jpeg
 from colabfast.testing.data import encode, photo
 
 cuda = pytest.mark.cuda
@@ -121,6 +121,21 @@ def test_cpu_decode_into_memory_of_the_wrong_size_or_of_bad_bytes_names_the_imag
     raw = bytes(data.tolist())
     odd = torch.frombuffer(bytearray(raw[:-2] + bytes(40) + raw[-2:]), dtype=torch.uint8)
     assert torch.equal(decode_cpu(odd, out=np.zeros((32, 48, 3), np.uint8)), decode_image(odd, mode=ImageReadMode.RGB))
+
+
+def test_decode_into_a_reused_buffer_checks_the_declared_size_as_the_header_check_does(monkeypatch):
+    """The reader threads' path: a scratch buffer larger than the image, the header's check folded into
+    the decode. Every size the header would refuse is refused, with the same message."""
+    data = jpeg_files(1, size=(48, 32))[0]
+    scratch = np.zeros(10_000, np.uint8)
+    got = decode_hwc(data, 5, (32, 48), scratch)
+    assert np.shares_memory(got, scratch) and np.array_equal(got, decode_cpu(data).permute(1, 2, 0).numpy())
+    for size in [(48, 32), (32, 47), (32, 49), (31, 48), (16, 96)]:  # transposed, narrower, wider, same pixels
+        with pytest.raises(ValueError, match="dataset index 5 is 48x32, not the"):
+            decode_hwc(data, 5, size, scratch)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the declared size is over the limit: refused unread
+    with pytest.raises(ValueError, match="dataset index 5 is 48x32, 0.0 million pixels, more than the limit"):
+        decode_hwc(data, 5, (32, 48), scratch)
 
 
 def test_cpu_decode_errors_name_the_image_and_the_fix():
