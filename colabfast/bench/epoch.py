@@ -220,7 +220,8 @@ def _methods(samples: list[tuple[str, int]], image_size: tuple[int, int], batch_
         _Method("colabfast raw mirror", mirror("raw.h5"),
                 prepare=lambda out: pack(src, out / "raw.h5", store="raw", workers=workers, progress=False),
                 data="raw.h5",
-                note="pack(store='raw'): decoded pixels; H5ImageFolder + colabfast.DataLoader (defaults, channels-last)"),
+                note="pack(store='raw'): decoded pixels; H5ImageFolder + colabfast.DataLoader (defaults, "
+                     "channels-last)"),
         _Method("colabfast encoded mirror, staged first", staged, local=False,
                 note="colabfast.stage() of the mirror to local disk, then the epoch; both timed"),
     ]
