@@ -178,7 +178,19 @@ class FusedTransform:
         hwc, box = self._pixels(stored, shape, raw, where, box)
         return self._made(hwc, int(shape[0]), int(shape[1]), box), flipped
 
-    def make_into(self, stored: torch.Tensor, shape: Any, raw: bool, where: int,
+    def centre_box(self, shape: Any) -> Optional[tuple[int, int, int, int]]:
+        """``(top, left, height, width)`` of a plain ``v2.CenterCrop`` in an image of ``shape`` (``[H, W,
+        ...]``) at least the crop's size (torchvision's anchor arithmetic,
+        ``_center_crop_compute_crop_anchor``), else None (another transform, or a crop that pads)."""
+        t = self.leading
+        if not isinstance(t, v2.CenterCrop):
+            return None
+        h, w, th, tw = int(shape[0]), int(shape[1]), int(t.size[0]), int(t.size[1])
+        if h < th or w < tw:
+            return None
+        return int(round((h - th) / 2.0)), int(round((w - tw) / 2.0)), th, tw
+
+    def make_into(self, stored: Union[torch.Tensor, np.ndarray], shape: Any, raw: bool, where: int,
                   box: Optional[tuple[int, int, int, int]], flipped: list[int], out: np.ndarray) -> None:
         """:meth:`make` written into ``out``, flips applied: uint8 ``[1, C, H, W]`` (any strides: a view of
         a batch's memory), ``(H, W)`` :meth:`output_size`. The common cases write there directly: a
@@ -201,9 +213,8 @@ class FusedTransform:
             else:
                 _upsample(src, out.shape[2:], out=dst)
                 return
-        elif isinstance(t, v2.CenterCrop) and h >= t.size[0] and w >= t.size[1]:
-            th, tw = int(t.size[0]), int(t.size[1])
-            top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
+        elif (centre := self.centre_box(shape)) is not None:
+            top, left, th, tw = centre
             view = hwc[top : top + th, left : left + tw].transpose(2, 0, 1)[None]
             if not flipped or flipped == [-2]:  # rows reversed: numpy copies whole rows
                 np.copyto(out, view[:, :, ::-1] if flipped else view)
@@ -213,17 +224,17 @@ class FusedTransform:
             image = self._made(hwc, h, w, box)[None]
         dst.copy_(image.flip(flipped) if flipped else image)
 
-    def _pixels(self, stored: torch.Tensor, shape: Any, raw: bool, where: int,
+    def _pixels(self, stored: Union[torch.Tensor, np.ndarray], shape: Any, raw: bool, where: int,
                 box: Optional[tuple[int, int, int, int]],
                 scratch: bool = False) -> tuple[np.ndarray, Optional[tuple[int, int, int, int]]]:
         """The stored image's pixels ``[H', W', C]`` (decoded: DCT-scaled where allowed; raw: a view of
         ``stored``) and the crop box in them; ``scratch``: decoded into this thread's reused memory."""
         h, w = int(shape[0]), int(shape[1])
+        data = stored if isinstance(stored, np.ndarray) else stored.numpy()
         if raw:
-            return stored.numpy().reshape(h, w, int(shape[2])), box
-        scale = self._draft_scale(h, w, box) if self.draft and stored[:3].numpy().tobytes() == JPEG_MAGIC else 1
+            return data.reshape(h, w, int(shape[2])), box
+        scale = self._draft_scale(h, w, box) if self.draft and data[:3].tobytes() == JPEG_MAGIC else 1
         if scale > 1:
-            data = stored.numpy()
             check_encoded(data, where, (h, w))  # the declared size, within the pixel limit, before decoding
             try:
                 hwc = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-h // scale),
@@ -239,7 +250,7 @@ class FusedTransform:
                 bw = max(1, min(ws - left, round(box[3] * ws / w)))
                 return hwc, (top, left, bh, bw)
         buffer = _scratch("decoded", (h * w * 3,), np.dtype(np.uint8)) if scratch else None
-        return decode_hwc(stored, where, (h, w), buffer), box
+        return decode_hwc(data, where, (h, w), buffer), box
 
     def _made(self, hwc: np.ndarray, h: int, w: int, box: Optional[tuple[int, int, int, int]]) -> torch.Tensor:
         """The transformed image ``[C, h', w']`` of the pixels ``hwc`` (``_pixels``'); flips not applied."""

@@ -202,33 +202,39 @@ class MirrorReader:
         """The bytes of several stored samples (stored positions, not dataset indices: see
         ``positions``) as uint8 tensors ``[nbytes]``, in ``indices`` order.
 
-        They view a larger buffer: the in-memory data, or one read per run of consecutive positions.
-        On a FUSE mount such as Drive a batch drawn by
+        They view a larger buffer: the in-memory data, or one read per run of consecutive positions
+        (:meth:`spans`). On a FUSE mount such as Drive a batch drawn by
         :class:`colabfast.BlockShuffleSampler` is then a few large reads instead of one small read per
         sample, which is what makes cold storage fast. Pass them through :func:`compact` before
-        they leave the process: pickling a view copies its whole buffer. ``into(nbytes)``, where given,
-        returns the memory to read into (1-D uint8, at least ``nbytes``): a reader thread's own,
-        reused batch after batch, so the views are only good until its next read.
+        they leave the process: pickling a view copies its whole buffer. ``into``: as :meth:`spans`'.
         """
+        memory, starts = self.spans(indices, into)
+        whole = self.blob if self.blob is not None else torch.from_numpy(memory)
+        return [whole[a : a + int(self.offsets[i + 1] - self.offsets[i])] for a, i in zip(starts, indices)]
+
+    def spans(self, indices: Sequence[int],
+              into: Optional[Callable[[int], torch.Tensor]] = None) -> tuple[np.ndarray, list[int]]:
+        """``(memory, starts)``: stored sample ``indices[k]`` is ``memory[starts[k]:]`` for its length
+        (uint8, the in-memory data, or one read per run of consecutive positions into one buffer: a
+        run's samples lie one after the other there too). ``into(nbytes)``, where given, returns the
+        memory to read into (1-D uint8, at least ``nbytes``): a reader thread's own, reused batch
+        after batch, so what views it is only good until its next read."""
         if self.blob is not None:
             if self._loaded != self._version:  # a spawned worker's index is of another file than the blob
                 raise self._changed()
-            return [self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in indices]
-        out: dict[int, torch.Tensor] = {}
+            return self.blob.numpy(), [int(self.offsets[i]) for i in indices]
         ordered = sorted(set(int(i) for i in indices))
         spans = [(int(self.offsets[ordered[a]]), int(self.offsets[ordered[b - 1] + 1]), a, b)
                  for a, b in runs(ordered, self.offsets, MAX_READ)]
-        memory = into(sum(end - base for base, end, _, _ in spans)) if into is not None else None
-        at = 0
+        total = sum(end - base for base, end, _, _ in spans)
+        memory = (into(total) if into is not None else torch.empty(total, dtype=torch.uint8)).numpy()
+        at, where = 0, {}
         for base, end, a, b in spans:
-            if memory is None:
-                buf = torch.empty(end - base, dtype=torch.uint8)
-            else:
-                buf, at = memory[at : at + end - base], at + end - base
-            self.read_into(buf.numpy(), base)
+            self.read_into(memory[at : at + end - base], base)
             for i in ordered[a:b]:
-                out[i] = buf[int(self.offsets[i]) - base : int(self.offsets[i + 1]) - base]
-        return [out[int(i)] for i in indices]
+                where[i] = at + int(self.offsets[i]) - base
+            at += end - base
+        return memory, [where[int(i)] for i in indices]
 
     def _load_all(self) -> torch.Tensor:
         nbytes = int(self.offsets[-1])
@@ -481,9 +487,18 @@ class MirrorDataset(VisionDataset):
         at = self.reader.positions
         return [int(i) for i in indices] if at is None else at[np.asarray(indices, dtype=np.int64)].tolist()
 
-    def _stored(self, positions: Sequence[int],
-                into: Optional[Callable[[int], torch.Tensor]] = None) -> list[torch.Tensor]:
-        views = self.reader.views(positions, into)
+    def _spans(self, positions: Sequence[int],
+               into: Optional[Callable[[int], torch.Tensor]] = None) -> tuple[np.ndarray, list[int]]:
+        """:meth:`MirrorReader.spans` of ``positions``, checked as :meth:`_stored` checks."""
+        memory, starts = self.reader.spans(positions, into)
+        if self.verify:
+            offsets = self.reader.offsets
+            self.reader.index.check_samples(positions, [memory[a : a + int(offsets[p + 1] - offsets[p])]
+                                                        for a, p in zip(starts, positions)])
+        return memory, starts
+
+    def _stored(self, positions: Sequence[int]) -> list[torch.Tensor]:
+        views = self.reader.views(positions)
         if self.verify:  # zlib.crc32 of every image read: its cost is measured in the README's format section
             self.reader.index.check_samples(positions, [v.numpy() for v in views])
         return views

@@ -226,13 +226,13 @@ def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Siz
                          "that file.") from None
 
 
-def decode_hwc(data: torch.Tensor, where: Union[str, int] = "", size: Optional[Size] = None,
+def decode_hwc(data: Union[torch.Tensor, np.ndarray], where: Union[str, int] = "", size: Optional[Size] = None,
                buffer: Optional[np.ndarray] = None) -> np.ndarray:
     """:func:`decode_cpu`'s pixels as a uint8 array ``[H, W, 3]`` (no tensor made), decoded by libjpeg-turbo
     into ``buffer`` where given (a C-contiguous uint8 array of at least ``H * W * 3`` bytes: the result
     then views it; a JPEG that only torchvision or PIL decodes gets memory of its own). Arguments and
-    errors as :func:`decode_cpu`'s."""
-    raw = data.numpy()
+    errors as :func:`decode_cpu`'s; ``data`` may be a uint8 array ``[num_bytes]``."""
+    raw = data if isinstance(data, np.ndarray) else data.numpy()
     if raw[:3].tobytes() != JPEG_MAGIC:
         return np.array(decode_pil(raw, where, size))  # a writable copy (asarray's is read-only)
     if buffer is not None and size is not None:
@@ -253,11 +253,11 @@ def decode_hwc(data: torch.Tensor, where: Union[str, int] = "", size: Optional[S
     except ValueError:  # a libjpeg warning (strict mode) or a corrupt file: torchvision says which
         try:
             with _quiet_torchvision():
-                chw = decode_jpeg(data, mode=ImageReadMode.RGB)
+                chw = decode_jpeg(torch.from_numpy(raw), mode=ImageReadMode.RGB)
         except RuntimeError as exc:
             raise ValueError(
-                f"cannot decode the image at {_label(where)} ({data.numel()} bytes, starting "
-                f"{bytes(data[:8].tolist())!r}): {str(exc).rstrip('.')}. Re-pack or remove that file."
+                f"cannot decode the image at {_label(where)} ({raw.size} bytes, starting "
+                f"{raw[:8].tobytes()!r}): {str(exc).rstrip('.')}. Re-pack or remove that file."
             ) from exc
         hwc = chw.permute(1, 2, 0).numpy()
     if hwc.shape[:2] != (h, w):  # decoders read the size from the header just checked

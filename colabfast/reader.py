@@ -358,8 +358,10 @@ class BatchReader:
             c, (h, w) = channels.pop(), size
             out = self._alloc((len(indices), h, w, c) if self.channels_last else (len(indices), c, h, w), given)
             slots = out.numpy().transpose(0, 3, 1, 2) if self.channels_last else out.numpy()  # [B, C, H, W] views
-            for k, (i, data) in enumerate(zip(indices, self.dataset._stored(indices, self._scratch))):
+            memory, starts = self.dataset._spans(indices, self._scratch)
+            for k, (i, start) in enumerate(zip(indices, starts)):
                 box, flipped = draws[k]
+                data = memory[start : start + int(reader.offsets[i + 1] - reader.offsets[i])]
                 try:
                     fused.make_into(data, reader.shapes[i], raw, i, box, flipped, slots[k : k + 1])
                 except ValueError as exc:

@@ -248,3 +248,22 @@ def test_each_epochs_first_batch_is_made_by_every_thread_and_is_the_same_batch(m
         monkeypatch.setattr(reader.BatchReader, "split", lambda *args: None)
         b, _ = _run(loader, epochs=2)
     _assert_same(a, b)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("in_memory", [False, True], ids=["file", "in-memory"])
+def test_centre_crops_of_a_raw_mirror_give_the_worker_processes_batches(tmp_path, memory_format, in_memory):
+    """Evaluation's CenterCrop on a raw mirror, each crop copied into its row of the batch as a box of
+    rows (FusedTransform.make_into), flipped or padded ones through torch: the workers' batches."""
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=20, size=(40, 30), vary=0.3)
+    mirror = pack(src, tmp_path / "raw.h5", store="raw", progress=False)
+    for tf in (v2.CenterCrop(24), v2.Compose([v2.CenterCrop((24, 20)), v2.RandomHorizontalFlip(0.3)]),
+               v2.CenterCrop(34)):  # taller than some images: torchvision pads those
+        def loader(tf=tf, **kwargs):
+            ds = cf.H5ImageFolder(mirror, output="tensor", transform=tf, in_memory=in_memory)
+            return cf.DataLoader(ds, batch_size=8, shuffle=True, device="cpu", memory_format=memory_format, **kwargs)
+
+        assert loader()._threads is not None
+        (a, after_a), (b, after_b) = _run(loader), _run(lambda: loader(num_workers=2))
+        _assert_same(a, b)
+        assert torch.equal(after_a, after_b)
