@@ -387,6 +387,7 @@ _FFCV_IMPORTS = ("ffcv.writer", "ffcv.fields", "ffcv.fields.decoders", "ffcv.loa
 _FFCV_DOCS = ("https://docs.ffcv.io/writing_datasets.html and https://docs.ffcv.io/making_dataloaders.html "
               "(DatasetWriter + RGBImageField; Loader with SimpleRGBImageDecoder)")
 
+# FFCV decodes in imdecode (libffcv/libffcv.cpp in its repository) with TJFLAG_FASTDCT | TJFLAG_NOREALLOC.
 FFCV_JPG = Peer(
     name="FFCV (jpg)",
     module="ffcv",
@@ -397,8 +398,11 @@ FFCV_JPG = Peer(
     loader=_ffcv_loader,
     imports=_FFCV_IMPORTS,
     install=_FFCV_INSTALL,
-    note="re-encodes every image as JPEG (quality 90); num_workers are threads; the first epoch compiles "
-         "the pipeline (numba)",
+    note="re-encodes every image as JPEG (quality 90); decodes with libjpeg-turbo's fast integer IDCT "
+         "(TJFLAG_FASTDCT; colabfast and torchvision decode with the accurate one); num_workers are threads; "
+         "the first epoch compiles the pipeline (numba); the transform runs on whole batches, "
+         "so a CenterCrop gives a view of the uncropped batch, its copy left to the batch's user "
+         "(benchmarks/ffcv_view.py times the batches made dense)",
 )
 
 FFCV_RAW = Peer(
@@ -411,7 +415,9 @@ FFCV_RAW = Peer(
     loader=_ffcv_loader,
     imports=_FFCV_IMPORTS,
     install=_FFCV_INSTALL,
-    note="num_workers are threads; the first epoch compiles the pipeline (numba)",
+    note="num_workers are threads; the first epoch compiles the pipeline (numba); the transform runs on whole batches, "
+         "so a CenterCrop gives a view of the uncropped batch, its copy left to the batch's user "
+         "(benchmarks/ffcv_view.py times the batches made dense)",
 )
 
 PEERS: tuple[Peer, ...] = (WEBDATASET, LITDATA, MOSAICML_STREAMING, EFFICIO, FFCV_JPG, FFCV_RAW)

@@ -1,0 +1,77 @@
+"""What FFCV's raw rows in ``colabfast bench epoch`` measure: its ``CenterCrop`` batch is a view of the
+uncropped batch, so the crop's copy is left to whoever uses the batch. This times, taking turns, FFCV
+(raw) as it yields, the same batches made dense (``x.contiguous(memory_format=torch.channels_last)``,
+the copy a model's first layer or ``.cuda()`` makes of a strided batch) and colabfast's raw mirror with
+the loader's defaults in channels-last (dense already). Needs FFCV.
+
+    taskset -c 0,1 python benchmarks/ffcv_view.py [--images 2000] [--size 256 256] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torchvision.datasets import ImageFolder
+
+import colabfast as cf
+from colabfast.bench import epoch, peers
+from colabfast.testing import data
+
+
+def dense(loader: Iterable) -> Iterator:
+    for x, y in loader:
+        yield x.contiguous(memory_format=torch.channels_last), y
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--size", type=int, nargs=2, default=(256, 256), metavar=("W", "H"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=2.0, help="each method's share of a round")
+    args = parser.parse_args()
+    if missing := peers.FFCV_RAW.missing():
+        raise SystemExit(f"FFCV {missing}")
+    with tempfile.TemporaryDirectory(prefix="colabfast-ffcv-view-") as name:
+        tmp = Path(name)
+        src = data.make_imagefolder(tmp / "src", classes=10, per_class=args.images // 10, size=tuple(args.size))
+        peers.FFCV_RAW.prepare(ImageFolder(str(src)).samples, tmp / "ffcv", tuple(args.size), 2)
+        mirror = cf.pack(src, tmp / "raw.h5", store="raw", progress=False)
+        crop = epoch.transform()
+        ffcv = peers.FFCV_RAW.loader(tmp / "ffcv", crop, 64, 2, None)
+        ours = cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor", transform=crop), 64, shuffle=True,
+                             device="cpu", memory_format=torch.channels_last)
+        methods: dict[str, Callable[[], Iterable]] = {
+            "FFCV (raw), as it yields": lambda: ffcv,
+            "FFCV (raw), each batch made dense": lambda: dense(ffcv),
+            "colabfast raw mirror (defaults, channels-last)": lambda: ours,
+        }
+        for make in methods.values():  # FFCV compiles its pipeline in its first epoch
+            for _ in make():
+                pass
+        x, _ = next(iter(ffcv))
+        print(f"FFCV's batch: shape {tuple(x.shape)}, strides {x.stride()}, dense channels-last: "
+              f"{x.is_contiguous(memory_format=torch.channels_last)}")
+        rates: dict[str, list[float]] = {k: [] for k in methods}
+        for _ in range(args.repeats):  # rounds: drift in the machine's speed hits every method alike
+            for key, make in methods.items():
+                t, n = time.perf_counter(), 0
+                while time.perf_counter() - t < args.seconds:
+                    for x, _ in make():
+                        n += len(x)
+                rates[key].append(n / (time.perf_counter() - t))
+        base = statistics.median(rates["FFCV (raw), each batch made dense"])
+        for key, values in rates.items():
+            med = statistics.median(values)
+            print(f"{key}: {med:,.0f} images/s (min-max {min(values):,.0f}-{max(values):,.0f}), "
+                  f"x FFCV made dense {med / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
