@@ -198,7 +198,7 @@ class MirrorReader:
         """The bytes of stored sample ``position`` as a new uint8 tensor ``[nbytes]`` of its own."""
         return self.views([position])[0].clone()
 
-    def views(self, indices: Sequence[int], into: Optional[Callable[[int], torch.Tensor]] = None) -> list[torch.Tensor]:
+    def views(self, indices: Sequence[int]) -> list[torch.Tensor]:
         """The bytes of several stored samples (stored positions, not dataset indices: see
         ``positions``) as uint8 tensors ``[nbytes]``, in ``indices`` order.
 
@@ -206,9 +206,9 @@ class MirrorReader:
         (:meth:`spans`). On a FUSE mount such as Drive a batch drawn by
         :class:`colabfast.BlockShuffleSampler` is then a few large reads instead of one small read per
         sample, which is what makes cold storage fast. Pass them through :func:`compact` before
-        they leave the process: pickling a view copies its whole buffer. ``into``: as :meth:`spans`'.
+        they leave the process: pickling a view copies its whole buffer.
         """
-        memory, starts = self.spans(indices, into)
+        memory, starts = self.spans(indices)
         whole = self.blob if self.blob is not None else torch.from_numpy(memory)
         return [whole[a : a + int(self.offsets[i + 1] - self.offsets[i])] for a, i in zip(starts, indices)]
 

@@ -242,7 +242,7 @@ def decode_hwc(data: Union[torch.Tensor, np.ndarray], where: Union[str, int] = "
         h, w = int(size[0]), int(size[1])
         _check_size(h, w, where, None)
         try:
-            hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=buffer[: h * w * 3])
+            hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=buffer.reshape(-1)[: h * w * 3])
         except ValueError:
             hwc = None
         if hwc is not None and hwc.shape[:2] == (h, w):

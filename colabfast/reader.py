@@ -344,8 +344,11 @@ class BatchReader:
     def _read_fused(self, indices: list[int], generator: Optional[torch.Generator],
                     draws: Optional[list] = None, given: Optional[torch.Tensor] = None) -> Any:
         """The images at stored positions ``indices`` through ``fused``, drawing from ``generator`` (or
-        with ``draws`` made already); each image flipped as it is copied into the batch (numpy's copy
-        with a negative stride)."""
+        with ``draws`` made already). Where every output has one size (a crop), the batch is allocated
+        first and each image made straight into its row, flipped there
+        (:meth:`~colabfast.augment.FusedTransform.make_into`), from stored bytes read into this
+        thread's reused memory; else each image is made on its own and copied into the batch, or
+        into an :class:`ImageList` where their sizes differ."""
         assert self.fused is not None
         reader, fused = self.dataset.reader, self.fused
         raw = reader.store == "raw"
