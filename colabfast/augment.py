@@ -200,7 +200,7 @@ class FusedTransform:
         fault per 4 KiB: 65 us of a 256 KiB raw image's 120 us, one core). Raises as :meth:`__call__`."""
         hwc, box = self._pixels(stored, shape, raw, where, box, scratch=True)
         h, w = int(shape[0]), int(shape[1])
-        t, dst = self.leading, torch.from_numpy(out)
+        t = self.leading  # (a tensor is made only where torch works: torch.from_numpy too drops the GIL)
         if isinstance(t, v2.RandomResizedCrop) and self.native and hwc.dtype == np.uint8:
             assert box is not None
             top, left, bh, bw = box
@@ -211,7 +211,7 @@ class FusedTransform:
             elif flipped:
                 image = _upsample(src, out.shape[2:], out=_scratch("resized", out.shape, out.dtype, True))
             else:
-                _upsample(src, out.shape[2:], out=dst)
+                _upsample(src, out.shape[2:], out=torch.from_numpy(out))
                 return
         elif (centre := self.centre_box(shape)) is not None:
             top, left, th, tw = centre
@@ -222,7 +222,7 @@ class FusedTransform:
             image = torch.from_numpy(view)
         else:
             image = self._made(hwc, h, w, box)[None]
-        dst.copy_(image.flip(flipped) if flipped else image)
+        torch.from_numpy(out).copy_(image.flip(flipped) if flipped else image)
 
     def _pixels(self, stored: Union[torch.Tensor, np.ndarray], shape: Any, raw: bool, where: int,
                 box: Optional[tuple[int, int, int, int]],
