@@ -84,14 +84,15 @@ def _upsample(nchw: torch.Tensor, size: Any, out: Optional[torch.Tensor] = None)
                                                 out=out)  # the out= overload (torch's stubs omit it)
 
 
-def _scratch(name: str, shape: tuple[int, ...], dtype: Any, channels_last: bool = False) -> Any:
-    """This thread's reused memory called ``name``, of at least ``shape``'s size: a uint8 numpy array of
+def scratch(name: str, shape: tuple[int, ...], channels_last: bool = False) -> Any:
+    """This thread's reused uint8 memory called ``name``, of at least ``shape``'s size: an array of
     ``shape`` (1-D: at least that long), or with ``channels_last`` a ``[N, C, H, W]`` tensor in
-    channels-last memory. Only for results used before this thread's next call."""
+    channels-last memory. Only for what is used up before this thread's next call with ``name``: new
+    memory each time costs a page fault per 4 KiB (65 of a 256 px raw image's 120 us read, one core)."""
     held = getattr(_threads, name, None)
     n = math.prod(shape)
     if held is None or held.size < n:
-        held = np.empty(max(n, 0 if held is None else 2 * held.size), dtype)
+        held = np.empty(max(n, 0 if held is None else 2 * held.size), np.uint8)
         setattr(_threads, name, held)
     if channels_last:
         b, c, h, w = shape
@@ -99,7 +100,7 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: Any, channels_last: bool 
     return held if len(shape) == 1 else held[:n].reshape(shape)
 
 
-_threads = threading.local()  # per reader thread: _scratch's memory
+_threads = threading.local()  # per reader thread: scratch()'s memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,9 +197,8 @@ class FusedTransform:
         a batch's memory), ``(H, W)`` :meth:`output_size`. The common cases write there directly: a
         crop's resize, and a centre crop of at least the crop's size, copied by numpy as a box of rows
         (torchvision's anchor arithmetic, ``_center_crop_compute_crop_anchor``). The decoded image
-        goes into this thread's scratch memory, reused image after image (fresh memory costs a page
-        fault per 4 KiB: 65 us of a 256 KiB raw image's 120 us, one core). Raises as :meth:`__call__`."""
-        hwc, box = self._pixels(stored, shape, raw, where, box, scratch=True)
+        goes into this thread's reused memory (:func:`scratch`). Raises as :meth:`__call__`."""
+        hwc, box = self._pixels(stored, shape, raw, where, box, reuse=True)
         h, w = int(shape[0]), int(shape[1])
         t = self.leading  # (a tensor is made only where torch works: torch.from_numpy too drops the GIL)
         if isinstance(t, v2.RandomResizedCrop) and self.native and hwc.dtype == np.uint8:
@@ -209,7 +209,7 @@ class FusedTransform:
             if (bh, bw) == tuple(out.shape[2:]):
                 image = src
             elif flipped:
-                image = _upsample(src, out.shape[2:], out=_scratch("resized", out.shape, out.dtype, True))
+                image = _upsample(src, out.shape[2:], out=scratch("resized", out.shape, True))
             else:
                 _upsample(src, out.shape[2:], out=torch.from_numpy(out))
                 return
@@ -226,9 +226,9 @@ class FusedTransform:
 
     def _pixels(self, stored: Union[torch.Tensor, np.ndarray], shape: Any, raw: bool, where: int,
                 box: Optional[tuple[int, int, int, int]],
-                scratch: bool = False) -> tuple[np.ndarray, Optional[tuple[int, int, int, int]]]:
+                reuse: bool = False) -> tuple[np.ndarray, Optional[tuple[int, int, int, int]]]:
         """The stored image's pixels ``[H', W', C]`` (decoded: DCT-scaled where allowed; raw: a view of
-        ``stored``) and the crop box in them; ``scratch``: decoded into this thread's reused memory."""
+        ``stored``) and the crop box in them; ``reuse``: decoded into this thread's reused memory."""
         h, w = int(shape[0]), int(shape[1])
         data = stored if isinstance(stored, np.ndarray) else stored.numpy()
         if raw:
@@ -249,7 +249,7 @@ class FusedTransform:
                 bh = max(1, min(hs - top, round(box[2] * hs / h)))
                 bw = max(1, min(ws - left, round(box[3] * ws / w)))
                 return hwc, (top, left, bh, bw)
-        buffer = _scratch("decoded", (h * w * 3,), np.dtype(np.uint8)) if scratch else None
+        buffer = scratch("decoded", (h * w * 3,)) if reuse else None
         return decode_hwc(data, where, (h, w), buffer), box
 
     def _made(self, hwc: np.ndarray, h: int, w: int, box: Optional[tuple[int, int, int, int]]) -> torch.Tensor:

@@ -213,7 +213,7 @@ class MirrorReader:
         return [whole[a : a + int(self.offsets[i + 1] - self.offsets[i])] for a, i in zip(starts, indices)]
 
     def spans(self, indices: Sequence[int],
-              into: Optional[Callable[[int], torch.Tensor]] = None) -> tuple[np.ndarray, list[int]]:
+              into: Optional[Callable[[int], np.ndarray]] = None) -> tuple[np.ndarray, list[int]]:
         """``(memory, starts)``: stored sample ``indices[k]`` is ``memory[starts[k]:]`` for its length
         (uint8, the in-memory data, or one read per run of consecutive positions into one buffer: a
         run's samples lie one after the other there too). ``into(nbytes)``, where given, returns the
@@ -227,7 +227,7 @@ class MirrorReader:
         spans = [(int(self.offsets[ordered[a]]), int(self.offsets[ordered[b - 1] + 1]), a, b)
                  for a, b in runs(ordered, self.offsets, MAX_READ)]
         total = sum(end - base for base, end, _, _ in spans)
-        memory = (into(total) if into is not None else torch.empty(total, dtype=torch.uint8)).numpy()
+        memory = into(total) if into is not None else torch.empty(total, dtype=torch.uint8).numpy()
         at, where = 0, {}
         for base, end, a, b in spans:
             self.read_into(memory[at : at + end - base], base)
@@ -488,7 +488,7 @@ class MirrorDataset(VisionDataset):
         return [int(i) for i in indices] if at is None else at[np.asarray(indices, dtype=np.int64)].tolist()
 
     def _spans(self, positions: Sequence[int],
-               into: Optional[Callable[[int], torch.Tensor]] = None) -> tuple[np.ndarray, list[int]]:
+               into: Optional[Callable[[int], np.ndarray]] = None) -> tuple[np.ndarray, list[int]]:
         """:meth:`MirrorReader.spans` of ``positions``, checked as :meth:`_stored` checks."""
         memory, starts = self.reader.spans(positions, into)
         if self.verify:

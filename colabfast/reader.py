@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from colabfast.augment import FusedTransform, fuse
+from colabfast.augment import FusedTransform, fuse, scratch
 from colabfast.collate import collate_value
 from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets, undecodable
 from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, decode_cpu
@@ -361,7 +361,7 @@ class BatchReader:
             c, (h, w) = channels.pop(), size
             out = self._alloc((len(indices), h, w, c) if self.channels_last else (len(indices), c, h, w), given)
             slots = out.numpy().transpose(0, 3, 1, 2) if self.channels_last else out.numpy()  # [B, C, H, W] views
-            memory, starts = self.dataset._spans(indices, self._scratch)
+            memory, starts = self.dataset._spans(indices, lambda n: scratch("read", (n,)))
             for k, (i, start) in enumerate(zip(indices, starts)):
                 box, flipped = draws[k]
                 data = memory[start : start + int(reader.offsets[i + 1] - reader.offsets[i])]
@@ -417,16 +417,6 @@ class BatchReader:
         except ValueError as exc:
             raise undecodable(self.dataset.reader, index, exc) from exc
 
-    @staticmethod
-    def _scratch(nbytes: int) -> torch.Tensor:
-        """This thread's memory to read stored images into (1-D uint8, at least ``nbytes``), reused batch
-        after batch where every image is made into the batch before the next read (``_read_fused``):
-        new memory each time cost a page fault per 4 KiB, on a raw 256 px mirror about half the read."""
-        held = getattr(_threads, "read", None)
-        if held is None or held.numel() < nbytes:
-            held = _threads.read = torch.empty(max(nbytes, 0 if held is None else 2 * held.numel()), dtype=torch.uint8)
-        return held
-
     def _alloc(self, shape: tuple[int, ...], given: Optional[torch.Tensor]) -> torch.Tensor:
         """``given`` where it has ``shape`` (a row range of a batch split in pieces), else new memory."""
         return given if given is not None and tuple(given.shape) == shape else self._empty(shape)
@@ -448,9 +438,6 @@ class BatchReader:
         else:
             reader.read_into([part.numpy() for part in out], start)
 
-
-
-_threads = threading.local()  # per reader thread: BatchReader._scratch's memory
 
 
 def _flipped(x: Any, dims: Sequence[int]) -> Any:

@@ -83,15 +83,18 @@ class _Ceiling:
     """One 'epoch' of the decode-only ceiling: all JPEG bytes in RAM decoded by ``threads`` threads."""
 
     def __init__(self, files: list[bytes], threads: int) -> None:
+        import simplejpeg
+
         self.files, self.threads = files, threads
+        # each thread decodes into one reused buffer: fresh memory for every image (520 MB an epoch of
+        # 256 px images) made this row measure page faults, and swing 1,400-4,000 images/s between runs
+        self.nbytes = max(h * w for h, w, _, _ in map(simplejpeg.decode_jpeg_header, files)) * 3
 
     def __iter__(self) -> Iterator[tuple[list, None]]:
         import simplejpeg
 
         def decode(chunk: list[bytes]) -> list[tuple[int, ...]]:
-            # into one reused buffer per thread: fresh memory for every image (520 MB an epoch of 256 px
-            # images) made this row measure page faults, and swing 1,400-4,000 images/s between runs
-            buffer = np.empty(max(h * w for h, w, _, _ in map(simplejpeg.decode_jpeg_header, chunk)) * 3, np.uint8)
+            buffer = np.empty(self.nbytes, np.uint8)
             return [simplejpeg.decode_jpeg(b, "RGB", buffer=buffer).shape for b in chunk]
 
         chunks = [self.files[k :: self.threads] for k in range(self.threads)]
