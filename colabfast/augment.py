@@ -162,6 +162,11 @@ class FusedTransform:
             return int(h), int(w)
         return None
 
+    def random(self) -> bool:
+        """Whether :meth:`draw` draws anything (a ``RandomResizedCrop`` or a flip); else every draw is
+        ``(None, [])``."""
+        return isinstance(self.leading, v2.RandomResizedCrop) or bool(self.flips)
+
     def draw(self, shape: Any, generator: torch.Generator) -> tuple[Optional[tuple[int, int, int, int]], list[int]]:
         """The random part of :meth:`apply` for an image of ``shape`` (``[H, W, ...]``): the crop box
         ``(top, left, height, width)`` (None unless ``RandomResizedCrop``) and the dims to flip, drawn

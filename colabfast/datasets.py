@@ -178,6 +178,27 @@ class MirrorReader:
         finally:
             handle.close()
 
+    def read_ranges(self, memory: np.ndarray, starts: Sequence[int], lengths: Sequence[int]) -> None:
+        """Fill ``memory`` (1-D uint8) with the image data bytes ``starts[k] .. starts[k] + lengths[k]``,
+        one range after the other: one ``os.preadv`` per range through this process's handle, no
+        per-range setup (the rows of each image a crop covers, :class:`colabfast.reader.BatchReader`). A
+        range that fails or reads short is read again through :meth:`read_into`, whose retries and
+        errors it then has. Raises as :meth:`read_into`."""
+        try:
+            fd: Optional[int] = self._handles()
+        except OSError:
+            fd = None  # read_into raises what it should, or retries a transient error
+        at = 0
+        for start, n in zip(starts, lengths):
+            piece = memory[at : at + n]
+            try:  # (numpy's stubs declare ndarray a Buffer only from Python 3.12 on)
+                done = -1 if fd is None else os.preadv(fd, [cast("Buffer", piece)], self.data_offset + start)
+            except OSError:
+                done = -1
+            if done != n:
+                self.read_into(piece, start)
+            at += n
+
     def _mount_failed(self, exc: OSError, what: str) -> OSError:
         """The error for a transient ``exc`` that outlasted the retries: what to do about the mount."""
         from colabfast.drive import failure_advice

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from colabfast import env
 from colabfast.augment import FusedTransform, fuse, scratch
 from colabfast.collate import collate_value
 from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets, undecodable
@@ -156,6 +157,7 @@ class BatchReader:
         self._targets = None if targets is None else torch.from_numpy(np.asarray(targets, dtype=np.int64))
         self._per_sample = self.dataset.per_sample() if targets is None else frozenset()
         self._memory = _Recycled(keep=self.prefetch + self.threads + 2)  # in flight, + the caller's
+        self._on_fuse = env.is_fuse(self.dataset.reader.path)
 
     def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[list]:
         """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead."""
@@ -353,20 +355,36 @@ class BatchReader:
         reader, fused = self.dataset.reader, self.fused
         raw = reader.store == "raw"
         g = generator if generator is not None else torch.default_generator
-        if draws is None:  # all first (the same draws in the same order): then no torch call between images
-            draws = [fused.draw(reader.shapes[i], g) for i in indices]
+        if draws is None and fused.random():  # all first (the same draws in the same order): then no torch
+            draws = [fused.draw(reader.shapes[i], g) for i in indices]  # call between images
+        elif draws is None:
+            draws = [(None, [])] * len(indices)
         size = fused.output_size()
         channels = {int(reader.shapes[i][2]) for i in indices} if raw else {3}  # decoded: RGB
         if size is not None and len(channels) == 1:  # every image made straight into the batch
             c, (h, w) = channels.pop(), size
             out = self._alloc((len(indices), h, w, c) if self.channels_last else (len(indices), c, h, w), given)
             slots = out.numpy().transpose(0, 3, 1, 2) if self.channels_last else out.numpy()  # [B, C, H, W] views
-            memory, starts = self.dataset._spans(indices, lambda n: scratch("read", (n,)))
+            rows = self._crop_rows(indices, draws) if raw else None
+            if rows is not None:  # raw: only the rows each crop covers were read, one image after the other
+                memory, starts, shapes, draws = rows
+                if len(set(map(tuple, shapes))) == 1 and not any(flipped for _, flipped in draws):
+                    centre = fused.centre_box(shapes[0])
+                    if centre is not None:  # one centre crop: the whole batch in one copy
+                        _, left, th, tw = centre
+                        h, w, c = (int(v) for v in shapes[0])
+                        np.copyto(slots, memory[: len(indices) * h * w * c].reshape(len(indices), h, w, c)
+                                  [:, :th, left : left + tw].transpose(0, 3, 1, 2))
+                        return out.permute(0, 3, 1, 2) if self.channels_last else out
+            else:
+                memory, starts = self.dataset._spans(indices, lambda n: scratch("read", (n,)))
+                shapes = [reader.shapes[i] for i in indices]
             for k, (i, start) in enumerate(zip(indices, starts)):
                 box, flipped = draws[k]
-                data = memory[start : start + int(reader.offsets[i + 1] - reader.offsets[i])]
+                h, w, c = (int(v) for v in shapes[k])
+                data = memory[start : start + (h * w * c if raw else int(reader.offsets[i + 1] - reader.offsets[i]))]
                 try:
-                    fused.make_into(data, reader.shapes[i], raw, i, box, flipped, slots[k : k + 1])
+                    fused.make_into(data, shapes[k], raw, i, box, flipped, slots[k : k + 1])
                 except ValueError as exc:
                     raise undecodable(reader, i, exc) from exc
             return out.permute(0, 3, 1, 2) if self.channels_last else out
@@ -395,6 +413,59 @@ class BatchReader:
         for k, (x, dims) in enumerate(images):
             np.copyto(slots[k], _flipped(x.numpy(), dims))
         return out
+
+    def _crop_rows(self, indices: list[int], draws: list) -> Optional[tuple[np.ndarray, list[int], list, list]]:
+        """Raw pixels read crop first: for each stored position in ``indices``, only the rows its crop
+        covers (``draws``' ``RandomResizedCrop`` box, or the centre crop's), one ``pread`` per image
+        into this thread's reused memory (:meth:`~colabfast.datasets.MirrorReader.read_ranges`). Returns
+        ``(memory, starts, shapes, draws)``: image ``k``'s rows at ``memory[starts[k]:]``, their shape
+        ``[rows, W, C]``, its draws with the box moved up to them. None where this reads no less or
+        costs more: any image without such a box (a ``Resize``, a crop that pads), ``verify`` (a
+        checksum covers whole images), in-memory data, or, on a FUSE mount such as Drive, where the
+        number of reads is what costs, a batch whose samples are mostly stored next to each other
+        (:class:`~colabfast.BlockShuffleSampler`): read one run at a time instead."""
+        reader, fused = self.dataset.reader, self.fused
+        assert fused is not None
+        if self.dataset.verify or reader.blob is not None:
+            return None
+        if self._on_fuse:  # a batch mostly of runs is read a run at a time
+            ordered = np.sort(np.asarray(indices, dtype=np.int64))
+            if 2 * int(np.count_nonzero(np.diff(ordered) == 1)) > len(indices):
+                return None
+        stored = reader.shapes[indices]
+        if not any(box is not None or flipped for box, flipped in draws) and bool((stored == stored[0]).all()):
+            centre = fused.centre_box(stored[0])  # one centre crop: one size, one place in every image
+            if centre is None:
+                return None
+            top, _, height, _ = centre
+            row = int(stored[0][1]) * int(stored[0][2])  # bytes
+            length = height * row
+            memory = scratch("read", (len(indices) * length,))
+            reader.read_ranges(memory, (reader.offsets[indices] + top * row).tolist(), [length] * len(indices))
+            rows = (height, int(stored[0][1]), int(stored[0][2]))
+            return memory, list(range(0, len(indices) * length, length)), [rows] * len(indices), draws
+        positions, starts, lengths, shapes, moved = [], [], [], [], []
+        at, centres = 0, dict[tuple[int, int, int], Optional[tuple[int, int, int, int]]]()
+        for i, (box, flipped) in zip(indices, draws):
+            h, w, c = (int(v) for v in reader.shapes[i])
+            shape = (h, w, c)
+            if box is not None:
+                crop = box
+            elif (crop := centres.get(shape)) is None:
+                crop = centres[shape] = fused.centre_box(shape)
+                if crop is None:
+                    return None
+            top, left, height, width = crop
+            row = w * c  # bytes
+            positions.append(int(reader.offsets[i]) + top * row)
+            starts.append(at)
+            lengths.append(height * row)
+            shapes.append((height, w, c))
+            moved.append(((0, left, height, width) if box is not None else None, flipped))
+            at += height * row
+        memory = scratch("read", (at,))
+        reader.read_ranges(memory, positions, lengths)
+        return memory, starts, shapes, moved
 
     def _image(self, index: int, data: torch.Tensor) -> torch.Tensor:
         if self.dataset.reader.store == "raw":

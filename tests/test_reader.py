@@ -3,6 +3,7 @@ safe on truncated files, flaky mounts and long runs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -327,6 +328,58 @@ def test_mirror_reads_from_a_flaky_drive_are_retried(mirrors, tmp_path):
             images = images[torch.argsort(torch.tensor(_order(ds, images, expected)))]
             assert torch.equal(images, expected)
         assert sim.stats()["eio"] > 0
+
+
+def test_crops_read_from_a_flaky_drive_are_retried_and_read_runs_whole(tmp_path, monkeypatch):
+    """A raw mirror's crops read only each crop's rows (MirrorReader.read_ranges, one pread per image):
+    on Drive a failed pread is read again with read_into's retries, and a batch mostly of runs of
+    consecutive samples (BlockShuffleSampler) is read a run at a time (on Drive the reads are what
+    cost). The crops are the per-sample CenterCrop of the local file either way."""
+    from torchvision.transforms import v2
+
+    from colabfast.datasets import MirrorReader
+    from colabfast.drivesim import DriveSim, available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    calls = {"ranges": 0, "spans": 0}
+    for name in calls:
+        method = getattr(MirrorReader, name if name == "spans" else "read_ranges")
+        monkeypatch.setattr(MirrorReader, method.__name__,
+                            lambda self, *a, _m=method, _n=name, **k: (calls.__setitem__(_n, calls[_n] + 1),
+                                                                       _m(self, *a, **k))[1])
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=40, size=(128, 96))
+    crop = v2.CenterCrop((64, 100))
+    local = H5ImageFolder(pack(src, tmp_path / "drive" / "m.h5", store="raw", progress=False), output="tensor")
+    expected = torch.stack([crop(local[i][0]) for i in range(len(local))])
+    with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None) as sim:
+        ds = H5ImageFolder(sim.mountpoint / "m.h5", output="tensor", transform=crop)
+        sim.set(eio_read=0.2)
+        for kwargs in ({"shuffle": True}, {"sampler": BlockShuffleSampler(ds, block_size=16, seed=1)}):
+            loader = cf.DataLoader(ds, 8, device="cpu", **kwargs)
+            assert loader._reader is not None and loader._reader.fused is not None
+            images = torch.cat([b[0] for b in loader])
+            assert torch.equal(images[torch.argsort(torch.tensor(_order(ds, images, expected)))], expected)
+        assert sim.stats()["eio"] > 0
+    assert calls["ranges"] > 0 and calls["spans"] > 0
+
+
+def test_a_crops_rows_read_from_a_truncated_file_raise(mirrors, tmp_path):
+    """The crop-first reads name a truncated file as every read does (MirrorError), never a short batch."""
+    import shutil
+
+    from torchvision.transforms import v2
+
+    m = tmp_path / "raw.h5"
+    shutil.copy(mirrors["raw"], m)
+    ds = H5ImageFolder(m, output="tensor", transform=v2.CenterCrop(32))
+    it = iter(cf.DataLoader(ds, 4, device="cpu", shuffle=True, prefetch_factor=None))
+    next(it)
+    os.truncate(m, ds.reader.data_offset + int(ds.reader.offsets[4]))
+    with pytest.raises(MirrorError, match="truncated or replaced"):
+        for _ in it:
+            pass
 
 
 def _order(ds, images, expected) -> list[int]:

@@ -252,10 +252,21 @@ def test_each_epochs_first_batch_is_made_by_every_thread_and_is_the_same_batch(m
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("in_memory", [False, True], ids=["file", "in-memory"])
-def test_centre_crops_of_a_raw_mirror_give_the_worker_processes_batches(tmp_path, memory_format, in_memory):
-    """Evaluation's CenterCrop on a raw mirror, each crop copied into its row of the batch as a box of
-    rows (FusedTransform.make_into), flipped or padded ones through torch: the workers' batches."""
-    src = make_imagefolder(tmp_path / "src", classes=2, per_class=20, size=(40, 30), vary=0.3)
+@pytest.mark.parametrize("vary", [0.3, 0.0], ids=["sizes-vary", "one-size"])
+def test_centre_crops_of_a_raw_mirror_give_the_worker_processes_batches(tmp_path, monkeypatch, memory_format,
+                                                                        in_memory, vary):
+    """Evaluation's CenterCrop on a raw mirror: only the rows each crop covers read from the file, then
+    each crop copied into its row of the batch as a box of rows (FusedTransform.make_into), or, where
+    the images have one size and none is flipped, the whole batch in one copy; flipped or padded ones
+    through torch: the workers' batches."""
+    from colabfast.datasets import MirrorReader
+
+    ranges: list[list[int]] = []
+    read_ranges = MirrorReader.read_ranges
+    monkeypatch.setattr(MirrorReader, "read_ranges",
+                        lambda self, memory, starts, lengths: (ranges.append(list(lengths)),
+                                                               read_ranges(self, memory, starts, lengths))[1])
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=20, size=(40, 30), vary=vary)
     mirror = pack(src, tmp_path / "raw.h5", store="raw", progress=False)
     for tf in (v2.CenterCrop(24), v2.Compose([v2.CenterCrop((24, 20)), v2.RandomHorizontalFlip(0.3)]),
                v2.CenterCrop(34)):  # taller than some images: torchvision pads those
@@ -264,6 +275,14 @@ def test_centre_crops_of_a_raw_mirror_give_the_worker_processes_batches(tmp_path
             return cf.DataLoader(ds, batch_size=8, shuffle=True, device="cpu", memory_format=memory_format, **kwargs)
 
         assert loader()._threads is not None
+        ranges.clear()
         (a, after_a), (b, after_b) = _run(loader), _run(lambda: loader(num_workers=2))
         _assert_same(a, b)
         assert torch.equal(after_a, after_b)
+        crop = tf.size[0] if isinstance(tf, v2.CenterCrop) else 24  # rows
+        shapes = cf.H5ImageFolder(mirror).reader.shapes
+        if in_memory or crop > shapes[:, 0].max():  # RAM is not read; a batch with a crop that pads reads whole
+            assert not ranges
+        else:  # the crop's rows of each image, no more
+            assert ranges or crop > shapes[:, 0].min()
+            assert all(n in {crop * int(w) * 3 for w in shapes[:, 1]} for lengths in ranges for n in lengths)
