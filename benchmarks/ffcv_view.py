@@ -1,10 +1,11 @@
-"""What FFCV's raw rows in ``colabfast bench epoch`` measure: its ``CenterCrop`` batch is a view of the
+"""What FFCV's rows in ``colabfast bench epoch`` measure: its ``CenterCrop`` batch is a view of the
 uncropped batch, so the crop's copy is left to whoever uses the batch. This times, taking turns, FFCV
-(raw) as it yields, the same batches made dense (``x.contiguous(memory_format=torch.channels_last)``,
-the copy a model's first layer or ``.cuda()`` makes of a strided batch) and colabfast's raw mirror with
-the loader's defaults in channels-last (dense already). Needs FFCV.
+as it yields, the same batches made dense (``x.contiguous(memory_format=torch.channels_last)``, the
+copy a model's first layer or ``.cuda()`` makes of a strided batch) and colabfast's mirror with the
+loader's defaults in channels-last (dense already): raw pixels (FFCV ``raw``, ``store="raw"``), or with
+``--jpg`` JPEGs (FFCV ``jpg``, the encoded mirror). Needs FFCV.
 
-    taskset -c 0,1 python benchmarks/ffcv_view.py [--images 2000] [--size 256 256] [--repeats 5]
+    taskset -c 0,1 python benchmarks/ffcv_view.py [--jpg] [--images 2000] [--size 256 256] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -35,22 +36,24 @@ def main() -> None:
     parser.add_argument("--size", type=int, nargs=2, default=(256, 256), metavar=("W", "H"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0, help="each method's share of a round")
+    parser.add_argument("--jpg", action="store_true", help="JPEGs (FFCV jpg, the encoded mirror), not raw pixels")
     args = parser.parse_args()
-    if missing := peers.FFCV_RAW.missing():
+    peer, kind, store = (peers.FFCV_JPG, "jpg", "encoded") if args.jpg else (peers.FFCV_RAW, "raw", "raw")
+    if missing := peer.missing():
         raise SystemExit(f"FFCV {missing}")
     with tempfile.TemporaryDirectory(prefix="colabfast-ffcv-view-") as name:
         tmp = Path(name)
         src = data.make_imagefolder(tmp / "src", classes=10, per_class=args.images // 10, size=tuple(args.size))
-        peers.FFCV_RAW.prepare(ImageFolder(str(src)).samples, tmp / "ffcv", tuple(args.size), 2)
-        mirror = cf.pack(src, tmp / "raw.h5", store="raw", progress=False)
+        peer.prepare(ImageFolder(str(src)).samples, tmp / "ffcv", tuple(args.size), 2)
+        mirror = cf.pack(src, tmp / f"{store}.h5", store=store, progress=False)
         crop = epoch.transform()
-        ffcv = peers.FFCV_RAW.loader(tmp / "ffcv", crop, 64, 2, None)
+        ffcv = peer.loader(tmp / "ffcv", crop, 64, 2, None)
         ours = cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor", transform=crop), 64, shuffle=True,
                              device="cpu", memory_format=torch.channels_last)
         methods: dict[str, Callable[[], Iterable]] = {
-            "FFCV (raw), as it yields": lambda: ffcv,
-            "FFCV (raw), each batch made dense": lambda: dense(ffcv),
-            "colabfast raw mirror (defaults, channels-last)": lambda: ours,
+            f"FFCV ({kind}), as it yields": lambda: ffcv,
+            f"FFCV ({kind}), each batch made dense": lambda: dense(ffcv),
+            f"colabfast {store} mirror (defaults, channels-last)": lambda: ours,
         }
         for make in methods.values():  # FFCV compiles its pipeline in its first epoch
             for _ in make():
@@ -66,8 +69,8 @@ def main() -> None:
                     for x, _ in make():
                         n += len(x)
                 rates[key].append(n / (time.perf_counter() - t))
-        dense_rate = statistics.median(rates["FFCV (raw), each batch made dense"])
-        as_yielded = statistics.median(rates["FFCV (raw), as it yields"])
+        dense_rate = statistics.median(rates[f"FFCV ({kind}), each batch made dense"])
+        as_yielded = statistics.median(rates[f"FFCV ({kind}), as it yields"])
         for key, values in rates.items():
             med = statistics.median(values)
             print(f"{key}: {med:,.0f} images/s (min-max {min(values):,.0f}-{max(values):,.0f}), "

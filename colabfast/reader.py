@@ -378,13 +378,14 @@ class BatchReader:
                         return out.permute(0, 3, 1, 2) if self.channels_last else out
             else:
                 memory, starts = self.dataset._spans(indices, lambda n: scratch("read", (n,)))
-                shapes = [reader.shapes[i] for i in indices]
-            for k, (i, start) in enumerate(zip(indices, starts)):
+                shapes = reader.shapes[indices].tolist()  # Python ints: no numpy scalar per image below
+            offsets = reader.offsets
+            sizes = ([h * w * c for h, w, c in shapes] if raw else
+                     (offsets[np.add(indices, 1)] - offsets[indices]).tolist())  # bytes
+            for k, (i, start, n) in enumerate(zip(indices, starts, sizes)):
                 box, flipped = draws[k]
-                h, w, c = (int(v) for v in shapes[k])
-                data = memory[start : start + (h * w * c if raw else int(reader.offsets[i + 1] - reader.offsets[i]))]
                 try:
-                    fused.make_into(data, shapes[k], raw, i, box, flipped, slots[k : k + 1])
+                    fused.make_into(memory[start : start + n], shapes[k], raw, i, box, flipped, slots[k : k + 1])
                 except ValueError as exc:
                     raise undecodable(reader, i, exc) from exc
             return out.permute(0, 3, 1, 2) if self.channels_last else out
