@@ -7,8 +7,9 @@ pixels need no decoding at all, and JPEG decoding (libjpeg-turbo through ``simpl
 batch (mostly runs of consecutive samples, as :class:`~colabfast.sampler.BlockShuffleSampler` draws
 them) this reads each run with one ``pread`` straight into the batch's own memory, decodes encoded
 images in the same thread straight into their slots of the batch, and hands the batch over as
-``colabfast.collate.collate`` would have built it. A pool of threads reads
-``prefetch`` batches ahead, in order. FFCV's loader works the same way (threads in one process,
+``colabfast.collate.collate`` would have built it; with a crop fused in (:func:`fused_for`), a raw
+mirror's images are read crop first, only the rows each crop covers (``BatchReader._crop_rows``). A
+pool of threads reads ``prefetch`` batches ahead, in order. FFCV's loader works the same way (threads in one process,
 whole-batch reads into preallocated memory; Leclerc et al., "FFCV: Accelerating Training by
 Removing Data Bottlenecks", CVPR 2023); the figures against it are in ``benchmarks/README.md``.
 
