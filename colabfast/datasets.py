@@ -249,9 +249,9 @@ class MirrorReader:
                  for a, b in runs(ordered, self.offsets, MAX_READ)]
         total = sum(end - base for base, end, _, _ in spans)
         memory = into(total) if into is not None else torch.empty(total, dtype=torch.uint8).numpy()
+        self.read_ranges(memory, [base for base, _, _, _ in spans], [end - base for base, end, _, _ in spans])
         at, where = 0, {}
         for base, end, a, b in spans:
-            self.read_into(memory[at : at + end - base], base)
             for i in ordered[a:b]:
                 where[i] = at + int(self.offsets[i]) - base
             at += end - base

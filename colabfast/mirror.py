@@ -1009,7 +1009,13 @@ def runs(positions: Union[Sequence[int], np.ndarray], offsets: np.ndarray, max_b
         hold them; each run is as long as that and ``max_bytes`` allow.
     """
     at = np.asarray(positions, dtype=np.int64)
-    breaks = (np.flatnonzero(np.diff(at) != 1) + 1).tolist()
+    if not len(at):
+        return []
+    cuts = np.flatnonzero(np.diff(at) != 1) + 1
+    starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [len(at)]))
+    if bool(((offsets[at[ends - 1] + 1] - offsets[at[starts]]) <= max_bytes).all()):  # each stretch one run
+        return list(zip(starts.tolist(), ends.tolist()))
+    breaks = cuts.tolist()
     out = []
     for a, b in zip([0, *breaks], [*breaks, len(at)]):  # each a stretch of consecutive positions
         while a < b:

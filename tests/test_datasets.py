@@ -251,9 +251,11 @@ def test_refuses_bad_files_with_clear_errors(mirrors, tmp_path):
 def test_batched_reads_coalesce_runs_and_equal_single_reads(mirrors, store, monkeypatch):
     ds = H5ImageFolder(mirrors[store], output="tensor")
     indices = [5, 6, 7, 2, 3, 9, 5, 21]
-    reads = []
-    real = ds.reader.read_into
+    reads: list[int] = []  # each read's length: one per range of read_ranges, or one read_into
+    real, ranges = ds.reader.read_into, ds.reader.read_ranges
     monkeypatch.setattr(ds.reader, "read_into", lambda out, start: (reads.append(len(out)), real(out, start)))
+    monkeypatch.setattr(ds.reader, "read_ranges",
+                        lambda memory, starts, lengths: (reads.extend(lengths), ranges(memory, starts, lengths)))
     batch = ds.__getitems__(indices)
     assert len(reads) == 4  # runs 2-3, 5-7, 9, 21: one read each, duplicates read once
     for i, (image, target) in zip(indices, batch):

@@ -132,9 +132,11 @@ def test_a_shuffled_mirror_reads_whole_blocks_and_gives_the_sources_samples(mirr
     kw = dict(num_workers=workers, device="cpu")
     ((images, targets),) = list(cf.DataLoader(ds, 42, **kw))
     assert targets.tolist() == plain.targets and torch.equal(images, torch.stack([x for x, _ in plain]))
-    reads: list[int] = []
-    real = ds.reader.read_into
+    reads: list[int] = []  # where each read starts: read_into's, and read_ranges' one read per range
+    real, ranges = ds.reader.read_into, ds.reader.read_ranges
     monkeypatch.setattr(ds.reader, "read_into", lambda out, start: (reads.append(start), real(out, start)))
+    monkeypatch.setattr(ds.reader, "read_ranges",
+                        lambda memory, starts, lengths: (reads.extend(starts), ranges(memory, starts, lengths)))
     first_stored = [int(i) for i in np.argsort(ds.reader.positions)[:21]]  # the samples stored at 0..20
     for dataset, replicas in ((ds, 1), (ds, 2), (Subset(ds, first_stored), 1)):
         for rank in range(replicas):
@@ -337,18 +339,20 @@ def test_crops_read_from_a_flaky_drive_are_retried_and_read_runs_whole(tmp_path,
     cost). The crops are the per-sample CenterCrop of the local file either way."""
     from torchvision.transforms import v2
 
-    from colabfast.datasets import MirrorReader
     from colabfast.drivesim import DriveSim, available
 
     ok, why = available()
     if not ok:
         pytest.skip(f"FUSE is not available: {why}")
-    calls = {"ranges": 0, "spans": 0}
-    for name in calls:
-        method = getattr(MirrorReader, name if name == "spans" else "read_ranges")
-        monkeypatch.setattr(MirrorReader, method.__name__,
-                            lambda self, *a, _m=method, _n=name, **k: (calls.__setitem__(_n, calls[_n] + 1),
-                                                                       _m(self, *a, **k))[1])
+    read = {"crop first": 0, "runs whole": 0}  # batches read each way
+    crop_rows = reader.BatchReader._crop_rows
+
+    def counted(self, *args):
+        rows = crop_rows(self, *args)
+        read["runs whole" if rows is None else "crop first"] += 1
+        return rows
+
+    monkeypatch.setattr(reader.BatchReader, "_crop_rows", counted)
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=40, size=(128, 96))
     crop = v2.CenterCrop((64, 100))
     local = H5ImageFolder(pack(src, tmp_path / "drive" / "m.h5", store="raw", progress=False), output="tensor")
@@ -356,13 +360,13 @@ def test_crops_read_from_a_flaky_drive_are_retried_and_read_runs_whole(tmp_path,
     with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None) as sim:
         ds = H5ImageFolder(sim.mountpoint / "m.h5", output="tensor", transform=crop)
         sim.set(eio_read=0.2)
-        for kwargs in ({"shuffle": True}, {"sampler": BlockShuffleSampler(ds, block_size=16, seed=1)}):
+        for kwargs in ({"shuffle": True}, {"sampler": BlockShuffleSampler(ds, block_size=8, seed=1)}):
             loader = cf.DataLoader(ds, 8, device="cpu", **kwargs)
             assert loader._reader is not None and loader._reader.fused is not None
             images = torch.cat([b[0] for b in loader])
             assert torch.equal(images[torch.argsort(torch.tensor(_order(ds, images, expected)))], expected)
         assert sim.stats()["eio"] > 0
-    assert calls["ranges"] > 0 and calls["spans"] > 0
+    assert read["crop first"] > 0 and read["runs whole"] > 0
 
 
 def test_a_crops_rows_read_from_a_truncated_file_raise(mirrors, tmp_path):

@@ -260,12 +260,26 @@ def test_centre_crops_of_a_raw_mirror_give_the_worker_processes_batches(tmp_path
     the images have one size and none is flipped, the whole batch in one copy; flipped or padded ones
     through torch: the workers' batches."""
     from colabfast.datasets import MirrorReader
+    from colabfast.reader import BatchReader
 
-    ranges: list[list[int]] = []
-    read_ranges = MirrorReader.read_ranges
-    monkeypatch.setattr(MirrorReader, "read_ranges",
-                        lambda self, memory, starts, lengths: (ranges.append(list(lengths)),
-                                                               read_ranges(self, memory, starts, lengths))[1])
+    ranges: list[list[int]] = []  # the bytes of each image read crop first, per batch
+    read_ranges, crop_rows = MirrorReader.read_ranges, BatchReader._crop_rows
+    crop_first = threading.local()
+
+    def rows_read(self, *args):
+        crop_first.on = True
+        try:
+            return crop_rows(self, *args)
+        finally:
+            crop_first.on = False
+
+    def ranges_read(self, memory, starts, lengths):
+        if getattr(crop_first, "on", False):
+            ranges.append(list(lengths))
+        return read_ranges(self, memory, starts, lengths)
+
+    monkeypatch.setattr(BatchReader, "_crop_rows", rows_read)
+    monkeypatch.setattr(MirrorReader, "read_ranges", ranges_read)
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=20, size=(40, 30), vary=vary)
     mirror = pack(src, tmp_path / "raw.h5", store="raw", progress=False)
     for tf in (v2.CenterCrop(24), v2.Compose([v2.CenterCrop((24, 20)), v2.RandomHorizontalFlip(0.3)]),
