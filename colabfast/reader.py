@@ -9,9 +9,10 @@ them) this reads each run with one ``pread`` straight into the batch's own memor
 images in the same thread straight into their slots of the batch, and hands the batch over as
 ``colabfast.collate.collate`` would have built it; with a crop fused in (:func:`fused_for`), a raw
 mirror's images are read crop first, only the rows each crop covers (``BatchReader._crop_rows``). A
-pool of threads reads ``prefetch`` batches ahead, in order. FFCV's loader works the same way (threads in one process,
-whole-batch reads into preallocated memory; Leclerc et al., "FFCV: Accelerating Training by
-Removing Data Bottlenecks", CVPR 2023); the figures against it are in ``benchmarks/README.md``.
+pool of threads reads ``prefetch`` batches ahead, in order. FFCV's loader works the same way
+(threads in one process, whole-batch reads into preallocated memory; Leclerc et al., "FFCV:
+Accelerating Training by Removing Data Bottlenecks", CVPR 2023); the figures against it are in
+``benchmarks/README.md``.
 
 ``colabfast.DataLoader`` uses it on its own where it gives the same batches as its worker path
 (:func:`applies` says when and why not), and says so in ``loader.choices["reader"]``.
