@@ -162,10 +162,13 @@ class FusedTransform:
             return int(h), int(w)
         return None
 
-    def random(self) -> bool:
-        """Whether :meth:`draw` draws anything (a ``RandomResizedCrop`` or a flip); else every draw is
-        ``(None, [])``."""
-        return isinstance(self.leading, v2.RandomResizedCrop) or bool(self.flips)
+    def draw_batch(self, shapes: Any, generator: torch.Generator) -> list:
+        """:meth:`draw` for each of ``shapes`` in order: all of a batch's draws before its first image is
+        made (the same numbers in the same order; then no torch call between images). Where nothing is
+        random (no ``RandomResizedCrop``, no flip) nothing is drawn: every draw is ``(None, [])``."""
+        if not (isinstance(self.leading, v2.RandomResizedCrop) or self.flips):
+            return [(None, [])] * len(shapes)
+        return [self.draw(shape, generator) for shape in shapes]
 
     def draw(self, shape: Any, generator: torch.Generator) -> tuple[Optional[tuple[int, int, int, int]], list[int]]:
         """The random part of :meth:`apply` for an image of ``shape`` (``[H, W, ...]``): the crop box

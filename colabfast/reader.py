@@ -201,7 +201,7 @@ class BatchReader:
         draws = None
         if self.fused is not None:
             g = generator if generator is not None else torch.default_generator
-            draws = [self.fused.draw(shape, g) for shape in shapes]
+            draws = self.fused.draw_batch(shapes, g)
         bounds = [len(indices) * k // parts for k in range(parts + 1)]
         batch = self._batch_memory(shapes)  # each piece decodes into its rows: no copy to join them
         pieces: list[Callable[[], list]] = [
@@ -357,12 +357,10 @@ class BatchReader:
         reader, fused = self.dataset.reader, self.fused
         raw = reader.store == "raw"
         g = generator if generator is not None else torch.default_generator
-        if draws is None and fused.random():  # all first (the same draws in the same order): then no torch
-            draws = [fused.draw(reader.shapes[i], g) for i in indices]  # call between images
-        elif draws is None:
-            draws = [(None, [])] * len(indices)
+        if draws is None:
+            draws = fused.draw_batch(reader.shapes[indices], g)
         size = fused.output_size()
-        channels = {int(reader.shapes[i][2]) for i in indices} if raw else {3}  # decoded: RGB
+        channels = set(reader.shapes[indices, 2].tolist()) if raw else {3}  # decoded: RGB
         if size is not None and len(channels) == 1:  # every image made straight into the batch
             c, (h, w) = channels.pop(), size
             out = self._alloc((len(indices), h, w, c) if self.channels_last else (len(indices), c, h, w), given)
