@@ -15,7 +15,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import torch
 from torchvision.datasets import ImageFolder
@@ -23,11 +23,6 @@ from torchvision.datasets import ImageFolder
 import colabfast as cf
 from colabfast.bench import epoch, peers
 from colabfast.testing import data
-
-
-def dense(loader: Iterable) -> Iterator:
-    for x, y in loader:
-        yield x.contiguous(memory_format=torch.channels_last), y
 
 
 def main() -> None:
@@ -52,7 +47,7 @@ def main() -> None:
                              device="cpu", memory_format=torch.channels_last)
         methods: dict[str, Callable[[], Iterable]] = {
             f"FFCV ({kind}), as it yields": lambda: ffcv,
-            f"FFCV ({kind}), each batch made dense": lambda: dense(ffcv),
+            f"FFCV ({kind}), each batch made dense": lambda: epoch.Dense(ffcv),
             f"colabfast {store} mirror (defaults, channels-last)": lambda: ours,
         }
         for make in methods.values():  # FFCV compiles its pipeline in its first epoch

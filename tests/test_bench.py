@@ -115,6 +115,33 @@ def test_local_methods_take_turns_and_each_repeat_lasts_min_seconds(tmp_path, mo
     assert by["a"].metrics["images/s"] == pytest.approx(200)
 
 
+def test_a_peer_whose_crops_are_views_also_gets_a_row_made_dense(tmp_path):
+    """FFCV runs a torch transform on whole batches, so its CenterCrop yields strided views of the
+    uncropped batches; the epoch bench also times them made dense, as a reference row."""
+    from torchvision.transforms import v2
+
+    def loader(out, transform, batch_size, workers, cache):
+        full = torch.randint(0, 256, (2, 256, 256, 3), dtype=torch.uint8).permute(0, 3, 1, 2)  # channels-last
+        return [(transform(full), torch.zeros(2, dtype=torch.int64))] * 3
+
+    views = peers.Peer(name="Views", module="torch", distribution="torch", docs="", decoder="none",
+                       prepare=lambda *a: None, loader=loader, views=True)
+    x, _ = next(iter(loader(None, v2.CenterCrop(epoch.CROP), 2, 1, None)))
+    assert not x.is_contiguous(memory_format=torch.channels_last)  # what FFCV yields
+    dense, _ = next(iter(epoch.Dense([(x, None)])))
+    assert dense.is_contiguous(memory_format=torch.channels_last) and torch.equal(dense, x)
+
+    rows = epoch.run(size=0.01, repeats=1, image_sizes=("256px",), sources=("local",), batch_size=8,
+                     num_workers=1, peers=[views, ABSENT], work=tmp_path, min_seconds=0.0)
+    check_rows(rows, "epoch/256px/local")
+    by = {r.method.split(" ")[0] + (" dense" if "made dense" in r.method else ""): r for r in rows}
+    assert not by["Views"].reference and by["Views"].metrics["images/s"] == pytest.approx(6 / by["Views"].seconds)
+    made = by["Views dense"]
+    assert made.reference and made.seconds is not None and made.method == f"Views {views.version()}, each batch made dense"
+    assert "contiguous" in made.note and "disk MB" not in made.metrics
+    assert [r.method for r in rows if r.method.startswith("Absent")] == ["Absent"]  # not a view: no such row
+
+
 def test_epoch_rejects_unknown_image_size():
     with pytest.raises(ValueError, match="unknown image size"):
         epoch.run(image_sizes=("1024px",))

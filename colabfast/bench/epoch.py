@@ -15,7 +15,11 @@ image on one core, which FFCV's rows do not pay either:
 - colabfast's encoded and raw mirrors (:func:`colabfast.pack`, :class:`colabfast.H5ImageFolder`,
   :class:`colabfast.DataLoader`); from Drive also the mirror staged to local disk first;
 - the peers of :mod:`colabfast.bench.peers` (WebDataset, LitData, MosaicML Streaming, Efficio, FFCV);
-- the decode-only ceiling (local only): torchvision.io on the encoded files already in RAM.
+- the decode-only ceiling (local only): torchvision.io on the encoded files already in RAM;
+- for a peer whose crop yields strided views of the uncropped batches (FFCV: its torch transforms run
+  on whole batches), the same loader with each batch made dense (local only, a reference row: the copy
+  a model's first layer or ``.cuda()`` makes of such a batch, which every other method's batches have
+  paid already).
 
 How each figure is taken:
 
@@ -39,7 +43,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import h5py
 import numpy as np
@@ -236,6 +240,13 @@ def _methods(samples: list[tuple[str, int]], image_size: tuple[int, int], batch_
         methods.append(_Method(f"{peer.name} {version}".strip(), open_peer, prepare=prepare_peer, load=peer.load,
                                data=_slug(peer.name), note=f"{peer.note}; decode: {peer.decoder}",
                                missing=peer.missing()))
+        if peer.views:  # the same loader over the same data, each batch made dense as it is handed out
+            methods.append(_Method(
+                f"{peer.name} {version}".strip() + ", each batch made dense",
+                lambda root, cache, open_peer=open_peer: Dense(open_peer(root, cache)), load=peer.load,
+                missing=peer.missing(), reference=True, drive=False,
+                note="the row above, each batch made dense as a model's first layer or .cuda() makes a strided "
+                     "batch: x.contiguous(memory_format=torch.channels_last)"))
     methods.append(_Method("decode-only ceiling (torchvision.io, JPEGs in RAM)",
                            lambda root, cache: ours(EncodedInRAM(samples, crop)), reference=True, drive=False,
                            note="the same decoder on the same bytes already in RAM: no I/O"))
@@ -243,6 +254,18 @@ def _methods(samples: list[tuple[str, int]], image_size: tuple[int, int], batch_
                            lambda root, cache: ours(PixelsInRAM(samples, crop)), reference=True, drive=False,
                            note="every image decoded into one uint8 tensor in RAM: the ceiling for a raw mirror"))
     return methods
+
+
+class Dense:
+    """``loader``'s batches ``(images, labels)`` with ``images`` made dense in channels-last memory
+    (a no-op for a batch that is already); re-iterable as ``loader`` is."""
+
+    def __init__(self, loader: Iterable) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, Any]]:
+        for x, y in self.loader:
+            yield x.contiguous(memory_format=torch.channels_last), y
 
 
 def _slug(name: str) -> str:

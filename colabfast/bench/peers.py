@@ -52,6 +52,9 @@ class Peer:
         imports: modules :meth:`load` imports, so that import time (seconds for some peers) is not
             counted as preparation or reading time.
         install: how to install it, when ``pip install <distribution>`` is not enough.
+        views: its batches after a crop are strided views of the uncropped batches (FFCV runs a torch
+            transform on whole batches), so the crop's copy is left to whoever uses them; ``colabfast
+            bench epoch`` then also times them made dense, as a reference row.
     """
 
     name: str
@@ -64,6 +67,7 @@ class Peer:
     note: str = ""
     imports: tuple[str, ...] = ()
     install: str = ""
+    views: bool = False
 
     def load(self) -> None:
         """Import the peer's modules now (its ``module`` and ``imports``)."""
@@ -402,7 +406,8 @@ FFCV_JPG = Peer(
          "(TJFLAG_FASTDCT; colabfast and torchvision decode with the accurate one); num_workers are threads; "
          "the first epoch compiles the pipeline (numba); the transform runs on whole batches, "
          "so a CenterCrop gives a view of the uncropped batch, its copy left to the batch's user "
-         "(benchmarks/ffcv_view.py times the batches made dense)",
+         "(the reference row \"made dense\" times them as a model receives them)",
+    views=True,
 )
 
 FFCV_RAW = Peer(
@@ -417,7 +422,8 @@ FFCV_RAW = Peer(
     install=_FFCV_INSTALL,
     note="num_workers are threads; the first epoch compiles the pipeline (numba); the transform runs on whole batches, "
          "so a CenterCrop gives a view of the uncropped batch, its copy left to the batch's user "
-         "(benchmarks/ffcv_view.py times the batches made dense)",
+         "(the reference row \"made dense\" times them as a model receives them)",
+    views=True,
 )
 
 PEERS: tuple[Peer, ...] = (WEBDATASET, LITDATA, MOSAICML_STREAMING, EFFICIO, FFCV_JPG, FFCV_RAW)
