@@ -137,7 +137,8 @@ def test_a_peer_whose_crops_are_views_also_gets_a_row_made_dense(tmp_path):
     by = {r.method.split(" ")[0] + (" dense" if "made dense" in r.method else ""): r for r in rows}
     assert not by["Views"].reference and by["Views"].metrics["images/s"] == pytest.approx(6 / by["Views"].seconds)
     made = by["Views dense"]
-    assert made.reference and made.seconds is not None and made.method == f"Views {views.version()}, each batch made dense"
+    assert made.reference and made.seconds is not None
+    assert made.method == f"Views {views.version()}, each batch made dense"
     assert "contiguous" in made.note and "disk MB" not in made.metrics
     assert [r.method for r in rows if r.method.startswith("Absent")] == ["Absent"]  # not a view: no such row
 
