@@ -4,14 +4,13 @@
 
 The same ResNet-50 step as ``colabfast bench gpu`` (bf16 autocast, channels-last, SGD, batch 128,
 ``RandomResizedCrop(224)`` + flip, 1500 photo-like JPEGs of about 500x375 decoded by nvJPEG), one
-process pinned to 2 CPUs. Each variant trains from a fresh iterator with a CUDA sync after each step
-(as :func:`colabfast.diagnose` does, and a loop that logs ``loss.item()``), interleaved with the
-data-on-GPU ceiling. It reports images/s, the fraction of the ceiling, the data wait share and the
-CPU milliseconds each thread spent per step (``/proc/self/task/*/stat``; worker processes as one
-entry), and the ceiling's CPU launch time per step: how long the step's Python runs before the GPU
-is waited for. When that is close to the step's GPU time, any CPU the feed takes slows training.
-Needs a CUDA GPU.
-"""
+process pinned to 2 CPUs. Each variant trains from a fresh iterator with a CUDA sync after each step (as
+:func:`colabfast.diagnose` does, and a loop that logs ``loss.item()``), interleaved with the data-on-GPU
+ceiling. It reports images/s, the fraction of the ceiling, the data wait share and the CPU milliseconds
+each thread spent per step (``/proc/self/task/*/stat``; worker processes, and the feed subprocess of
+``feed='process'``, as one entry), and the ceiling's CPU launch time per step: how long the step's
+Python runs before the GPU is waited for. When that is close to the step's GPU time, any CPU the feed
+takes slows training. Needs a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -158,10 +157,11 @@ def main() -> None:
 
     variants = {
         "ceiling": lambda: [(x, y)] * (args.steps + 5),  # a list: iter() gives a fresh pass
-        "defaults: the feeder reads, pinned": lambda: loader(),
-        "the feeder reads, pageable": lambda: loader(pinned=False),
-        "2 reader threads, pinned": lambda: loader(threads=2),
-        "2 reader threads, pageable (before)": lambda: loader(threads=2, pinned=False),
+        "defaults: the feeder reads, pinned": lambda: loader(feed="thread"),
+        "feed in a subprocess (feed='process')": lambda: loader(feed="process"),
+        "the feeder reads, pageable": lambda: loader(pinned=False, feed="thread"),
+        "2 reader threads, pinned": lambda: loader(threads=2, feed="thread"),
+        "2 reader threads, pageable (before)": lambda: loader(threads=2, pinned=False, feed="thread"),
         "torch's num_workers=0 (collate, pin)": lambda: loader(num_workers=0),
         "torch's num_workers=2 (processes)": lambda: loader(num_workers=2),
     }

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import gc
 import operator
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Sized, Union, cast
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sized, Union, cast
 
 import torch
 import torch.utils.data
@@ -27,6 +27,7 @@ from colabfast import datasets, env, reader, threadworkers, transforms
 from colabfast.augment import FusedTransform
 from colabfast.collate import collate
 from colabfast.datasets import unwrap
+from colabfast.feedprocess import FeedProcess
 from colabfast.gpudecode import Encoded, decode_cpu, is_encoded, is_jpeg
 from colabfast.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize, cuda_device
 from colabfast.sampler import BlockShuffleSampler
@@ -170,6 +171,8 @@ class Plan:
             ``collate_fn``, or no batching.
         collate_fn: what torch collates with: :func:`colabfast.collate.collate` in ``layout``, the
             caller's ``collate_fn``, or None (torch's ``default_convert``, without batching).
+        feed: where the reader and the converting run: ``"thread"`` (threads of this process) or
+            ``"process"`` (one subprocess with those threads inside, :mod:`colabfast.feedprocess`).
         reasons: decision name -> why, for every field above.
     """
 
@@ -184,12 +187,13 @@ class Plan:
     layout: Optional[torch.memory_format]
     collate_fn: Optional[Callable]
     reasons: dict[str, str]
+    feed: str = "thread"
 
     def choices(self) -> dict[str, tuple[Any, str]]:
         """The decisions as ``loader.choices`` lists them: name -> ``(value, why)``, in this order:
         ``device``, ``decode``, ``reader`` (``"none"`` without one), ``num_workers``,
         ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``sampler``, ``collate_fn``
-        (``"colabfast.collate.collate"``, the caller's, or ``"default_convert"``)."""
+        (``"colabfast.collate.collate"``, the caller's, or ``"default_convert"``), ``feed``."""
         collate_fn: Any = self.collate_fn
         if self.layout is not None:
             collate_fn = "colabfast.collate.collate"
@@ -198,7 +202,7 @@ class Plan:
         shown = {"device": self.device, "decode": self.decode, "reader": self.reader or "none",
                  "num_workers": self.num_workers, "persistent_workers": self.persistent_workers,
                  "prefetch_factor": self.prefetch_factor, "pin_memory": self.pin_memory, "sampler": self.sampler,
-                 "collate_fn": collate_fn}
+                 "collate_fn": collate_fn, "feed": self.feed}
         return {name: (value, self.reasons[name]) for name, value in shown.items()}
 
 
@@ -221,6 +225,7 @@ def plan(
     decode: str = "auto",
     transform: Optional[Callable] = None,
     draft: bool = False,
+    feed: str = "auto",
 ) -> Plan:
     """What :class:`DataLoader` will do with these arguments: a :class:`Plan`.
 
@@ -230,8 +235,10 @@ def plan(
 
     Raises:
         ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or
-            batching; or a mirror dataset gives PIL images (``output="pil"``) that nothing turns into
-            tensors before they are batched.
+            batching; a mirror dataset gives PIL images (``output="pil"``) that nothing turns into
+            tensors before they are batched; ``feed`` is not ``"auto"``, ``"thread"`` or
+            ``"process"``, or ``"process"`` where no batch reader applies or the dataset or a
+            transform comes from ``__main__``.
         RuntimeError: a CUDA ``device`` without a GPU.
         IndexError: a ``Subset`` of a mirror holds an index outside the mirror.
     """
@@ -308,9 +315,32 @@ def plan(
     pin = choose("pin_memory", pin_memory, cuda,
                  "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
     order, reasons["sampler"] = _choose_sampler(dataset, sampler, batch_sampler, shuffle, batch_size, iterable)
+    where, reasons["feed"] = _choose_feed(feed, batch_reader, reasons["reader"], dataset, transform)
     return Plan(device=target, decode=decode, reader=batch_reader, num_workers=workers, persistent_workers=persistent,
                 prefetch_factor=factor, pin_memory=pin, sampler=order, layout=layout, collate_fn=collate_with,
-                reasons=reasons)
+                reasons=reasons, feed=where)
+
+
+def _choose_feed(feed: str, batch_reader: Optional[ReaderPlan], why_not: str, dataset: Any,
+                 transform: Optional[Callable]) -> tuple[str, str]:
+    if feed not in ("auto", "thread", "process"):
+        raise ValueError(f"feed must be 'auto', 'thread' or 'process', got {feed!r}")
+    if feed == "thread":
+        return "thread", "set by caller"
+    if batch_reader is None:
+        if feed == "process":
+            raise ValueError(f"feed='process' runs the loader's batch reader in a subprocess, and no batch reader "
+                             f"applies here ({why_not}); use feed='thread'")
+        return "thread", "no batch reader to move to a subprocess"
+    if _from_main(dataset, transform, getattr(datasets.through_subsets(dataset)[0], "transform", None)):
+        if feed == "process":
+            raise ValueError("feed='process' starts a subprocess by spawn, which cannot import what a notebook "
+                             "(__main__) defines: move the dataset class or transform into a module, or use "
+                             "feed='thread'")
+        return "thread", "the dataset or transform comes from __main__, which a spawned subprocess cannot import"
+    if feed == "process":
+        return "process", "set by caller"
+    return "thread", "threads of this process (feed='process' moves them to one subprocess)"
 
 
 def _transformed(dataset: Any, cpu_transform: Optional[Callable]) -> bool:
@@ -512,6 +542,7 @@ class DataLoader(torch.utils.data.DataLoader):
         transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         feed_depth: int = FEED_DEPTH,
         draft: bool = False,
+        feed: str = "auto",
         **kwargs: Any,
     ) -> None:
         if feed_depth < 1:
@@ -520,7 +551,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, worker_init_fn=worker_init_fn,
                  multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
                  persistent_workers=persistent_workers, device=device, memory_format=memory_format, decode=decode,
-                 transform=transform, draft=draft)
+                 transform=transform, draft=draft, feed=feed)
         cuda = p.device.type == "cuda"
         if isinstance(p.sampler, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
@@ -558,6 +589,23 @@ class DataLoader(torch.utils.data.DataLoader):
         self._convert = BatchConverter(p.device, self.normalize, transform if cuda else None, non_blocking=cuda)
         self._reader: Optional[reader.BatchReader] = None
         self._threads: Optional[threadworkers.ThreadWorkers] = None
+        self._feeding: Optional[Feeding] = None
+        self._process: Optional[FeedProcess] = None
+        self._persistent = persistent_workers is not False
+        if p.feed == "process":
+            assert p.reader is not None  # plan() allows it only so
+            # what the subprocess builds the same loader from (FeedProcess); the order and the seeds
+            # are drawn here and sent
+            self._recipe = {"dataset": dataset, "batch_size": batch_size, "drop_last": drop_last,
+                            "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
+                            "pin_memory": pin_memory, "device": p.device, "mean": mean, "std": std, "dtype": dtype,
+                            "memory_format": memory_format, "decode": decode, "transform": transform,
+                            "feed_depth": feed_depth, "draft": draft}
+            self._fused = p.reader.fused is not None
+            self._slots = feed_depth + 1 if cuda else feed_depth
+            self._ahead = self._slots + p.reader.prefetch + p.reader.threads + 1
+            self._seeded = False
+            return
         if p.reader is not None:
             self._reader = reader.BatchReader(dataset, threads=p.reader.threads, prefetch=p.reader.prefetch,
                                               pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last,
@@ -571,13 +619,16 @@ class DataLoader(torch.utils.data.DataLoader):
         # made here and never per epoch (timm#2781).
         self._feeding = Feeding(self._convert, torch.cuda.Stream(device=p.device), feed_depth) if cuda else None
 
-    def _batches(self) -> Iterator:
+    def _batches(self, batch_indices: Optional[Iterable] = None, base_seed: Optional[int] = None) -> Iterator:
+        """The epoch's host batches, before converting: of ``batch_indices`` (default: the loader's batch
+        sampler); ``base_seed`` restarts the reader threads' random streams (default: as torch would)."""
+        # the reader runs only with a batch_size and no batch_sampler: torch made a BatchSampler
+        indices = batch_indices if batch_indices is not None else self.batch_sampler
         if self._threads is not None:
-            return self._threads.batches(self.batch_sampler)  # type: ignore[arg-type]
+            return self._threads.batches(indices, seed=base_seed)  # type: ignore[arg-type]
         if self._reader is not None:
-            # the reader runs only with a batch_size and no batch_sampler: torch made a BatchSampler
-            assert self.batch_sampler is not None
-            return self._reader.batches(self.batch_sampler)
+            assert indices is not None
+            return self._reader.batches(indices)
         starting = self.num_workers > 0 and (not self.persistent_workers or self._iterator is None)
         with _frozen_for_fork(starting and self._forks()):
             return super().__iter__()
@@ -590,6 +641,8 @@ class DataLoader(torch.utils.data.DataLoader):
 
     # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
     def __iter__(self) -> Iterator:  # type: ignore[override]
+        if "_recipe" in vars(self):
+            return self._from_process()
         if self._feeding is not None:
             # first: the last epoch's feeder thread may still be drawing from the transform's generator
             self._feeding.stop()
@@ -601,6 +654,30 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._feeding is None:
             return map(self._convert, self._batches())
         return self._feeding.start(self._batches)
+
+    def _from_process(self) -> Iterator:
+        """The epoch from the feed subprocess (started on the first epoch, and again after one died),
+        its random numbers drawn here in the order the in-process feed draws them."""
+        if self._process is None or not self._process.alive:
+            self._process = FeedProcess(self._recipe, self.device, slots=self._slots, ahead=self._ahead)
+        transform_seed = transforms.draw_seed(self.transform, self.generator) if self.transform is not None else None
+        base_seed = None
+        if self._fused and (not self._seeded or not self._persistent):
+            base_seed, self._seeded = threadworkers.base_seed(self.generator), True
+        return self._process.epoch((transform_seed, base_seed), self.batch_sampler)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Stop what runs for this loader outside the training thread: the feed subprocess
+        (``feed="process"``) and the feeder thread. Iterating again starts them anew."""
+        if self._process is not None:
+            self._process.close()
+            self._process = None
+        if self._feeding is not None:
+            self._feeding.stop()
+
+    def __del__(self) -> None:
+        if vars(self).get("_process") is not None:
+            self.close()
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the sampler (and batch sampler) that have ``set_epoch``, e.g. for DDP."""

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-__all__ = ["Joined", "ThreadWorkers", "in_order", "worker_generators"]
+__all__ = ["Joined", "ThreadWorkers", "base_seed", "in_order", "worker_generators"]
 
 
 def _one_intraop_thread() -> None:
@@ -79,6 +79,12 @@ class Joined:
         return all([piece.cancel() for piece in self.pieces])
 
 
+def base_seed(generator: Optional[torch.Generator]) -> int:
+    """The base seed of an epoch's workers, drawn from ``generator`` (None: torch's global generator) as
+    torch's ``_BaseDataLoaderIter`` draws it."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
 def worker_generators(base_seed: int, workers: int) -> list[torch.Generator]:
     """CPU generators in the states torch's ``DataLoader`` workers ``0 .. workers - 1`` start from: worker
     ``w`` calls ``torch.manual_seed(base_seed + w)``."""
@@ -112,12 +118,15 @@ class ThreadWorkers:
         self.persistent, self.generator = persistent, generator
         self._generators: Optional[list[torch.Generator]] = None
 
-    def batches(self, batch_indices: Iterable[Sequence[int]]) -> Iterator[Any]:
-        """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead."""
-        if self._generators is None or not self.persistent:
-            # torch's _BaseDataLoaderIter draws its workers' base seed so, before the sampler's first draw
-            seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+    def batches(self, batch_indices: Iterable[Sequence[int]], seed: Optional[int] = None) -> Iterator[Any]:
+        """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead;
+        ``seed``: the workers' base seed drawn already (by the training process, for a
+        subprocess's threads: :mod:`colabfast.feedprocess`), else drawn here as torch does."""
+        if seed is not None:
             self._generators = worker_generators(seed, self.workers)
+        elif self._generators is None or not self.persistent:
+            # torch's _BaseDataLoaderIter draws its workers' base seed so, before the sampler's first draw
+            self._generators = worker_generators(base_seed(self.generator), self.workers)
         with ExitStack() as stack:
             pools = [stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix=f"colabfast-worker-{w}"))
                      for w in range(self.workers)]

@@ -348,15 +348,28 @@ def reseed(transform: object, seed: Union[int, torch.Generator, None]) -> bool:
     before the loop repeats a run's crops and flips and each epoch draws new ones. A transform built
     with ``generator=`` keeps its own stream.
     """
-    def steps(t: object) -> list:
-        return [s for inner in t.transforms for s in steps(inner)] if isinstance(t, Compose) else [t]
-
-    own = [t for t in steps(transform) if isinstance(t, _Random) and not t._given]
+    own = _own_random_steps(transform)
     if own and not isinstance(seed, int):
-        seed = int(torch.empty((), dtype=torch.int64).random_(generator=seed).item())
+        seed = draw_seed(transform, seed)
     for k, t in enumerate(own):
         t.reseed(int(seed) + k)  # type: ignore[arg-type]  # an int once there are steps
     return bool(own)
+
+
+def draw_seed(transform: object, generator: Optional[torch.Generator]) -> Optional[int]:
+    """The seed :func:`reseed` would draw from ``generator`` (None: torch's global RNG) for
+    ``transform``, drawn, or None (nothing drawn) where it has no step to reseed: what the training
+    process sends to a feed subprocess (:mod:`colabfast.feedprocess`), which reseeds with it."""
+    if not _own_random_steps(transform):
+        return None
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def _own_random_steps(transform: object) -> list:
+    def steps(t: object) -> list:
+        return [s for inner in t.transforms for s in steps(inner)] if isinstance(t, Compose) else [t]
+
+    return [t for t in steps(transform) if isinstance(t, _Random) and not t._given]
 
 
 def _is_int(size: object) -> TypeIs[int]:

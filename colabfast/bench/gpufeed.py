@@ -1,13 +1,15 @@
 """GPU feed: does training wait for data? Two cases, the process pinned to 2 CPUs as a Colab VM.
 
-``gpu/resnet50-imagenet``: ImageNet-style training, ResNet-50 (bf16 autocast, channels-last, SGD),
-batch 128, photo-like JPEGs of about 500x375, ``RandomResizedCrop(224)`` + horizontal flip +
-normalisation. Rows: the data-on-GPU ceiling (one batch already on the GPU, the step alone);
-``colabfast.DataLoader`` with nvJPEG and :mod:`colabfast.transforms`; the same with torchvision's
-per-image v2 transforms; NVIDIA DALI where it is installed (``pip install nvidia-dali-cuda130``; its
-ResNet-50 example's pipeline: ``external_source`` over the same mirror's bytes,
-``fn.decoders.image_random_crop(device="mixed")``, ``fn.resize``, ``fn.crop_mirror_normalize``).
-Each row gives images/s, the data wait share, the loader alone and the fraction of the ceiling.
+``gpu/resnet50-imagenet``: ImageNet-style training, ResNet-50 (bf16 autocast, channels-last, SGD), batch
+128, photo-like JPEGs of about 500x375, ``RandomResizedCrop(224)`` + horizontal flip + normalisation.
+Rows: the data-on-GPU ceiling (one batch already on the GPU, the step alone); ``colabfast.DataLoader``
+with nvJPEG and :mod:`colabfast.transforms`, its feed in threads of the training process
+(``feed="thread"``) and in one subprocess (``feed="process"``, :mod:`colabfast.feedprocess`); the
+in-process feed with torchvision's per-image v2 transforms; NVIDIA DALI where it is installed (``pip
+install nvidia-dali-cuda130``; its ResNet-50 example's pipeline: ``external_source`` over the same
+mirror's bytes, ``fn.decoders.image_random_crop(device="mixed")``, ``fn.resize``,
+``fn.crop_mirror_normalize``). Each row gives images/s, the data wait share, the loader alone and the
+fraction of the ceiling.
 
 ``gpu/resnet18``: ResNet-18 training steps (AMP, channels-last, SGD) fed from one encoded mirror of
 256 px JPEGs, centre-cropped to 224 and ImageNet-normalised, by
@@ -48,12 +50,12 @@ CROP = 224
 CLASSES = 10
 SCENARIO = "gpu/resnet18"
 IMAGENET = "gpu/resnet50-imagenet"
-IMAGENET_METHODS = (
-    "batch already on the GPU (ceiling)",
-    "colabfast.DataLoader (GPU decode, colabfast.transforms)",
-    "colabfast.DataLoader (GPU decode, torchvision v2 per image)",
-    "NVIDIA DALI (mixed decode + random crop)",
-)
+CEILING = "batch already on the GPU (ceiling)"
+IN_PROCESS = "colabfast.DataLoader (GPU decode, colabfast.transforms)"
+SUBPROCESS = "colabfast.DataLoader (GPU decode, colabfast.transforms, feed='process')"
+PER_IMAGE = "colabfast.DataLoader (GPU decode, torchvision v2 per image)"
+DALI = "NVIDIA DALI (mixed decode + random crop)"
+IMAGENET_METHODS = (CEILING, IN_PROCESS, SUBPROCESS, PER_IMAGE, DALI)
 METHODS = (
     "plain DataLoader (normalise in workers)",
     "apex-style prefetcher (uint8, side stream)",
@@ -262,24 +264,27 @@ def _imagenet(size: float, repeats: int, workers: int, steps: Optional[int],
         x = torch.randn(batch, 3, crop, crop, device="cuda").to(torch.bfloat16, memory_format=torch.channels_last)
         y = torch.randint(0, CLASSES, (batch,), device="cuda")
         on_gpu = [(x, y)] * (steps + 5)
-        top = _measure(IMAGENET, IMAGENET_METHODS[0], lambda: on_gpu, step, repeats, steps, note)
+        top = _measure(IMAGENET, CEILING, lambda: on_gpu, step, repeats, steps, note)
         top = dataclasses.replace(top, reference=True)
         rows.append(top)
         ceiling = top.metrics.get("images/s") if top.metrics else None
         if ceiling:
             top.metrics["of ceiling"] = 1.0
         makers = {
-            IMAGENET_METHODS[1]: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=batched, **ours),
-            IMAGENET_METHODS[2]: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=per_image,
-                                                    **ours),
+            IN_PROCESS: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=batched, feed="thread",
+                                           **ours),
+            SUBPROCESS: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=batched, feed="process",
+                                           **ours),
+            PER_IMAGE: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=per_image, feed="thread",
+                                          **ours),
         }
         for method, make in makers.items():
             rows.append(_measure(IMAGENET, method, make, step, repeats, steps, note, ceiling))
         dali = _dali(mirror, batch, crop, workers)
         if isinstance(dali, str):
-            rows.append(Result(IMAGENET, IMAGENET_METHODS[3], None, note=dali))
+            rows.append(Result(IMAGENET, DALI, None, note=dali))
         else:
-            rows.append(_measure(IMAGENET, IMAGENET_METHODS[3], dali, step, repeats, steps, note, ceiling))
+            rows.append(_measure(IMAGENET, DALI, dali, step, repeats, steps, note, ceiling))
     return rows
 
 
