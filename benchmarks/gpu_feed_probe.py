@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from colabfast import reader, transforms
+from colabfast import feedprocess, reader, transforms
 from colabfast.bench.gpufeed import MEAN, STD, _train_step
 from colabfast.datasets import H5ImageFolder
 from colabfast.loading import DataLoader
@@ -111,9 +111,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", default="", help="variant names separated by ; (default: all)")
+    parser.add_argument("--blocking-sync", action="store_true",
+                        help="this (training) process's CUDA waits sleep instead of spin (feedprocess.blocking_sync)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
+    if args.blocking_sync:
+        print(f"blocking sync in the training process: driver result {feedprocess.blocking_sync()}")
     tmp = Path(tempfile.mkdtemp(prefix="colabfast-probe-"))
     names = [f"n{i:08d}" for i in range(CLASSES)]
     with multiprocessing.Pool(min(CLASSES, os.cpu_count() or 1)) as pool:  # before pinning: all CPUs
@@ -155,10 +159,19 @@ def main() -> None:
             dl._reader.pin_memory = pinned
         return dl
 
+    def spinning(make):
+        """The subprocess's CUDA waits spin, as CUDA's default (feedprocess.BLOCKING_SYNC off)."""
+        dl = make()
+        feedprocess.BLOCKING_SYNC = False
+        iter(dl)  # starts its subprocess now, spinning
+        feedprocess.BLOCKING_SYNC = True
+        return dl
+
     variants = {
         "ceiling": lambda: [(x, y)] * (args.steps + 5),  # a list: iter() gives a fresh pass
         "defaults: the feeder reads, pinned": lambda: loader(feed="thread"),
         "feed in a subprocess (feed='process')": lambda: loader(feed="process"),
+        "feed in a subprocess, spinning": lambda: spinning(lambda: loader(feed="process")),
         "the feeder reads, pageable": lambda: loader(pinned=False, feed="thread"),
         "2 reader threads, pinned": lambda: loader(threads=2, feed="thread"),
         "2 reader threads, pageable (before)": lambda: loader(threads=2, pinned=False, feed="thread"),

@@ -48,6 +48,8 @@ import torch
 __all__ = ["FeedProcess"]
 
 ALIGN = 256  # bytes: every tensor in a slot starts at a multiple (a view as any dtype is aligned)
+# The subprocess's CUDA waits sleep instead of spinning a CPU (CU_CTX_SCHED_BLOCKING_SYNC, below).
+BLOCKING_SYNC = True
 POLL_S = 0.5  # how often a wait for the subprocess checks that it is still alive
 CLOSE_S = 10.0  # how long close() waits for the subprocess before terminating it
 
@@ -62,6 +64,26 @@ class _Tensor:
 
     def __reduce__(self) -> Any:
         return _Tensor, (self.offset, self.dtype, self.shape, self.stride)
+
+
+def blocking_sync(device: int = 0) -> int:
+    """Make this process's waits for the GPU sleep instead of spin: ``CU_CTX_SCHED_BLOCKING_SYNC`` on
+    ``device``'s primary context (the CUDA driver API's ``cuDevicePrimaryCtxSetFlags``; CUDA's
+    default lets a thread that waits, in a synchronize or in a library such as nvJPEG, spin a CPU
+    core while other contexts have the GPU). Returns the driver's result (0: set), or -1 where there
+    is no CUDA driver."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return -1
+    handle = ctypes.c_int()
+    for result in (driver.cuInit(0), driver.cuDeviceGet(ctypes.byref(handle), device)):
+        if result:
+            return int(result)
+    set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
+    return int(set_flags(handle, ctypes.c_uint(0x04)))
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -192,7 +214,7 @@ class FeedProcess:
         context = mp.get_context("spawn")
         child_inbox, self._outbox = context.Pipe(duplex=False)
         self._inbox, child_outbox = context.Pipe(duplex=False)
-        self._process = context.Process(target=_serve, args=(data, child_inbox, child_outbox, slots),
+        self._process = context.Process(target=_serve, args=(data, child_inbox, child_outbox, slots, BLOCKING_SYNC),
                                         name="colabfast-feed", daemon=True)
         self._process.start()
         child_inbox.close()
@@ -452,8 +474,10 @@ class _Closed(Exception):
     pass
 
 
-def _serve(recipe: bytes, inbox: Any, outbox: Any, slots: int) -> None:
+def _serve(recipe: bytes, inbox: Any, outbox: Any, slots: int, sleep: bool = True) -> None:
     """The subprocess: build the loader, then make each epoch's batches as the training process asks."""
+    if sleep and torch.cuda.is_available():
+        blocking_sync(torch.cuda.current_device())  # before anything makes the CUDA context
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the training process's to handle
     torch.set_num_threads(1)  # its CPU work is reads and launches; the reader threads set their own
     messages = _Inbox(inbox)
