@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="colabfast-decoders-"))
     tree = data.make_imagefolder(tmp / "tree", classes=2, per_class=64, size=(500, 375), vary=0.15)
-    files = sorted(tree.rglob("*.jpg"))[:128]
+    files = sorted(f for f in tree.rglob("*") if f.suffix.lower() in (".jpg", ".jpeg"))[:128]
     raw = [f.read_bytes() for f in files]
     tensors = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw]
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
