@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from colabfast import feedprocess, reader, transforms
+from colabfast import reader, transforms
 from colabfast.bench.gpufeed import MEAN, STD, _train_step
 from colabfast.datasets import H5ImageFolder
 from colabfast.loading import DataLoader
@@ -39,6 +39,26 @@ BATCH, CROP, CLASSES = 128, 224, 10
 def _make_class(args: tuple[str, str, int, int]) -> None:
     root, name, per_class, seed = args
     data.make_imagefolder(root, classes=[name], per_class=per_class, size=(500, 375), vary=0.15, seed=seed)
+
+
+def blocking_sync(device: int = 0) -> int:
+    """Make this process's waits for the GPU sleep instead of spin: ``CU_CTX_SCHED_BLOCKING_SYNC`` on
+    ``device``'s primary context (the CUDA driver API's ``cuDevicePrimaryCtxSetFlags``; CUDA's
+    default lets a thread that waits, in a synchronize or in a library such as nvJPEG, spin a CPU
+    core while other contexts have the GPU). Returns the driver's result (0: set), or -1 where there
+    is no CUDA driver."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return -1
+    handle = ctypes.c_int()
+    for result in (driver.cuInit(0), driver.cuDeviceGet(ctypes.byref(handle), device)):
+        if result:
+            return int(result)
+    set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
+    return int(set_flags(handle, ctypes.c_uint(0x04)))
 
 
 def thread_cpu() -> dict[str, float]:
@@ -112,12 +132,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", default="", help="variant names separated by ; (default: all)")
     parser.add_argument("--blocking-sync", action="store_true",
-                        help="this (training) process's CUDA waits sleep instead of spin (feedprocess.blocking_sync)")
+                        help="this (training) process's CUDA waits sleep instead of spin (blocking_sync)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     if args.blocking_sync:
-        print(f"blocking sync in the training process: driver result {feedprocess.blocking_sync()}")
+        print(f"blocking sync in the training process: driver result {blocking_sync()}")
     tmp = Path(tempfile.mkdtemp(prefix="colabfast-probe-"))
     names = [f"n{i:08d}" for i in range(CLASSES)]
     with multiprocessing.Pool(min(CLASSES, os.cpu_count() or 1)) as pool:  # before pinning: all CPUs
@@ -159,19 +179,10 @@ def main() -> None:
             dl._reader.pin_memory = pinned
         return dl
 
-    def spinning(make):
-        """The subprocess's CUDA waits spin, as CUDA's default (feedprocess.BLOCKING_SYNC off)."""
-        dl = make()
-        feedprocess.BLOCKING_SYNC = False
-        iter(dl)  # starts its subprocess now, spinning
-        feedprocess.BLOCKING_SYNC = True
-        return dl
-
     variants = {
         "ceiling": lambda: [(x, y)] * (args.steps + 5),  # a list: iter() gives a fresh pass
         "defaults: the feeder reads, pinned": lambda: loader(feed="thread"),
         "feed in a subprocess (feed='process')": lambda: loader(feed="process"),
-        "feed in a subprocess, spinning": lambda: spinning(lambda: loader(feed="process")),
         "the feeder reads, pageable": lambda: loader(pinned=False, feed="thread"),
         "2 reader threads, pinned": lambda: loader(threads=2, feed="thread"),
         "2 reader threads, pageable (before)": lambda: loader(threads=2, pinned=False, feed="thread"),

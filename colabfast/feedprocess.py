@@ -1,31 +1,35 @@
 """The loader's reader and feeder in one subprocess: :class:`FeedProcess` (``DataLoader(feed="process")``).
 
-In the training process, the feeder thread (:mod:`colabfast.prefetch`) and the reader threads share
-the GIL with the training thread. On a GPU pinned to 2 CPUs, as Colab's VM is, the training thread
-needs most of one CPU just to launch its kernels (ResNet-50 at batch 128 on an H200: 24 ms of CPU for
-a 30 ms step, ``benchmarks/gpu_feed_probe.py``), so every moment the feed holds the GIL the GPU waits
-for its next kernel. Meta's SPDL measured the same effect and its cure: a loader of threads inside
-one subprocess instead of inside the training process (Moto Hira et al., "Scalable and Performant
-Data Loading", arXiv:2504.20067, 2025). :class:`FeedProcess` is that cure for
-:class:`colabfast.DataLoader`: one process, started with ``spawn`` (CUDA cannot run in a forked
-child), builds the same loader from the same arguments, reads, decodes, transforms and normalises
-every batch exactly as the in-process feed would, and hands it over:
+In the training process, the feeder thread (:mod:`colabfast.prefetch`) and the reader threads share the
+GIL with the training thread. On 2 CPUs, as Colab's VM has, the training thread needs most of one CPU
+just to launch its kernels (``benchmarks/gpu_feed_probe.py`` measures it), so every moment the feed
+holds the GIL the GPU may wait for its next kernel. Meta's SPDL measured the same effect and its cure: a
+loader of threads inside one subprocess instead of inside the training process (Moto Hira et al.,
+"Scalable and Performant Data Loading", arXiv:2504.20067, 2025). :class:`FeedProcess` is that cure for
+:class:`colabfast.DataLoader`: one process, started with ``spawn`` (CUDA cannot run in a forked child),
+builds the same loader from the same arguments, reads, decodes, transforms and normalises every batch
+exactly as the in-process feed would, and hands it over:
 
-- **On CUDA**, through a ring of ``slots`` buffers in the subprocess's GPU memory, opened once in
-  the training process by CUDA IPC (``torch.multiprocessing``'s sharing of CUDA tensors), with one
-  interprocess CUDA event per slot each way (``torch.cuda.Event(interprocess=True)``). The
-  subprocess packs a converted batch's tensors into a free slot and records the slot's *ready*
-  event; the training thread makes its stream wait on that event, copies the used bytes into memory
-  of its own (one device-to-device copy, 38 MB for a bf16 batch of 128 images of 224x224: tens of
-  microseconds on an H100), records the slot's *free* event and hands the slot back. The batch the
-  model sees is ordinary memory of the training process's caching allocator, so no lifetime crosses
-  the process boundary. The GPU never waits on the CPU: both waits are stream waits on events.
+- **On CUDA**, through a ring of ``slots`` buffers in the subprocess's GPU memory, opened once in the
+  training process by CUDA IPC (``torch.multiprocessing``'s sharing of CUDA tensors), with one
+  interprocess CUDA event per slot each way (``torch.cuda.Event(interprocess=True)``). The subprocess
+  packs a converted batch's tensors into a free slot and records the slot's *ready* event; the training
+  thread makes its stream wait on that event, copies the used bytes into memory of its own (one
+  device-to-device copy, 38 MB for a bf16 batch of 128 images of 224x224), records the slot's *free*
+  event and hands the slot back. The batch the model sees is ordinary memory of the training process's
+  caching allocator, so no lifetime crosses the process boundary. The GPU never waits on the CPU: both
+  waits are stream waits on events.
 - **On the CPU**, through shared memory: torch's ``ForkingPickler`` moves each batch's tensors into
   shared memory as torch's worker processes do (one copy per batch), at most ``slots`` batches in
   flight.
 
-The epoch's order and every random number are drawn in the training process as the in-process feed
-draws them (the sampler, :func:`colabfast.transforms.reseed`'s seed, the reader threads' base seed,
+Whether it pays depends on the machine: on an H200 pinned to 2 CPUs it did not (ResNet-50 trained slower
+than with the in-process feed; the subprocess needs twice its solo CPU per batch beside the training
+process, benchmarks/README.md, "The feed in a subprocess"), so ``feed="auto"`` keeps the feed in the
+training process.
+
+The epoch's order and every random number are drawn in the training process as the in-process feed draws
+them (the sampler, :func:`colabfast.transforms.reseed`'s seed, the reader threads' base seed,
 :func:`colabfast.threadworkers.base_seed`) and sent to the subprocess, which streams each batch's
 indices as it needs them, so ``feed="process"`` yields the batches ``feed="thread"`` yields under the
 same seed, tensor for tensor (tested).
@@ -41,15 +45,13 @@ import signal
 import threading
 import traceback
 import weakref
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
 __all__ = ["FeedProcess"]
 
 ALIGN = 256  # bytes: every tensor in a slot starts at a multiple (a view as any dtype is aligned)
-# The subprocess's CUDA waits sleep instead of spinning a CPU (CU_CTX_SCHED_BLOCKING_SYNC, below).
-BLOCKING_SYNC = True
 POLL_S = 0.5  # how often a wait for the subprocess checks that it is still alive
 CLOSE_S = 10.0  # how long close() waits for the subprocess before terminating it
 
@@ -64,26 +66,6 @@ class _Tensor:
 
     def __reduce__(self) -> Any:
         return _Tensor, (self.offset, self.dtype, self.shape, self.stride)
-
-
-def blocking_sync(device: int = 0) -> int:
-    """Make this process's waits for the GPU sleep instead of spin: ``CU_CTX_SCHED_BLOCKING_SYNC`` on
-    ``device``'s primary context (the CUDA driver API's ``cuDevicePrimaryCtxSetFlags``; CUDA's
-    default lets a thread that waits, in a synchronize or in a library such as nvJPEG, spin a CPU
-    core while other contexts have the GPU). Returns the driver's result (0: set), or -1 where there
-    is no CUDA driver."""
-    import ctypes
-
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return -1
-    handle = ctypes.c_int()
-    for result in (driver.cuInit(0), driver.cuDeviceGet(ctypes.byref(handle), device)):
-        if result:
-            return int(result)
-    set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
-    return int(set_flags(handle, ctypes.c_uint(0x04)))
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -187,9 +169,9 @@ class FeedProcess:
     """One subprocess that makes a :class:`colabfast.DataLoader`'s batches; see the module docstring.
 
     Args:
-        recipe: the loader's arguments (keyword -> value), from which the subprocess builds the
-            same loader with ``feed="thread"``; pickled here, so an unpicklable dataset or transform
-            fails at once.
+        recipe: what makes the loader in the subprocess, called there with no arguments (a
+            ``functools.partial`` of :class:`colabfast.DataLoader` with ``feed="thread"``); pickled
+            here, so an unpicklable dataset or transform fails at once.
         device: where batches arrive (the loader's device).
         slots: batches in flight between the processes (converted and waiting, or being copied).
         ahead: batches whose indices the subprocess is given ahead of the one handed out (its reader
@@ -199,7 +181,7 @@ class FeedProcess:
         ValueError: the recipe cannot be pickled (the message names what to change).
     """
 
-    def __init__(self, recipe: dict, device: torch.device, *, slots: int, ahead: int) -> None:
+    def __init__(self, recipe: Callable[[], Any], device: torch.device, *, slots: int, ahead: int) -> None:
         try:
             data = pickle.dumps(recipe)
         except Exception as exc:
@@ -214,7 +196,7 @@ class FeedProcess:
         context = mp.get_context("spawn")
         child_inbox, self._outbox = context.Pipe(duplex=False)
         self._inbox, child_outbox = context.Pipe(duplex=False)
-        self._process = context.Process(target=_serve, args=(data, child_inbox, child_outbox, slots, BLOCKING_SYNC),
+        self._process = context.Process(target=_serve, args=(data, child_inbox, child_outbox, slots),
                                         name="colabfast-feed", daemon=True)
         self._process.start()
         child_inbox.close()
@@ -474,17 +456,13 @@ class _Closed(Exception):
     pass
 
 
-def _serve(recipe: bytes, inbox: Any, outbox: Any, slots: int, sleep: bool = True) -> None:
+def _serve(recipe: bytes, inbox: Any, outbox: Any, slots: int) -> None:
     """The subprocess: build the loader, then make each epoch's batches as the training process asks."""
-    if sleep and torch.cuda.is_available():
-        blocking_sync(torch.cuda.current_device())  # before anything makes the CUDA context
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the training process's to handle
     torch.set_num_threads(1)  # its CPU work is reads and launches; the reader threads set their own
     messages = _Inbox(inbox)
     try:
-        from colabfast.loading import DataLoader
-
-        loader = DataLoader(**pickle.loads(recipe), feed="thread")
+        loader = pickle.loads(recipe)()
         cuda = loader.device.type == "cuda"
         stream = None
         ready: list = []

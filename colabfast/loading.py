@@ -490,6 +490,14 @@ class DataLoader(torch.utils.data.DataLoader):
             (libjpeg-turbo's DCT scaling, :mod:`colabfast.augment`): faster on large photos, not
             the exact pixels of decode-then-crop (0.3 levels of 255 apart on average, measured in
             :meth:`colabfast.augment.FusedTransform._draft_scale`). Default False: torchvision's pixels.
+        feed: where the batch reader (and on CUDA the feeder) runs. ``"thread"``: threads of this
+            process. ``"process"``: one subprocess started by spawn, threads inside, batches handed
+            over through shared GPU memory (CUDA IPC) or shared memory (:mod:`colabfast.feedprocess`):
+            the same batches under the same seed, the feed's CPU work and GIL out of the training
+            process, a few seconds to start, and the dataset and transforms must be picklable and
+            importable (not from ``__main__``). ``"auto"`` (default): ``"thread"``, which measured
+            ahead on an H200 pinned to 2 CPUs, as Colab's VMs have (benchmarks/README.md, "The feed in
+            a subprocess"). Only where a batch reader applies (``loader.choices["reader"]``).
 
     Per-sample random transforms on the CPU run in this process's reader threads, not in worker
     processes, where they fuse with decoding (:func:`colabfast.reader.fused_for`): a mirror
@@ -504,7 +512,8 @@ class DataLoader(torch.utils.data.DataLoader):
     same batch, sooner (:meth:`colabfast.reader.BatchReader.split`).
 
     Raises:
-        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a mirror
+        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a ``feed``
+            that cannot apply (see ``feed``), a mirror
             dataset giving PIL images (``output="pil"``, the default) that nothing makes tensors before
             batching (the message says what to pass), or any error ``torch.utils.data.DataLoader``
             raises for its arguments.
@@ -596,11 +605,11 @@ class DataLoader(torch.utils.data.DataLoader):
             assert p.reader is not None  # plan() allows it only so
             # what the subprocess builds the same loader from (FeedProcess); the order and the seeds
             # are drawn here and sent
-            self._recipe = {"dataset": dataset, "batch_size": batch_size, "drop_last": drop_last,
-                            "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
-                            "pin_memory": pin_memory, "device": p.device, "mean": mean, "std": std, "dtype": dtype,
-                            "memory_format": memory_format, "decode": decode, "transform": transform,
-                            "feed_depth": feed_depth, "draft": draft}
+            self._recipe = functools.partial(
+                DataLoader, dataset, batch_size, drop_last=drop_last, prefetch_factor=prefetch_factor,
+                persistent_workers=persistent_workers, pin_memory=pin_memory, device=p.device, mean=mean, std=std,
+                dtype=dtype, memory_format=memory_format, decode=decode, transform=transform, feed_depth=feed_depth,
+                draft=draft, feed="thread")
             self._fused = p.reader.fused is not None
             self._slots = feed_depth + 1 if cuda else feed_depth
             self._ahead = self._slots + p.reader.prefetch + p.reader.threads + 1
