@@ -49,7 +49,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-__all__ = ["FeedProcess"]
+from colabfast.errors import Error
+
+__all__ = ["FeedProcess", "FeedProcessError"]
 
 ALIGN = 256  # bytes: every tensor in a slot starts at a multiple (a view as any dtype is aligned)
 POLL_S = 0.5  # how often a wait for the subprocess checks that it is still alive
@@ -161,7 +163,7 @@ def _view(memory: torch.Tensor, where: _Tensor) -> torch.Tensor:
 # --- the training process's side --------------------------------------------------------------------
 
 
-class FeedProcessError(RuntimeError):
+class FeedProcessError(Error, RuntimeError):
     """The feed subprocess ended without a word (killed, out of memory, a crash in native code)."""
 
 
