@@ -28,14 +28,31 @@ T = TypeVar("T")
 PathLike = Union[str, os.PathLike]
 
 # What Google Drive's FUSE clients return for trouble that passes: a failed fetch (EIO), a client
-# restart ("Transport endpoint is not connected"), a timeout, throttling.
+# restart ("Transport endpoint is not connected"), a timeout, throttling, and a stale view of a
+# file (ESTALE, also what :func:`lagging` makes of an open that does not find a file stat finds).
 TRANSIENT_ERRNOS = frozenset(
-    {errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED}
+    {errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED, errno.ESTALE}
 )
 
 BACKOFF_BASE = 0.25  # seconds before the first retry; doubles each time
 BACKOFF_CAP = 8.0  # seconds, the longest single wait
 MIN_READ = 128 << 10  # bytes: the smallest read request after errors (FUSE's usual max_read)
+
+
+def lagging(path: PathLike, exc: BaseException) -> Optional[OSError]:
+    """An ``ESTALE`` error (transient, retried) where opening ``path`` failed with ``ENOENT`` although
+    ``lstat`` finds it: Drive's client shows a file just written with a lag (googlecolab/colabtools#4506;
+    ``colabfast.drivesim``'s ``enoent_fresh`` plays it), so an open right after writing can fail where
+    the file is there. None where the error is another, or the file is indeed gone."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code != errno.ENOENT:
+        return None
+    try:
+        os.lstat(path)
+    except OSError:
+        return None
+    return OSError(errno.ESTALE, f"{path}: the mount lists it but could not open it ({exc}); Drive shows files "
+                                 "just written with a lag")
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -21,8 +21,9 @@ The model, per request the kernel sends:
   file read sequentially, more when threads read different ranges of one file; a 4 KiB random read
   arrives as one 8 KiB request; O_DIRECT reads as requests of up to 1 MiB.
 - writes go straight to the source folder, uncapped (Drive writes to a local cache first).
-- faults: ``EIO`` on opens and reads with given probabilities (seeded), and ``ENOTCONN`` on every
-  request during a window, set at start or opened live with :meth:`DriveSim.disconnect`.
+- faults: ``EIO`` on opens and reads with given probabilities (seeded), ``ENOENT`` on opens of files
+  written in the last second (Drive's lag in showing what was just written), and ``ENOTCONN`` on
+  every request during a window, set at start or opened live with :meth:`DriveSim.disconnect`.
 
 The server is a separate process (``python -m colabfast.drivesim``) built on ``mfusepy`` and
 libfuse3 (Debian ``fuse3``), so the test process's GIL does not distort its timings. It runs up to 512
@@ -69,7 +70,8 @@ MB = 1e6  # bytes; `mbps` is in megabytes (not mebibytes) per second
 # libfuse3 runs at most 10 worker threads unless told otherwise (see the module docstring).
 MAX_THREADS = 512
 
-STATS = ("opens", "opendirs", "reads", "bytes_read", "writes", "bytes_written", "eio", "enotconn")
+STATS = ("opens", "opendirs", "reads", "bytes_read", "writes", "bytes_written", "eio", "enotconn", "enoent")
+FRESH_S = 1.0  # seconds after a write during which an open may not find the file (enoent_fresh)
 
 # utimensat(2) special values, which libfuse passes in tv_nsec with tv_sec = 0.
 UTIME_NOW = (1 << 30) - 1
@@ -109,6 +111,10 @@ class DriveSimParams:
             (0 on the command line). Writes are never capped.
         eio_open: probability that opening a file fails with EIO (after the open latency).
         eio_read: probability that a read request fails with EIO.
+        enoent_fresh: probability that opening a file written in the last second fails with ENOENT,
+            though the file is there (``stat`` finds it): DriveFS shows what was just written with a
+            lag ("Sometimes Drive takes a few minutes to recognize changes", googlecolab/colabtools#4506),
+            and the first pack onto Drive in Colab hit it now and then.
         enotconn_after: seconds after mounting when an ENOTCONN window starts; None for none.
         enotconn_for: length of that window in seconds.
         readonly: refuse every change with EROFS.
@@ -124,6 +130,8 @@ class DriveSimParams:
                                    zero_is_none=True)
     eio_open: float = _param(0.0, "probability that a file open fails with EIO", "P")
     eio_read: float = _param(0.0, "probability that a read request fails with EIO", "P")
+    enoent_fresh: float = _param(0.0, "probability that opening a file written in the last second fails with ENOENT",
+                                 "P")
     enotconn_after: Optional[float] = _param(
         None, "seconds after mounting when every request starts failing with ENOTCONN", "S"
     )
@@ -132,12 +140,12 @@ class DriveSimParams:
     seed: int = _param(0, "seed of the random faults", "N", kind=int)
 
     # What DriveSim.set() may change while mounted.
-    LIVE: ClassVar[tuple[str, ...]] = ("open_ms", "read_ms", "mbps", "eio_open", "eio_read")
+    LIVE: ClassVar[tuple[str, ...]] = ("open_ms", "read_ms", "mbps", "eio_open", "eio_read", "enoent_fresh")
 
     def __post_init__(self) -> None:
         if self.mbps is not None and not self.mbps > 0:
             raise ValueError(f"mbps must be > 0 MB/s, or None for no cap; got {self.mbps!r}")
-        for name in ("eio_open", "eio_read"):
+        for name in ("eio_open", "eio_read", "enoent_fresh"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} is a probability in [0, 1]; got {getattr(self, name)!r}")
         for name in ("open_ms", "read_ms"):
@@ -373,6 +381,14 @@ class _DriveFS:
             self._count("eio")
             raise _Fault(errno.EIO)
 
+    def _maybe_lag(self, path: str) -> None:
+        """ENOENT for a file written in the last second, with probability ``enoent_fresh``."""
+        probability = self._params.enoent_fresh
+        if probability > 0 and time.time() - os.stat(self._real(path)).st_mtime < FRESH_S and \
+                self._rng.random() < probability:
+            self._count("enoent")
+            raise _Fault(errno.ENOENT)
+
     def _writable(self) -> None:
         self._gate()
         if self._readonly:
@@ -394,6 +410,7 @@ class _DriveFS:
             raise _Fault(errno.EROFS)
         self._open_latency()
         self._maybe_eio(self._params.eio_open)
+        self._maybe_lag(path)
         # O_DIRECT is the kernel's business on the FUSE side; the source may not support it.
         return os.open(self._real(path), flags & ~os.O_DIRECT)
 
@@ -878,7 +895,8 @@ class DriveSim:
     def stats(self) -> dict[str, int]:
         """Counters since mount or :meth:`reset_stats`: ``opens`` (file opens and creates),
         ``opendirs``, ``reads`` (read requests), ``bytes_read``, ``writes``, ``bytes_written``,
-        ``eio`` (injected EIO faults) and ``enotconn`` (requests failed by a disconnect window)."""
+        ``eio`` (injected EIO faults), ``enotconn`` (requests failed by a disconnect window) and
+        ``enoent`` (opens of files just written that failed, ``enoent_fresh``)."""
         return {k: int(v) for k, v in self._request("stats")["stats"].items()}
 
     def reset_stats(self) -> None:

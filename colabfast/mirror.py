@@ -103,7 +103,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 import h5py
 import numpy as np
 
-from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, file_version, human_bytes, python_child
+from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, file_version, human_bytes, lagging, python_child
 from colabfast.errors import Error
 
 FORMAT = "colabfast-mirror"
@@ -256,6 +256,8 @@ def _open(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "r", locking=False)
     except OSError as exc:
+        if (stale := lagging(path, exc)) is not None:
+            raise stale from exc  # the mount lists the file but did not open it: open_h5 tries again
         if _mount_errno(exc) is not None:
             raise  # the mount failed, not the file: open_h5 tries again
         raise MirrorError(f"{path} cannot be opened as HDF5 ({exc}): it is truncated (an interrupted copy?) "

@@ -36,6 +36,7 @@ from colabfast._fileio import (
     PathLike,
     fits_name_max,
     human_bytes,
+    lagging,
     locked,
     partial_path,
     pread_retrying,
@@ -685,7 +686,13 @@ class _Source:
 
     def __init__(self, path: Path, retries: int):
         self.path, self.retries = path, retries
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError as exc:  # listed but not opened: Drive's lag with new files, retried
+            stale = lagging(path, exc)
+            if stale is None:
+                raise
+            raise stale from exc
         self.st = os.fstat(self.fd)
         self._lock = threading.Lock()
 

@@ -244,6 +244,28 @@ def test_eio_probability_between(src):
         assert sim.stats()["eio"] == failures
 
 
+def test_a_file_just_written_may_not_open_though_stat_finds_it(src):
+    """enoent_fresh: Drive's lag with what was just written. Old files always open; a file written
+    through the mount a moment ago fails some opens with ENOENT while stat finds it."""
+    os.utime(src / "tiny.txt", (1e9, 1e9))  # written long ago
+    with DriveSim(src, enoent_fresh=0.5, seed=2, **FAST) as sim:
+        for _ in range(10):
+            os.close(os.open(sim.mountpoint / "tiny.txt", os.O_RDONLY))  # written before the mount
+        new = sim.mountpoint / "new.bin"
+        new.write_bytes(b"x" * 100)
+        failures = 0
+        for _ in range(20):
+            try:
+                os.close(os.open(new, os.O_RDONLY))
+            except FileNotFoundError:
+                failures += 1
+                assert new.stat().st_size == 100
+        assert 2 < failures < 18 and sim.stats()["enoent"] == failures
+        time.sleep(1.1)  # no longer fresh
+        for _ in range(10):
+            os.close(os.open(new, os.O_RDONLY))
+
+
 def test_disconnect_fails_with_enotconn_then_recovers(src):
     with DriveSim(src, **FAST) as sim:
         assert (sim.mountpoint / "tiny.txt").read_bytes() == b"hello drive\n"
@@ -372,7 +394,8 @@ def test_params_round_trip_the_command_line():
     for params in (DriveSimParams(), odd, dataclasses.replace(odd, mbps=0.1, enotconn_after=None, readonly=False)):
         assert parse(params.argv()) == params
     assert parse(["--mbps", "0"]).mbps is None  # 0 on the command line: no cap
-    assert odd.live() == {"open_ms": 7.5, "read_ms": 0.0, "mbps": None, "eio_open": 0.25, "eio_read": 1e-4}
+    assert odd.live() == {"open_ms": 7.5, "read_ms": 0.0, "mbps": None, "eio_open": 0.25, "eio_read": 1e-4,
+                          "enoent_fresh": 0.0}
 
 
 def test_params_are_checked(src):

@@ -108,6 +108,35 @@ def test_first_call_packs_flushes_and_stages_then_finds_it(my_drive, local):
 
 
 @pytest.mark.fuse
+def test_first_packs_onto_a_drive_that_shows_new_files_with_a_lag_all_succeed(local, monkeypatch):
+    """Issue 41, item 1: Drive's client sometimes does not open a file it has just written (the
+    simulator's enoent_fresh), and one first pack onto Drive in ten failed on its own temporary file.
+    Twenty first runtimes in a row, each packing a new zip onto the mount and staging the mirror back,
+    all open; the lag was hit along the way."""
+    ok, why = drivesim.available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
+    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0,enoent_fresh=0.3,seed=4")
+    tree = make_imagefolder(local / "tree" / "pets", classes=2, per_class=3, size=(40, 30))
+    (local / "standin" / "MyDrive").mkdir(parents=True)
+    for i in range(20):
+        with zipfile.ZipFile(local / "standin" / "MyDrive" / f"pets{i}.zip", "w") as zf:
+            for p in sorted(tree.rglob("*")):
+                zf.write(p, p.relative_to(tree.parent).as_posix())
+        os.utime(local / "standin" / "MyDrive" / f"pets{i}.zip", (1e9, 1e9))  # uploaded long ago: not fresh
+    my_drive = drive.mount(local / "drive")
+    try:
+        for i in range(20):
+            ds = open_dataset(my_drive / f"pets{i}.zip", progress=False)
+            assert len(ds) == 6 and f"packed {my_drive / MIRRORS_FOLDER}" in ds.account
+        assert standin._SIMS[os.path.realpath(local / "drive")].stats()["enoent"] > 0
+        assert not [p for p in (my_drive / MIRRORS_FOLDER).iterdir() if ".colabfast-" in p.name]
+    finally:
+        drive.flush_and_unmount()
+
+
+@pytest.mark.fuse
 def test_a_new_runtime_only_stages(my_drive, local):
     src = flowers(my_drive)
     first = open_dataset(src, progress=False)

@@ -313,11 +313,12 @@ def test_pack_killed_while_copying_onto_drive_reuses_its_verified_local_mirror(i
     code = ("import os, signal, shutil\nfrom pathlib import Path\n"
             "import colabfast.env as e, colabfast.packing as p\n"
             f"e.is_fuse = lambda path: True\ne.work_dir = lambda: Path({str(work)!r})\n"
-            "def half_then_die(a, b):\n"
-            "    data = Path(a).read_bytes()\n"
-            "    Path(b).write_bytes(data[: len(data) // 2])\n"
+            "def half_then_die(source, target, length=0):\n"
+            "    data = source.read()\n"
+            "    target.write(data[: len(data) // 2])\n"
+            "    target.flush()\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "shutil.copyfile = half_then_die\n"
+            "shutil.copyfileobj = half_then_die\n"
             f"p.pack({str(inet)!r}, {str(dst)!r}, image_size=24, workers=0, progress=False)\n")
     child = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
     assert child.returncode == -9 and not dst.exists()

@@ -33,6 +33,7 @@ from colabfast.mirror import Header, MirrorError, check, open_h5, trust
 __all__ = ["CHUNK", "PackError", "lock_path"]
 
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
+COPY_CHUNK = 8 << 20  # bytes per write when copying a built mirror onto Drive
 
 
 class PackError(Error, ValueError):
@@ -242,9 +243,12 @@ def _publish(build: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     if build != partial_path(dst):
         tmp = partial_path(dst)
-        shutil.copyfile(build, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        # Copied and flushed through one descriptor: Drive's client may not open a file it has just
+        # written (colabfast._fileio.lagging), so nothing reopens it before the verification, which retries.
+        with open(build, "rb") as source, open(tmp, "wb") as target:
+            shutil.copyfileobj(source, target, COPY_CHUNK)
+            target.flush()
+            os.fsync(target.fileno())
         if tmp.stat().st_size != build.stat().st_size:
             raise OSError(errno.EIO, f"copying the mirror to {tmp} wrote {tmp.stat().st_size} bytes, expected "
                              f"{build.stat().st_size}; run pack() again")
