@@ -34,6 +34,7 @@ __all__ = ["CHUNK", "PackError", "lock_path"]
 
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 COPY_CHUNK = 8 << 20  # bytes per write when copying a built mirror onto Drive
+STOP_WAIT = 10.0  # seconds to wait for a stopped pool's manager thread
 
 
 class PackError(Error, ValueError):
@@ -169,11 +170,18 @@ def _process_pool(workers: int) -> Executor:
 @contextlib.contextmanager
 def _stopping(pool: Executor) -> Iterator[Executor]:
     """Shut ``pool`` down after the block; when the block fails (Ctrl-C), without starting the work
-    still queued, and without waiting for the pieces being decoded."""
+    still queued, and then waiting (up to ``STOP_WAIT``) for the pieces being decoded, which are
+    thrown away, and for the pool's manager thread. Left running into the interpreter's exit, that
+    thread could close its wake-up pipe while the exit writes to it, printing "Exception ignored in:
+    <module 'threading'>" and a traceback after the one line a Ctrl-C prints (CPython before
+    3.12.8 and 3.13.1, python/cpython#125451)."""
     try:
         yield pool
     except BaseException:
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
+        if manager is not None:
+            manager.join(STOP_WAIT)
         raise
     pool.shutdown(wait=True)
 
