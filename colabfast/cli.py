@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from colabfast.errors import Error
 
@@ -95,14 +95,29 @@ _PACK_LAYOUTS = ["auto", "imagefolder", "kitti", "files", "coco", "voc-detection
                  "segmentation", "csv", "imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val"]
 
 
+class _Version(argparse.Action):
+    """``--version``: the version, then the install check the README gives: every package colabfast
+    imports, and the torch/torchvision pair (:func:`colabfast.env.install_problems`); exit 1 with
+    what is broken and the fix."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from colabfast import __version__
+        from colabfast.env import install_problems
+
+        print(f"colabfast {__version__}", flush=True)
+        problems = install_problems()
+        for problem in problems:
+            print(f"colabfast cannot work in this Python: {problem}", file=sys.stderr)
+        parser.exit(1 if problems else 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="colabfast",
         description="End the data-loading bottleneck of PyTorch training in Colab and Jupyter.",
     )
-    from colabfast import __version__
-
-    parser.add_argument("--version", action="version", version=f"colabfast {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print colabfast's version, and check that what it imports works here")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("open", help="a dataset (folder, archive or mirror) to a staged mirror, packing it once",

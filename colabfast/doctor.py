@@ -50,15 +50,18 @@ def describe(data: Optional[PathLike] = None) -> str:
 
     Returns:
         Lines ``name  value`` for platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive and GPU,
-        then an ``advice`` list.
+        then an ``advice`` list, led by what is broken in this Python's install
+        (:func:`colabfast.env.install_problems`: a required package that does not import, a
+        torch/torchvision pair not built together).
     """
+    broken = env.install_problems()
     work = env.work_dir()
     gpu_info = env.gpu()
     decode = gpu_info is not None and env.gpu_decode_available()
     drives = env.drive_mounts()
     rows = _machine_rows(work, gpu_info, decode, drives)
 
-    advice = []
+    advice = [f"fix this first: {problem}" for problem in broken]
     path, plan = None, None
     if data is None:
         advice += _drive_advice(drives)

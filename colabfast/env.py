@@ -28,7 +28,7 @@ __all__ = ["DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "dr
            "standin_mountpoints", "drivefs_dir", "cache_dir", "work_dir",
            "storage", "is_ram", "is_fuse", "cpu_count", "ram_total", "ram_available", "ram_headroom", "disk_free",
            "can_mount", "has_fuse", "shm_size", "recommended_num_workers", "gpu", "gpu_decode_available",
-           "gpu_utilization"]
+           "gpu_utilization", "REQUIRED", "install_problems"]
 
 # What Colab's own drive module checks (google/colab/drive.py). `import google.colab` is no proof:
 # the package installs anywhere, and colabfast's stand-in injects a module of that name.
@@ -347,3 +347,37 @@ def gpu_utilization() -> Optional[float]:
         return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except Exception:  # NVML raises its own error types
         return None
+
+
+# What colabfast imports to do its work (pyproject's dependencies), by import name.
+REQUIRED = ("torch", "torchvision", "numpy", "h5py", "simplejpeg", "PIL", "tqdm", "psutil", "filelock", "yaml",
+            "defusedxml")
+
+
+def install_problems() -> list[str]:
+    """What keeps colabfast from working in this Python, one sentence each with the fix: a required
+    package (:data:`REQUIRED`) that does not import, and a torch/torchvision pair that was not built
+    together (torchvision ``0.(m + 15)`` goes with torch ``2.m``, as PyTorch's compatibility table
+    lists; a mismatched pair fails at ``import torchvision`` with "operator torchvision::nms does not
+    exist"). Imports every required package, so it takes a few seconds. Empty when all is well.
+    """
+    import importlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    problems = []
+    for name in REQUIRED:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a broken install raises anything: ImportError, RuntimeError, OSError
+            problems.append(f"import {name} fails ({type(exc).__name__}: {str(exc).strip()[:300]})")
+    try:
+        pair = version("torch"), version("torchvision")
+    except PackageNotFoundError:
+        return problems
+    torch_v, vision_v = (tuple(int(p) for p in v.split("+")[0].split(".")[:2] if p.isdigit()) for v in pair)
+    if len(torch_v) == 2 and len(vision_v) == 2 and torch_v[0] == 2 and vision_v != (0, torch_v[1] + 15):
+        problems.append(f"torch {pair[0]} and torchvision {pair[1]} were not built together: torchvision "
+                        f"0.{vision_v[1]} goes with torch 2.{vision_v[1] - 15}. Install the pair "
+                        f"(pip install 'torchvision==0.{torch_v[1] + 15}.*'), or, in Colab, restart the runtime "
+                        "after a pip install that replaced torch")
+    return problems

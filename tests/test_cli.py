@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import assert_same_tree
 
 from colabfast.testing.data import make_files, make_imagefolder
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -31,6 +35,30 @@ def test_version_is_the_package_version():
     from importlib.metadata import version
 
     assert version("colabfast") == colabfast.__version__  # pyproject reads it from the package
+
+
+def test_version_checks_the_install_and_names_a_broken_torchvision(tmp_path, monkeypatch):
+    """Issue 41 item 3: --version printed fine while `import torchvision` was broken."""
+    from colabfast import env
+
+    broken = tmp_path / "site" / "torchvision"
+    broken.mkdir(parents=True)  # what a torchvision built for another torch does at import
+    (broken / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    out = subprocess.run([sys.executable, "-m", "colabfast.cli", "--version"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(broken.parent), str(ROOT)])})
+    assert out.returncode == 1 and out.stdout.startswith("colabfast ")
+    assert "import torchvision fails (RuntimeError: operator torchvision::nms does not exist)" in out.stderr
+
+    import importlib.metadata
+
+    versions = {"torch": "2.14.1+cpu", "torchvision": "0.26.0"}
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: versions.get(name) or real(name))
+    problems = env.install_problems()
+    assert problems == [problems[0]] and "torch 2.14.1+cpu and torchvision 0.26.0 were not built together" in \
+        problems[0] and "torchvision 0.26 goes with torch 2.11" in problems[0] and "torchvision==0.29.*" in problems[0]
+    versions["torchvision"] = "0.29.1"
+    assert env.install_problems() == []
 
 
 def test_stage_pack_info(tmp_path):
