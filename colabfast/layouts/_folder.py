@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Optional, TypeVar
 from PIL import Image
 
 from colabfast._fileio import FileEntry, read_regular, retry, scan_tree
+from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import LayoutError
 
 T = TypeVar("T")
@@ -86,11 +87,11 @@ def parallel_map(fn: Callable[[T], U], items: Iterable[T]) -> list[U]:
         return list(pool.map(fn, items))
 
 
-def reject(err: LayoutError, on_error: str, skipped: list[tuple[str, str]]) -> None:
+def reject(err: LayoutError, on_error: str, skipped: Skipped) -> None:
     """Raise ``err`` (``on_error="raise"``), or record it in ``skipped`` as ``(path, why)``."""
     if on_error == "raise":
         raise err
-    skipped.append((err.path, err.why if err.line is None else f"line {err.line}: {err.why}"))
+    skipped.add(err.path, err.why if err.line is None else f"line {err.line}: {err.why}")
 
 
 def first_file(folder: Path, match: Callable[[str], bool]) -> Optional[str]:

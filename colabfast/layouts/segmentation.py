@@ -9,6 +9,7 @@ from typing import Any
 
 from colabfast._fileio import FileEntry, PathLike
 from colabfast.layouts._folder import check_on_error, first_file, image_size, list_files, read_file, reject, stem
+from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
@@ -42,7 +43,7 @@ class Segmentation(Layout):
     def __init__(self, root: PathLike, *, on_error: str = "raise", retries: int = 5):
         check_on_error(on_error)
         self.root, self.on_error, self.retries = Path(root), on_error, retries
-        self.skipped: list[tuple[str, str]] = []
+        self.skipped = Skipped()
         files = list_files(self.root, retries)
         present = [d for d in MASK_FOLDERS if any(f.rel.startswith(d + "/") and is_image(f.rel) for f in files)]
         if not any(f.rel.startswith("images/") and is_image(f.rel) for f in files) or not present:

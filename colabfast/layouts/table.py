@@ -27,6 +27,7 @@ from typing import Any, Optional, Union
 
 from colabfast._fileio import FileEntry, PathLike, human_bytes, read_regular, retry
 from colabfast.layouts._folder import check_on_error, first_file, list_files, read_file, reject, stem
+from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
@@ -66,7 +67,7 @@ class Csv(Layout):
                  retries: int = 5):
         check_on_error(on_error)
         self.root, self.on_error, self.retries = Path(root), on_error, retries
-        self.skipped: list[tuple[str, str]] = []
+        self.skipped = Skipped()
         files = list_files(self.root, retries)
         self.table = Path(labels) if labels is not None else _only_table(self.root, files)
         header, rows = self._read_table()

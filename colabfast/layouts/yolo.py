@@ -32,6 +32,7 @@ from colabfast.layouts._folder import (
     read_text,
     reject,
 )
+from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import is_image
 
@@ -82,7 +83,7 @@ class Yolo(Layout):
                  retries: int = 5):
         check_on_error(on_error)
         self.root, self.on_error, self.retries = Path(root), on_error, retries
-        self.skipped: list[tuple[str, str]] = []
+        self.skipped = Skipped()
         files = list_files(self.root, retries)
         self.split, prefix = _pick_split(self.root, files, split)
         yaml_file, classes = _read_classes(self.root, files, retries)
