@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
-from colabfast._fileio import FileEntry, PathLike, human_bytes, read_regular, retry
+from colabfast._fileio import FileEntry, PathLike, human_bytes, retry
 from colabfast.layouts._folder import check_on_error, first_file, list_files, read_file, reject, stem
-from colabfast.layouts._untrusted import Skipped
+from colabfast.layouts._untrusted import Skipped, read_limited
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
@@ -35,6 +36,9 @@ __all__ = ["Csv", "PATH_COLUMNS", "MAX_TABLE_BYTES"]
 
 PATH_COLUMNS = ("path", "file", "filename", "file_name", "image", "image_id", "id", "fname", "name")
 MAX_TABLE_BYTES = 256_000_000  # refused before parsing: Python holds a parsed table in ~10x its size
+MAX_LINE_CHARS = 1 << 20  # one line (a row of labels is far less; csv's own limit is 128 kB a field)
+DELIMITERS = ",\t;|"  # in the order of preference where several split the table alike (csv.Sniffer's)
+SNIFF_LINES = 20  # the lines the delimiter is found from
 Label = Union[int, float]
 
 
@@ -96,33 +100,37 @@ class Csv(Layout):
             first_row[entry.rel] = line
             chosen.append((line, entry, values))
         self.paths = [entry.rel for _, entry, _ in chosen]
-        self.targets: list[tuple[Label, ...]] = [() for _ in chosen]
         classes: dict[str, list[str]] = {}
+        by_column = []
         for k, column in enumerate(columns):
             numbers, names = self._column([values[k] for _, _, values in chosen])
             if names is not None:
                 classes[column] = names
-            self.targets = [t + (v,) for t, v in zip(self.targets, numbers)]
+            by_column.append(numbers)
+        self.targets: list[tuple[Label, ...]] = list(zip(*by_column))
         self.files = sorted({entry for _, entry, _ in chosen} | {self._table_entry()})
         self.info: dict[str, Any] = {"columns": columns, "classes": classes}
 
     def _read_table(self) -> tuple[list[str], list[tuple[int, list[str]]]]:
-        """The header and the ``(line, fields)`` of each non-empty row, every row as wide as the header."""
+        """The header and the ``(line, fields)`` of each non-empty row, every row as wide as the header.
+
+        Raises:
+            LayoutError: the table is over ``MAX_TABLE_BYTES``, not a regular file, not UTF-8, not CSV,
+                empty, or has a line over ``MAX_LINE_CHARS``.
+        """
         size = retry(lambda: os.stat(self.table), self.retries).st_size
         if size > MAX_TABLE_BYTES:
             raise LayoutError(self.table, f"{human_bytes(size)}, over the limit of {human_bytes(MAX_TABLE_BYTES)}",
                               fix="split the table, or raise colabfast.layouts.table.MAX_TABLE_BYTES")
-        data = retry(lambda: read_regular(self.table), self.retries)
+        data = read_limited(self.table, MAX_TABLE_BYTES, self.retries)  # a FIFO or a device is refused, unread
         try:
-            text = data.decode("utf-8-sig")  # Excel writes a BOM
+            data.decode("utf-8-sig")  # Excel writes a BOM; checked whole for the line of a bad byte, then dropped
         except UnicodeDecodeError as exc:
             raise LayoutError(self.table, f"not UTF-8 text (byte {exc.start})",
                               data[: exc.start].count(b"\n") + 1, fix="save the table as UTF-8 CSV") from None
-        try:
-            delimiter = csv.Sniffer().sniff(text[:65536], delimiters=",;\t|").delimiter
-        except csv.Error:
-            delimiter = ","
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+        lines = self._lines(data)
+        head = list(itertools.islice(lines, SNIFF_LINES))
+        reader = csv.reader(itertools.chain(head, lines), delimiter=_delimiter(head), strict=True)
         rows: list[tuple[int, list[str]]] = []
         header: Optional[list[str]] = None
         try:
@@ -141,6 +149,19 @@ class Csv(Layout):
         if header is None:
             raise LayoutError(self.table, "an empty table", fix="the first row names the columns")
         return header, rows
+
+    def _lines(self, data: bytes) -> Iterator[str]:
+        """The table's lines as ``open(newline="")`` reads them (for ``csv.reader``), one at a time: a
+        line over ``MAX_LINE_CHARS`` is refused before ``csv`` splits it (a table of one 250 MB line held
+        1.6 GB as fields)."""
+        f = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
+        number = 0
+        while line := f.readline(MAX_LINE_CHARS + 1):
+            number += 1
+            if len(line) > MAX_LINE_CHARS:
+                raise LayoutError(self.table, f"a line of more than {MAX_LINE_CHARS} characters", number,
+                                  fix="a row names one image and its labels; check that it is the right file")
+            yield line
 
     @staticmethod
     def _column(cells: list[str]) -> tuple[list[Label], Optional[list[str]]]:
@@ -180,6 +201,26 @@ class Csv(Layout):
         except OSError:
             return False
         return len(tables) == 1 and first_file(root, lambda name: name.lower().endswith(IMG_EXTENSIONS)) is not None
+
+
+def _delimiter(lines: list[str]) -> str:
+    """The delimiter of a table that starts with ``lines``: of ``DELIMITERS``, the one by which most
+    non-empty rows are as wide as the first, which has 2 fields or more (ties: the first of
+    ``DELIMITERS``); ``","`` where none splits it. ``csv.Sniffer`` guesses by regular expressions that
+    backtrack (minutes of CPU for 64 kB of ``a,",",",...``); this splits each line once per delimiter
+    with ``csv.reader``, which reads a character once."""
+    best, score = ",", 0
+    for delimiter in DELIMITERS:
+        widths = []
+        try:
+            for row in csv.reader(lines, delimiter=delimiter):
+                if any(field.strip() for field in row):
+                    widths.append(len(row))
+        except csv.Error:  # a quoted field running past the lines read: judged by the rows before it
+            pass
+        if widths and widths[0] > 1 and widths.count(widths[0]) > score:
+            best, score = delimiter, widths.count(widths[0])
+    return best
 
 
 def _finite(text: str) -> bool:
