@@ -61,7 +61,10 @@ class Csv(Layout):
         LayoutError: the table is over ``MAX_TABLE_BYTES``, not UTF-8 CSV, has no label column, or
             (with ``on_error="raise"``) a row with the wrong number of fields, an empty label, a NaN
             or infinite number, a path that is absolute, has ``..`` or names no single image under
-            ``root``, or the same image as an earlier row. Each names the table and line.
+            ``root``, names an image that is a FIFO, a device or a symlink leading out of ``root``
+            (nothing outside it is read), or the same image as an earlier row. Each names the table
+            and line. The table itself is refused when it is not a regular file, or has a line over
+            ``MAX_LINE_CHARS``.
         FileNotFoundError: ``root`` or the table does not exist.
     """
 
@@ -71,16 +74,16 @@ class Csv(Layout):
                  retries: int = 5):
         check_on_error(on_error)
         self.root, self.on_error, self.retries = Path(root), on_error, retries
-        self.skipped = Skipped()
-        files = list_files(self.root, retries)
-        self.table = Path(labels) if labels is not None else _only_table(self.root, files)
+        self.skipped: Skipped = Skipped()
+        files, refused = list_files(self.root, retries)
+        self.table = Path(labels) if labels is not None else _only_table(self.root, [*files, *map(_unlisted, refused)])
         header, rows = self._read_table()
         self.path_column = _path_column(header)
         columns = [c for k, c in enumerate(header) if k != self.path_column]
         if not columns:
             raise LayoutError(self.table, f"one column ({header[0]!r}), no label column",
                               fix="add a column of labels")
-        finder = _Finder(files)
+        finder = _Finder(files, refused, self.root)
         chosen: list[tuple[int, FileEntry, list[str]]] = []
         first_row: dict[str, int] = {}  # an image's path -> the line that named it
         for line, row in rows:
@@ -253,10 +256,18 @@ def _path_column(header: list[str]) -> int:
     return next((k for k, name in enumerate(lowered) if name in PATH_COLUMNS), 0)
 
 
-class _Finder:
-    """Finds the image a table's cell names among the files listed under the root (nothing else is read)."""
+def _unlisted(rel: str) -> FileEntry:
+    """A file that :func:`list_files` refused, as an entry to be found by its path (and then refused)."""
+    return FileEntry(rel, 0, 0)
 
-    def __init__(self, files: list[FileEntry]):
+
+class _Finder:
+    """Finds the image a table's cell names among the files listed under the root (nothing else is read);
+    a name that finds one of ``refused`` (a FIFO, a link out of the root) is refused with its reason."""
+
+    def __init__(self, files: list[FileEntry], refused: dict[str, str], root: Path):
+        self.refused, self.root = refused, root
+        files = sorted([*files, *map(_unlisted, refused)])
         self.by_rel = {f.rel: f for f in files}
         # Every image under each end of its path, with and without extension: train/x/a.jpg under
         # a.jpg, x/a.jpg, a, x/a and train/x/a.
@@ -273,7 +284,8 @@ class _Finder:
         """The one image ``value`` names (see the module's docstring).
 
         Raises:
-            LayoutError: ``value`` is empty, absolute, has a ``..`` part, or names no image or several.
+            LayoutError: ``value`` is empty, absolute, has a ``..`` part, names no image or several, or
+                names one that is not a regular file or that a symlink leads out of the root.
         """
         path = value.replace("\\", "/")
         if not path or path.startswith("/") or (len(path) > 1 and path[1] == ":") or "\0" in path:
@@ -287,10 +299,16 @@ class _Finder:
             entry = self.by_rel[path]
             if not is_image(entry.rel):
                 raise LayoutError(table, f"{value!r} is not an image file ({', '.join(IMG_EXTENSIONS)})", line)
-            return entry
+            return self._readable(entry, value, table, line)
         found = self.by_end.get(path, [])
         if len(found) != 1:
             why = (f"{value!r} names no image under the folder" if not found else
                    f"{value!r} names {len(found)} images: {', '.join(f.rel for f in found[:5])}")
             raise LayoutError(table, why, line, fix="give the image's path relative to the folder, with extension")
-        return found[0]
+        return self._readable(found[0], value, table, line)
+
+    def _readable(self, entry: FileEntry, value: str, table: Path, line: int) -> FileEntry:
+        if entry.rel in self.refused:
+            raise LayoutError(table, f"{value!r} names {self.root / entry.rel}, which {self.refused[entry.rel]}", line,
+                              fix="replace it with a regular file inside the folder, or delete the row")
+        return entry
