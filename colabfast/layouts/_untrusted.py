@@ -144,7 +144,8 @@ def inside(root_real: str, path: str) -> bool:
 def stat_files(root: Path, rels: Iterable[str], retries: int) -> dict[str, Union[FileEntry, str]]:
     """Each of ``rels`` (safe POSIX paths below ``root``) as a :class:`FileEntry`, or why it cannot be
     used: ``"is missing"``, ``"is not a regular file"``, ``"resolves outside ..."`` (a symlink, or a
-    symlinked folder on its way, leading out of ``root``: nothing outside the source is read).
+    symlinked folder on its way, leading out of ``root``: nothing outside the source is read),
+    ``"cannot be looked up (File name too long)"`` (or a loop of symlinks).
 
     One ``lstat`` per file and one ``realpath`` per folder, in ``WORKERS`` threads (each a round trip
     on Drive), retrying transient errors ``retries`` times.
@@ -167,6 +168,10 @@ def stat_files(root: Path, rels: Iterable[str], retries: int) -> dict[str, Union
             return "is missing"
         except NotADirectoryError:
             return "is missing (a folder on its way is a file)"
+        except OSError as exc:  # what the name itself causes: a part over 255 bytes, a loop of links
+            if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+                return f"cannot be looked up ({os.strerror(exc.errno)})"
+            raise
         if not stat.S_ISREG(st.st_mode):
             return "is not a regular file"
         return FileEntry(rel, st.st_size, st.st_mtime_ns)
