@@ -2,7 +2,8 @@
 file names from annotations kept inside the source folder, and the files they name found (and
 stat'ed for the mirror's fingerprint) in parallel, as Drive round trips want.
 
-Private helpers of the layout modules (:mod:`colabfast.layouts.coco`, :mod:`colabfast.layouts.voc`).
+Private helpers of the layout modules (:mod:`colabfast.layouts.coco`, :mod:`colabfast.layouts.voc`;
+``Skipped`` and ``inside`` also for those on :mod:`colabfast.layouts._folder`).
 """
 
 from __future__ import annotations
