@@ -130,6 +130,8 @@ def scan_tree(
     root: Path, workers: int = 32, retries: int = 5, unreadable: Optional[dict[str, OSError]] = None,
     reserved: Optional[list[str]] = None,
     revisit: bool = False,
+    links: Optional[list[str]] = None,
+    special: Optional[dict[str, str]] = None,
 ) -> tuple[list[FileEntry], list[str]]:
     """All regular files under ``root`` (following symlinks) and all folders, sorted, listed in parallel.
 
@@ -146,6 +148,11 @@ def scan_tree(
         revisit: list a folder again under each link that reaches it, as ``os.walk(followlinks=True)``
             does (torchvision's ImageFolder); only a link back to a folder it is inside (a loop) is
             not followed.
+        links: if given, the relative paths of the symlinks met (to files or folders) are appended
+            here, so that the caller can check where they lead.
+        special: if given, what is neither a regular file nor a folder (a FIFO, a device, a socket,
+            links to one followed) is recorded here (relative path -> ``"a FIFO"``, ...), so that the
+            caller can refuse it by name rather than miss it.
 
     Returns:
         (files, folders), with paths relative to ``root`` in POSIX form.
@@ -162,6 +169,8 @@ def scan_tree(
         def attempt() -> Listing:
             found: list[FileEntry] = []
             subdirs: list[tuple[str, tuple[int, int]]] = []
+            linked: list[str] = []  # kept apart until the listing succeeds: a retried one would record twice
+            odd: dict[str, str] = {}
             with os.scandir(root / rel if rel else root) as it:
                 for entry in it:
                     name = f"{rel}/{entry.name}" if rel else entry.name
@@ -173,10 +182,18 @@ def scan_tree(
                         st = entry.stat()  # follows symlinks
                     except FileNotFoundError:  # a dangling symlink: nothing to copy
                         continue
+                    if links is not None and entry.is_symlink():
+                        linked.append(name)
                     if stat.S_ISDIR(st.st_mode):
                         subdirs.append((name, (st.st_dev, st.st_ino)))
                     elif stat.S_ISREG(st.st_mode):
                         found.append(FileEntry(name, st.st_size, st.st_mtime_ns))
+                    else:
+                        odd[name] = file_kind(st.st_mode)
+            if links is not None:
+                links.extend(linked)
+            if special is not None:
+                special.update(odd)
             return found, subdirs
 
         return retry(attempt, retries)
@@ -230,11 +247,16 @@ def open_regular(path: PathLike) -> io.FileIO:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         f.close()
-        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "a device")
-        raise OSError(errno.EINVAL, f"not a regular file but {kind}", os.fspath(path))
+        raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", os.fspath(path))
     os.set_blocking(fd, True)
     return f
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, for messages: ``"a folder"``, ``"a FIFO"``, ``"a socket"``,
+    ``"a device"`` or ``"a regular file"``."""
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "a regular file" if stat.S_ISREG(mode) else "a device")
 
 
 def read_regular(path: PathLike) -> bytes:

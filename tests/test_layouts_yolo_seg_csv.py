@@ -388,7 +388,7 @@ def test_csv_ambiguous_id(kaggle):
 
 def test_csv_over_the_size_limit_is_refused_unread(kaggle, monkeypatch):
     monkeypatch.setattr(table_module, "MAX_TABLE_BYTES", 20)
-    monkeypatch.setattr(table_module, "read_regular", lambda path: pytest.fail("read the table"))
+    monkeypatch.setattr(table_module, "read_limited", lambda *a: pytest.fail("read the table"))
     with pytest.raises(LayoutError, match="over the limit of 20 B"):
         Csv(kaggle, kaggle / "train.csv")
 

@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Optional, TypeVar
 from PIL import Image
 
 from colabfast._fileio import FileEntry, read_regular, retry, scan_tree
+from colabfast.layouts._untrusted import Skipped, inside
 from colabfast.layouts.base import LayoutError
 
 T = TypeVar("T")
@@ -33,10 +34,47 @@ def hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
 
-def list_files(root: Path, retries: int) -> list[FileEntry]:
-    """Every file under ``root`` but hidden ones, sorted by path (links followed, listed in parallel)."""
-    files, _ = scan_tree(root, retries=retries)
-    return [f for f in files if not hidden(f.rel)]
+def list_files(root: Path, retries: int) -> tuple[list[FileEntry], dict[str, str]]:
+    """Every regular file under ``root`` but hidden ones, sorted by path (links followed, listed in
+    parallel), and what a layout must refuse where it would read it, by path: ``"resolves outside
+    ROOT"`` for a file that a symlink (the file, or a folder on its way) leads out of ``root`` (nothing
+    outside the source is read, as :class:`~colabfast.layouts.coco.Coco` refuses them), and ``"is not
+    a regular file but a FIFO"`` (a device, a socket) for what would block a read or read as endless
+    or empty: a label file named so would otherwise be missed, its image taken as unlabelled.
+
+    One ``realpath`` per symlink, in parallel (each a round trip on Drive).
+    """
+    links: list[str] = []
+    special: dict[str, str] = {}
+    listed, _ = scan_tree(root, retries=retries, links=links, special=special)
+    links = [rel for rel in links if not hidden(rel)]
+    root_real = os.path.realpath(root)
+    reals = parallel_map(lambda rel: retry(lambda: os.path.realpath(root / rel), retries), links)
+    out = {rel for rel, real in zip(links, reals) if not inside(root_real, real)}
+
+    def leaves(rel: str) -> bool:
+        parts = rel.split("/")
+        return any("/".join(parts[:k]) in out for k in range(1, len(parts) + 1))
+
+    refused: dict[str, str] = {}
+    files = []
+    for rel, kind in special.items():
+        if not hidden(rel):
+            refused[rel] = f"resolves outside {root}" if out and leaves(rel) else f"is not a regular file but {kind}"
+    for f in listed:
+        if hidden(f.rel):
+            continue
+        if out and leaves(f.rel):
+            refused[f.rel] = f"resolves outside {root}"
+        else:
+            files.append(f)
+    return files, refused
+
+
+def refuse(root: Path, rel: str, refused: dict[str, str]) -> LayoutError:
+    """The error for reading ``rel``, a file :func:`list_files` refused."""
+    return LayoutError(root / rel, refused[rel], fix='Replace it with a regular file inside the folder, or pass '
+                       'on_error="skip" to leave it out')
 
 
 def stem(rel: str) -> str:
@@ -86,11 +124,11 @@ def parallel_map(fn: Callable[[T], U], items: Iterable[T]) -> list[U]:
         return list(pool.map(fn, items))
 
 
-def reject(err: LayoutError, on_error: str, skipped: list[tuple[str, str]]) -> None:
+def reject(err: LayoutError, on_error: str, skipped: Skipped) -> None:
     """Raise ``err`` (``on_error="raise"``), or record it in ``skipped`` as ``(path, why)``."""
     if on_error == "raise":
         raise err
-    skipped.append((err.path, err.why if err.line is None else f"line {err.line}: {err.why}"))
+    skipped.add(err.path, err.why if err.line is None else f"line {err.line}: {err.why}")
 
 
 def first_file(folder: Path, match: Callable[[str], bool]) -> Optional[str]:

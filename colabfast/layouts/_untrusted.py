@@ -2,11 +2,13 @@
 file names from annotations kept inside the source folder, and the files they name found (and
 stat'ed for the mirror's fingerprint) in parallel, as Drive round trips want.
 
-Private helpers of the layout modules (:mod:`colabfast.layouts.coco`, :mod:`colabfast.layouts.voc`).
+Private helpers of the layout modules (:mod:`colabfast.layouts.coco`, :mod:`colabfast.layouts.voc`;
+``Skipped`` and ``inside`` also for those on :mod:`colabfast.layouts._folder`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
@@ -26,6 +28,15 @@ T = TypeVar("T")
 MAX_ANNOTATION_BYTES = 512 << 20
 MAX_XML_BYTES = 1 << 20  # one VOC XML (Pascal's are about 1 kB)
 MAX_DEPTH = 64  # nesting of JSON arrays/objects or XML elements (COCO's JSON nests 5 deep, VOC's XML 4)
+# Python spends 60 to 230 bytes on each parsed array or object: a JSON of empty arrays costs 24 times its
+# size, a COCO file 7 times (it has one array or object per 30 to 100 bytes). Fewer bytes per container
+# than this is refused before parsing (a few thousand containers allowed beyond it, for small files).
+MIN_BYTES_PER_CONTAINER = 12
+# The values (numbers, strings, arrays) in one entry of a top-level list: one image or annotation. COCO's
+# have a few to a few thousand (a polygon's points, an RLE's counts); one entry is one sample's target,
+# packed in one piece, so a larger one is refused before parsing.
+MAX_ENTRY_VALUES = 1 << 20
+MAX_LISTED = 1000  # problems listed one by one in a layout's ``skipped``; the rest are counted in one more
 WORKERS = 32  # threads for per-file round trips (stat, read) on Drive
 
 
@@ -59,26 +70,56 @@ def read_limited(path: PathLike, limit: int, retries: int) -> bytes:
         raise
 
 
-def json_depth(data: bytes) -> int:
-    """How deep the arrays and objects of the JSON text ``data`` nest, found without parsing it.
+@dataclasses.dataclass(frozen=True)
+class JsonShape:
+    """What :func:`json_shape` finds in a JSON text: how deep its arrays and objects nest, how many
+    there are, and how many values the largest entry of a top-level list holds (an image or an
+    annotation of a COCO file)."""
 
-    Brackets inside strings do not count: escaped backslashes, then escaped quotes, are removed
-    (JSON has backslashes only inside strings, and left-to-right pairs are exactly its escapes), so
-    every remaining quote delimits a string, and a bracket is inside one where an odd number of
-    quotes precede it. All of it runs in C (``bytes.replace``, ``translate``, numpy): about 0.5 s
-    for 67 MB of COCO annotations, a fortieth of ``json.loads`` on the same machine.
+    depth: int
+    containers: int
+    largest_entry: int
+
+
+def json_shape(data: bytes) -> JsonShape:
+    """The :class:`JsonShape` of the JSON text ``data``, found without parsing it.
+
+    Brackets and commas inside strings do not count: escaped backslashes, then escaped quotes, are
+    removed (JSON has backslashes only inside strings, and left-to-right pairs are exactly its
+    escapes), so every remaining quote delimits a string, and a bracket or comma is inside one where
+    an odd number of quotes precede it. An entry is a value of a container at depth 2 (an element of
+    ``images``); its values are counted as the commas and containers inside it (one less than its
+    values per non-empty container). All of it runs in C (``bytes.replace``, ``translate``, numpy):
+    about 0.5 s for 67 MB of COCO annotations, a fortieth of ``json.loads`` on the same machine.
     """
     text = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    text = text.translate(None, _NOT_QUOTE_OR_BRACKET)
-    chars = np.frombuffer(text, np.uint8)
-    quote = chars == ord('"')
-    steps = _STEPS[chars]
-    steps[(np.cumsum(quote, dtype=np.int64) & 1).astype(bool)] = 0  # inside a string (the quotes are 0 already)
-    depth = np.cumsum(steps, dtype=np.int64)
-    return int(depth.max()) if depth.size else 0
+    text = text.translate(None, _NOT_STRUCTURE)
+    # in slices, so that numpy's arrays (about 20 bytes a character) stay a few MB, carrying from one
+    # slice to the next: the quote parity, the depth, and the value count of the entry going on
+    odd, depth, deepest, containers, current, biggest = 0, 0, 0, 0, 0, 0
+    for at in range(0, len(text), _SLICE):
+        chars = np.frombuffer(text, np.uint8, min(_SLICE, len(text) - at), at)
+        quote = chars == ord('"')
+        inside = ((np.cumsum(quote, dtype=np.uint8) + odd) & 1).astype(bool)  # a uint8 sum wraps: parity kept
+        odd = int(inside[-1])
+        steps = _STEPS[chars[~(inside | quote)]]  # what lies outside strings: brackets +1/-1, commas 0
+        if not steps.size:
+            continue
+        depths = np.cumsum(steps, dtype=np.int64) + depth  # after each character
+        depth = int(depths[-1])
+        containers += int(np.count_nonzero(steps == 1))
+        deepest = max(deepest, int(depths.max()))
+        value = (depths >= 3) & (steps >= 0)  # a comma or an opening bracket inside an entry
+        entry = np.cumsum(depths <= 2)  # each comma of a depth-2 container starts an entry; 0: the one going on
+        counts = np.bincount(entry[value], minlength=int(entry[-1]) + 1)
+        counts[0] += current
+        current = int(counts[-1])
+        biggest = max(biggest, int(counts.max()))
+    return JsonShape(deepest, containers, biggest)
 
 
-_NOT_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
+_SLICE = 1 << 20
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{},')
 _STEPS = np.zeros(256, np.int8)
 _STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
 
@@ -104,7 +145,8 @@ def inside(root_real: str, path: str) -> bool:
 def stat_files(root: Path, rels: Iterable[str], retries: int) -> dict[str, Union[FileEntry, str]]:
     """Each of ``rels`` (safe POSIX paths below ``root``) as a :class:`FileEntry`, or why it cannot be
     used: ``"is missing"``, ``"is not a regular file"``, ``"resolves outside ..."`` (a symlink, or a
-    symlinked folder on its way, leading out of ``root``: nothing outside the source is read).
+    symlinked folder on its way, leading out of ``root``: nothing outside the source is read),
+    ``"cannot be looked up (File name too long)"`` (or a loop of symlinks).
 
     One ``lstat`` per file and one ``realpath`` per folder, in ``WORKERS`` threads (each a round trip
     on Drive), retrying transient errors ``retries`` times.
@@ -127,6 +169,10 @@ def stat_files(root: Path, rels: Iterable[str], retries: int) -> dict[str, Union
             return "is missing"
         except NotADirectoryError:
             return "is missing (a folder on its way is a file)"
+        except OSError as exc:  # what the name itself causes: a part over 255 bytes, a loop of links
+            if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+                return f"cannot be looked up ({os.strerror(exc.errno)})"
+            raise
         if not stat.S_ISREG(st.st_mode):
             return "is not a regular file"
         return FileEntry(rel, st.st_size, st.st_mtime_ns)
@@ -152,6 +198,25 @@ def parallel(fn: Callable[[str], T], items: list[str]) -> list[T]:
         return list(pool.map(fn, items))
 
 
+class Skipped(list[tuple[str, str]]):
+    """A layout's ``skipped``: ``(path, why)`` for each problem ``on_error="skip"`` left out, at most
+    ``MAX_LISTED`` of them, then one that counts the rest (``"... and N more problems"``): a file of a
+    million bad entries costs a thousand records, not a million."""
+
+    more = 0
+
+    def add(self, path: str, why: str) -> None:
+        if len(self) < MAX_LISTED:
+            self.append((path, why))
+            return
+        self.more += 1
+        record = (path, f"... and {self.more} more problems (only the first {MAX_LISTED} are listed)")
+        if self.more == 1:
+            self.append(record)
+        else:
+            self[-1] = record
+
+
 class Problems:
     """What a layout's constructor found wrong, raised at once (``on_error="raise"``) or listed in
     ``skipped`` (``on_error="skip"``)."""
@@ -160,9 +225,9 @@ class Problems:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         self.raising = on_error == "raise"
-        self.skipped: list[tuple[str, str]] = []
+        self.skipped = Skipped()
 
     def add(self, path: str, why: str, line: Optional[int] = None, fix: str = "") -> None:
         if self.raising:
             raise LayoutError(path, why, line, fix or 'Fix or remove it, or pass on_error="skip" to leave it out')
-        self.skipped.append((path, why if line is None else f"line {line}: {why}"))
+        self.skipped.add(path, why if line is None else f"line {line}: {why}")

@@ -60,7 +60,7 @@ class Layout:
         files: every file the mirror depends on (images, masks, annotation files), for its
             fingerprint: a changed file makes ``pack`` and ``open_dataset`` build a new mirror.
         skipped: ``(path, why)`` for what ``on_error="skip"`` left out (also listed by
-            ``colabfast info``).
+            ``colabfast info``): the first 1000 problems, then one record counting the rest.
         info: JSON-able facts the drop-in reader needs (class names, COCO's categories, ...),
             stored in the mirror.
     """

@@ -15,8 +15,10 @@ from colabfast._fileio import FileEntry, PathLike, read_regular, retry
 from colabfast.layouts._untrusted import (
     MAX_ANNOTATION_BYTES,
     MAX_DEPTH,
+    MAX_ENTRY_VALUES,
+    MIN_BYTES_PER_CONTAINER,
     Problems,
-    json_depth,
+    json_shape,
     read_limited,
     safe_rel,
     stat_files,
@@ -41,8 +43,10 @@ class Coco(Layout):
         retries: retries of each file operation for Drive's transient errors.
 
     The JSON is read whole and checked before any image is: it may have at most
-    ``MAX_ANNOTATION_BYTES`` (512 MiB) and nest at most ``MAX_DEPTH`` (64) levels (both refused before
-    parsing). Each image entry needs an int ``id`` (unique), a ``file_name`` inside ``root`` (not
+    ``MAX_ANNOTATION_BYTES`` (512 MiB), nest at most ``MAX_DEPTH`` (64) levels, hold at most one array
+    or object per ``MIN_BYTES_PER_CONTAINER`` (12) bytes, and at most ``MAX_ENTRY_VALUES`` (1 Mi) values
+    in one image or annotation (all refused before parsing: what parsing costs stays what a COCO file of
+    that size costs). Each image entry needs an int ``id`` (unique), a ``file_name`` inside ``root`` (not
     absolute, no ``..``, not hidden, no symlink leading out) naming an existing file, and positive
     ``width`` and ``height``; each annotation an int ``id`` (unique), an ``image_id`` among the
     images, a ``category_id`` among the categories (where it has one) and a ``bbox`` (where it has
@@ -147,11 +151,27 @@ def annotation_name(root: Path, path: Path) -> str:
 
 
 def parse_json(path: Path, data: bytes) -> dict:
-    """The JSON object in ``data``, refused when nested deeper than ``MAX_DEPTH`` (before parsing)."""
-    depth = json_depth(data)
-    if depth > MAX_DEPTH:
-        raise LayoutError(path, f"nests {depth} levels deep, more than colabfast parses ({MAX_DEPTH})",
+    """The JSON object in ``data``, refused before parsing where parsing it would cost more than a
+    COCO file of its size does: nested deeper than ``MAX_DEPTH``, with more arrays and objects than
+    one per ``MIN_BYTES_PER_CONTAINER`` bytes, or an image or annotation of more than
+    ``MAX_ENTRY_VALUES`` values.
+
+    Raises:
+        LayoutError: one of those, or ``data`` is not JSON, or not an object with an ``images`` list.
+    """
+    shape = json_shape(data)
+    if shape.depth > MAX_DEPTH:
+        raise LayoutError(path, f"nests {shape.depth} levels deep, more than colabfast parses ({MAX_DEPTH})",
                           fix="A COCO JSON nests 5 levels; check that it is the right file")
+    if shape.containers > len(data) // MIN_BYTES_PER_CONTAINER + 4096:
+        raise LayoutError(path, f"has {shape.containers} arrays and objects in {len(data)} bytes, more than one "
+                          f"per {MIN_BYTES_PER_CONTAINER} bytes (each costs Python 60 bytes or more; a COCO file "
+                          "has one per 30 to 100 bytes)",
+                          fix="Check that it is the right file")
+    if shape.largest_entry > MAX_ENTRY_VALUES:
+        raise LayoutError(path, f"has an entry (an image or annotation) of {shape.largest_entry} values, more than "
+                          f"colabfast reads in one ({MAX_ENTRY_VALUES}; a COCO annotation holds a few thousand "
+                          "at most)", fix="Simplify its segmentation, or check that it is the right file")
     try:
         dataset = json.loads(data)
     except ValueError as exc:  # JSONDecodeError, bad UTF-8, an integer too long to convert
@@ -165,16 +185,17 @@ def parse_json(path: Path, data: bytes) -> dict:
 
 
 def entries(path: Path, dataset: dict, key: str, problems: Problems) -> list[dict]:
-    """The dicts of ``dataset[key]`` (absent: none); another value in the list is a problem."""
+    """The dicts of ``dataset[key]`` (absent: none); the other values in the list are one problem (a
+    million of them cost one record, and one pass in C)."""
     items = dataset.get(key, [])
     if not isinstance(items, list):
         raise LayoutError(path, f"{key!r} is {type(items).__name__}, not a list")
-    out = []
-    for k, item in enumerate(items):
-        if isinstance(item, dict):
-            out.append(item)
-        else:
-            problems.add(os.fspath(path), f"{key}[{k}] is {type(item).__name__}, not an object")
+    out = [item for item in items if type(item) is dict]
+    if len(out) < len(items):
+        k, item = next((k, item) for k, item in enumerate(items) if type(item) is not dict)
+        more = len(items) - len(out) - 1
+        problems.add(os.fspath(path), f"{key}[{k}] is {type(item).__name__}, not an object"
+                     + (f" (and {more} more of its entries are not objects)" if more else ""))
     return out
 
 

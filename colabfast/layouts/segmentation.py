@@ -8,7 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from colabfast._fileio import FileEntry, PathLike
-from colabfast.layouts._folder import check_on_error, first_file, image_size, list_files, read_file, reject, stem
+from colabfast.layouts._folder import (
+    check_on_error,
+    first_file,
+    image_size,
+    list_files,
+    read_file,
+    refuse,
+    reject,
+    stem,
+)
+from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
@@ -26,13 +36,15 @@ class Segmentation(Layout):
 
     Args:
         root: the folder holding ``images/`` and ``masks/`` (else ``labels/``).
-        on_error: ``"raise"``: an image without a mask, a mask without an image, or two files with
-            one stem raise :class:`LayoutError`; ``"skip"``: they are left out and listed in ``skipped``.
+        on_error: ``"raise"``: an image without a mask, a mask without an image, two files with one
+            stem, or an image or mask that is a FIFO, a device or a symlink leading out of ``root``
+            (nothing outside it is read) raise :class:`LayoutError`; ``"skip"``: they are left out and
+            listed in ``skipped``.
         retries: retries of each file read on Drive's transient errors.
 
     Raises:
         LayoutError: no ``images/`` or no ``masks/``/``labels/`` with images, or (with
-            ``on_error="raise"``) an unpaired or ambiguous file. ``seg[i]`` raises it for a mask whose
+            ``on_error="raise"``) an unpaired, ambiguous or refused file. ``seg[i]`` raises it for a mask whose
             size differs from its image's (checked from both headers as the pair is read).
         FileNotFoundError: ``root`` does not exist.
     """
@@ -42,13 +54,16 @@ class Segmentation(Layout):
     def __init__(self, root: PathLike, *, on_error: str = "raise", retries: int = 5):
         check_on_error(on_error)
         self.root, self.on_error, self.retries = Path(root), on_error, retries
-        self.skipped: list[tuple[str, str]] = []
-        files = list_files(self.root, retries)
+        self.skipped: Skipped = Skipped()
+        files, refused = list_files(self.root, retries)
         present = [d for d in MASK_FOLDERS if any(f.rel.startswith(d + "/") and is_image(f.rel) for f in files)]
         if not any(f.rel.startswith("images/") and is_image(f.rel) for f in files) or not present:
             raise LayoutError(self.root, "expected images in images/ and their masks in masks/ (or labels/)",
                               fix="point to the folder that holds both")
         self.mask_folder = present[0]
+        for rel in sorted(refused):
+            if rel.startswith(("images/", self.mask_folder + "/")) and is_image(rel):
+                reject(refuse(self.root, rel, refused), on_error, self.skipped)
         images = self._by_stem(files, "images")
         masks = self._by_stem(files, self.mask_folder)
         self.paths, self.files, self._masks = [], [], []

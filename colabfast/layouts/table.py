@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
-from colabfast._fileio import FileEntry, PathLike, human_bytes, read_regular, retry
+from colabfast._fileio import FileEntry, PathLike, human_bytes, retry
 from colabfast.layouts._folder import check_on_error, first_file, list_files, read_file, reject, stem
+from colabfast.layouts._untrusted import Skipped, read_limited
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
@@ -34,6 +36,9 @@ __all__ = ["Csv", "PATH_COLUMNS", "MAX_TABLE_BYTES"]
 
 PATH_COLUMNS = ("path", "file", "filename", "file_name", "image", "image_id", "id", "fname", "name")
 MAX_TABLE_BYTES = 256_000_000  # refused before parsing: Python holds a parsed table in ~10x its size
+MAX_LINE_CHARS = 1 << 20  # one line (a row of labels is far less; csv's own limit is 128 kB a field)
+DELIMITERS = ",\t;|"  # in the order of preference where several split the table alike (csv.Sniffer's)
+SNIFF_LINES = 20  # the lines the delimiter is found from
 Label = Union[int, float]
 
 
@@ -56,7 +61,10 @@ class Csv(Layout):
         LayoutError: the table is over ``MAX_TABLE_BYTES``, not UTF-8 CSV, has no label column, or
             (with ``on_error="raise"``) a row with the wrong number of fields, an empty label, a NaN
             or infinite number, a path that is absolute, has ``..`` or names no single image under
-            ``root``, or the same image as an earlier row. Each names the table and line.
+            ``root``, names an image that is a FIFO, a device or a symlink leading out of ``root``
+            (nothing outside it is read), or the same image as an earlier row. Each names the table
+            and line. The table itself is refused when it is not a regular file, or has a line over
+            ``MAX_LINE_CHARS``.
         FileNotFoundError: ``root`` or the table does not exist.
     """
 
@@ -66,16 +74,16 @@ class Csv(Layout):
                  retries: int = 5):
         check_on_error(on_error)
         self.root, self.on_error, self.retries = Path(root), on_error, retries
-        self.skipped: list[tuple[str, str]] = []
-        files = list_files(self.root, retries)
-        self.table = Path(labels) if labels is not None else _only_table(self.root, files)
+        self.skipped: Skipped = Skipped()
+        files, refused = list_files(self.root, retries)
+        self.table = Path(labels) if labels is not None else _only_table(self.root, [*files, *map(_unlisted, refused)])
         header, rows = self._read_table()
         self.path_column = _path_column(header)
         columns = [c for k, c in enumerate(header) if k != self.path_column]
         if not columns:
             raise LayoutError(self.table, f"one column ({header[0]!r}), no label column",
                               fix="add a column of labels")
-        finder = _Finder(files)
+        finder = _Finder(files, refused, self.root)
         chosen: list[tuple[int, FileEntry, list[str]]] = []
         first_row: dict[str, int] = {}  # an image's path -> the line that named it
         for line, row in rows:
@@ -95,33 +103,37 @@ class Csv(Layout):
             first_row[entry.rel] = line
             chosen.append((line, entry, values))
         self.paths = [entry.rel for _, entry, _ in chosen]
-        self.targets: list[tuple[Label, ...]] = [() for _ in chosen]
         classes: dict[str, list[str]] = {}
+        by_column = []
         for k, column in enumerate(columns):
             numbers, names = self._column([values[k] for _, _, values in chosen])
             if names is not None:
                 classes[column] = names
-            self.targets = [t + (v,) for t, v in zip(self.targets, numbers)]
+            by_column.append(numbers)
+        self.targets: list[tuple[Label, ...]] = list(zip(*by_column))
         self.files = sorted({entry for _, entry, _ in chosen} | {self._table_entry()})
         self.info: dict[str, Any] = {"columns": columns, "classes": classes}
 
     def _read_table(self) -> tuple[list[str], list[tuple[int, list[str]]]]:
-        """The header and the ``(line, fields)`` of each non-empty row, every row as wide as the header."""
+        """The header and the ``(line, fields)`` of each non-empty row, every row as wide as the header.
+
+        Raises:
+            LayoutError: the table is over ``MAX_TABLE_BYTES``, not a regular file, not UTF-8, not CSV,
+                empty, or has a line over ``MAX_LINE_CHARS``.
+        """
         size = retry(lambda: os.stat(self.table), self.retries).st_size
         if size > MAX_TABLE_BYTES:
             raise LayoutError(self.table, f"{human_bytes(size)}, over the limit of {human_bytes(MAX_TABLE_BYTES)}",
                               fix="split the table, or raise colabfast.layouts.table.MAX_TABLE_BYTES")
-        data = retry(lambda: read_regular(self.table), self.retries)
+        data = read_limited(self.table, MAX_TABLE_BYTES, self.retries)  # a FIFO or a device is refused, unread
         try:
-            text = data.decode("utf-8-sig")  # Excel writes a BOM
+            data.decode("utf-8-sig")  # Excel writes a BOM; checked whole for the line of a bad byte, then dropped
         except UnicodeDecodeError as exc:
             raise LayoutError(self.table, f"not UTF-8 text (byte {exc.start})",
                               data[: exc.start].count(b"\n") + 1, fix="save the table as UTF-8 CSV") from None
-        try:
-            delimiter = csv.Sniffer().sniff(text[:65536], delimiters=",;\t|").delimiter
-        except csv.Error:
-            delimiter = ","
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+        lines = self._lines(data)
+        head = list(itertools.islice(lines, SNIFF_LINES))
+        reader = csv.reader(itertools.chain(head, lines), delimiter=_delimiter(head), strict=True)
         rows: list[tuple[int, list[str]]] = []
         header: Optional[list[str]] = None
         try:
@@ -140,6 +152,19 @@ class Csv(Layout):
         if header is None:
             raise LayoutError(self.table, "an empty table", fix="the first row names the columns")
         return header, rows
+
+    def _lines(self, data: bytes) -> Iterator[str]:
+        """The table's lines as ``open(newline="")`` reads them (for ``csv.reader``), one at a time: a
+        line over ``MAX_LINE_CHARS`` is refused before ``csv`` splits it (a table of one 250 MB line held
+        1.6 GB as fields)."""
+        f = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
+        number = 0
+        while line := f.readline(MAX_LINE_CHARS + 1):
+            number += 1
+            if len(line) > MAX_LINE_CHARS:
+                raise LayoutError(self.table, f"a line of more than {MAX_LINE_CHARS} characters", number,
+                                  fix="a row names one image and its labels; check that it is the right file")
+            yield line
 
     @staticmethod
     def _column(cells: list[str]) -> tuple[list[Label], Optional[list[str]]]:
@@ -181,6 +206,26 @@ class Csv(Layout):
         return len(tables) == 1 and first_file(root, lambda name: name.lower().endswith(IMG_EXTENSIONS)) is not None
 
 
+def _delimiter(lines: list[str]) -> str:
+    """The delimiter of a table that starts with ``lines``: of ``DELIMITERS``, the one by which most
+    non-empty rows are as wide as the first, which has 2 fields or more (ties: the first of
+    ``DELIMITERS``); ``","`` where none splits it. ``csv.Sniffer`` guesses by regular expressions that
+    backtrack (minutes of CPU for 64 kB of ``a,",",",...``); this splits each line once per delimiter
+    with ``csv.reader``, which reads a character once."""
+    best, score = ",", 0
+    for delimiter in DELIMITERS:
+        widths = []
+        try:
+            for row in csv.reader(lines, delimiter=delimiter):
+                if any(field.strip() for field in row):
+                    widths.append(len(row))
+        except csv.Error:  # a quoted field running past the lines read: judged by the rows before it
+            pass
+        if widths and widths[0] > 1 and widths.count(widths[0]) > score:
+            best, score = delimiter, widths.count(widths[0])
+    return best
+
+
 def _finite(text: str) -> bool:
     """False for a number that is NaN or infinite (``nan``, ``inf``, ``-Infinity``); True for any other text."""
     try:
@@ -211,10 +256,18 @@ def _path_column(header: list[str]) -> int:
     return next((k for k, name in enumerate(lowered) if name in PATH_COLUMNS), 0)
 
 
-class _Finder:
-    """Finds the image a table's cell names among the files listed under the root (nothing else is read)."""
+def _unlisted(rel: str) -> FileEntry:
+    """A file that :func:`list_files` refused, as an entry to be found by its path (and then refused)."""
+    return FileEntry(rel, 0, 0)
 
-    def __init__(self, files: list[FileEntry]):
+
+class _Finder:
+    """Finds the image a table's cell names among the files listed under the root (nothing else is read);
+    a name that finds one of ``refused`` (a FIFO, a link out of the root) is refused with its reason."""
+
+    def __init__(self, files: list[FileEntry], refused: dict[str, str], root: Path):
+        self.refused, self.root = refused, root
+        files = sorted([*files, *map(_unlisted, refused)])
         self.by_rel = {f.rel: f for f in files}
         # Every image under each end of its path, with and without extension: train/x/a.jpg under
         # a.jpg, x/a.jpg, a, x/a and train/x/a.
@@ -231,7 +284,8 @@ class _Finder:
         """The one image ``value`` names (see the module's docstring).
 
         Raises:
-            LayoutError: ``value`` is empty, absolute, has a ``..`` part, or names no image or several.
+            LayoutError: ``value`` is empty, absolute, has a ``..`` part, names no image or several, or
+                names one that is not a regular file or that a symlink leads out of the root.
         """
         path = value.replace("\\", "/")
         if not path or path.startswith("/") or (len(path) > 1 and path[1] == ":") or "\0" in path:
@@ -245,10 +299,16 @@ class _Finder:
             entry = self.by_rel[path]
             if not is_image(entry.rel):
                 raise LayoutError(table, f"{value!r} is not an image file ({', '.join(IMG_EXTENSIONS)})", line)
-            return entry
+            return self._readable(entry, value, table, line)
         found = self.by_end.get(path, [])
         if len(found) != 1:
             why = (f"{value!r} names no image under the folder" if not found else
                    f"{value!r} names {len(found)} images: {', '.join(f.rel for f in found[:5])}")
             raise LayoutError(table, why, line, fix="give the image's path relative to the folder, with extension")
-        return found[0]
+        return self._readable(found[0], value, table, line)
+
+    def _readable(self, entry: FileEntry, value: str, table: Path, line: int) -> FileEntry:
+        if entry.rel in self.refused:
+            raise LayoutError(table, f"{value!r} names {self.root / entry.rel}, which {self.refused[entry.rel]}", line,
+                              fix="replace it with a regular file inside the folder, or delete the row")
+        return entry

@@ -30,8 +30,10 @@ from colabfast.layouts._folder import (
     parallel_map,
     read_file,
     read_text,
+    refuse,
     reject,
 )
+from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import is_image
 
@@ -64,7 +66,8 @@ class Yolo(Layout):
             ``<split>/labels/``), and the YAML naming the classes (``data.yaml``, else the one
             ``*.yaml`` at ``root`` with ``names``).
         split: which split to read (``"train"``, ``"valid"``, ...); None: the only one there is.
-        on_error: ``"raise"``: a malformed label file, or a label file without an image, raises
+        on_error: ``"raise"``: a malformed label file, a label file without an image, or an image or
+            label file that is not a regular file or that a symlink leads out of ``root``, raises
             :class:`LayoutError`; ``"skip"``: it is left out (its image too) and listed in ``skipped``.
         retries: retries of each file read on Drive's transient errors.
 
@@ -72,7 +75,9 @@ class Yolo(Layout):
         LayoutError: no images folder, several splits and ``split=None``, an unknown split, no YAML
             with ``names`` or a malformed one, or (with ``on_error="raise"``) a label line that is not
             5 numbers or a polygon, not finite, with coordinates outside 0..1 or a class id outside
-            ``names``, or a label file without an image. Each names the file and line.
+            ``names``, a label file without an image, or an image or label file that is a FIFO, a
+            device, or a symlink leading out of ``root`` (nothing outside it is read). Each names the
+            file (and line).
         FileNotFoundError: ``root`` does not exist.
     """
 
@@ -82,13 +87,16 @@ class Yolo(Layout):
                  retries: int = 5):
         check_on_error(on_error)
         self.root, self.on_error, self.retries = Path(root), on_error, retries
-        self.skipped: list[tuple[str, str]] = []
-        files = list_files(self.root, retries)
+        self.skipped: Skipped = Skipped()
+        files, refused = list_files(self.root, retries)
         self.split, prefix = _pick_split(self.root, files, split)
-        yaml_file, classes = _read_classes(self.root, files, retries)
+        yaml_file, classes = _read_classes(self.root, files, refused, retries)
         by_rel = {f.rel: f for f in files}
         images = [f for f in files if f.rel.startswith(prefix) and is_image(f.rel)]
-        wanted = {label_path(f.rel) for f in images}
+        for rel in sorted(refused):
+            if rel.startswith(prefix) and is_image(rel):
+                reject(refuse(self.root, rel, refused), on_error, self.skipped)
+        wanted = {label_path(f.rel) for f in images} | {label_path(rel) for rel in refused if rel.startswith(prefix)}
         labels = sorted(by_rel[rel] for rel in wanted if rel in by_rel)
 
         def parse(entry: FileEntry) -> np.ndarray | LayoutError:
@@ -98,7 +106,8 @@ class Yolo(Layout):
             except LayoutError as exc:
                 return exc
 
-        parsed = dict(zip((f.rel for f in labels), parallel_map(parse, labels)))
+        parsed: dict[str, np.ndarray | LayoutError] = dict(zip((f.rel for f in labels), parallel_map(parse, labels)))
+        parsed.update((rel, refuse(self.root, rel, refused)) for rel in wanted if rel in refused)
         self._check_orphans(files, prefix, wanted)
 
         self.paths, self.files = [], [yaml_file]
@@ -195,11 +204,17 @@ def _pick_split(root: Path, files: list[FileEntry], split: Optional[str]) -> tup
     return split, found[split]
 
 
-def _read_classes(root: Path, files: list[FileEntry], retries: int) -> tuple[FileEntry, list[str]]:
+def _read_classes(root: Path, files: list[FileEntry], refused: dict[str, str],
+                  retries: int) -> tuple[FileEntry, list[str]]:
     """The YAML file naming the classes, and its names: ``data.yaml``, else the one ``*.yaml`` at
-    ``root`` with a ``names`` key."""
+    ``root`` with a ``names`` key; one of those that ``refused`` names (a FIFO, a link out of ``root``)
+    is a :class:`LayoutError`."""
     tops = [f for f in files if "/" not in f.rel and f.rel.lower().endswith((".yaml", ".yml"))]
     preferred = [f for f in tops if f.rel in ("data.yaml", "data.yml")]
+    bad = sorted(rel for rel in refused if "/" not in rel and rel.lower().endswith((".yaml", ".yml")))
+    bad_preferred = [rel for rel in bad if rel in ("data.yaml", "data.yml")]
+    if bad_preferred or (bad and not preferred):
+        raise refuse(root, (bad_preferred or bad)[0], refused)
     found = []
     for entry in preferred or tops:
         text = read_text(root, entry, retries, MAX_YAML_BYTES)

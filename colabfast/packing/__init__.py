@@ -157,6 +157,8 @@ def pack(
             parts are kept and the next run continues from them.
         UnsafeArchiveError: an archive member name is absolute or climbs out with ``..``.
         FileNotFoundError: ``src`` is missing or holds no images.
+        LayoutError: a folder layout's annotations are malformed or unsafe (see its class), or it has no
+            sample to pack (with ``on_error="skip"``: it says what was left out).
         ValueError: bad arguments; ``dst`` is a folder, or (without ``overwrite``) a file that is not a
             mirror of ``src``.
         OSError: ``errno.ENOSPC`` when the local disk cannot hold the mirror while it is built.

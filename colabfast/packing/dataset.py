@@ -158,8 +158,15 @@ def identity(dataset: Any) -> Optional[str]:
 
 def plan(dataset: Any, fields: Optional[dict], options: dict, layout: str) -> tuple[dict, list[col.Field], str]:
     """``(template, fields, fingerprint)`` from the first sample; raises FieldError for a sample no
-    mirror can hold, before any work."""
+    mirror can hold, before any work, LayoutError for a layout with no sample (saying what its
+    ``on_error="skip"`` left out), ValueError for another empty dataset."""
+    from colabfast.layouts.base import Layout, LayoutError
     n = len(dataset)
+    if n == 0 and isinstance(dataset, Layout):
+        listed = "; ".join(f"{path}: {why}" for path, why in dataset.skipped[:3])
+        raise LayoutError(dataset.root, "no sample to pack" + (
+            f': on_error="skip" left out every one ({listed}{"; ..." if len(dataset.skipped) > 3 else ""})'
+            if dataset.skipped else ""), fix="Fix the files named, or check that it is the right folder")
     if n == 0:
         raise ValueError(f"{describe_dataset(dataset)} is empty (len 0): there is nothing to pack")
     first = dataset[0]
