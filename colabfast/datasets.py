@@ -31,7 +31,8 @@ import torch
 from numpy.typing import NDArray
 from PIL import Image
 from torch.utils.data import ConcatDataset, Subset, get_worker_info
-from torchvision.datasets import VisionDataset
+from torchvision.datasets import ImageFolder, Kitti, VisionDataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
 from colabfast.gpudecode import ImageSizeError, check_encoded, decode_cpu, decode_pil
@@ -553,7 +554,13 @@ class MirrorDataset(VisionDataset):
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """Items for a whole batch (torch's DataLoader calls this when it exists): one read per run of
         consecutive indices (see :meth:`MirrorReader.views`). In a DataLoader worker every tensor is
-        compacted (copied out of the shared read buffer) before torch pickles it; see :meth:`items`."""
+        compacted (copied out of the shared read buffer) before torch pickles it; see :meth:`items`.
+
+        A subclass with its own ``__getitem__`` gets that, index by index: torchvision's
+        ``wrap_dataset_for_transforms_v2`` makes such a subclass of the drop-in, whose items (the
+        wrapped targets, then the transforms) a batched read here would skip."""
+        if type(self).__getitem__ is not MirrorDataset.__getitem__:
+            return [self[i] for i in indices]
         return self.items(indices, views=get_worker_info() is None)
 
     def items(self, indices: Sequence[int], *, views: bool) -> list[Any]:
@@ -587,8 +594,12 @@ class MirrorDataset(VisionDataset):
         return state
 
 
-class H5ImageFolder(MirrorDataset):
+class H5ImageFolder(MirrorDataset, ImageFolder):
     """A drop-in for ``torchvision.datasets.ImageFolder`` reading a mirror made by :func:`colabfast.pack`.
+
+    A subclass of ``ImageFolder`` (whose own ``__init__``, a listing of ``root``, never runs):
+    ``isinstance`` checks pass and ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it
+    as it wraps ``ImageFolder``, in the process and in spawned workers.
 
     Same ``classes``, ``class_to_idx``, ``targets``, ``samples`` and ``imgs``, the same sample order
     (index ``i`` is ``ImageFolder``'s sample ``i``, or ``torchvision.datasets.ImageNet``'s for a mirror
@@ -646,6 +657,8 @@ class H5ImageFolder(MirrorDataset):
         # archive packs: the devkit, Kaggle's CSV, ...
         self.labels_from = self.reader.index.header.labels or ""
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        # ImageFolder's other attributes: what it would have loaded the source files with
+        self.loader, self.extensions = default_loader, IMG_EXTENSIONS
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f"\nLabels from: {self.labels_from}" if self.labels_from else "")
@@ -671,8 +684,12 @@ class H5ImageFolder(MirrorDataset):
         return image, target
 
 
-class H5Kitti(MirrorDataset):
+class H5Kitti(MirrorDataset, Kitti):
     """A drop-in for ``torchvision.datasets.Kitti`` reading a mirror made by :func:`colabfast.pack`.
+
+    A subclass of ``Kitti`` (whose own ``__init__``, a listing of ``root``, never runs): ``isinstance``
+    checks pass and ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it as it wraps
+    ``Kitti`` (boxes and labels as ``tv_tensors``; like torchvision's wrapper, with ``output="pil"``).
 
     Items are ``(image, target)``: ``target`` is a list with one dict per labelled object (keys
     ``type`` str, ``truncated`` float, ``occluded`` int, ``alpha`` float, ``bbox`` [x1, y1, x2, y2]

@@ -144,6 +144,59 @@ def test_kitti_matches_torchvision(kitti, shuffle, tmp_path):
     assert ds.targets[0].endswith("label_2/000000.txt")
 
 
+def as_list(batch):  # module level, so spawned workers can unpickle it
+    return batch
+
+
+def _item(ds, i):
+    """``ds[i]``, or the type of what it raised (torchvision's Kitti wrapper raises KeyError for an image
+    without objects: the drop-in must do the same)."""
+    try:
+        return ds[i]
+    except Exception as exc:
+        return type(exc)
+
+
+def _same_sample(a, b) -> None:
+    if isinstance(a, type) or isinstance(b, type):
+        assert a is b
+        return
+    (ia, ta), (ib, tb) = a, b
+    assert np.array_equal(np.asarray(ia.convert("RGB") if hasattr(ia, "convert") else ia), np.asarray(ib))
+    if isinstance(ta, dict):
+        assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+        assert all(type(ta[k]) is type(tb[k]) for k in ta)  # tv_tensors.BoundingBoxes stays so
+    else:
+        assert ta == tb
+
+
+def test_drop_ins_are_their_torchvision_classes_and_wrap_for_transforms_v2(inet, mirrors, kitti):
+    """Issue 39 item 1: H5ImageFolder and H5Kitti derive from ImageFolder and Kitti, so isinstance holds
+    and wrap_dataset_for_transforms_v2 wraps them as torchvision's own, in the process and in spawned
+    workers (the wrapper pickles), sample for sample equal to the wrapped torchvision dataset."""
+    from torchvision.datasets import wrap_dataset_for_transforms_v2
+
+    base, mirror = kitti
+    pairs = [(ImageFolder(inet), H5ImageFolder(mirrors["encoded"])),
+             (Kitti(base, train=True), H5Kitti(mirror, train=True))]
+    for ref, ds in pairs:
+        assert isinstance(ds, type(ref))
+        wrapped_ref, wrapped = wrap_dataset_for_transforms_v2(ref), wrap_dataset_for_transforms_v2(ds)
+        order = range(len(ds)) if isinstance(ds, H5ImageFolder) else \
+            [[Path(p).name for p in ref.images].index(Path(q).name) for q in ds.images]
+        for i, j in enumerate(order):
+            _same_sample(_item(wrapped_ref, j), _item(wrapped, i))
+        kept = [i for i in range(len(ds)) if not isinstance(_item(wrapped, i), type)]
+        assert len(kept) >= 3
+        spawned = torch.utils.data.DataLoader(torch.utils.data.Subset(wrapped, kept), batch_size=2, num_workers=1,
+                                              collate_fn=as_list, multiprocessing_context="spawn")
+        got = [item for batch in spawned for item in batch]
+        assert len(got) == len(kept)
+        for i, item in zip(kept, got):
+            _same_sample(wrapped_ref[order[i]], item)
+    assert H5ImageFolder(mirrors["encoded"]).extensions == ImageFolder(inet).extensions
+
+
 def test_kitti_transforms_take_both(kitti):
     ds = H5Kitti(kitti[1], transforms=lambda img, tgt: (img.size, len(tgt)))
     assert ds[0] == ((ds[0][0][0], ds[0][0][1]), len(H5Kitti(kitti[1])[0][1]))
