@@ -527,7 +527,10 @@ class Header:
 
         Raises:
             MirrorError: not a mirror, a version this colabfast does not read, incomplete, an unknown
-                layout or store, a malformed attribute, or (version 2) a ``header_crc32`` mismatch.
+                layout or store, a malformed attribute, (version 2) a ``header_crc32`` mismatch, or
+                (version 3) a column that pack does not write (a field returned as anything but
+                :data:`colabfast.columns.RETURNS` allows, a box format or canvas that is not
+                torchvision's: :func:`colabfast.columns.spec_problem`), naming the column.
         """
         attrs = f.attrs
         fmt = attrs.get("format")
@@ -555,9 +558,11 @@ class Header:
         quality = _int(attrs, "quality", path)
         if quality is not None and not 1 <= quality <= 100:
             raise _bad(path, f"JPEG quality {quality} is not 1..100")
-        from colabfast.columns import valid_spec
+        from colabfast.columns import spec_problem
 
-        columns = _json(attrs, "columns", path, valid_spec)
+        columns = _json(attrs, "columns", path, lambda v: True)
+        if columns is not None and (problem := spec_problem(columns)) is not None:
+            raise _bad(path, problem)  # names the column
         if (columns is not None) != (layout in COLUMN_LAYOUTS) or (columns is not None and version < COLUMNS_VERSION):
             raise _bad(path, f"a {layout} mirror of format version {version} " + (
                 "without" if columns is None else "with") + " a columns attribute")
