@@ -44,7 +44,8 @@ from PIL import Image
 
 from colabfast.errors import Error
 
-__all__ = ["FieldError", "Field", "Template", "flatten", "unflatten", "KINDS", "MAX_JSON_BYTES"]
+__all__ = ["FieldError", "Field", "Template", "flatten", "unflatten", "KINDS", "MAX_JSON_BYTES", "RETURNS",
+           "spec_problem"]
 
 KINDS = ("image", "mask", "int", "float", "bool", "str", "bytes", "ndarray", "ragged", "json")
 IMAGE_KINDS = ("image", "mask")
@@ -464,19 +465,48 @@ def unflatten(values: list[Any], template: Template) -> Any:
     return values[template["column"]]
 
 
-def valid_spec(spec: Any) -> bool:
-    """Whether a mirror's ``columns`` attribute (``{"template": ..., "fields": [...]}``) is well formed."""
+# What a column's "as" may name, by kind: exactly what pack writes (classify, template_of, and pack_columns'
+# "ndarray" -> "tensor" for layouts). The reader turns "as" into a call (a torchvision class by name), so a
+# mirror's "as" is looked up here and nowhere else: a forged one ("wrap", "__class__") is refused at open.
+RETURNS: dict[str, tuple[str, ...]] = {
+    "image": ("pil", "tensor", "ndarray", "Image"),
+    "mask": ("pil",),
+    "int": ("python", "numpy"),
+    "float": ("python", "numpy"),
+    "bool": ("python", "numpy"),
+    "str": ("python",),
+    "bytes": ("python",),
+    "json": ("python",),
+    "ndarray": ("tensor", "ndarray", "hidden", "BoundingBoxes", "Image", "Mask", "Video"),
+    "ragged": ("tensor", "ndarray", "hidden", "BoundingBoxes", "Image", "Mask", "Video"),
+}
+SCALAR_DTYPES = {"int": "iu", "float": "f", "bool": "b"}  # NumPy scalars' dtype kinds, by column kind
+
+
+def spec_problem(spec: Any) -> Optional[str]:
+    """What is wrong with a mirror's ``columns`` attribute (``{"template": ..., "fields": [...]}``), or
+    None where it is well formed: every field of a known kind, returned as :data:`RETURNS` allows,
+    NumPy scalars of their kind's dtype, ``BoundingBoxes`` of a format torchvision knows with a canvas
+    column of their own, and a template that uses each column at most once."""
     if not isinstance(spec, dict) or not isinstance(spec.get("fields"), list) or len(spec["fields"]) > 1000:
-        return False
+        return "its columns attribute is not a list of at most 1000 fields"
     fields = spec["fields"]
-    for f in fields:
+    for k, f in enumerate(fields):
         if not (isinstance(f, dict) and isinstance(f.get("name"), str) and f.get("kind") in KINDS
-                and isinstance(f.get("as"), str)):
-            return False
-        if f["kind"] in ("ndarray", "ragged") and not (
+                and isinstance(f.get("as"), str) and isinstance(f.get("meta") or {}, dict)):
+            return f"column {k} is not a field with a name, a kind of {', '.join(KINDS)}, an 'as' and a meta dict"
+        where, kind, as_ = f"column {k} ({f['name'][:80]!r})", f["kind"], f["as"]
+        if as_ not in RETURNS[kind]:
+            return (f"{where}, of kind {kind}, is returned as {as_[:80]!r}, which pack never writes for that kind "
+                    f"(it writes {', '.join(RETURNS[kind])})")
+        if kind in ("ndarray", "ragged") and not (
                 isinstance(f.get("dtype"), str) and isinstance(f.get("shape"), list)
                 and all(isinstance(d, int) and 0 <= d < (1 << 31) for d in f["shape"]) and len(f["shape"]) <= 8):
-            return False
+            return f"{where} has no dtype, or a shape that is not at most 8 sizes"
+        if as_ == "numpy" and not _scalar_dtype(f.get("dtype"), SCALAR_DTYPES[kind]):
+            return f"{where} is a NumPy {kind} of dtype {repr(f.get('dtype'))[:40]}, not one of that kind"
+        if as_ == "BoundingBoxes" and (problem := _boxes_problem(f.get("meta") or {}, fields)):
+            return f"{where}: {problem}"
     seen: set[int] = set()
 
     def ok(t: Any, depth: int) -> bool:
@@ -496,4 +526,33 @@ def valid_spec(spec: Any) -> bool:
                 for kv in t["dict"])
         return False
 
-    return ok(spec.get("template"), 0)
+    return None if ok(spec.get("template"), 0) else "its template is not a tuple/dict of distinct columns"
+
+
+def _scalar_dtype(name: Any, kinds: str) -> bool:
+    """Whether ``name`` (a NumPy scalar field's ``dtype``; None for a bool) is a plain dtype of ``kinds``."""
+    if name is None:
+        return kinds == "b"
+    try:
+        dt = np.dtype(name) if isinstance(name, str) else None
+    except (TypeError, ValueError):
+        return False
+    return dt is not None and dt.kind in kinds and dt.shape == () and dt.names is None
+
+
+def _boxes_problem(meta: dict, fields: list) -> Optional[str]:
+    """What is wrong with a ``BoundingBoxes`` field's ``meta``: its ``format`` must be a name of
+    torchvision's ``BoundingBoxFormat``, its ``canvas`` the index of the hidden int64 column of each
+    sample's ``(H, W)`` (what :func:`template_of` makes)."""
+    from torchvision import tv_tensors
+
+    formats = list(tv_tensors.BoundingBoxFormat.__members__)
+    if meta.get("format") not in formats:
+        return f"box format {repr(meta.get('format'))[:40]} is not one of torchvision's ({', '.join(formats)})"
+    k = meta.get("canvas")
+    c = fields[k] if isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(fields) else None
+    # ndarray [2]; ragged [] only where pack saw no sample (decide())
+    if not (isinstance(c, dict) and (c.get("kind"), c.get("shape")) in (("ndarray", [2]), ("ragged", []))
+            and c.get("as") == "hidden" and c.get("dtype") == "<i8"):
+        return f"canvas {repr(k)[:40]} is not the index of its hidden int64 (H, W) column"
+    return None

@@ -2,9 +2,12 @@
 drop-ins for torchvision's ``CocoDetection``, ``VOCDetection`` and ``VOCSegmentation``.
 
 The first image column is read as a mirror dataset's images are (one ``pread`` per run of
-consecutive samples, checked headers, CRC-32 with ``verify``); every other column but images is
-read whole when the dataset is made (numbers, arrays, strings, JSON: small beside the images) and
-checked against the format (:func:`colabfast.mirror.load_columns`).
+consecutive samples, checked headers, CRC-32 with ``verify``). Every other column's index (offsets,
+shapes, numbers) is read when the dataset is made and checked against the format
+(:func:`colabfast.mirror.load_columns`); its data (arrays, strings, JSON) too while it is small (64 MiB
+in all, :data:`colabfast.mirror.RESIDENT_BYTES`), else one ``pread`` per sample as it is read, so a
+mirror of large JSON or arrays opens in the memory of its index. A mirror without an image column
+reads the same way, its samples made of its other columns.
 """
 
 from __future__ import annotations
@@ -21,7 +24,16 @@ from colabfast import columns as col
 from colabfast._fileio import PathLike
 from colabfast.datasets import MirrorDataset, MirrorReader, compact, undecodable
 from colabfast.gpudecode import check_encoded, decode_cpu
-from colabfast.mirror import MirrorError, load_columns
+from colabfast.mirror import (
+    COLUMN_LAYOUTS,
+    NO_IMAGES,
+    Header,
+    MirrorError,
+    Stored,
+    check_columns,
+    load_columns,
+    read_h5,
+)
 
 __all__ = ["H5Dataset", "H5CocoDetection", "H5VOCDetection", "H5VOCSegmentation"]
 
@@ -57,15 +69,24 @@ class H5Dataset(MirrorDataset):
             ``"tensor"`` (every image a uint8 ``[C, H, W]`` tensor: JPEGs decoded by libjpeg-turbo,
             no PIL) or ``"bytes"`` (the first image column's encoded bytes, uint8 ``[nbytes]``, for
             ``colabfast.DataLoader(decode="gpu")``).
-        in_memory, verify: as :class:`colabfast.H5ImageFolder`'s, for the image columns.
+        in_memory, verify: as :class:`colabfast.H5ImageFolder`'s, for the image columns; ``verify``
+            also streams every column read per sample through its checksum when the dataset is made
+            (:func:`colabfast.mirror.check_columns`).
+
+    A mirror without an image column (``pack`` of a dataset of numbers, text, arrays) reads the same
+    way, every sample made of its columns; ``output`` then has no image to apply to.
 
     Raises:
-        FileNotFoundError, MirrorError: not a complete mirror of columns, or one that breaks the
-            format (see :mod:`colabfast.mirror`); when reading, an image that cannot be decoded or
-            whose header is not its declared size.
-        ValueError: a mirror of an image folder or KITTI (open those with :class:`colabfast.H5ImageFolder`
-            or :class:`colabfast.H5Kitti`), no image column, or ``target_transform`` for a sample
-            that is not a pair.
+        FileNotFoundError: no file at ``path``.
+        MirrorError: not a complete mirror of columns (an image folder's or KITTI's mirror: the
+            message names the class that reads it, from the mirror's header), a mirror of another
+            layout than a drop-in's (the message names the drop-in it needs, or ``H5Dataset``), or one
+            that breaks the format (see :mod:`colabfast.mirror`; a column that pack does not write
+            names the column); with ``verify``, a column that does not match its checksum; when
+            reading, an image that cannot be decoded or whose header is not its declared size, or a
+            str or JSON value that does not decode.
+        ValueError: ``output="bytes"`` of a mirror without an image column, or ``target_transform``
+            for a sample that is not a pair.
     """
 
     layouts: tuple[str, ...] = ()  # a drop-in's layouts: others are refused
@@ -83,30 +104,35 @@ class H5Dataset(MirrorDataset):
     ):
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
-        try:
-            head, n, values = load_columns(path)
-        except MirrorError as exc:
-            if "not a mirror of columns" not in str(exc):
-                raise
-            raise ValueError(f"{exc}: open it with colabfast.H5ImageFolder (or H5Kitti)") from None
-        if self.layouts and head.layout not in self.layouts:
-            raise ValueError(f"{path} is a {head.layout} mirror, not {' or '.join(self.layouts)}: open it with "
-                             "colabfast.open_dataset or colabfast.H5Dataset")
-        assert head.columns is not None
+        layout = read_h5(path, lambda f: Header.read(f, path)).layout
+        if self.layouts and layout not in self.layouts or not self.layouts and layout not in COLUMN_LAYOUTS:
+            wanted = "of " + " or ".join(map(repr, self.layouts)) if self.layouts else "a mirror of columns"
+            raise MirrorError(f"{path} is a mirror of layout {layout!r}, not {wanted}: open it with "
+                              f"colabfast.{_reads(layout)} (or colabfast.open_dataset, which picks the class a "
+                              "mirror's layout needs)")
+        head, n, values = load_columns(path)
+        assert head.columns is not None  # its layout is one of COLUMN_LAYOUTS: Header.read checked it has columns
         self.fields = [col.Field.from_spec(s) for s in head.columns["fields"]]
         self.template: dict = head.columns["template"]
         images = [k for k, f in enumerate(self.fields) if f.kind in col.IMAGE_KINDS]
-        if not images:
-            raise ValueError(f"{path} holds no image column: read its columns with colabfast.mirror.load_columns")
-        self.image_column = images[0]
-        first = self.fields[self.image_column]
-        base = output if output != "auto" else ("pil" if first.as_ == "pil" else "tensor")
+        # the first image column, or None: a mirror of numbers, text and arrays, read through an index of
+        # its samples without images (NO_IMAGES), so it is ordered, counted and pickled as any mirror
+        self.image_column: Optional[int] = images[0] if images else None
+        if self.image_column is None:
+            if output == "bytes":
+                raise ValueError(f"output='bytes' gives the first image column's encoded bytes, and {path} holds no "
+                                 "image column: leave output as it is")
+            base = output if output != "auto" else "tensor"  # no image to apply to
+        else:
+            first = self.fields[self.image_column]
+            base = output if output != "auto" else ("pil" if first.as_ == "pil" else "tensor")
         self.pair = "tuple" in self.template and len(self.template["tuple"]) == 2
         if target_transform is not None and not self.pair:
             raise ValueError(f"target_transform is for (image, target) samples, and {path}'s are not pairs: pass "
                              "transform=, which takes the whole sample")
         super().__init__(path, "", output=base, in_memory=in_memory, verify=verify, transforms=transforms,
-                         transform=transform, target_transform=target_transform, column=self.image_column)
+                         transform=transform, target_transform=target_transform,
+                         column=NO_IMAGES if self.image_column is None else self.image_column)
         self.mode = output
         self.header = head
         self.info: dict = head.layout_info or {}
@@ -116,6 +142,9 @@ class H5Dataset(MirrorDataset):
                          MirrorReader(path, "", in_memory=in_memory, column=k) for k in images}
         if n != len(self.reader):
             raise MirrorError(f"{path}: its columns hold {n} samples and its images {len(self.reader)}")
+        if verify and (problems := check_columns(path, decode=False)[1]):
+            raise MirrorError(f"{path}: {'; '.join(problems[:5])}. The mirror is corrupt (flipped bytes on disk or in "
+                              "a copy): copy it again, or pack it again.")
 
     # --- reading ---
 
@@ -126,7 +155,7 @@ class H5Dataset(MirrorDataset):
         return self.mode
 
     def _decode(self, index: int, stored: torch.Tensor) -> Any:
-        return self._decode_column(self.image_column, index, stored)
+        return None if self.image_column is None else self._decode_column(self.image_column, index, stored)
 
     def _decode_column(self, k: int, position: int, stored: torch.Tensor) -> Any:
         f, reader = self.fields[k], self._readers[k]
@@ -165,7 +194,7 @@ class H5Dataset(MirrorDataset):
             return col.scalar_value(v[position].item(), f)
         if f.kind in ("str", "bytes", "json"):
             data, offsets = v
-            raw = data[int(offsets[position]) : int(offsets[position + 1])]
+            raw = self._rows(data, int(offsets[position]), int(offsets[position + 1])).tobytes()
             try:
                 if f.kind == "str":
                     return raw.decode("utf-8", "surrogatepass")
@@ -174,20 +203,34 @@ class H5Dataset(MirrorDataset):
                 raise MirrorError(f"{self.path}: sample {position}, field {f.name!r} is not valid "
                                   f"{f.kind} ({type(exc).__name__}): the mirror is corrupt; pack it again") from None
         if f.kind == "ndarray":
-            arr = v[position]
+            arr = self._rows(v, position, position + 1)[0]
         else:
             rows, offsets = v[0], v[1]
-            arr = rows[int(offsets[position]) : int(offsets[position + 1])]
+            arr = self._rows(rows, int(offsets[position]), int(offsets[position + 1]))
             if len(v) == 3:  # each sample's own shape
                 arr = arr.reshape(tuple(int(d) for d in v[2][position]))
-        canvas = self._values[f.meta["canvas"]][position] if "canvas" in f.meta else None
+        # a box column's canvas: its hidden column (colabfast.columns.spec_problem checked it is one)
+        canvas = self.value(f.meta["canvas"], position) if "canvas" in f.meta else None
         return col.array_value(arr, f, canvas)
+
+    def _rows(self, data: Any, a: int, b: int) -> np.ndarray:
+        """Rows ``a:b`` of a column's data (``load_columns``' ndarray, or a :class:`colabfast.mirror.Stored`
+        read here: one ``pread`` through the image reader's handle, with its retries and its check that
+        the file did not change)."""
+        if not isinstance(data, Stored):
+            return data[a:b]
+        buf = np.empty((b - a) * data.row_bytes, np.uint8)
+        if len(buf):
+            self.reader.read_into(buf, data.offset + a * data.row_bytes - self.reader.data_offset)
+        return data.rows(buf, b - a)
 
     def batchable(self) -> bool:
         """Whether :class:`colabfast.reader.BatchReader`'s threads can read this dataset's batches: items
         ``(image, target)`` whose image is the first image column, 3-channel, as uint8 ``[3, H, W]``
         tensors (or encoded bytes), and no transforms (the threads build exactly what ``__getitem__``
         builds: :meth:`target_at` gives the target)."""
+        if self.image_column is None:
+            return False
         first = self.fields[self.image_column]
         as_tensor = self.mode in ("tensor", "bytes") or (self.mode == "auto" and first.as_ == "tensor")
         return (self.pair and self.transforms is None and self.transform is None and as_tensor
@@ -336,3 +379,10 @@ class H5VOCSegmentation(_PairOf, datasets.VOCSegmentation):
     layouts = ("voc-segmentation",)
     target_field = "mask"
 
+
+
+def _reads(layout: str) -> str:
+    """The class that reads a mirror of ``layout`` (``colabfast.opening``'s table of drop-ins)."""
+    from colabfast.opening import DROP_INS
+
+    return DROP_INS[layout][0].__name__ if layout in DROP_INS else "H5Dataset"

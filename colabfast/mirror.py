@@ -129,9 +129,12 @@ MAX_PATH_BYTES = 4096  # PATH_MAX: the most bytes of one sample's source path
 MIN_ENCODED_BYTES = 67  # the smallest PNG (1x1 grey); every JPEG is larger: what one encoded sample takes at least
 MAX_OBJECTS = 10_000  # groups and datasets: a mirror has about 20
 VERIFY_READ = 64 << 20  # bytes per read when verifying every sample
+RESIDENT_BYTES = 64 << 20  # column data load_columns reads whole (smallest columns first); the rest is read per sample
+NO_IMAGES = -1  # load_index's column for a mirror of columns read without images (its samples' order only)
 
 T = TypeVar("T")
-__all__ = ["MirrorError", "MirrorInfo", "Index", "info", "verify", "load_index", "read_paths", "open_h5", "read_h5",
+__all__ = ["MirrorError", "MirrorInfo", "Index", "Stored", "info", "verify", "load_index", "load_columns",
+           "check_columns", "read_paths", "open_h5", "read_h5",
            "vet", "trust", "write_array", "Header", "header", "header_crc32", "attrs_crc32", "file_version", "runs"]
 
 
@@ -529,7 +532,10 @@ class Header:
 
         Raises:
             MirrorError: not a mirror, a version this colabfast does not read, incomplete, an unknown
-                layout or store, a malformed attribute, or (version 2) a ``header_crc32`` mismatch.
+                layout or store, a malformed attribute, (version 2) a ``header_crc32`` mismatch, or
+                (version 3) a column that pack does not write (a field returned as anything but
+                :data:`colabfast.columns.RETURNS` allows, a box format or canvas that is not
+                torchvision's: :func:`colabfast.columns.spec_problem`), naming the column.
         """
         attrs = f.attrs
         fmt = attrs.get("format")
@@ -557,9 +563,11 @@ class Header:
         quality = _int(attrs, "quality", path)
         if quality is not None and not 1 <= quality <= 100:
             raise _bad(path, f"JPEG quality {quality} is not 1..100")
-        from colabfast.columns import valid_spec
+        from colabfast.columns import spec_problem
 
-        columns = _json(attrs, "columns", path, valid_spec)
+        columns = _json(attrs, "columns", path, lambda v: True)
+        if columns is not None and (problem := spec_problem(columns)) is not None:
+            raise _bad(path, problem)  # names the column
         if (columns is not None) != (layout in COLUMN_LAYOUTS) or (columns is not None and version < COLUMNS_VERSION):
             raise _bad(path, f"a {layout} mirror of format version {version} " + (
                 "without" if columns is None else "with") + " a columns attribute")
@@ -716,7 +724,11 @@ def _member(g: h5py.Group, name: str) -> Any:
 def _array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, version: int,
            at_most: bool = False) -> np.ndarray:
     """Read ``g[name]`` after :func:`_dataset`'s checks; from version 2 on, check its ``crc32``."""
-    ds = _dataset(g, name, path, dtype, shape, at_most)
+    return _read_checked(_dataset(g, name, path, dtype, shape, at_most), path, version)
+
+
+def _read_checked(ds: h5py.Dataset, path: PathLike, version: int) -> np.ndarray:
+    """Read ``ds`` (checked by :func:`_dataset`); from version 2 on, check its ``crc32``."""
     data = ds[()] if ds.size else np.zeros(ds.shape, ds.dtype)
     if version >= 2:
         attrs = {k: ds.attrs[k] for k in ds.attrs}
@@ -809,6 +821,8 @@ def _load_index(f: h5py.File, path: Path, split: str, column: Optional[int] = No
     head = header(f, path)
     g, v = _group(f, path, split, head), head.version
     if head.columns is not None:
+        if column == NO_IMAGES:
+            return _rows_index(g, path, head)
         if column is None or head.columns["fields"][column]["kind"] not in ("image", "mask"):
             raise MirrorError(f"{path} is a mirror of columns: its images are read by column (colabfast.H5Dataset)")
         return _column_index(f, g, path, head, column)
@@ -873,17 +887,72 @@ def _column_index(f: h5py.File, g: h5py.Group, path: Path, head: Header, k: int)
                  _array(c, "image_crc32", path, "<u4", (n,), v), _array(g, "order", path, "<i8", (n,), v))
 
 
+def _rows_index(g: h5py.Group, path: Path, head: Header) -> Index:
+    """The :class:`Index` of a version 3 mirror read without images (``column=NO_IMAGES``): its samples'
+    order, each sample's image empty (no bytes, shape 0 x 0 x 0, the CRC-32 of nothing), so that
+    :class:`colabfast.datasets.MirrorReader` orders, counts and reads it as it does any mirror."""
+    v = head.version
+    n = _dataset(g, "order", path, "<i8", (None,)).shape[0]
+    _dataset(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), at_most=True)
+    _dataset(g, "path_offsets", path, "<i8", (n + 1,))
+    return Index(path, "", dataclasses.replace(head, store="encoded"), 0, np.zeros(n + 1, np.int64),
+                 np.zeros((n, 3), np.int32), None, np.zeros(n, np.uint32), _array(g, "order", path, "<i8", (n,), v))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """A column's data array as :func:`load_columns` leaves it: checked against the file and the format,
+    not read. ``name`` is its HDF5 path, ``offset`` its place in the file (0 when empty; contiguous,
+    so rows ``a:b`` are bytes ``offset + a * row_bytes`` to ``offset + b * row_bytes``), ``attrs`` its
+    attributes (``crc32`` covers its bytes, then the others: :func:`attrs_crc32`)."""
+
+    name: str
+    offset: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    attrs: dict
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=object)) * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.row_bytes
+
+    def rows(self, data: Union[bytes, memoryview, np.ndarray], count: int) -> np.ndarray:
+        """``count`` rows of this array from their bytes (read at ``offset + a * row_bytes``)."""
+        return np.frombuffer(data, self.dtype, count * int(np.prod(self.shape[1:], dtype=object))).reshape(
+            count, *self.shape[1:])
+
+
+def _stored(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, at_most: bool = False) -> Stored:
+    ds = _dataset(g, name, path, dtype, shape, at_most)
+    attrs = {k: ds.attrs[k] for k in ds.attrs}
+    _int(attrs, "crc32", path)  # an integer: check_columns compares it
+    return Stored(ds.name, ds.id.get_offset() or 0, ds.dtype, tuple(ds.shape), attrs)
+
+
 @_as_mirror_error
-def load_columns(path: PathLike) -> tuple[Header, int, dict[int, Any]]:
+def load_columns(path: PathLike, resident: Optional[int] = None) -> tuple[Header, int, dict[int, Any]]:
     """``(header, N, values)`` of a version 3 mirror: ``values`` maps each column that is not an image
-    or mask to what it stores, read whole and checked (lengths against ``N``, offsets rising to the
-    data's size, shapes against the ``columns`` attribute, checksums): a NumPy array ``[N]`` (int, float,
-    bool), ``[N, *shape]`` (ndarray), ``(rows [M, *trail], offsets [N + 1])`` (ragged), or ``(data
-    bytes, offsets [N + 1])`` (str, bytes, json).
+    or mask to what it stores, checked (lengths against ``N``, offsets rising to the data's size, shapes
+    against the ``columns`` attribute, at most ``MAX_JSON_BYTES`` of JSON per sample, checksums of
+    what is read): a NumPy array ``[N]`` (int, float, bool), ``[N, *shape]`` (ndarray), ``(rows [M,
+    *trail], offsets [N + 1])`` (ragged; with ``shapes [N, ndim]`` where each sample has its own
+    shape), or ``(data uint8 [bytes], offsets [N + 1])`` (str, bytes, json).
+
+    Opening costs the index, not the data: the data arrays (ndarray values, ragged rows, str/bytes/
+    json data) are read whole only while their sizes add up to ``resident`` bytes (default
+    :data:`RESIDENT_BYTES`), smallest first; each other one is a :class:`Stored`, for the caller to
+    read per sample (:class:`colabfast.H5Dataset`) or stream (:func:`check_columns`, which checks its
+    checksum).
 
     Raises:
         MirrorError: not a mirror of columns, or a column that breaks the format.
     """
+    from colabfast.columns import MAX_JSON_BYTES
+
     path = Path(path)
 
     def read(f: h5py.File) -> tuple[Header, int, dict[int, Any]]:
@@ -901,10 +970,15 @@ def load_columns(path: PathLike) -> tuple[Header, int, dict[int, Any]]:
             if kind in ("int", "float", "bool"):
                 out[k] = _array(c, "values", path, {"int": "<i8", "float": "<f8", "bool": "u1"}[kind], (n,), v)
             elif kind in ("str", "bytes", "json"):
-                data = _array(c, "data", path, "u1", (size,), v, at_most=True)
+                data = _stored(c, "data", path, "u1", (size,), at_most=True)
                 offsets = _array(c, "offsets", path, "<i8", (n + 1,), v)
-                _offsets(offsets, len(data), f"{c.name}/offsets", path)
-                out[k] = (data.tobytes(), offsets)
+                _offsets(offsets, data.shape[0], f"{c.name}/offsets", path)
+                sizes = np.diff(offsets)
+                if kind == "json" and n and int(sizes.max()) > MAX_JSON_BYTES:  # what a read would parse
+                    i = int(sizes.argmax())
+                    raise _bad(path, f"sample {i} of column {k} ({spec['name'][:80]!r}) holds {int(sizes[i])} bytes "
+                                     f"of JSON, more than pack writes ({MAX_JSON_BYTES})")
+                out[k] = (data, offsets)
             else:
                 dtype = "u1" if spec["dtype"] == "bool" else spec["dtype"]
                 try:
@@ -918,13 +992,13 @@ def load_columns(path: PathLike) -> tuple[Header, int, dict[int, Any]]:
                 if kind == "ndarray":
                     if row and n * row > size:
                         raise _bad(path, f"column {k} declares more bytes than the file holds")
-                    out[k] = _array(c, "values", path, dt.str, (n, *shape), v)
+                    out[k] = _stored(c, "values", path, dt.str, (n, *shape))
                 else:
                     bound = size // row if row else None  # rows of zero bytes: bounded by the offsets
                     offsets = _array(c, "offsets", path, "<i8", (n + 1,), v)
-                    rows = _array(c, "values", path, dt.str, (bound if bound is not None else None, *shape), v,
-                                  at_most=bound is not None)
-                    _offsets(offsets, len(rows), f"{c.name}/offsets", path)
+                    rows = _stored(c, "values", path, dt.str, (bound if bound is not None else None, *shape),
+                                   at_most=bound is not None)
+                    _offsets(offsets, rows.shape[0], f"{c.name}/offsets", path)
                     ndim = (spec.get("meta") or {}).get("ndim")
                     if ndim is not None:  # each sample's shape: values flat
                         if not isinstance(ndim, int) or not 1 <= ndim <= 8 or shape:
@@ -935,6 +1009,18 @@ def load_columns(path: PathLike) -> tuple[Header, int, dict[int, Any]]:
                         out[k] = (rows, offsets, shapes)
                     else:
                         out[k] = (rows, offsets)
+        # What fits in `resident`, smallest first, is read whole (and its checksum checked) as before: a
+        # dataset's targets and names then cost no read per sample, which on Drive is a round trip each
+        stored = sorted(((x.nbytes, k, i) for k, v in out.items()
+                         for i, x in enumerate(v if isinstance(v, tuple) else (v,)) if isinstance(x, Stored)))
+        budget = RESIDENT_BYTES if resident is None else resident
+        for nbytes, k, i in stored:
+            if nbytes > budget:
+                break
+            budget -= nbytes
+            parts = list(out[k]) if isinstance(out[k], tuple) else [out[k]]
+            parts[i] = _read_checked(f[parts[i].name], path, v)
+            out[k] = tuple(parts) if isinstance(out[k], tuple) else parts[0]
         return head, n, out
 
     return read_h5(path, read)
@@ -1030,10 +1116,64 @@ def runs(positions: Union[Sequence[int], np.ndarray], offsets: np.ndarray, max_b
 
 
 @_as_mirror_error
+def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -> tuple[int, list[str]]:
+    """Stream every data column of a version 3 mirror (ndarray values, ragged rows, str/bytes/json data:
+    what :func:`load_columns` may leave on disk) through its checksum, in reads of at most
+    ``VERIFY_READ`` bytes (or one sample), and with ``decode`` each str value through UTF-8 and each
+    json value through the JSON parser, as :class:`colabfast.H5Dataset` reads them.
+
+    Returns:
+        ``(N, problems)``: the number of samples, and each problem found (a sample that does not
+        decode, naming its stored position, source path and field; a column that does not match its
+        checksum), for the caller to report (:func:`verify`).
+
+    Raises:
+        MirrorError: not a mirror of columns, or one whose index breaks the format (:func:`load_columns`).
+    """
+    from tqdm.auto import tqdm
+
+    from colabfast.columns import json_value
+
+    path = Path(path)
+    head, n, values = load_columns(path, resident=0)
+    assert head.columns is not None  # load_columns refuses other mirrors
+    rels, problems = read_paths(path), []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for k, spec in enumerate(head.columns["fields"]):
+            v = values.get(k)
+            data = v[0] if isinstance(v, tuple) else v
+            if not isinstance(data, Stored):
+                continue  # an image (verify reads those), or numbers whose checksum load_columns checked
+            kind, name = spec["kind"], spec["name"]
+            ends = (v[1] if isinstance(v, tuple) else np.arange(n + 1, dtype=np.int64)) * data.row_bytes
+            crc = 0
+            with tqdm(total=data.nbytes, unit="B", unit_scale=True, desc=f"verify {name}", disable=not progress) as bar:
+                for i, j in runs(np.arange(n), ends, VERIFY_READ):
+                    base = int(ends[i])
+                    buf = _pread(fd, int(ends[j]) - base, data.offset + base, path)
+                    crc = zlib.crc32(buf, crc)
+                    for p in range(i, j) if decode and kind in ("str", "json") else ():
+                        raw = buf[ends[p] - base : ends[p + 1] - base].tobytes()
+                        try:
+                            json_value(raw) if kind == "json" else raw.decode("utf-8", "surrogatepass")
+                        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+                            problems.append(f"sample {p} ({rels[p]}), field {name!r}: not valid {kind} "
+                                            f"({type(exc).__name__}: {str(exc)[:80]})")
+                    bar.update(len(buf))
+            if _int(data.attrs, "crc32", path) != attrs_crc32(data.attrs, crc):
+                problems.append(f"field {name!r}: {data.name} does not match its checksum")
+    finally:
+        os.close(fd)
+    return n, problems
+
+
+@_as_mirror_error
 def verify(path: PathLike, progress: bool = False) -> int:
     """Check every stored image of a version 2 mirror against its checksum, and its paths and order;
     and each encoded image's header against its declared shape and ``PIL.Image.MAX_IMAGE_PIXELS``
-    (:func:`colabfast.gpudecode.check_encoded`; nothing is decoded).
+    (:func:`colabfast.gpudecode.check_encoded`; no image is decoded). Of a version 3 mirror, also every
+    other column: its checksum, and each str and JSON value decoded (:func:`check_columns`).
 
     Reads the whole file once, in reads of 64 MB; CRC-32 runs at about 3.5 GB/s per core (measured
     here), so the disk is the limit. ``colabfast info --verify`` runs this.
@@ -1043,7 +1183,7 @@ def verify(path: PathLike, progress: bool = False) -> int:
 
     Raises:
         MirrorError: a version 1 mirror (no checksums), a KITTI mirror with neither split, or samples
-            that differ (up to 20 are named).
+            that differ or do not decode (up to 20 are named, with their fields).
     """
     from tqdm.auto import tqdm
 
@@ -1054,10 +1194,11 @@ def verify(path: PathLike, progress: bool = False) -> int:
         head, splits = header(f, path), split_names(f)
     if not splits:  # kitti: no training/ or testing/ (an imagefolder's tables at the root are not read)
         raise _bad(path, "a kitti mirror without a training or testing split")
-    total, bad = 0, []
+    total = 0
+    bad: list[str] = []
     tables: list[tuple[str, Optional[int]]] = [(split, None) for split in splits]
-    if head.columns is not None:  # version 3: each image column; load_columns checks the others' checksums
-        load_columns(path)
+    if head.columns is not None:  # version 3: the columns, then each image column
+        total, bad = check_columns(path, progress=progress)
         tables = [("", k) for k, spec in enumerate(head.columns["fields"]) if spec["kind"] in ("image", "mask")]
     for split, column in tables:
         index = load_index(path, split, column)
@@ -1092,12 +1233,12 @@ def verify(path: PathLike, progress: bool = False) -> int:
                     bar.update(len(buf))
         finally:
             os.close(fd)
-        total += n if column is None or column == tables[0][1] else 0
+        total += n if column is None else 0  # a mirror of columns counted its samples above
     if bad:
         shown = "".join(f"\n  {b}" for b in bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
         raise MirrorError(f"{path}: {len(bad)} of {total} samples do not match their checksums (flipped bytes on "
-                          f"disk or in a copy) or their declared sizes:{shown}\nCopy the mirror again, or pack it "
-                          "again.")
+                          f"disk or in a copy), their declared sizes or their kinds (text or JSON that does not "
+                          f"decode):{shown}\nCopy the mirror again, or pack it again.")
     return total
 
 
@@ -1197,7 +1338,7 @@ def info(path: PathLike) -> MirrorInfo:
         raise _bad(path, "a kitti mirror without a training or testing split")
     samples, nbytes, objects, columns = {}, {}, {}, []
     if head.columns is not None and head.complete:
-        _, n, values = load_columns(path)
+        _, n, values = load_columns(path, resident=0)  # sizes only: nothing big is read
         samples[""], nbytes[""] = n, 0
         for k, spec in enumerate(head.columns["fields"]):
             what = spec.get("dtype", "") + (f" {spec['shape']}" if "shape" in spec else "")
@@ -1206,8 +1347,7 @@ def info(path: PathLike) -> MirrorInfo:
                 nbytes[""] += size
             else:
                 v = values[k]
-                size = sum(x.nbytes if isinstance(x, np.ndarray) else len(x)
-                           for x in (v if isinstance(v, tuple) else (v,)))
+                size = sum(x.nbytes for x in (v if isinstance(v, tuple) else (v,)))  # ndarrays, Stored
             if spec["kind"] == "ragged":
                 trail = "".join(f", {d}" for d in spec["shape"])
                 what = f"{spec['dtype']} [*{trail}]" if (spec.get("meta") or {}).get("ndim") is None else \

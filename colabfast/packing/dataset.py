@@ -41,7 +41,16 @@ import colabfast.packing.common as common
 from colabfast import columns as col
 from colabfast import env
 from colabfast._fileio import PathLike, locked, partial_path, read_json, write_all, write_json_atomic
-from colabfast.mirror import COLUMNS_VERSION, Header, MirrorError, load_columns, load_index, trust, write_array
+from colabfast.mirror import (
+    COLUMNS_VERSION,
+    Header,
+    MirrorError,
+    check_columns,
+    load_columns,
+    load_index,
+    trust,
+    write_array,
+)
 from colabfast.packing.common import (
     PackError,
     _complete,
@@ -622,6 +631,9 @@ def check_built(build: Path, fields: list[col.Field], n: int) -> None:
     head, count, _ = load_columns(build)
     if count != n:
         raise MirrorError(f"{build}: {count} samples written, {n} expected (disk error?); run pack() again")
+    problems = check_columns(build, decode=False)[1]  # the data load_columns leaves on disk: streamed
+    if problems:
+        raise MirrorError(f"{build}: {'; '.join(problems[:5])} (disk error?); run pack() again")
     for k, f in enumerate(fields):
         if f.kind in col.IMAGE_KINDS:
             load_index(build, "", k)
