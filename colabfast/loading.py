@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import gc
 import operator
+import warnings
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sized, Union, cast
 
 import torch
@@ -269,12 +270,16 @@ def plan(
     threads: Optional[int] = None
     fused: Optional[FusedTransform] = None
     wants_workers = num_workers is not None or worker_init_fn is not None or multiprocessing_context is not None
-    if not wants_workers and layout is not None and batch_sampler is None and batch_size and not iterable:
+    readable = layout is not None and batch_sampler is None and bool(batch_size) and not iterable
+    fits = False
+    if readable:
         cpu_transform = None if cuda else transform
-        fits, reasons["reader"] = reader.applies(dataset, transform_on_cpu=cpu_transform is not None, decode=decode)
+        fits, why_reader = reader.applies(dataset, transform_on_cpu=cpu_transform is not None, decode=decode)
         if not fits and _transformed(dataset, cpu_transform):
-            fused, reasons["reader"] = reader.fused_for(dataset, transform=cpu_transform, decode=decode, draft=draft)
+            fused, why_reader = reader.fused_for(dataset, transform=cpu_transform, decode=decode, draft=draft)
             fits = fused is not None
+    if not wants_workers and readable:
+        reasons["reader"] = why_reader
         threads = env.cpu_count() if fits else None
         if fits and decode == "gpu":
             # Reading a batch's files is one pread per run: the feeder thread does it itself, just before
@@ -308,6 +313,8 @@ def plan(
     else:
         workers = choose("num_workers", num_workers, *_default_workers(dataset, iterable, multiprocessing_context,
                                                                        collate_fn, worker_init_fn, transform))
+        if num_workers is not None and num_workers > env.cpu_count():
+            reasons["num_workers"] = _too_many_workers(num_workers, fits)
         persistent = choose("persistent_workers", persistent_workers, workers > 0,
                             "workers survive between epochs" if workers else "no workers")
         factor = choose("prefetch_factor", prefetch_factor, PREFETCH_FACTOR if workers else None,
@@ -341,6 +348,24 @@ def _choose_feed(feed: str, batch_reader: Optional[ReaderPlan], why_not: str, da
     if feed == "process":
         return "process", "set by caller"
     return "thread", "threads of this process (feed='process' moves them to one subprocess)"
+
+
+def _too_many_workers(num_workers: int, reader_fits: bool) -> str:
+    """Why ``num_workers`` above the CPU count is taken but not what the caller may think (said in
+    ``loader.choices`` and warned once per process)."""
+    cpus = env.cpu_count()
+    why = (f"set by caller: {num_workers} worker processes on {cpus} CPUs (colabfast.env.cpu_count()) only take "
+           "turns on them")
+    if reader_fits:
+        why += ("; asking for workers also turned off the reader threads, which make these batches in this process "
+                "faster than any number of workers: leave num_workers unset")
+    if num_workers not in _WARNED:
+        _WARNED.add(num_workers)
+        warnings.warn(f"colabfast.DataLoader: {why}", stacklevel=4)
+    return why
+
+
+_WARNED: set[int] = set()  # num_workers values warned about in this process
 
 
 def _transformed(dataset: Any, cpu_transform: Optional[Callable]) -> bool:

@@ -422,3 +422,25 @@ def test_forked_workers_start_with_the_parents_objects_frozen_where_cuda_is_init
         counts = [int(v) for b in loader for v in b]
         assert len(counts) == 4 and min(counts) > 1000, counts  # the parent's objects, frozen in the child
         assert gc.get_freeze_count() == 0  # and taken back here
+
+
+def test_more_workers_than_cpus_is_explained_and_warned_once(monkeypatch, mirror):
+    """Issue 39 item 6: num_workers=8 on 2 CPUs was taken silently, and asking for workers turned off
+    the reader threads."""
+    import warnings
+
+    from colabfast.datasets import H5ImageFolder
+
+    monkeypatch.setattr(loading.env, "cpu_count", lambda: 2)
+    monkeypatch.setattr(loading, "_WARNED", set())
+    ds = H5ImageFolder(mirror, output="tensor", transform=v2.RandomResizedCrop(8))
+    assert DataLoader(ds, 2, device="cpu").choices["reader"][0] != "none"  # the reader threads, unasked
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DataLoader(ds, 2, device="cpu", num_workers=8)
+        DataLoader(ds, 2, device="cpu", num_workers=8)
+    value, why = loader.choices["num_workers"]
+    assert value == 8 and "8 worker processes on 2 CPUs" in why and "turned off the reader threads" in why
+    ours = [w for w in caught if str(w.message).startswith("colabfast.DataLoader")]
+    assert len(ours) == 1 and why in str(ours[0].message)
+    assert DataLoader(ds, 2, device="cpu", num_workers=2).choices["num_workers"][1] == "set by caller"
