@@ -72,6 +72,60 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    import torch
+
+    from colabfast import transforms as T
+    from colabfast.datasets import H5ImageFolder
+    from colabfast.diagnosis import diagnose
+    from colabfast.loading import DataLoader
+    from colabfast.opening import open_dataset
+
+    cuda = torch.cuda.is_available()
+    ds = open_dataset(args.path, output="bytes" if cuda else "tensor", progress=not args.quiet)
+    classify = isinstance(ds, H5ImageFolder)
+    crop: Any = T.Compose([T.RandomResizedCrop(args.crop), T.RandomHorizontalFlip()])
+    if not cuda:  # per image in the reader threads, fused with decoding
+        from torchvision.transforms import v2
+
+        crop = v2.Compose([v2.RandomResizedCrop(args.crop, antialias=True), v2.RandomHorizontalFlip()])
+    loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                        transform=crop if classify else None, mean=(0.485, 0.456, 0.406) if classify else None,
+                        std=(0.229, 0.224, 0.225) if classify else None,
+                        dtype=torch.bfloat16 if classify and cuda else None,
+                        memory_format=torch.channels_last if classify else None)
+    step = None
+    if args.model != "none":
+        if not classify:
+            raise ValueError(f"--model trains a classifier, and {args.path} opens as {type(ds).__name__}: "
+                             "leave --model out to measure the loader alone")
+        step = _classifier_step(args.model, len(ds.classes) or 1, loader.device)
+    if not args.quiet:
+        print(repr(loader))
+    diagnose(loader, step, steps=args.steps, warmup=min(5, args.steps))
+    return 0
+
+
+def _classifier_step(arch: str, classes: int, device: Any) -> Any:
+    """One training step of torchvision's ``arch`` (SGD; bf16 autocast on CUDA) on ``(images, labels)``."""
+    import torch
+    import torchvision
+
+    model = getattr(torchvision.models, arch)(num_classes=classes).to(device, memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(batch: Any) -> None:
+        x, y = batch
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
 def _ramdisk(args: argparse.Namespace) -> int:
     from colabfast.tmpfs import ramdisk, release_ramdisk
 
@@ -232,6 +286,21 @@ def build_parser() -> argparse.ArgumentParser:
                                    "on feeding its GPU; with a data path, on where that data should live.")
     p.add_argument("data", nargs="?", help="your dataset folder or archive, for advice on where it lives")
     p.set_defaults(run=_doctor)
+
+    p = sub.add_parser("diagnose", help="is training from this dataset waiting for data? (colabfast.diagnose)",
+                       description="Open a dataset as open_dataset does (a mirror, folder or archive), feed it "
+                                   "through colabfast.DataLoader with its defaults (a random crop and flip for "
+                                   "classification, normalised; on a GPU decoded by nvJPEG), and measure with "
+                                   "colabfast.diagnose: the loader alone, or with --model a training step of a "
+                                   "torchvision model, and the share of each step that waits for data, with the fix.")
+    p.add_argument("path", help="dataset folder, archive, or mirror (.h5)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
+    p.add_argument("--crop", type=int, default=224, help="RandomResizedCrop size for classification (default 224)")
+    p.add_argument("--steps", type=int, default=30, help="batches measured after 5 warm-up batches (default 30)")
+    p.add_argument("--model", default="none", help="a torchvision classifier to train, e.g. resnet50 (default none: "
+                                                   "the loader alone)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no loader description")
+    p.set_defaults(run=_diagnose)
     return parser
 
 

@@ -279,3 +279,20 @@ def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_pat
     assert done >= parts * 20
     first = re.search(r"(\d+)/1200 ", again.stderr)  # the bar's first state
     assert first is not None and int(first[1]) == done
+
+
+def test_diagnose_measures_the_loader_and_a_training_step(tmp_path):
+    """Issue 39 item 6: `colabfast diagnose` (there was none)."""
+    from colabfast.packing import pack
+
+    mirror = pack(make_imagefolder(tmp_path / "src", classes=2, per_class=12, size=(48, 40)), tmp_path / "m.h5",
+                  progress=False)
+    alone = run("diagnose", str(mirror), "--batch-size", "4", "--crop", "16", "--steps", "2", "-q")
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.startswith("colabfast.diagnose: loader only: ") and f"data: {mirror} (local disk)" in alone.stdout
+    trained = run("diagnose", str(mirror), "--batch-size", "4", "--crop", "16", "--steps", "2", "--model", "resnet18")
+    assert trained.returncode == 0, trained.stderr
+    assert "colabfast.DataLoader(H5ImageFolder, 24 samples, batch_size=4)" in trained.stdout
+    assert "% of each step waits for data" in trained.stdout and "in step() (2 steps measured)" in trained.stdout
+    wrong = run("diagnose", str(mirror), "--model", "resnet18", "--batch-size", "30", "--steps", "1", "-q")
+    assert wrong.returncode == 1 and "colabfast diagnose:" in wrong.stderr
