@@ -81,17 +81,17 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _walk(x: Any, leaf: Any) -> Any:
-    """``x`` with each tensor replaced by ``leaf(tensor)``: through tuples, namedtuples, lists and dicts."""
-    if isinstance(x, torch.Tensor):
+def _walk(x: Any, leaf: Any, kind: type = torch.Tensor) -> Any:
+    """``x`` with each ``kind`` in it replaced by ``leaf(it)``: through tuples, namedtuples, lists and dicts."""
+    if isinstance(x, kind):
         return leaf(x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(_walk(v, leaf) for v in x))
+        return type(x)(*(_walk(v, leaf, kind) for v in x))
     if isinstance(x, (list, tuple)):
-        items = [_walk(v, leaf) for v in x]
+        items = [_walk(v, leaf, kind) for v in x]
         return items if type(x) is list else tuple(items) if type(x) is tuple else type(x)(items)
     if isinstance(x, dict):
-        mapping = {k: _walk(v, leaf) for k, v in x.items()}
+        mapping = {k: _walk(v, leaf, kind) for k, v in x.items()}
         return mapping if type(x) is dict else type(x)(mapping)
     return x
 
@@ -132,21 +132,7 @@ def pack(batch: Any, slot: torch.Tensor) -> tuple[Any, int]:
 
 def unpack(meta: Any, memory: torch.Tensor) -> Any:
     """The batch :func:`pack` packed, its tensors views of ``memory`` (the slot's bytes, or a copy)."""
-    return _walk_meta(meta, lambda where: _view(memory, where))
-
-
-def _walk_meta(x: Any, leaf: Any) -> Any:
-    if isinstance(x, _Tensor):
-        return leaf(x)
-    if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(_walk_meta(v, leaf) for v in x))
-    if isinstance(x, (list, tuple)):
-        items = [_walk_meta(v, leaf) for v in x]
-        return items if type(x) is list else tuple(items) if type(x) is tuple else type(x)(items)
-    if isinstance(x, dict):
-        mapping = {k: _walk_meta(v, leaf) for k, v in x.items()}
-        return mapping if type(x) is dict else type(x)(mapping)
-    return x
+    return _walk(meta, lambda where: _view(memory, where), _Tensor)
 
 
 def _view(memory: torch.Tensor, where: _Tensor) -> torch.Tensor:
