@@ -382,7 +382,9 @@ class H5VOCSegmentation(_PairOf, datasets.VOCSegmentation):
 
 
 def _reads(layout: str) -> str:
-    """The class that reads a mirror of ``layout`` (``colabfast.opening``'s table of drop-ins)."""
-    from colabfast.opening import DROP_INS
-
-    return DROP_INS[layout][0].__name__ if layout in DROP_INS else "H5Dataset"
+    """The class that reads a mirror of ``layout``, as ``colabfast.opening.DROP_INS`` has it (which
+    imports this module: named here from the drop-ins' own ``layouts``)."""
+    for cls in (H5CocoDetection, H5VOCDetection, H5VOCSegmentation):
+        if layout in cls.layouts:
+            return cls.__name__
+    return {"imagefolder": "H5ImageFolder", "files": "H5ImageFolder", "kitti": "H5Kitti"}.get(layout, "H5Dataset")

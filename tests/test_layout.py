@@ -201,3 +201,13 @@ def test_the_library_imports_only_what_it_declares():
                     continue
                 unguarded.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {name}")
     assert not unguarded, unguarded
+
+
+def test_the_drop_in_named_for_each_layout_is_open_datasets():
+    """h5dataset names the class a mirror needs without importing opening (an import circle): the
+    names must agree with opening.DROP_INS."""
+    from colabfast import h5dataset
+    from colabfast.opening import DROP_INS
+
+    for layout, (cls, _) in DROP_INS.items():
+        assert h5dataset._reads(layout) == cls.__name__, layout
