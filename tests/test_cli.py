@@ -289,7 +289,8 @@ def test_diagnose_measures_the_loader_and_a_training_step(tmp_path):
                   progress=False)
     alone = run("diagnose", str(mirror), "--batch-size", "4", "--crop", "16", "--steps", "2", "-q")
     assert alone.returncode == 0, alone.stderr
-    assert alone.stdout.startswith("colabfast.diagnose: loader only: ") and f"data: {mirror} (local disk)" in alone.stdout
+    assert alone.stdout.startswith("colabfast.diagnose: loader only: ")
+    assert f"data: {mirror} (local disk)" in alone.stdout
     trained = run("diagnose", str(mirror), "--batch-size", "4", "--crop", "16", "--steps", "2", "--model", "resnet18")
     assert trained.returncode == 0, trained.stderr
     assert "colabfast.DataLoader(H5ImageFolder, 24 samples, batch_size=4)" in trained.stdout
