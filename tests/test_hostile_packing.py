@@ -1,0 +1,97 @@
+"""Issue 41: pack() of hostile datasets and folders ends in a colabfast.Error naming the sample (or file)
+and the fix, within 256 MB of what a valid input of its kind costs (measured in a child process,
+tests/measured.py), in seconds, with nothing half-written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import colabfast as cf
+from colabfast.columns import MAX_DEPTH, MAX_TEMPLATE_DEPTH, FieldError
+
+
+class Images(torch.utils.data.Dataset):
+    """Sample 1's image is 120x100 (12000 pixels), the others 10x10."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i: int):
+        h, w = (100, 120) if i == 1 else (10, 10)
+        if self.kind == "tensor":
+            return torch.zeros(3, h, w, dtype=torch.uint8), i
+        if self.kind == "ndarray":
+            return np.zeros((h, w, 3), np.uint8), i
+        return Image.new("RGB", (w, h)), i
+
+
+@pytest.mark.parametrize("kind", ["tensor", "ndarray", "pil"])
+def test_an_image_over_the_pixel_limit_is_refused_before_it_is_encoded(tmp_path, monkeypatch, kind):
+    """Item 7: an image tensor over PIL.Image.MAX_IMAGE_PIXELS was encoded unchecked (the attack's process
+    was killed at 4 GB), into a mirror every reader then refuses. The same limit is checked before encoding,
+    the sample named as an unreadable file is, with how to raise the limit."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10_000)
+    with pytest.raises(cf.PackError, match=r"1: ImageSizeError: the image at sample 1, field '0', is 120x100, "
+                                           r"0\.0 million pixels, more than the limit of 0\.0 million "
+                                           r"\(PIL\.Image\.MAX_IMAGE_PIXELS\).*raise PIL\.Image\.MAX_IMAGE_PIXELS"):
+        cf.pack(Images(kind), tmp_path / "m.h5", workers=0, progress=False)
+    assert not (tmp_path / "m.h5").exists()
+    with pytest.warns(UserWarning, match="skipped 1 samples"):
+        cf.pack(Images(kind), tmp_path / "m.h5", workers=0, progress=False, on_error="skip")
+    assert [cf.H5Dataset(tmp_path / "m.h5")[i][1] for i in range(2)] == [0, 2]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # the knob: no limit
+    cf.pack(Images(kind), tmp_path / "all.h5", workers=0, progress=False)
+    assert cf.H5Dataset(tmp_path / "all.h5", output="tensor")[1][0].shape == (3, 100, 120)
+
+
+def _nested(depth: int, make) -> object:
+    x: object = 1
+    for _ in range(depth):
+        x = make(x)
+    return x
+
+
+class Nested(torch.utils.data.Dataset):
+    def __init__(self, first, later=None):
+        self.first, self.later = first, later
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int):
+        return self.first if i == 0 or self.later is None else self.later
+
+
+@pytest.mark.parametrize("sample, match", [
+    (_nested(5000, lambda x: {"a": x}), f"sample 0 nests lists, tuples or dicts more than {MAX_DEPTH} levels deep"),
+    (_nested(5000, lambda x: (x,)), f"sample 0 nests lists, tuples or dicts more than {MAX_DEPTH} levels deep"),
+    (_nested(5000, lambda x: [x]), f"sample 0 nests lists, tuples or dicts more than {MAX_DEPTH} levels deep"),
+    (_nested(MAX_TEMPLATE_DEPTH + 1, lambda x: (x, 0)), "field '0.0.0.0.0.0.0.0' is a tuple nested 8 levels deep"),
+])
+def test_a_sample_nested_too_deep_is_a_field_error(tmp_path, sample, match):
+    """Item 7: a dict nested 5,000 deep raised a raw RecursionError; tuples 9 deep were packed into a
+    mirror that no reader opens (its template is at most 8 deep). Both limits are stated and checked."""
+    with pytest.raises(FieldError, match=match):
+        cf.pack(Nested(sample), tmp_path / "n.h5", workers=0, progress=False)
+    assert not (tmp_path / "n.h5").exists()
+
+
+def test_a_later_sample_nested_too_deep_is_a_field_error_naming_it(tmp_path):
+    with pytest.raises(FieldError, match=f"sample 1: field '1' nests lists and dicts more than {MAX_DEPTH} levels"):
+        cf.pack(Nested((0, [1]), (0, _nested(5000, lambda x: [x]))), tmp_path / "n.h5", workers=0, progress=False)
+    with pytest.raises(FieldError, match=r"sample 1: field '1' should be a tuple of 2 .* but it is \(\(\(\(\(\(\("):
+        cf.pack(Nested((0, (1, 2)), (0, _nested(5000, lambda x: (x,)))), tmp_path / "n.h5", workers=0,
+                progress=False)
+
+
+def test_nesting_within_the_limits_packs_and_reads_back(tmp_path):
+    deep = (_nested(MAX_TEMPLATE_DEPTH - 2, lambda x: (x, 0)), _nested(MAX_DEPTH - 2, lambda x: [x]))  # MAX_DEPTH in all
+    cf.pack(Nested((torch.zeros(3, 4, 4, dtype=torch.uint8), deep)), tmp_path / "ok.h5", workers=0, progress=False)
+    image, back = cf.H5Dataset(tmp_path / "ok.h5", output="tensor")[1]
+    assert back == deep and image.shape == (3, 4, 4)
