@@ -32,8 +32,8 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-__all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "check_pixels", "decode_batch", "decode_cpu", "decode_pil",
-           "encoded_size", "is_encoded", "is_jpeg"]
+__all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "check_pixels", "decode_batch", "decode_cpu",
+           "decode_pil", "encoded_size", "is_encoded", "is_jpeg"]
 
 # File signatures of the formats decoded here (JPEG, PNG, GIF, WebP).
 JPEG_MAGIC = b"\xff\xd8\xff"

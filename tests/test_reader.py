@@ -456,7 +456,6 @@ def test_declared_sizes_over_the_pixel_limit_are_a_mirror_error_before_memory_is
     import shutil
 
     import h5py
-
     from measured import BOUND, measure
 
     from colabfast.mirror import write_array
