@@ -259,29 +259,31 @@ def flatten(sample: Any, template: Template, fields: list[Field], index: int) ->
         FieldError: a missing or new key, a tuple of another length, a value of another kind.
     """
     values: list[Any] = [None] * len(fields)
-
-    def walk(value: Any, t: Template, name: str) -> None:
-        if "tuple" in t:
-            if not isinstance(value, tuple) or len(value) != len(t["tuple"]):
-                raise _misfit(index, name or "sample", f"a tuple of {len(t['tuple'])}", value)
-            for i, (v, sub) in enumerate(zip(value, t["tuple"])):
-                walk(v, sub, _join(name, str(i)))
-        elif "dict" in t:
-            keys = [k for k, _ in t["dict"]]
-            if not isinstance(value, dict) or list(value) != keys and set(value) != set(keys):
-                got = sorted(value) if isinstance(value, dict) else type(value).__name__
-                raise _misfit(index, name or "sample", f"a dict with keys {keys}", got)
-            for k, sub in t["dict"]:
-                walk(value[k], sub, _join(name, k))
-        else:
-            k = t["column"]
-            values[k] = value
-            f = fields[k]
-            if f.as_ == "BoundingBoxes":
-                values[f.meta["canvas"]] = np.asarray(getattr(value, "canvas_size", (0, 0)), dtype=np.int64)
-
-    walk(sample, template, "")
+    _place(sample, template, "", values, fields, index)
     return values
+
+
+def _place(value: Any, t: Template, name: str, values: list[Any], fields: list[Field], index: int) -> None:
+    """:func:`flatten`'s walk: a module function, since a nested function that calls itself is a reference
+    cycle, which held ``values`` (the sample's memory) until the garbage collector ran."""
+    if "tuple" in t:
+        if not isinstance(value, tuple) or len(value) != len(t["tuple"]):
+            raise _misfit(index, name or "sample", f"a tuple of {len(t['tuple'])}", value)
+        for i, (v, sub) in enumerate(zip(value, t["tuple"])):
+            _place(v, sub, _join(name, str(i)), values, fields, index)
+    elif "dict" in t:
+        keys = [k for k, _ in t["dict"]]
+        if not isinstance(value, dict) or list(value) != keys and set(value) != set(keys):
+            got = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise _misfit(index, name or "sample", f"a dict with keys {keys}", got)
+        for k, sub in t["dict"]:
+            _place(value[k], sub, _join(name, k), values, fields, index)
+    else:
+        k = t["column"]
+        values[k] = value
+        f = fields[k]
+        if f.as_ == "BoundingBoxes":
+            values[f.meta["canvas"]] = np.asarray(getattr(value, "canvas_size", (0, 0)), dtype=np.int64)
 
 
 def _misfit(index: int, name: str, wanted: str, got: Any) -> FieldError:

@@ -91,7 +91,102 @@ def test_a_later_sample_nested_too_deep_is_a_field_error_naming_it(tmp_path):
 
 
 def test_nesting_within_the_limits_packs_and_reads_back(tmp_path):
-    deep = (_nested(MAX_TEMPLATE_DEPTH - 2, lambda x: (x, 0)), _nested(MAX_DEPTH - 2, lambda x: [x]))  # MAX_DEPTH in all
+    # fields 8 deep with the image's tuple; lists MAX_DEPTH deep in all
+    deep = (_nested(MAX_TEMPLATE_DEPTH - 2, lambda x: (x, 0)), _nested(MAX_DEPTH - 2, lambda x: [x]))
     cf.pack(Nested((torch.zeros(3, 4, 4, dtype=torch.uint8), deep)), tmp_path / "ok.h5", workers=0, progress=False)
     image, back = cf.H5Dataset(tmp_path / "ok.h5", output="tensor")[1]
     assert back == deep and image.shape == (3, 4, 4)
+
+
+CLAIMS = """
+    import resource, warnings
+    resource.setrlimit(resource.RLIMIT_AS, (5 << 30, 5 << 30))  # today's walk of len() stops here, not the machine
+    import torch
+    import colabfast as cf
+
+    class Claims(torch.utils.data.Dataset):
+        def __len__(self):
+            return %(n)d
+
+        def __getitem__(self, i):
+            if i >= 10:
+                raise IndexError(i)
+            return torch.full((3, 8, 8), i, dtype=torch.uint8), i
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cf.pack(Claims(), %(dst)r, workers=0, progress=False)
+    ds = cf.H5Dataset(%(dst)r)
+    assert [ds[i][1] for i in range(len(ds))] == list(range(10)), len(ds)
+    assert %(n)d == 10 or any("dataset[10] raised IndexError" in str(w.message) for w in seen), seen
+"""
+
+
+def test_a_len_of_a_trillion_stops_at_the_first_index_error(tmp_path):
+    """Item 7: a __len__ of 10^12 over 10 samples grew memory without bound (a list of every part, then
+    of every path) before the first IndexError. Parts are made in order, a few at a time, and the first
+    IndexError ends the dataset, as iterating it would: the 10 samples are packed, with a warning."""
+    from measured import BOUND, measure
+
+    valid = measure(CLAIMS % {"n": 10, "dst": str(tmp_path / "valid.h5")})
+    assert valid.error is None, valid.error
+    got = measure(CLAIMS % {"n": 10**12, "dst": str(tmp_path / "claims.h5")})
+    assert got.error is None, got.error
+    assert got.peak - valid.peak < BOUND and got.seconds < 60, (got.peak, valid.peak, got.seconds)
+
+
+def test_the_end_found_in_a_middle_part_drops_the_parts_past_it(tmp_path, monkeypatch):
+    """With parts of 4 samples made by 2 worker processes, the end (23) is found while parts past it are
+    being made: they are left out, and the mirror holds samples 0..22, as iterating the dataset gives."""
+    from colabfast.packing import common
+
+    monkeypatch.setattr(common, "CHUNK", 4)
+
+    class Ends(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 50
+
+        def __getitem__(self, i: int):
+            if i == 7:
+                raise OSError("Drive said no")
+            if i >= 23:
+                raise IndexError(i)
+            return torch.full((3, 4, 4), i, dtype=torch.uint8), i
+
+    with pytest.warns(UserWarning, match=r"len\(\) is 50, but dataset\[23\] raised IndexError: packed samples 0..22"):
+        cf.pack(Ends(), tmp_path / "e.h5", workers=2, progress=False, on_error="skip")
+    ds = cf.H5Dataset(tmp_path / "e.h5")
+    assert [ds[i][1] for i in range(len(ds))] == [i for i in range(23) if i != 7]
+    assert cf.info(tmp_path / "e.h5").skipped == [{"path": "7", "error": "OSError: Drive said no"}]
+
+
+BIG = """
+    import torch
+    import colabfast as cf
+    from colabfast.mirror import load_columns
+
+    class Big(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return torch.full((%(mb)d << 20,), i, dtype=torch.uint8), i
+
+    cf.pack(Big(), %(dst)r, workers=0, progress=False)
+    head, n, values = load_columns(%(dst)r)  # what a reader holds: the whole column
+    assert n == 2 and values[0].shape == (2, %(mb)d << 20) and values[0][1].min() == 1 and values[1].tolist() == [0, 1]
+"""
+
+
+def test_large_samples_are_streamed_through_the_parts(tmp_path):
+    """Item 7: a 300 MB tensor per sample cost 11 times its size (copies of every sample of a part to
+    join them, and of every part's column to assemble it). Values go to spools as they come (a file past
+    SPOOL), samples are fetched as many at a time as IN_FLIGHT holds, and the parts are copied into the
+    mirror a piece at a time: two 64 MB samples cost what reading their column back costs."""
+    from measured import BOUND, measure
+
+    valid = measure(BIG % {"mb": 1, "dst": str(tmp_path / "valid.h5")})
+    assert valid.error is None, valid.error
+    got = measure(BIG % {"mb": 64, "dst": str(tmp_path / "big.h5")})
+    assert got.error is None, got.error
+    assert got.peak - valid.peak < BOUND and got.seconds < 60, (got.peak, valid.peak, got.seconds)
