@@ -190,3 +190,60 @@ def test_large_samples_are_streamed_through_the_parts(tmp_path):
     got = measure(BIG % {"mb": 64, "dst": str(tmp_path / "big.h5")})
     assert got.error is None, got.error
     assert got.peak - valid.peak < BOUND and got.seconds < 60, (got.peak, valid.peak, got.seconds)
+
+
+def _odd_folder(root, odd: bool):
+    """An ImageFolder of classes a, b and c, 3 JPEGs each; with ``odd``, class a also holds a JPEG with an
+    invalid UTF-8 name, one with a 255-byte name, a sparse 200 MB file named .jpg, a dangling link, and
+    links to its own folder and its parent (loops); class c two links to each other."""
+    import io
+    import os
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, "JPEG")
+    for cls in ("a", "b", "c"):
+        (root / cls).mkdir(parents=True)
+        for i in range(3):
+            (root / cls / f"{i}.jpg").write_bytes(buf.getvalue())
+    if odd:
+        a = os.fsencode(root / "a")
+        for name in (b"bad\xff\xfe.jpg", b"x" * 251 + b".jpg"):
+            with open(os.path.join(a, name), "wb") as f:
+                f.write(buf.getvalue())
+        with open(root / "a" / "sparse.jpg", "wb") as f:
+            f.truncate(200 << 20)  # no disk: all of it a hole
+        os.symlink("/nonexistent/nothing.jpg", root / "a" / "dangling.jpg")
+        os.symlink("loopb.jpg", root / "c" / "loopa.jpg")
+        os.symlink("loopa.jpg", root / "c" / "loopb.jpg")
+        os.symlink(".", root / "a" / "here")
+        os.symlink("..", root / "a" / "up")
+    return root
+
+
+PACK_FOLDER = """
+    import resource, warnings
+    resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a guard for the machine, far above the bound
+    import colabfast as cf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cf.pack(%(src)r, %(dst)r, on_error="skip", workers=2, progress=False)
+"""
+
+
+def test_a_folder_of_odd_names_links_and_a_sparse_file_packs_within_the_bound(tmp_path):
+    """Item 6b: such a folder packed with on_error="skip" grew past 4 GB. The entry that costs is the sparse
+    200 MB file: read whole (then sent to a worker) to learn it is no image; a file that large is now read
+    whole only where an image format could start as it does. Links to each other (ELOOP) are left out as
+    dangling links are, where they made the whole class folder unreadable (a raw OSError at the top)."""
+    from measured import BOUND, measure
+
+    valid = measure(PACK_FOLDER % {"src": str(_odd_folder(tmp_path / "valid", False)),
+                                   "dst": str(tmp_path / "valid.h5")})
+    assert valid.error is None, valid.error
+    got = measure(PACK_FOLDER % {"src": str(_odd_folder(tmp_path / "odd", True)), "dst": str(tmp_path / "odd.h5")})
+    assert got.error is None, got.error
+    assert got.peak - valid.peak < BOUND and got.seconds < 60, (got.peak, valid.peak, got.seconds)
+    ds = cf.H5ImageFolder(tmp_path / "odd.h5")
+    assert len(ds) == 11 and ds.classes == ["a", "b", "c"]  # both odd names are JPEGs: packed
+    skipped = [s["path"].rsplit("/", 2)[-2:] for s in cf.info(tmp_path / "odd.h5").skipped]
+    assert skipped == [["a", "sparse.jpg"]], skipped
