@@ -136,8 +136,8 @@ def scan_tree(
     """All regular files under ``root`` (following symlinks) and all folders, sorted, listed in parallel.
 
     On Drive each folder listing is a round trip, so folders are listed by a thread pool. A folder
-    reached twice (a symlink loop, or two links to it) is listed once; dangling symlinks and
-    colabfast's own files (partial files, stage records) are left out.
+    reached twice (a symlink loop, or two links to it) is listed once; dangling symlinks, links that
+    lead to each other (ELOOP) and colabfast's own files (partial files, stage records) are left out.
 
     Args:
         unreadable: if given, a sub-folder that cannot be listed (after the retries) is recorded
@@ -180,8 +180,10 @@ def scan_tree(
                         continue
                     try:
                         st = entry.stat()  # follows symlinks
-                    except FileNotFoundError:  # a dangling symlink: nothing to copy
-                        continue
+                    except OSError as exc:
+                        if exc.errno in (errno.ENOENT, errno.ELOOP):  # a dangling link, or links to each other:
+                            continue  # nothing to copy (a loop raised, and lost its whole folder)
+                        raise
                     if links is not None and entry.is_symlink():
                         linked.append(name)
                     if stat.S_ISDIR(st.st_mode):

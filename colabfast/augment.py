@@ -34,7 +34,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from colabfast.gpudecode import JPEG_MAGIC, check_encoded, decode_hwc
+from colabfast.gpudecode import JPEG_MAGIC, check_encoded, check_pixels, decode_hwc
 
 __all__ = ["FusedTransform", "fuse"]
 
@@ -257,6 +257,8 @@ class FusedTransform:
                 bh = max(1, min(hs - top, round(box[2] * hs / h)))
                 bw = max(1, min(ws - left, round(box[3] * ws / w)))
                 return hwc, (top, left, bh, bw)
+        if reuse:
+            check_pixels(h, w, where)  # the declared size allocates: a hostile mirror's 60000x60000 is 10 GiB
         buffer = scratch("decoded", (h * w * 3,)) if reuse else None
         return decode_hwc(data, where, (h, w), buffer), box
 

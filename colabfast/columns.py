@@ -25,6 +25,11 @@ json        lists, ``None``, anything else JSON can hold     UTF-8 JSON + offset
             (COCO's list of annotation dicts)                :data:`MAX_JSON_BYTES` per sample
 ==========  ===============================================  ==============================================
 
+Images hold at most ``PIL.Image.MAX_IMAGE_PIXELS`` pixels, the limit every reader of a mirror decodes
+by (raise it, or set None, before packing and wherever the mirror is read); a sample nests tuples and
+dicts at most :data:`MAX_TEMPLATE_DEPTH` levels deep as fields, and lists, tuples and dicts at most
+:data:`MAX_DEPTH` levels deep in all (a JSON field's too).
+
 Nothing is ever pickled. A field's kind comes from the first sample; every later sample must
 fit it (:class:`FieldError` names the index and the field otherwise). Whether an array field is
 ``ndarray`` or ``ragged`` is decided once every sample is seen. ``torchvision.tv_tensors`` come
@@ -36,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import reprlib
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -44,14 +50,17 @@ from PIL import Image
 
 from colabfast.errors import Error
 
-__all__ = ["FieldError", "Field", "Template", "flatten", "unflatten", "KINDS", "MAX_JSON_BYTES", "RETURNS",
-           "spec_problem"]
+__all__ = ["FieldError", "Field", "Template", "flatten", "unflatten", "KINDS", "MAX_JSON_BYTES", "MAX_DEPTH",
+           "MAX_TEMPLATE_DEPTH", "RETURNS", "spec_problem"]
 
 KINDS = ("image", "mask", "int", "float", "bool", "str", "bytes", "ndarray", "ragged", "json")
 IMAGE_KINDS = ("image", "mask")
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")  # modes PNG holds exactly: PIL gives them back as they were
 MAX_JSON_BYTES = 16 << 20  # one sample's JSON: COCO's densest image has a few hundred KB of annotations
 ENCODINGS = ("png", "jpeg")  # what ``fields`` may ask of an image field (JPEG lossy, at ``quality``)
+MAX_TEMPLATE_DEPTH = 8  # tuples and dicts nested as fields: what valid_spec reads back
+MAX_DEPTH = 64  # lists, tuples and dicts nested in one sample: far inside Python's recursion limit, so that
+# json.dumps when packing and json.loads when reading (in any thread's stack) never raise RecursionError
 
 
 class FieldError(Error, ValueError):
@@ -182,13 +191,22 @@ def template_of(sample: Any, fields: Optional[dict] = None) -> tuple[Template, l
     """The template and fields of a first ``sample`` (``fields``: the caller's overrides by name)."""
     out: list[Field] = []
     wanted = {str(k): v for k, v in (fields or {}).items()}
+    if _deeper(sample, MAX_DEPTH):  # before anything below recurses into it
+        raise FieldError(f"sample 0 nests lists, tuples or dicts more than {MAX_DEPTH} levels deep, more than a "
+                         "mirror holds (colabfast.columns.MAX_DEPTH): flatten it in your dataset, or return the deep "
+                         "part as a str (json.dumps) or bytes")
 
-    def walk(value: Any, name: str) -> Template:
-        if isinstance(value, tuple) and not _is_namedtuple(value):
-            return {"tuple": [walk(v, _join(name, str(i))) for i, v in enumerate(value)]}
-        if isinstance(value, dict) and value and all(isinstance(k, str) for k in value) and name.count(".") < 3 \
-                and not _json_leafy(value):
-            return {"dict": [[k, walk(v, _join(name, k))] for k, v in value.items()]}
+    def walk(value: Any, name: str, depth: int) -> Template:
+        if isinstance(value, tuple) and not _is_namedtuple(value) or isinstance(value, dict) and value and all(
+                isinstance(k, str) for k in value) and name.count(".") < 3 and not _json_leafy(value):
+            if depth >= MAX_TEMPLATE_DEPTH:
+                raise FieldError(f"sample 0: field {name!r} is a {type(value).__name__} nested {depth} levels deep "
+                                 f"in the sample, and a mirror holds tuples and dicts of fields {MAX_TEMPLATE_DEPTH} "
+                                 "levels deep (colabfast.columns.MAX_TEMPLATE_DEPTH): flatten the sample, or return "
+                                 "the deep part as lists (stored as JSON)")
+            if isinstance(value, tuple):
+                return {"tuple": [walk(v, _join(name, str(i)), depth + 1) for i, v in enumerate(value)]}
+            return {"dict": [[k, walk(v, _join(name, k), depth + 1)] for k, v in value.items()]}
         field = classify(value, name or "0", wanted.pop(name or "0", None))
         out.append(field)
         if field.as_ == "BoundingBoxes":  # each sample's canvas (H, W), in a column of its own
@@ -196,7 +214,7 @@ def template_of(sample: Any, fields: Optional[dict] = None) -> tuple[Template, l
             field.meta["canvas"] = len(out) - 1
         return {"column": len(out) - 1 - (1 if field.as_ == "BoundingBoxes" else 0)}
 
-    template = walk(sample, "")
+    template = walk(sample, "", 0)
     if wanted:
         raise FieldError(f"fields names {', '.join(map(repr, wanted))}, which the first sample does not have (its "
                          f"fields: {', '.join(f.name for f in out)})")
@@ -209,6 +227,20 @@ def _join(a: str, b: str) -> str:
 
 def _is_namedtuple(x: Any) -> bool:
     return hasattr(x, "_fields")
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether lists, tuples and dicts nest in ``value`` more than ``limit`` levels deep (a list holding
+    itself does): walked a level at a time, so no depth of nesting reaches Python's recursion limit."""
+    level, depth = [value], 0
+    while True:
+        containers = [v for v in level if isinstance(v, (list, tuple, dict))]
+        if not containers:
+            return False
+        depth += 1
+        if depth > limit:
+            return True
+        level = [x for v in containers for x in (v.values() if isinstance(v, dict) else v)]
 
 
 def _json_leafy(d: dict) -> bool:
@@ -227,34 +259,36 @@ def flatten(sample: Any, template: Template, fields: list[Field], index: int) ->
         FieldError: a missing or new key, a tuple of another length, a value of another kind.
     """
     values: list[Any] = [None] * len(fields)
-
-    def walk(value: Any, t: Template, name: str) -> None:
-        if "tuple" in t:
-            if not isinstance(value, tuple) or len(value) != len(t["tuple"]):
-                raise _misfit(index, name or "sample", f"a tuple of {len(t['tuple'])}", value)
-            for i, (v, sub) in enumerate(zip(value, t["tuple"])):
-                walk(v, sub, _join(name, str(i)))
-        elif "dict" in t:
-            keys = [k for k, _ in t["dict"]]
-            if not isinstance(value, dict) or list(value) != keys and set(value) != set(keys):
-                got = sorted(value) if isinstance(value, dict) else type(value).__name__
-                raise _misfit(index, name or "sample", f"a dict with keys {keys}", got)
-            for k, sub in t["dict"]:
-                walk(value[k], sub, _join(name, k))
-        else:
-            k = t["column"]
-            values[k] = value
-            f = fields[k]
-            if f.as_ == "BoundingBoxes":
-                values[f.meta["canvas"]] = np.asarray(getattr(value, "canvas_size", (0, 0)), dtype=np.int64)
-
-    walk(sample, template, "")
+    _place(sample, template, "", values, fields, index)
     return values
 
 
+def _place(value: Any, t: Template, name: str, values: list[Any], fields: list[Field], index: int) -> None:
+    """:func:`flatten`'s walk: a module function, since a nested function that calls itself is a reference
+    cycle, which held ``values`` (the sample's memory) until the garbage collector ran."""
+    if "tuple" in t:
+        if not isinstance(value, tuple) or len(value) != len(t["tuple"]):
+            raise _misfit(index, name or "sample", f"a tuple of {len(t['tuple'])}", value)
+        for i, (v, sub) in enumerate(zip(value, t["tuple"])):
+            _place(v, sub, _join(name, str(i)), values, fields, index)
+    elif "dict" in t:
+        keys = [k for k, _ in t["dict"]]
+        if not isinstance(value, dict) or list(value) != keys and set(value) != set(keys):
+            got = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise _misfit(index, name or "sample", f"a dict with keys {keys}", got)
+        for k, sub in t["dict"]:
+            _place(value[k], sub, _join(name, k), values, fields, index)
+    else:
+        k = t["column"]
+        values[k] = value
+        f = fields[k]
+        if f.as_ == "BoundingBoxes":
+            values[f.meta["canvas"]] = np.asarray(getattr(value, "canvas_size", (0, 0)), dtype=np.int64)
+
+
 def _misfit(index: int, name: str, wanted: str, got: Any) -> FieldError:
-    return FieldError(f"sample {index}: field {name!r} should be {wanted} (as in sample 0), but it is {got!r}: every "
-                      "sample of a dataset must have the same fields")
+    return FieldError(f"sample {index}: field {name!r} should be {wanted} (as in sample 0), but it is "
+                      f"{reprlib.repr(got)}: every sample of a dataset must have the same fields")  # a bounded repr
 
 
 # --- one value to what a column stores -------------------------------------------------------------
@@ -301,6 +335,10 @@ def encode(value: Any, field: Field, index: int, image_options: dict) -> Any:
             raise _kind(index, field, value)
         return bytes(value)
     if kind == "json":
+        if _deeper(value, MAX_DEPTH):
+            raise FieldError(f"sample {index}: field {name!r} nests lists and dicts more than {MAX_DEPTH} levels deep, "
+                             "more than a mirror holds (colabfast.columns.MAX_DEPTH): flatten it in your dataset, or "
+                             "return it as a str (json.dumps)")
         try:
             text = json.dumps(value, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
         except (TypeError, ValueError, RecursionError) as exc:
@@ -344,6 +382,7 @@ def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int]]:
         return encode_image(f.data, "encoded" if options.get("store") != "raw" else "raw",
                             options.get("image_size"), options.get("quality") or 90)
     with Image.open(io.BytesIO(f.data)) as img:
+        _check_pixels(img.height, img.width, str(f.path))  # from the header; PIL itself refuses at twice the limit
         img.load()
         bands = len(img.getbands())
         shape = (img.height, img.width, bands)
@@ -362,11 +401,14 @@ def _image(value: Any, field: Field, index: int) -> tuple[bytes, tuple[int, int,
     if isinstance(value, Image.Image):
         if field.as_ != "pil":
             raise _kind(index, field, value)
+        _check_pixels(value.height, value.width, f"sample {index}, field {field.name!r},")
         img = value
     elif isinstance(value, torch.Tensor) and field.as_ != "ndarray" and _image_like(value, chw=True):
+        _check_pixels(value.shape[1], value.shape[2], f"sample {index}, field {field.name!r},")  # before any copy
         hwc = value.detach().cpu().permute(1, 2, 0).contiguous().numpy()
         img = Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc)
     elif isinstance(value, np.ndarray) and field.as_ == "ndarray" and _image_like(value, chw=False):
+        _check_pixels(value.shape[0], value.shape[1], f"sample {index}, field {field.name!r},")
         img = Image.fromarray(value[:, :, 0] if value.shape[2] == 1 else np.ascontiguousarray(value))
     else:
         raise _kind(index, field, value)
@@ -386,6 +428,16 @@ def _image(value: Any, field: Field, index: int) -> tuple[bytes, tuple[int, int,
                          "hold exactly: return it as an array (np.asarray(image))")
     img.save(out, format="PNG", optimize=False, compress_level=1)
     return out.getvalue(), shape
+
+
+def _check_pixels(h: int, w: int, where: str) -> None:
+    """Refuse an image over ``PIL.Image.MAX_IMAGE_PIXELS`` before it is encoded: every reader of the mirror
+    refuses it by that limit (:func:`colabfast.gpudecode.check_pixels`), and encoding one unchecked took a
+    process past 4 GB. Raises ImageSizeError (a ValueError: pack reports the sample as it reports an
+    unreadable file) naming ``where`` and how to raise the limit."""
+    from colabfast.gpudecode import check_pixels
+
+    check_pixels(int(h), int(w), where)
 
 
 def _jpeg_file_bytes(img: Image.Image) -> Optional[bytes]:
@@ -510,7 +562,7 @@ def spec_problem(spec: Any) -> Optional[str]:
     seen: set[int] = set()
 
     def ok(t: Any, depth: int) -> bool:
-        if depth > 8 or not isinstance(t, dict) or len(t) != 1:
+        if depth > MAX_TEMPLATE_DEPTH or not isinstance(t, dict) or len(t) != 1:
             return False
         if "column" in t:
             k = t["column"]

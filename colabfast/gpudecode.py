@@ -32,8 +32,8 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-__all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "decode_batch", "decode_cpu", "decode_pil",
-           "encoded_size", "is_encoded", "is_jpeg"]
+__all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "check_pixels", "decode_batch", "decode_cpu",
+           "decode_pil", "encoded_size", "is_encoded", "is_jpeg"]
 
 # File signatures of the formats decoded here (JPEG, PNG, GIF, WebP).
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -185,6 +185,16 @@ def check_encoded(
                    f"{data[:8].tobytes()!r}): {str(exc).rstrip('.')}{fix}") from None
     _check_size(h, w, where, size)
     return h, w
+
+
+def check_pixels(h: int, w: int, where: Union[str, int] = "") -> None:
+    """Refuse a declared ``h`` x ``w`` over ``PIL.Image.MAX_IMAGE_PIXELS`` (None there: no limit) before
+    memory is allocated by it, with :func:`check_encoded`'s words.
+
+    Raises:
+        ImageSizeError: too many pixels; the message names ``where`` and how to raise the limit.
+    """
+    _check_size(h, w, where, None)
 
 
 def _check_size(h: int, w: int, where: Union[str, int], size: Optional[Size]) -> None:

@@ -28,12 +28,13 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 
 from colabfast import env
 from colabfast.augment import FusedTransform, fuse, scratch
 from colabfast.collate import collate_value
 from colabfast.datasets import MAX_READ, H5ImageFolder, MirrorDataset, through_subsets, undecodable
-from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, decode_cpu
+from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, check_pixels, decode_cpu
 from colabfast.h5dataset import H5Dataset
 from colabfast.mirror import MirrorError, runs
 from colabfast.prefetch import ImageList
@@ -197,7 +198,9 @@ class BatchReader:
         if self.fused is None and self.dataset.reader.store == "raw":
             return None
         indices = list(indices)
-        shapes = self.dataset.reader.shapes[self._positions(indices)]
+        positions = self._positions(indices)
+        self._within_limit(positions)  # before the batch's memory is allocated by the declared sizes
+        shapes = self.dataset.reader.shapes[positions]
         draws = None
         if self.fused is not None:
             g = generator if generator is not None else torch.default_generator
@@ -255,6 +258,7 @@ class BatchReader:
         mapped = indices if self._map is None else self._map[np.asarray(indices, dtype=np.int64)]
         indices = [int(i) for i in mapped]  # the mirror's
         positions = self.dataset.positions_of(indices)  # where they are stored: all reads go by these
+        self._within_limit(positions)  # memory is allocated by the declared sizes before any header is read
         if self._targets is not None:
             targets = self._targets[positions]
         else:
@@ -473,6 +477,26 @@ class BatchReader:
             h, w, c = (int(v) for v in self.dataset.reader.shapes[index])
             return data.view(h, w, c).permute(2, 0, 1).clone()
         return self._decode(index, data, size=self.dataset.reader.shapes[index][:2])
+
+    def _within_limit(self, positions: Sequence[int]) -> None:
+        """Raise MirrorError where an encoded image at stored ``positions`` declares more pixels than
+        ``PIL.Image.MAX_IMAGE_PIXELS`` (:func:`~colabfast.gpudecode.check_pixels`): the batch, and each
+        image's decoding memory, are allocated by the declared sizes, and a hostile mirror's 60000x60000
+        made that an 80 GiB MemoryError before any header was read. Raw pixels are bounded by the file
+        (their sizes are the stored bytes, :func:`~colabfast.mirror.load_index`)."""
+        reader = self.dataset.reader
+        limit = Image.MAX_IMAGE_PIXELS
+        if reader.store != "encoded" or limit is None or not len(positions):
+            return
+        shapes = reader.shapes[np.asarray(positions, dtype=np.int64)]
+        over = np.flatnonzero(shapes[:, 0].astype(np.int64) * shapes[:, 1].astype(np.int64) > limit)
+        if len(over):
+            position = int(positions[int(over[0])])
+            h, w = (int(v) for v in shapes[int(over[0])][:2])
+            try:
+                check_pixels(h, w, position)
+            except ValueError as exc:
+                raise undecodable(reader, position, exc) from exc
 
     def _check(self, index: int, data: torch.Tensor) -> None:
         """Raise MirrorError unless the encoded image's header gives its declared size, within the

@@ -327,9 +327,10 @@ def parts(monkeypatch) -> list[dict]:
     saved: list[dict] = []
     real = packing_dataset._save
 
-    def save(path, result):
-        saved.append({k: (v.tolist() if k.endswith("_direct") else len(v)) for k, v in result.items()})
-        real(path, result)
+    def save(path, errors, arrays, blobs):
+        saved.append({**{k: (v.tolist() if v.ndim == 0 else len(v)) for k, v in arrays.items()},
+                      **{k: spool.size for k, spool in blobs.items()}})
+        real(path, errors, arrays, blobs)
 
     monkeypatch.setattr(packing_dataset, "_save", save)
     return saved

@@ -433,3 +433,43 @@ def test_plan_is_pure_and_is_what_the_loader_does(mirrors):
     for name in ("num_workers", "pin_memory", "prefetch_factor", "decode", "collate_fn", "device"):
         assert loader.choices[name] == p.choices()[name], name
     assert isinstance(loader.sampler, BlockShuffleSampler) and loader.sampler.block_size == 1
+
+
+READ_DECLARED = """
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # today's 80 GiB ask fails, never swaps the machine
+    import torchvision.transforms.v2 as T
+    import colabfast as cf
+    kw = {"transform": T.RandomResizedCrop(32)} if %(fused)r else {}
+    loader = cf.DataLoader(cf.H5ImageFolder(%(path)r, output="tensor"), batch_size=8, device="cpu", **kw)
+    assert loader.choices["reader"][0] != "none", loader.choices["reader"]
+    for batch in loader:
+        pass
+"""
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_declared_sizes_over_the_pixel_limit_are_a_mirror_error_before_memory_is_allocated(mirrors, tmp_path, fused):
+    """Issue 41 item 8: a mirror declaring 60000x60000 images made the batch reader allocate 80 GiB for
+    an epoch's first batch (split among threads), and the fused path 10 GiB of decoding memory per
+    thread, before any header was read: a raw MemoryError. Measured in a child process."""
+    import shutil
+
+    import h5py
+    from measured import BOUND, measure
+
+    from colabfast.mirror import write_array
+
+    bad = tmp_path / "declared.h5"
+    shutil.copy(mirrors["encoded"], bad)
+    with h5py.File(bad, "r+") as f:
+        n = len(f["image_shapes"])
+        del f["image_shapes"]
+        write_array(f, "image_shapes", np.array([[60000, 60000, 3]] * n, np.int32))
+    valid = measure(READ_DECLARED % {"fused": fused, "path": str(mirrors["encoded"])})
+    assert valid.error is None, valid.error
+    got = measure(READ_DECLARED % {"fused": fused, "path": str(bad)})
+    assert got.colabfast_error and got.error.startswith("MirrorError"), got.error
+    assert f"{bad}: sample 0" in got.error and "60000x60000" in got.error, got.error
+    assert "raise PIL.Image.MAX_IMAGE_PIXELS" in got.error, got.error
+    assert got.peak - valid.peak < BOUND and got.seconds < 60, (got.peak, valid.peak, got.seconds)

@@ -70,7 +70,11 @@ def pack(
     other image is stored as PNG unless ``fields`` asks for JPEG (FFCV's ``jpg`` mode). ``dataset[i]``
     runs in ``workers`` forked processes of 8 threads each (it usually waits on Drive), as a
     DataLoader's workers run it. A sample that does not fit the columns of sample 0 (a new key, another
-    dtype) is a :class:`colabfast.columns.FieldError` naming the index and field. Resuming an
+    dtype), or nests deeper than :data:`colabfast.columns.MAX_DEPTH`, is a
+    :class:`colabfast.columns.FieldError` naming the index and field; an image over
+    ``PIL.Image.MAX_IMAGE_PIXELS`` (the readers' limit) fails as an unreadable file does. The first
+    ``dataset[i]`` that raises IndexError ends the dataset, as iterating it would (warned where ``len()``
+    said more). Resuming an
     interrupted run reuses its finished parts; a finished mirror is reused only for a dataset that
     says what it holds (a layout's files, a Hugging Face ``_fingerprint``, or a ``fingerprint``
     attribute of yours), any other dataset is packed again.
@@ -153,6 +157,7 @@ def pack(
 
     Raises:
         PackError: unreadable images or folders with ``on_error="raise"``.
+        FieldError: a dataset's sample that no mirror of its columns holds (see above).
         ArchiveReadError: the archive is truncated or corrupt at the member it names; the finished
             parts are kept and the next run continues from them.
         UnsafeArchiveError: an archive member name is absolute or climbs out with ``..``.

@@ -22,17 +22,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import multiprocessing
 import os
 import shutil
+import tempfile
 import warnings
+import zipfile
 import zlib
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import IO, Any, ClassVar, Iterator, Optional
 
 import h5py
 import numpy as np
@@ -45,6 +48,7 @@ from colabfast.mirror import (
     COLUMNS_VERSION,
     Header,
     MirrorError,
+    attrs_crc32,
     check_columns,
     load_columns,
     load_index,
@@ -70,6 +74,9 @@ from colabfast.packing.common import (
 __all__ = ["pack_columns", "plan", "make_parts", "assemble", "check_built", "header", "identity", "describe_dataset"]
 
 THREADS = 8  # threads per worker process calling dataset[i]: they overlap a dataset's reads from Drive
+IN_FLIGHT = 128 << 20  # bytes of samples a worker holds at once: fewer at a time where samples are large
+SPOOL = 64 << 20  # bytes of a part's encoded values kept in memory; past that they go to a file beside it
+PIECE = 16 << 20  # bytes copied at a time from a part into the mirror
 ARRAY = "array"  # a field of arrays before packing decides: ndarray or ragged
 
 _dataset: Any = None  # the dataset, in each worker process (inherited through fork, or sent once)
@@ -115,8 +122,8 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
         build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
         work.mkdir(parents=True, exist_ok=True)
         direct = _Direct.start(dataset, template, flds, options, work, build, fingerprint)
-        part_paths, errors = make_parts(dataset, template, flds, options, work, workers, progress, fingerprint,
-                                        direct)
+        part_paths, errors, n = make_parts(dataset, template, flds, options, work, workers, progress, fingerprint,
+                                           direct)
         paths = list(dataset.paths) if is_layout else [str(i) for i in range(n)]
         failures = [(paths[i], e) for i, e in errors]
         skipped = [(_printable(p), e) for p, e in (dataset.skipped if is_layout else [])]
@@ -178,7 +185,11 @@ def plan(dataset: Any, fields: Optional[dict], options: dict, layout: str) -> tu
             if dataset.skipped else ""), fix="Fix the files named, or check that it is the right folder")
     if n == 0:
         raise ValueError(f"{describe_dataset(dataset)} is empty (len 0): there is nothing to pack")
-    first = dataset[0]
+    try:
+        first = dataset[0]
+    except IndexError:  # the end, as iterating it would stop there
+        raise ValueError(f"{describe_dataset(dataset)} is empty (dataset[0] raised IndexError though len() is {n}): "
+                         "there is nothing to pack") from None
     template, flds = col.template_of(first, fields)
     for f in flds:
         if f.kind in col.IMAGE_KINDS and f.meta.get("encoding") == "jpeg":
@@ -313,48 +324,87 @@ def _predicted_sizes(dataset: Any, template: dict, fields: list[col.Field],
 
 def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: dict, work: Path, workers: int,
                progress: bool, fingerprint: str,
-               direct: Optional[_Direct] = None) -> tuple[list[Path], list[tuple[int, str]]]:
+               direct: Optional[_Direct] = None) -> tuple[list[Path], list[tuple[int, str]], int]:
     """Run ``dataset[i]`` for every ``i`` in worker processes and save the encoded fields in parts
     (reusing the parts of an earlier, interrupted run with this ``fingerprint``); return the part
-    paths in order and ``(index, error)`` of each sample that failed. With ``direct``, the workers
-    write the images of its column into the mirror being built, where their sizes are as predicted."""
+    paths in order, ``(index, error)`` of each sample that failed, and the number of samples: ``len()``,
+    or the first index whose ``dataset[i]`` raised IndexError, where iterating the dataset would stop
+    (warned). Parts are made in order, a few at a time, so nothing proportional to ``len()`` is held
+    before samples are read (a ``__len__`` of 10^12 over 10 samples once grew memory without bound).
+    With ``direct``, the workers write the images of its column into the mirror being built, where
+    their sizes are as predicted."""
     from tqdm.auto import tqdm
 
     n = len(dataset)
-    jobs = [(_part_path(work, k, fingerprint), range(k, min(n, k + common.CHUNK)))
-            for k in range(0, n, common.CHUNK)]
-    wanted = {p for p, _ in jobs}
-    for stale in work.glob("*.npz"):
-        if stale not in wanted:
-            stale.unlink()
-    errors: list[tuple[int, str]] = []
-    todo = []
-    for path, idx in jobs:
-        done = _load(path, len(fields)) if path.exists() else None
-        if done is not None and direct is None and _wrote_into_build(done):
-            done = None  # its images went into a build that is not being continued
-        if done is None:
-            todo.append((path, idx))
+    count = -(-n // common.CHUNK)
+    done: dict[int, dict] = {}
+    for part in work.glob("*.npz"):
+        k = _part_number(part, fingerprint)
+        old = _load(part, len(fields)) if k is not None and k < count else None
+        if old is not None and direct is None and _wrote_into_build(old):
+            old = None  # its images went into a build that is not being continued
+        if k is None or old is None:
+            part.unlink()
         else:
-            errors += [(int(i), str(e)) for i, e in done["errors"]]
-    finished = n - sum(len(idx) for _, idx in todo)
+            done[k] = old
+    finished = sum(min(common.CHUNK, n - k * common.CHUNK) for k in done)
     if finished and progress:
         print(f"pack: resuming: {finished} of {n} samples were packed by an earlier run")
-    pool = _pool(dataset, workers)
-    inflight: deque[tuple[Future, Path, range]] = deque()
-    def finish(fut: Future, path: Path, idx: range) -> None:
-        errors.extend((int(i), str(e)) for i, e in fut.result())  # the worker saved the part
-        bar.update(len(idx))
+    errors: list[tuple[int, str]] = []
+    ends = [n]  # the first IndexError of any part
+    paths: list[Path] = []
 
+    def record(errs: list, end: Optional[int]) -> None:
+        errors.extend((int(i), str(e)) for i, e in errs)
+        if end is not None and end < ends[0]:
+            ends[0] = end
+            bar.total = end
+            bar.refresh()
+
+    pool = _pool(dataset, workers)
+    inflight: deque[tuple[Future, range]] = deque()
     with _stopping(pool), tqdm(total=n, initial=finished, unit="sample", desc="pack", disable=not progress) as bar:
-        for path, idx in todo:
-            inflight.append((pool.submit(_encode_part, idx.start, idx.stop, template, fields, options, path,
-                                         direct.place(idx.start, idx.stop) if direct is not None else None), path, idx))
-            while len(inflight) > max(workers, 1):
-                finish(*inflight.popleft())
+        k = 0
+        while k * common.CHUNK < ends[0]:  # the end known so far: no part is made past it
+            idx = range(k * common.CHUNK, min(n, (k + 1) * common.CHUNK))
+            path = _part_path(work, idx.start, fingerprint)
+            paths.append(path)
+            if k in done:
+                record(done[k]["errors"], _part_end(done[k]))
+            else:
+                inflight.append((pool.submit(_encode_part, idx.start, idx.stop, template, fields, options, path,
+                                             direct.place(idx.start, idx.stop) if direct is not None else None), idx))
+            while len(inflight) > max(workers, 1) or inflight and k * common.CHUNK >= ends[0]:
+                fut, made = inflight.popleft()
+                record(*fut.result())  # the worker saved the part
+                bar.update(len(made))
+            k += 1
         while inflight:
-            finish(*inflight.popleft())
-    return [p for p, _ in jobs], sorted(errors)
+            fut, made = inflight.popleft()
+            record(*fut.result())
+            bar.update(len(made))
+    end = ends[0]
+    if end < n:
+        warnings.warn(f"pack: {describe_dataset(dataset)}: len() is {n}, but dataset[{end}] raised IndexError: packed "
+                      f"samples 0..{end - 1}, where iterating it stops", stacklevel=3)
+        for path in paths[-(-end // common.CHUNK):]:  # parts made past the end, while it was not yet known
+            path.unlink(missing_ok=True)
+    return paths[: -(-end // common.CHUNK)], sorted(e for e in errors if e[0] < end), end
+
+
+def _part_number(path: Path, fingerprint: str) -> Optional[int]:
+    """``k`` of a part file ``columns-{k:06d}-{fingerprint[:16]}.npz`` of this fingerprint (:func:`_part_path`),
+    else None."""
+    name = path.name
+    head, tail = "columns-", f"-{fingerprint[:16]}.npz"
+    number = name[len(head) : -len(tail)] if name.startswith(head) and name.endswith(tail) else ""
+    return int(number) if number.isdigit() else None
+
+
+def _part_end(part: dict) -> Optional[int]:
+    """The first index of a part whose ``dataset[i]`` raised IndexError, or None."""
+    end = int(part["end"]) if "end" in part else -1
+    return end if end >= 0 else None
 
 
 def _pool(dataset: Any, workers: int) -> Executor:
@@ -382,72 +432,178 @@ def _start(parent: int, dataset: Any) -> None:
 
 
 def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field], options: dict,
-                 path: Path, place: Optional[tuple[str, int, int, np.ndarray]] = None) -> list[tuple[int, str]]:
+                 path: Path, place: Optional[tuple[str, int, int, np.ndarray]] = None
+                 ) -> tuple[list[tuple[int, str]], Optional[int]]:
     """Samples ``start..stop`` fetched (by threads), encoded and saved as the part at ``path`` (in the
     worker: only the failures travel back); runs in a worker process. Returns ``(index, error)`` of
-    each sample that failed. With ``place`` (:meth:`_Direct.place`), the images of its column are
-    written to the build at their place when every sample of the part is there with the predicted
-    size (the part then records ``c{k}_direct``), else kept in the part.
+    each sample that failed, and the first index whose ``dataset[i]`` raised IndexError (the end of
+    the dataset, as iterating it would stop there; None if none did): later samples are left out.
+    With ``place`` (:meth:`_Direct.place`), the images of its column are written to the build at their
+    place when every sample of the part is there with the predicted size (the part then records
+    ``c{k}_direct``), else kept in the part.
+
+    Memory: the threads hold at most :data:`IN_FLIGHT` bytes of samples (as many as fit, from the
+    largest seen; one at a time where each is larger), each encoded value goes to its column's spool
+    as its sample comes in order (memory up to :data:`SPOOL`, then a file beside the part), and the
+    spools are copied into the part file a piece at a time: a 300 MB tensor per sample once cost 11
+    times its size.
 
     Raises:
         FieldError: a sample that does not fit the fields (a bug to fix, not a bad file to skip).
     """
-    def one(i: int) -> tuple[Optional[list], str]:
+    def one(i: int) -> tuple[Optional[list], str, bool]:
         try:
             sample = _dataset[i]
         except col.FieldError:
             raise
+        except IndexError:
+            return None, "", True
         except Exception as exc:  # a bad file in a layout, or anything a dataset's own code raises
-            return None, _why(exc)
+            return None, _why(exc), False
         values = col.flatten(sample, template, fields, i)
         try:
-            return [col.encode(v, f, i, options) for v, f in zip(values, fields)], ""
+            return [col.encode(v, f, i, options) for v, f in zip(values, fields)], "", False
         except col.FieldError:
             raise
         except Exception as exc:  # PIL on an unreadable image file
-            return None, _why(exc)
+            return None, _why(exc), False
 
-    with ThreadPoolExecutor(THREADS) as threads:
-        results = list(threads.map(one, range(start, stop)))
-    out: dict[str, Any] = {"errors": [(start + j, why) for j, (enc, why) in enumerate(results) if enc is None]}
-    kept = [enc for enc, _ in results if enc is not None]
-    out["kept"] = np.array([enc is not None for enc, _ in results], dtype=bool)
-    for k, f in enumerate(fields):
-        vals = [enc[k] for enc in kept]
-        if f.kind in col.IMAGE_KINDS:
-            blobs = [b for b, _ in vals]
-            if place is not None and place[1] == k and not out["errors"] and \
-                    np.array_equal(_ends([len(b) for b in blobs]), place[3] - place[3][0]):
-                fd = os.open(place[0], os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    write_all(fd, memoryview(b"".join(blobs)), place[2] + int(place[3][0]))
-                finally:
-                    os.close(fd)
-                out[f"c{k}_blob"], out[f"c{k}_direct"] = np.zeros(0, np.uint8), np.array(True)
+    blobs = [k for k, f in enumerate(fields) if f.kind in col.IMAGE_KINDS or f.kind in ("str", "bytes", "json")
+             or f.kind == ARRAY]
+    keep = max(1 << 20, SPOOL // max(1, len(blobs)))
+    spools = {k: _Spool(keep, path.parent) for k in blobs}
+    lengths: dict[int, list[int]] = {k: [] for k in blobs}
+    shapes: dict[int, list] = {k: [] for k, f in enumerate(fields) if f.kind in col.IMAGE_KINDS or f.kind == ARRAY}
+    crcs: dict[int, list[int]] = {k: [] for k, f in enumerate(fields) if f.kind in col.IMAGE_KINDS}
+    scalars: dict[int, list] = {k: [] for k, f in enumerate(fields) if f.kind in ("int", "float", "bool")}
+    errors: list[tuple[int, str]] = []
+    kept = np.zeros(stop - start, dtype=bool)
+
+    def take(j: int, enc: list) -> int:
+        """Sample ``j``'s encoded values into the columns; returns the bytes it held."""
+        kept[j - start] = True
+        size = 0
+        for k, (f, v) in enumerate(zip(fields, enc)):
+            if f.kind in col.IMAGE_KINDS:
+                blob, shape = v
+                spools[k].write(blob)
+                lengths[k].append(len(blob))
+                shapes[k].append(shape)
+                crcs[k].append(zlib.crc32(blob))
+                size += max(len(blob), int(np.prod(shape)))  # its decoded pixels were held too
+            elif k in scalars:
+                scalars[k].append(v)
+            elif f.kind in ("str", "bytes", "json"):
+                spools[k].write(v)
+                lengths[k].append(len(v))
+                size += len(v)
             else:
-                out[f"c{k}_blob"] = _blob(blobs)
-            out[f"c{k}_offsets"] = _ends([len(b) for b in blobs])
-            out[f"c{k}_shapes"] = np.array([s for _, s in vals], dtype=np.int32).reshape(-1, 3)
-            out[f"c{k}_crc32"] = np.array([zlib.crc32(b) for b, _ in vals], dtype=np.uint32)
-        elif f.kind in ("int", "float", "bool"):
-            out[f"c{k}_values"] = np.array(vals, dtype={"int": np.int64, "float": np.float64, "bool": np.uint8}[f.kind])
-        elif f.kind in ("str", "bytes", "json"):
-            out[f"c{k}_blob"] = _blob(vals)
-            out[f"c{k}_offsets"] = _ends([len(b) for b in vals])
-        else:
-            ndims = {v.ndim for v in vals}
-            if len(ndims) > 1:
-                raise col.FieldError(f"field {f.name!r} holds arrays of {sorted(ndims)} dimensions in samples "
-                                     f"{start}..{stop - 1}: every sample's must have as many dimensions")
-            out[f"c{k}_blob"] = _blob([np.ascontiguousarray(v).tobytes() for v in vals])
-            ndim = ndims.pop() if ndims else 0
-            out[f"c{k}_shapes"] = np.array([v.shape for v in vals], dtype=np.int64).reshape(len(vals), ndim)
-    _save(path, out)
-    return out["errors"]
+                arr = np.ascontiguousarray(v)
+                spools[k].write(arr.reshape(-1).view(np.uint8))  # no copy of the array
+                lengths[k].append(arr.nbytes)
+                shapes[k].append(arr.shape)
+                size += arr.nbytes
+        return size
+
+    end: Optional[int] = None
+    largest = 0  # bytes of the largest sample seen (1 once any was fetched): how many may be fetched at once
+    try:
+        with ThreadPoolExecutor(THREADS) as threads:
+            pending: deque[tuple[int, Future]] = deque()
+            i = start
+            while i < stop and end is None or pending:
+                # one sample at a time until one is seen, then as many as IN_FLIGHT holds of the largest
+                window = max(1, min(2 * THREADS, IN_FLIGHT // largest)) if largest else 1
+                while i < stop and end is None and len(pending) < window:
+                    pending.append((i, threads.submit(one, i)))
+                    i += 1
+                j, fut = pending.popleft()
+                enc, why, ended = fut.result()
+                del fut  # it holds the sample too
+                largest = max(largest, 1)
+                if end is not None:
+                    continue  # fetched while the end was not yet known
+                if ended:
+                    end = j
+                elif enc is None:
+                    errors.append((j, why))
+                else:
+                    largest = max(largest, take(j, enc))
+                del enc  # the sample's memory, before the next is awaited
+        arrays: dict[str, np.ndarray] = {"kept": kept, "end": np.array(-1 if end is None else end, dtype=np.int64)}
+        for k, f in enumerate(fields):
+            if f.kind in col.IMAGE_KINDS:
+                ends = _ends(lengths[k])
+                if place is not None and place[1] == k and not errors and end is None and \
+                        np.array_equal(ends, place[3] - place[3][0]):
+                    fd = os.open(place[0], os.O_WRONLY | os.O_CLOEXEC)
+                    try:
+                        at = place[2] + int(place[3][0])
+                        for piece in _pieces(spools[k]):
+                            write_all(fd, piece, at)
+                            at += len(piece)
+                    finally:
+                        os.close(fd)
+                    spools.pop(k).close()
+                    spools[k] = _Spool(0, path.parent)  # the part keeps none of them
+                    arrays[f"c{k}_direct"] = np.array(True)
+                arrays[f"c{k}_offsets"] = ends
+                arrays[f"c{k}_shapes"] = np.array(shapes[k], dtype=np.int32).reshape(-1, 3)
+                arrays[f"c{k}_crc32"] = np.array(crcs[k], dtype=np.uint32)
+            elif k in scalars:
+                arrays[f"c{k}_values"] = np.array(scalars[k], dtype={"int": np.int64, "float": np.float64,
+                                                                      "bool": np.uint8}[f.kind])
+            elif f.kind in ("str", "bytes", "json"):
+                arrays[f"c{k}_offsets"] = _ends(lengths[k])
+            else:
+                ndims = {len(shape) for shape in shapes[k]}
+                if len(ndims) > 1:
+                    raise col.FieldError(f"field {f.name!r} holds arrays of {sorted(ndims)} dimensions in samples "
+                                         f"{start}..{stop - 1}: every sample's must have as many dimensions")
+                ndim = ndims.pop() if ndims else 0
+                arrays[f"c{k}_shapes"] = np.array(shapes[k], dtype=np.int64).reshape(len(shapes[k]), ndim)
+        _save(path, errors, arrays, {f"c{k}_blob": spool for k, spool in spools.items()})
+    finally:
+        for spool in spools.values():
+            spool.close()
+    return errors, end
 
 
-def _blob(parts: list[bytes]) -> np.ndarray:
-    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+class _Spool:
+    """Bytes appended in memory up to ``keep`` bytes, then in an unnamed file in ``folder``: moved there
+    before a write that would pass ``keep`` (``tempfile.SpooledTemporaryFile`` moves after it, so a
+    300 MB array was copied into memory whole first)."""
+
+    def __init__(self, keep: int, folder: Path) -> None:
+        self.keep, self.folder = keep, folder
+        self.file: IO[bytes] = io.BytesIO()
+        self.size = 0
+
+    def write(self, data: Any) -> None:
+        n = memoryview(data).nbytes
+        if isinstance(self.file, io.BytesIO) and self.size + n > self.keep:
+            disk = tempfile.TemporaryFile(dir=self.folder)
+            disk.write(self.file.getbuffer())
+            self.file.close()
+            self.file = disk
+        self.file.write(data)
+        self.size += n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def read(self, n: int) -> bytes:
+        return self.file.read(n)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _pieces(spool: Any) -> Iterator[bytes]:
+    """What was written to ``spool``, from its start, :data:`PIECE` bytes at a time."""
+    spool.seek(0)
+    while piece := spool.read(PIECE):
+        yield piece
 
 
 def _ends(lengths: list[int]) -> np.ndarray:
@@ -458,25 +614,61 @@ def _why(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _save(path: Path, result: dict) -> None:
+def _save(path: Path, errors: list, arrays: dict[str, np.ndarray], blobs: dict[str, _Spool]) -> None:
+    """Write a part: an ``.npz`` (what ``np.savez`` writes: uncompressed ``.npy`` members) of ``arrays``,
+    the ``errors`` as JSON, and each of ``blobs`` (spooled bytes) as a uint8 array copied a piece at a
+    time, so no part is ever held whole in memory. Written under a temporary name, then renamed."""
     tmp = partial_path(path)
-    arrays = {k: v for k, v in result.items() if k != "errors"}
-    with open(tmp, "wb") as f:
-        np.savez(f, errors=np.array(json.dumps(result["errors"])), **arrays)
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
+        for key, value in {"errors": np.array(json.dumps(errors)), **arrays}.items():
+            with z.open(f"{key}.npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(value), allow_pickle=False)
+        for key, spool in blobs.items():
+            size = spool.seek(0, os.SEEK_END)
+            with z.open(f"{key}.npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array_header_1_0(out, {"descr": "|u1", "fortran_order": False, "shape": (size,)})
+                for piece in _pieces(spool):
+                    out.write(piece)
     os.replace(tmp, path)
 
 
-def _load(path: Path, nfields: int, skip: tuple[str, ...] = ()) -> Optional[dict]:
-    """A part's arrays (but those named in ``skip``: the image bytes, read when they are written)."""
+def _load(path: Path, nfields: int) -> Optional[dict]:
+    """A part's arrays but its bytes (``c{k}_blob``: read a piece at a time when they are written,
+    :func:`_blob_pieces`), or None where it is unreadable."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            out = {k: z[k] for k in z.files if k not in skip}
-    except (OSError, ValueError, KeyError, EOFError):
+            out = {k: z[k] for k in z.files if not k.endswith("_blob")}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
     out["errors"] = [tuple(e) for e in json.loads(str(out["errors"]))]
     if "kept" not in out:
         return None
     return out
+
+
+def _blob_pieces(path: Path, key: str) -> Iterator[bytes]:
+    """The bytes of a part's uint8 array ``key`` (:func:`_save`), :data:`PIECE` bytes at a time.
+
+    Raises:
+        MirrorError: the part is not what :func:`_save` wrote (it was just written: a disk error)."""
+    try:
+        with zipfile.ZipFile(path) as z, z.open(f"{key}.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            if dtype != np.uint8 or len(shape) != 1:
+                raise ValueError(f"{key} is {dtype} {list(shape)}, not bytes")
+            left = int(shape[0])
+            while left:
+                piece = f.read(min(left, PIECE))
+                if not piece:
+                    raise ValueError(f"{key} ends {left} bytes early")
+                left -= len(piece)
+                yield piece
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise MirrorError(f"the part {path} is unreadable though it was just written ({exc}): run pack() again") \
+            from None
 
 
 # --- assembling ---------------------------------------------------------------------------------------
@@ -502,16 +694,19 @@ def decide(fields: list[col.Field], parts: list[dict]) -> None:
 
 def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], template: dict, head: Header,
              order: np.ndarray, paths: list[str], direct: Optional[_Direct] = None) -> None:
-    """Write the mirror of columns to ``build`` from the parts: every column but the images from the
-    parts held in memory (numbers, arrays, text: small), then the images part by part, each written at
-    its place in the file (the ``images`` datasets are allocated first, contiguous, at a fixed offset),
-    so memory holds one part's images at a time, not the dataset's.
+    """Write the mirror of columns to ``build`` from the parts: the numbers and each sample's offsets
+    and shapes from the parts held in memory (small), while every column of bytes (images, text,
+    arrays) is allocated first, contiguous, at a fixed offset in the file, and its bytes copied there
+    from the parts a piece at a time (:data:`PIECE`), so memory never holds a column, nor a part of it.
 
     With ``direct``, where every part's images of its column are in ``build`` already, only the rest
     is written there; else a new file is written (those images read from ``build``) and replaces it.
+
+    Raises:
+        MirrorError: a part is unreadable, or holds fewer bytes than it says (a disk error).
+        FieldError: an array field whose samples' shapes no column holds (:func:`decide`).
     """
-    blobs = tuple(f"c{k}_blob" for k, f in enumerate(fields) if f.kind in col.IMAGE_KINDS)
-    loaded = [_load(p, len(fields), skip=blobs) for p in part_paths]
+    loaded = [_load(p, len(fields)) for p in part_paths]
     parts = [p for p in loaded if p is not None]
     if len(parts) != len(loaded):
         raise MirrorError(f"a part in {part_paths[0].parent} is unreadable though it was just written: run pack() "
@@ -522,7 +717,8 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
     written = {i for i, p in enumerate(parts) if direct is not None and p.get(f"c{direct.column}_direct", False)}
     in_place = direct is not None and len(written) == len(parts) and direct.pristine()
     target = build if direct is None or in_place else part_paths[0].parent / "rebuild.h5"
-    places: list[tuple[int, int]] = []  # (column, file offset of its images), to be written
+    places: list[tuple[int, str, int, int, Optional[str]]] = []  # (column, part array, offset, bytes, to sum)
+    sums: dict[str, int] = {}  # each array's CRC-32 (images have one per sample), once its bytes are written
     with h5py.File(target, "r+" if in_place else "w", locking=False) as h:
         head.write(h)
         write_array(h, "order", order.astype(np.int64))
@@ -533,47 +729,82 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
         for k, f in enumerate(fields):
             c = group.require_group(str(k))
             there = in_place and direct is not None and k == direct.column
-            images = _write_column(c, k, f, parts, c["images"] if there else None)
-            if images is not None and not there:
-                places.append((k, int(images.id.get_offset() or 0)))
+            data = _write_column(c, k, f, parts, c["images"] if there else None)
+            checked = None if data is None or f.kind in col.IMAGE_KINDS else data.name
+            if checked is not None:
+                sums[checked] = 0  # what an empty array sums to
+            if data is not None and not there and data.size:
+                places.append((k, f"c{k}_blob", int(data.id.get_offset()), data.size * data.dtype.itemsize, checked))
     fd = os.open(target, os.O_WRONLY)
     src = os.open(build, os.O_RDONLY) if target != build else -1
     try:
-        for k, base in places:
+        for k, key, base, nbytes, checked in places:
+            crc, end = 0, base + nbytes
             for i, path in enumerate(part_paths):
                 if direct is not None and k == direct.column and i in written:  # in build, not in the part
                     offset, length = direct.span(i * common.CHUNK, len(parts[i][f"c{k}_crc32"]))
-                    blob = os.pread(src, length, offset)
-                    if len(blob) != length:
-                        raise MirrorError(f"{build} ended early while the mirror was assembled: run pack() again")
+                    pieces: Iterator[bytes] = _read_pieces(src, offset, length, build)
                 else:
-                    with np.load(path, allow_pickle=False) as z:
-                        blob = z[f"c{k}_blob"]
-                write_all(fd, memoryview(blob), base)
-                base += len(blob)
+                    pieces = _blob_pieces(path, key)
+                for piece in pieces:
+                    if base + len(piece) > end:
+                        break
+                    write_all(fd, memoryview(piece), base)
+                    base += len(piece)
+                    if checked is not None:
+                        crc = zlib.crc32(piece, crc)
+            if base != end:  # never past its place: what follows it in the file is not the parts' to write
+                raise MirrorError(f"the parts in {part_paths[0].parent} do not hold the {nbytes} bytes of column {k} "
+                                  "that their offsets and shapes say (a disk error?): run pack() again")
+            if checked is not None:
+                sums[checked] = crc
         os.fsync(fd)
     finally:
         os.close(fd)
         if src >= 0:
             os.close(src)
+    if sums:  # each array's checksum, as write_array gives it, now that its bytes are known
+        with h5py.File(target, "r+", locking=False) as h:
+            for name, crc in sums.items():
+                h[name].attrs["crc32"] = np.uint32(attrs_crc32({}, crc))
     if target != build:
         os.replace(target, build)
 
 
-def _allocate(c: h5py.Group, nbytes: int) -> h5py.Dataset:
-    """An ``images`` array of ``nbytes`` in group ``c``: contiguous, unfiltered, allocated now and never
-    filled (so it takes no disk until written): its place in the file is fixed before the images are
-    written there."""
+def _read_pieces(fd: int, offset: int, length: int, path: Path) -> Iterator[bytes]:
+    """``length`` bytes of ``fd`` from ``offset``, :data:`PIECE` at a time.
+
+    Raises:
+        MirrorError: the file ends early."""
+    while length:
+        piece = os.pread(fd, min(length, PIECE), offset)
+        if not piece:
+            raise MirrorError(f"{path} ended early while the mirror was assembled: run pack() again")
+        offset += len(piece)
+        length -= len(piece)
+        yield piece
+
+
+def _allocate(c: h5py.Group, nbytes: int, name: str = "images", shape: Optional[tuple] = None,
+              dtype: Any = np.uint8) -> h5py.Dataset:
+    """An array ``name`` of ``nbytes`` (uint8; or of ``shape`` and ``dtype``) in group ``c``: contiguous,
+    unfiltered, allocated now and never filled (so it takes no disk until written): its place in the
+    file is fixed before its bytes are written there."""
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-    return c.create_dataset("images", shape=(nbytes,), dtype=np.uint8, dcpl=dcpl)
+    return c.create_dataset(name, shape=(nbytes,) if shape is None else shape, dtype=dtype, dcpl=dcpl)
 
 
 def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict],
                   images: Optional[h5py.Dataset] = None) -> Optional[h5py.Dataset]:
-    """Write column ``k`` into group ``c``; an image column's ``images`` is only allocated (returned),
-    or, given, checked to be as large as the parts' images."""
+    """Write column ``k`` into group ``c``; a column of bytes (images, text, arrays) is only allocated
+    and returned, its bytes written from the parts' ``c{k}_blob`` by :func:`assemble` (an image column's
+    ``images``, when given, only checked to be as large as the parts' images).
+
+    Raises:
+        MirrorError: the images written to ``images`` are not as large as the parts say.
+    """
     def joined(key: str) -> np.ndarray:
         return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.uint8)
 
@@ -596,27 +827,29 @@ def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict],
         write_array(c, "image_shapes", np.concatenate([p[f"c{k}_shapes"] for p in parts]).astype(np.int32))
         write_array(c, "image_crc32", np.concatenate([p[f"c{k}_crc32"] for p in parts]).astype(np.uint32))
         return images
-    elif f.kind in ("int", "float", "bool"):
+    if f.kind in ("int", "float", "bool"):
         write_array(c, "values", joined(f"c{k}_values").astype({"int": "<i8", "float": "<f8", "bool": "u1"}[f.kind]))
-    elif f.kind in ("str", "bytes", "json"):
-        write_array(c, "data", joined(f"c{k}_blob").astype(np.uint8))
-        write_array(c, "offsets", offsets())
+        return None
+    if f.kind in ("str", "bytes", "json"):
+        ends = offsets()
+        write_array(c, "offsets", ends)
+        return _allocate(c, int(ends[-1]), "data")
+    dtype = np.dtype("u1" if f.dtype == "bool" else (f.dtype if f.dtype and f.dtype[0] in "<>|" else
+                                                       _torch_dtype(f.dtype)))
+    shapes = np.concatenate([p[f"c{k}_shapes"] for p in parts]).astype(np.int64)
+    trail = tuple(f.shape or [])
+    if f.kind == "ndarray":
+        shape: tuple = (len(shapes), *trail)
+    elif "ndim" in f.meta:  # every sample's own shape: values flat, offsets in elements
+        sizes = np.prod(shapes, axis=1) if len(shapes) else np.zeros(0, np.int64)
+        shape = (int(sizes.sum()),)
+        write_array(c, "offsets", _ends(sizes.tolist()))
+        write_array(c, "shapes", shapes)
     else:
-        dtype = np.dtype("u1" if f.dtype == "bool" else (f.dtype if f.dtype and f.dtype[0] in "<>|" else
-                                                           _torch_dtype(f.dtype)))
-        flat = np.frombuffer(joined(f"c{k}_blob").astype(np.uint8).tobytes(), dtype=dtype)
-        shapes = np.concatenate([p[f"c{k}_shapes"] for p in parts])
-        trail = tuple(f.shape or [])
-        if f.kind == "ndarray":
-            write_array(c, "values", flat.reshape(len(shapes), *trail))
-        elif "ndim" in f.meta:  # every sample's own shape: values flat, offsets in elements
-            write_array(c, "values", flat)
-            write_array(c, "offsets", _ends(np.prod(shapes, axis=1).tolist() if len(shapes) else []))
-            write_array(c, "shapes", shapes.astype(np.int64))
-        else:
-            write_array(c, "values", flat.reshape(-1, *trail))
-            write_array(c, "offsets", _ends(shapes[:, 0].tolist() if len(shapes) else []))
-    return None
+        rows = shapes[:, 0] if len(shapes) else np.zeros(0, np.int64)
+        shape = (int(rows.sum()), *trail)
+        write_array(c, "offsets", _ends(rows.tolist()))
+    return _allocate(c, 0, "values", shape, dtype)
 
 
 def _torch_dtype(name: Optional[str]) -> str:

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -27,11 +28,11 @@ from typing import Any, Optional, Union
 
 import h5py
 import numpy as np
-from PIL import UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 import colabfast.packing.common as common
 from colabfast import env
-from colabfast._fileio import PathLike, human_bytes, locked, partial_path, read_regular, retry, write_all
+from colabfast._fileio import PathLike, human_bytes, locked, open_regular, partial_path, retry, write_all
 from colabfast.archivesource import ArchiveSource
 from colabfast.encoding import encode_image
 from colabfast.mirror import Header, MirrorError, check, open_h5, trust, write_array
@@ -220,11 +221,45 @@ class _Parts:
     errors: dict[str, list[tuple[int, str]]]  # split -> (source index, message)
 
 
+SNIFF = 16 << 20  # files larger than this are read whole only where an image format could start as they do
+
+
 def _read_file(path: Path, retries: int = 5) -> Union[bytes, str]:
+    """The bytes of an image file, or why it cannot be packed. A file over :data:`SNIFF` bytes is read
+    whole only where PIL could open it (:func:`_may_be_image`): a sparse 200 MB file named ``.jpg`` cost
+    twice its size (read, then sent to a worker) to learn it was not an image."""
+    def read() -> Union[bytes, str]:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > SNIFF:
+                head = f.read(64 << 10)
+                if not _may_be_image(head):
+                    return (f"not an image, or a format PIL cannot read ({size} bytes, starting {head[:8]!r}; not "
+                            "read whole)")
+                f.seek(0)
+            return f.readall()
+
     try:
-        return retry(lambda: read_regular(path), retries)
+        return retry(read, retries)
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
+
+
+def _may_be_image(head: bytes) -> bool:
+    """Whether PIL could open a file that starts with ``head``: a format's own test of the first 16 bytes
+    accepts them (as ``PIL.Image.open`` asks), or a format without one opens from its header."""
+    Image.init()
+    blind = []
+    for name, (_, accept) in Image.OPEN.items():
+        if accept is None:
+            blind.append(name)
+        elif accept(head[:16]):
+            return True
+    try:
+        with Image.open(io.BytesIO(head), formats=blind):
+            return True
+    except Exception:  # PIL raises many types for a header it does not read
+        return False
 
 
 def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, work: Path, workers: int,
