@@ -352,16 +352,13 @@ def _choose_feed(feed: str, batch_reader: Optional[ReaderPlan], why_not: str, da
 
 def _too_many_workers(num_workers: int, reader_fits: bool) -> str:
     """Why ``num_workers`` above the CPU count is taken but not what the caller may think (said in
-    ``loader.choices`` and warned once per process)."""
+    ``loader.choices``; :class:`DataLoader` warns it once per process)."""
     cpus = env.cpu_count()
     why = (f"set by caller: {num_workers} worker processes on {cpus} CPUs (colabfast.env.cpu_count()) only take "
            "turns on them")
     if reader_fits:
         why += ("; asking for workers also turned off the reader threads, which make these batches in this process "
                 "faster than any number of workers: leave num_workers unset")
-    if num_workers not in _WARNED:
-        _WARNED.add(num_workers)
-        warnings.warn(f"colabfast.DataLoader: {why}", stacklevel=4)
     return why
 
 
@@ -587,6 +584,9 @@ class DataLoader(torch.utils.data.DataLoader):
                  persistent_workers=persistent_workers, device=device, memory_format=memory_format, decode=decode,
                  transform=transform, draft=draft, feed=feed)
         cuda = p.device.type == "cuda"
+        if num_workers is not None and num_workers > env.cpu_count() and num_workers not in _WARNED:
+            _WARNED.add(num_workers)
+            warnings.warn(f"colabfast.DataLoader: {p.reasons['num_workers']}", stacklevel=2)
         if isinstance(p.sampler, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
             # torch's Dataset declares no __len__; a mirror (a map-style dataset) has one

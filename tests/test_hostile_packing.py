@@ -163,7 +163,6 @@ def test_the_end_found_in_a_middle_part_drops_the_parts_past_it(tmp_path, monkey
 BIG = """
     import torch
     import colabfast as cf
-    from colabfast.mirror import load_columns
 
     class Big(torch.utils.data.Dataset):
         def __len__(self):
@@ -173,8 +172,9 @@ BIG = """
             return torch.full((%(mb)d << 20,), i, dtype=torch.uint8), i
 
     cf.pack(Big(), %(dst)r, workers=0, progress=False)
-    head, n, values = load_columns(%(dst)r)  # what a reader holds: the whole column
-    assert n == 2 and values[0].shape == (2, %(mb)d << 20) and values[0][1].min() == 1 and values[1].tolist() == [0, 1]
+    ds = cf.H5Dataset(%(dst)r)  # what a reader holds: a sample at a time (a column past 64 MiB stays on disk)
+    x, y = ds[1]
+    assert len(ds) == 2 and x.shape == (%(mb)d << 20,) and x.min() == 1 and y == 1
 """
 
 
