@@ -54,9 +54,10 @@ PACK_OPTIONS = ("layout", "labels", "store", "quality", "shuffle", "seed", "work
 
 def _one_split(split: Optional[str], layout: str) -> dict:
     from colabfast.mirror import KITTI_SPLITS
+    from colabfast.packing import PackRefused
 
     if split is not None:
-        raise ValueError(f"split={split!r}: a mirror of the {layout} layout has one set of samples; split= "
+        raise PackRefused(f"split={split!r}: a mirror of the {layout} layout has one set of samples; split= "
                          f"picks KITTI's {' or '.join(KITTI_SPLITS)}, or the part of Kaggle's ImageNet zip to pack")
     return {}
 
@@ -68,9 +69,10 @@ def _packed_split(split: Optional[str], layout: str) -> dict:
 
 def _kitti_split(split: Optional[str], layout: str) -> dict:
     from colabfast.mirror import KITTI_SPLITS
+    from colabfast.packing import PackRefused
 
     if split not in (None, *KITTI_SPLITS):
-        raise ValueError(f"split={split!r}: a KITTI mirror holds {' and '.join(KITTI_SPLITS)} (default training)")
+        raise PackRefused(f"split={split!r}: a KITTI mirror holds {' and '.join(KITTI_SPLITS)} (default training)")
     return {"train": split != "testing"}
 
 
@@ -108,8 +110,8 @@ def what_is(path: Path) -> str:
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        ValueError: another kind of file, named with its size and first bytes' kind, and what
-            :func:`open_dataset` accepts.
+        MirrorError: (a ``ValueError``) another kind of file, named with its size and first bytes'
+            kind, and what :func:`open_dataset` accepts.
     """
     try:
         st = retry(lambda: os.stat(path), 5)  # Drive may be briefly disconnected
@@ -124,9 +126,13 @@ def what_is(path: Path) -> str:
         with open(path, "rb") as f:
             if f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
                 return "mirror"
-        raise ValueError(f"{path} is a file of {human_bytes(st.st_size)} that is neither an HDF5 mirror nor an "
-                         f"archive (by its name, {path.suffix or 'no suffix'}). {ACCEPTS}.")
-    raise ValueError(f"{path} is not a regular file or a folder (a pipe, socket or device). {ACCEPTS}.")
+        from colabfast.mirror import MirrorError  # here: h5py loads in 0.2 s, and a mirror is staged first
+
+        raise MirrorError(f"{path} is a file of {human_bytes(st.st_size)} that is neither an HDF5 mirror nor an "
+                          f"archive (by its name, {path.suffix or 'no suffix'}). {ACCEPTS}.")
+    from colabfast.mirror import MirrorError
+
+    raise MirrorError(f"{path} is not a regular file or a folder (a pipe, socket or device). {ACCEPTS}.")
 
 
 def default_mirrors(src: Path) -> Path:
@@ -154,7 +160,8 @@ def drop_in(mirror: PathLike, split: Optional[str] = None, **kwargs: Any) -> Mir
     ``target_transform``, ``output``).
 
     Raises:
-        MirrorError: not a mirror this colabfast reads. ValueError: a ``split`` the layout lacks.
+        MirrorError: not a mirror this colabfast reads. PackRefused (a ``ValueError``): a ``split`` the
+            layout lacks.
     """
     from colabfast.mirror import header, read_h5
 
@@ -315,8 +322,10 @@ def open_dataset(
 
     Raises:
         FileNotFoundError: nothing at ``path``, or a folder holding no images (naming what it holds).
-        ValueError: a file that is not a mirror or archive, a split the layout lacks, pack options
-            given with a mirror, or an argument :func:`colabfast.pack` refuses.
+        MirrorError: (a ``ValueError``) a file that is not a mirror or archive.
+        PackRefused: (a ``ValueError``) a split the layout lacks, pack options given with a mirror, or
+            an argument :func:`colabfast.pack` refuses.
+        StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
         TypeError: an option that is not pack's.
         OSError: the mirrors folder cannot be written (read-only or full Drive; the message says to
             pass ``mirrors=`` elsewhere), or as pack and stage raise.
@@ -329,14 +338,18 @@ def open_dataset(
         raise TypeError(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
                         f"{', '.join(PACK_OPTIONS)}")
     if to not in ("auto", "disk", "ram"):
-        raise ValueError(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
+        from colabfast.staging import StageRefused
+
+        raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     src = Path(os.path.abspath(os.path.expanduser(path)))
     kind = what_is(src)
     steps: list[str] = []
     if kind == "mirror":
         given = [name for name, v in (("image_size", image_size), ("mirrors", mirrors)) if v is not None]
         if given or pack_options:
-            raise ValueError(f"{src} is a mirror already: {', '.join(given + sorted(pack_options))} apply when "
+            from colabfast.packing import PackRefused
+
+            raise PackRefused(f"{src} is a mirror already: {', '.join(given + sorted(pack_options))} apply when "
                              "open_dataset packs a folder or an archive")
         mirror, fingerprint = src, None
     early = None

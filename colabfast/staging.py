@@ -51,7 +51,7 @@ from colabfast._fileio import (
 from colabfast.archive import archive_suffix, extract, extracted_size, links_under, strip_archive_suffix
 from colabfast.errors import Error
 
-__all__ = ["stage", "StageError", "check_space", "default_destination", "Destination"]
+__all__ = ["stage", "StageError", "StageRefused", "check_space", "default_destination", "Destination"]
 
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
@@ -90,6 +90,11 @@ class StageError(Error, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+class StageRefused(Error, ValueError):
+    """stage refused its arguments, its source or its destination before writing anything; the message
+    names what and the fix. A ``ValueError``, as these refusals always were."""
 
 
 def _describe(exc: BaseException) -> str:
@@ -172,9 +177,9 @@ def stage(
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
-        ValueError: bad arguments; or ``dst`` holds files colabfast did not stage from ``src`` (a
-            folder of yours, or another dataset) and ``overwrite`` is False: the message names
-            the folder and what is in it.
+        StageRefused: (a ``ValueError``) bad arguments; or ``dst`` holds files colabfast did not
+            stage from ``src`` (a folder of yours, or another dataset) and ``overwrite`` is False:
+            the message names the folder and what is in it. Nothing is written.
         OSError: ``errno.ENOSPC`` before copying when the destination lacks space, with the numbers
             (from DriveFS, reading also fills Drive's local cache, so a single file or an archive
             needs twice its size; for a folder that is only a warning, as DriveFS evicts its cache
@@ -190,17 +195,17 @@ def stage(
         a read error, when its partial extraction stays for a re-run to resume.
     """
     if verify not in ("size", "sha256"):
-        raise ValueError(f"verify must be 'size' or 'sha256', not {verify!r}")
+        raise StageRefused(f"verify must be 'size' or 'sha256', not {verify!r}")
     if to not in ("auto", "disk", "ram"):
-        raise ValueError(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
+        raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     if dst is not None and to != "auto":
-        raise ValueError(f"pass dst or to, not both: to={to!r} only picks a default destination")
+        raise StageRefused(f"pass dst or to, not both: to={to!r} only picks a default destination")
     opts = _Options(verify, retries, progress, overwrite, allow_links, cancel)
     source = _resolve(src, retries)
     if workers is None:
         workers = 64 if env.is_fuse(source.path) else 16
     if workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers}")
+        raise StageRefused(f"workers must be at least 1, not {workers}")
     if source.kind == "folder":
         source = source.scanned(workers, retries)
         _warn_reserved(source.path, source.reserved)
@@ -255,12 +260,13 @@ def _resolve(src: Union[PathLike, Sequence[PathLike]], retries: int) -> _Input:
 
     Raises:
         FileNotFoundError: it (or one of the archives) does not exist.
-        ValueError: a list holding something other than archives.
+        StageRefused: a list holding something other than archives.
     """
     if isinstance(src, (list, tuple)):
         archives = [Path(os.path.abspath(a)) for a in src]
         if not archives or not all(archive_suffix(a) for a in archives):
-            raise ValueError("a list of sources must be archives (.zip, .tar, .tar.gz, ...), extracted into one folder")
+            raise StageRefused("a list of sources must be archives (.zip, .tar, .tar.gz, ...), extracted into one "
+                               "folder")
         for a in archives:
             if not a.is_file():
                 raise _not_found(a)
@@ -382,7 +388,7 @@ def default_destination(name: str, nbytes: int, to: str = "auto", *, single: boo
 def _check_not_nested(src: Path, dst: Path) -> None:
     s, d = os.path.realpath(src), os.path.realpath(dst)
     if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
-        raise ValueError(f"cannot stage {src} into {dst}: one is inside the other")
+        raise StageRefused(f"cannot stage {src} into {dst}: one is inside the other")
 
 
 def check_space(nbytes: int, dst: Path, src: Path, *, folder: bool = False) -> None:
@@ -496,7 +502,7 @@ def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> No
         return
     if not dst.is_dir():
         if not opts.overwrite:
-            raise ValueError(f"{dst} is a file, not a folder: cannot stage {source} there. Pass another dst, "
+            raise StageRefused(f"{dst} is a file, not a folder: cannot stage {source} there. Pass another dst, "
                              f"or overwrite=True to replace it.")
         dst.unlink()
         return
@@ -508,9 +514,9 @@ def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> No
     if not opts.overwrite:
         shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
         if _ours(record):
-            raise ValueError(f"{dst} was staged from {record.get('source')}, not {source}: staging there would "
+            raise StageRefused(f"{dst} was staged from {record.get('source')}, not {source}: staging there would "
                              f"mix two datasets. Pass another dst, or overwrite=True to replace it.")
-        raise ValueError(f"{dst} is a folder colabfast did not stage, and it holds {shown}: staging {source} "
+        raise StageRefused(f"{dst} is a folder colabfast did not stage, and it holds {shown}: staging {source} "
                          f"there could overwrite your files, so nothing was written. Pass another dst, empty "
                          f"the folder, or pass overwrite=True to replace its contents.")
     for name in entries:
@@ -536,12 +542,12 @@ def _prepare_file(target: Path, src: Path, entry: FileEntry, opts: _Options) -> 
     if not target.exists() and not target.is_symlink():
         return
     if target.is_dir():
-        raise ValueError(f"{target} is a folder: cannot stage the file {src} over it")
+        raise StageRefused(f"{target} is a folder: cannot stage the file {src} over it")
     if (_ours(record) and record.get("source") == str(src)) or unchanged(target.stat(), entry.size, entry.mtime_ns):
         return
     if not opts.overwrite:
         whose = f"was staged from {record.get('source')}" if _ours(record) else "is a file colabfast did not stage"
-        raise ValueError(f"{target} {whose}: staging {src} would replace it, so nothing was written. Pass "
+        raise StageRefused(f"{target} {whose}: staging {src} would replace it, so nothing was written. Pass "
                          f"another dst, or overwrite=True to replace it.")
 
 
@@ -1078,12 +1084,12 @@ def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opt
         return
     if not opts.overwrite:
         if _ours(old):
-            raise ValueError(f"{dst} was staged from {old.get('source')}, not {names}: staging there would mix "
+            raise StageRefused(f"{dst} was staged from {old.get('source')}, not {names}: staging there would mix "
                              f"two datasets. Pass another dst, or overwrite=True to replace it.")
         entries = sorted(os.listdir(dst)) if dst.is_dir() else []
         held = f", and it holds {', '.join(entries[:5])}" + (f" and {len(entries) - 5} more" if len(entries) > 5
                                                               else "") if entries else ""
-        raise ValueError(f"{dst} already exists and was not staged from {names}{held}: nothing was written. "
+        raise StageRefused(f"{dst} already exists and was not staged from {names}{held}: nothing was written. "
                          f"Remove it, pass another dst, or pass overwrite=True to replace it.")
     # overwrite: the finished extraction replaces dst as a whole (see _stage_archive)
 

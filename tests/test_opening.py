@@ -281,6 +281,28 @@ def test_what_is_refused(local):
         open_dataset(mirror, image_size=64)
 
 
+def test_refusals_are_colabfast_errors_that_stay_value_errors(local):
+    """Issue 41 item 13: open_dataset's refusals were plain ValueErrors, which ``except
+    colabfast.Error`` missed: a file that is neither mirror nor archive is a MirrorError, a split the
+    layout lacks or pack options given with a mirror a PackRefused, a bad ``to`` a StageRefused."""
+    (local / "notes.txt").write_text("hello")
+    src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
+    refused = [
+        (lambda: open_dataset(local / "notes.txt"), cf.MirrorError, "neither an HDF5 mirror nor an archive"),
+        (lambda: open_dataset(src, "train", progress=False), cf.PackRefused, "split='train': a mirror of the "
+                                                                             "imagefolder layout has one set"),
+        (lambda: open_dataset(src, to="cloud"), cf.StageRefused, "to must be 'auto', 'disk' or 'ram'"),
+    ]
+    for call, cls, message in refused:
+        with pytest.raises(cls, match=message) as caught:
+            call()
+        assert isinstance(caught.value, cf.Error) and isinstance(caught.value, ValueError)
+    assert not (local / MIRRORS_FOLDER).exists()  # refused before anything was packed
+    mirror = open_dataset(src, progress=False).path
+    with pytest.raises(cf.PackRefused, match="is a mirror already: image_size apply"):
+        open_dataset(mirror, image_size=64)
+
+
 def test_a_file_colabfast_did_not_write_is_never_overwritten(local):
     src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
     taken = local / MIRRORS_FOLDER / mirror_name(src, source_fingerprint(src)[0])

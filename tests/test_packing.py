@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import h5py
@@ -683,3 +684,34 @@ def test_a_jpeg_corrupt_inside_is_found_by_the_check_at_one_eighth_scale(tmp_pat
     (tmp_path / "src" / "a" / "good.jpg").write_bytes(good)
     with pytest.raises(PackError, match="bad.jpg"):
         pack(tmp_path / "src", tmp_path / "m.h5", workers=0, progress=False)
+
+
+def test_refusals_are_colabfast_errors_that_stay_value_errors(inet, tmp_path):
+    """Issue 41 item 13: pack's refusals of bad arguments and destinations were plain ValueErrors,
+    which ``except colabfast.Error`` missed. Each is a PackRefused: a PackError (so a colabfast.Error)
+    and still a ValueError, naming what and the fix; nothing is written."""
+    import colabfast as cf
+    from colabfast.packing import PackRefused
+
+    (tmp_path / "folder.h5").mkdir()
+    (tmp_path / "mine.h5").write_text("my notes")
+    tar = tmp_path / "photos.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(next(inet.rglob("*.JPEG")), "a/x.JPEG")
+    refused = [
+        (dict(store="png"), "store must be 'encoded' or 'raw'"),
+        (dict(image_size=(10,)), "image_size must be a positive int"),
+        (dict(on_error="ignore"), "on_error must be 'raise' or 'skip'"),
+        (dict(quality=0), "quality must be 1..100"),
+        (dict(labels="x.tar.gz"), "labels= and split= are for packing from an archive"),
+        (dict(dst=tmp_path / "folder.h5"), "is a folder: pack writes one mirror file. Pass a file name"),
+        (dict(dst=tmp_path / "mine.h5"), "is not a readable colabfast mirror: .* Pass another dst, or overwrite=True"),
+        (dict(src=tar, layout="kaggle-train"), "layout 'kaggle-train' is Kaggle's zip; .*photos.tar is a tar"),
+    ]
+    for kwargs, message in refused:
+        args = {"src": inet, "dst": tmp_path / "m.h5", "progress": False, **kwargs}
+        with pytest.raises(PackRefused, match=message) as caught:
+            pack(args.pop("src"), args.pop("dst"), **args)
+        assert isinstance(caught.value, cf.Error) and isinstance(caught.value, ValueError)
+        assert isinstance(caught.value, cf.PackError) and caught.value.failures == []
+    assert not (tmp_path / "m.h5").exists() and (tmp_path / "mine.h5").read_text() == "my notes"

@@ -734,3 +734,33 @@ def test_a_cancelled_stage_stops_and_leaves_no_partial_file(tmp_path, need_fuse)
             stage(sim.mountpoint / "big.h5", tmp_path / "dst" / "big.h5", progress=False, cancel=cancel)
         assert raised.value.errno == errno.ECANCELED
         assert not any(p.is_file() for p in (tmp_path / "dst").rglob("*"))  # no partial, no copy
+
+
+def test_refusals_are_colabfast_errors_that_stay_value_errors(tmp_path):
+    """Issue 41 item 13: stage's refusals of bad arguments and destinations were plain ValueErrors,
+    which ``except colabfast.Error`` missed. Each is a StageRefused: a colabfast.Error and still a
+    ValueError, naming what and the fix; nothing is written."""
+    import colabfast as cf
+    from colabfast.staging import StageRefused
+
+    src = make_files(tmp_path / "src", 3, 100)
+    (tmp_path / "yours").mkdir()
+    (tmp_path / "yours" / "thesis.tex").write_text("mine")
+    refused = [
+        (dict(verify="md5"), "verify must be 'size' or 'sha256', not 'md5'"),
+        (dict(to="cloud", dst=None), "to must be 'auto', 'disk' or 'ram', not 'cloud'"),
+        (dict(to="ram"), "pass dst or to, not both"),
+        (dict(workers=0), "workers must be at least 1, not 0"),
+        (dict(src=[src]), "a list of sources must be archives"),
+        (dict(dst=src / "inside"), "cannot stage .*src into .*inside: one is inside the other"),
+        (dict(dst=tmp_path / "yours"), "is a folder colabfast did not stage, and it holds thesis.tex: .* Pass "
+                                       "another dst, empty the folder, or pass overwrite=True"),
+    ]
+    for kwargs, message in refused:
+        args = {"src": src, "dst": tmp_path / "dst", "progress": False, **kwargs}
+        with pytest.raises(StageRefused, match=message) as caught:
+            stage(args.pop("src"), args.pop("dst"), **args)
+        assert isinstance(caught.value, cf.Error) and isinstance(caught.value, ValueError)
+        assert not isinstance(caught.value, OSError)  # not taken for a disk or mount error
+    assert not (tmp_path / "dst").exists() and not (src / "inside").exists()
+    assert os.listdir(tmp_path / "yours") == ["thesis.tex"]

@@ -30,7 +30,7 @@ from colabfast._fileio import FileEntry, partial_path, state_name
 from colabfast.errors import Error
 from colabfast.mirror import Header, MirrorError, check, open_h5, trust
 
-__all__ = ["CHUNK", "PackError", "lock_path"]
+__all__ = ["CHUNK", "PackError", "PackRefused", "lock_path"]
 
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 COPY_CHUNK = 8 << 20  # bytes per write when copying a built mirror onto Drive
@@ -55,6 +55,16 @@ class PackError(Error, ValueError):
         )
 
 
+class PackRefused(PackError):
+    """pack (or :func:`colabfast.open_dataset`, which packs) refused an argument or its destination
+    before reading a sample or writing anything; the message names what and the fix. A ``ValueError``
+    (through :class:`PackError`), as these refusals always were; ``failures`` is empty."""
+
+    def __init__(self, message: str):
+        self.failures = []
+        ValueError.__init__(self, message)
+
+
 def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:
     """The options a mirror records and its fingerprint covers (``image_size`` as :func:`_check_size` returns it)."""
     return {"store": store, "image_size": image_size, "quality": quality if image_size else None}
@@ -68,7 +78,7 @@ def _check_size(image_size) -> Union[int, list[int], None]:
     if (isinstance(image_size, (tuple, list)) and len(image_size) == 2
             and all(isinstance(v, int) and v > 0 for v in image_size)):
         return [int(image_size[0]), int(image_size[1])]
-    raise ValueError(f"image_size must be a positive int (short side) or (H, W), not {image_size!r}")
+    raise PackRefused(f"image_size must be a positive int (short side) or (H, W), not {image_size!r}")
 
 
 def _version() -> str:
@@ -112,24 +122,24 @@ def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
     except FileNotFoundError:
         return None
     if stat.S_ISDIR(mode):
-        raise ValueError(f"{dst} is a folder: pack writes one mirror file. Pass a file name, e.g. "
+        raise PackRefused(f"{dst} is a folder: pack writes one mirror file. Pass a file name, e.g. "
                          f"{dst / (name + '.h5')}")
     if not stat.S_ISREG(mode):
-        raise ValueError(f"{dst} is not a regular file (a pipe or a device): pass a mirror file name as dst")
+        raise PackRefused(f"{dst} is not a regular file (a pipe or a device): pass a mirror file name as dst")
     if overwrite:
         return None
     try:
         with open_h5(dst) as f:
             return Header.read(f, dst, complete=False).source
     except (MirrorError, OSError):
-        raise ValueError(f"{dst} exists and is not a readable colabfast mirror: packing would replace it, so nothing "
+        raise PackRefused(f"{dst} exists and is not a readable colabfast mirror: packing would replace it, so nothing "
                          "was read. Pass another dst, or overwrite=True to replace it.") from None
 
 
 def _check_same_source(dst: Path, packed_from: str, root: Path) -> None:
     """Refuse to replace a mirror of another source (see :func:`pack`'s ``overwrite``)."""
     if packed_from != _printable(str(root)) and os.path.realpath(packed_from) != os.path.realpath(root):
-        raise ValueError(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
+        raise PackRefused(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
                          "nothing was written. Pass another dst, or overwrite=True to replace it.")
 
 

@@ -44,6 +44,7 @@ from colabfast._fileio import PathLike, locked, partial_path, read_json, write_a
 from colabfast.mirror import COLUMNS_VERSION, Header, MirrorError, load_columns, load_index, trust, write_array
 from colabfast.packing.common import (
     PackError,
+    PackRefused,
     _complete,
     _existing_mirror,
     _file_key,
@@ -86,7 +87,7 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
     with locked(lock_path(dst), f"packing into {dst}"):
         packed_from = _existing_mirror(dst, overwrite, "mirror")
         if packed_from is not None and packed_from != source:
-            raise ValueError(f"{dst} is a mirror of {packed_from}, not of {source}: packing would replace it, so "
+            raise PackRefused(f"{dst} is a mirror of {packed_from}, not of {source}: packing would replace it, so "
                              "nothing was written. Pass another dst, or overwrite=True to replace it.")
         template, flds, planned = plan(dataset, fields, options, layout)
         fingerprint = fingerprint or planned
@@ -168,7 +169,7 @@ def plan(dataset: Any, fields: Optional[dict], options: dict, layout: str) -> tu
             f': on_error="skip" left out every one ({listed}{"; ..." if len(dataset.skipped) > 3 else ""})'
             if dataset.skipped else ""), fix="Fix the files named, or check that it is the right folder")
     if n == 0:
-        raise ValueError(f"{describe_dataset(dataset)} is empty (len 0): there is nothing to pack")
+        raise PackRefused(f"{describe_dataset(dataset)} is empty (len 0): there is nothing to pack")
     first = dataset[0]
     template, flds = col.template_of(first, fields)
     for f in flds:
