@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import stat
 import sys
@@ -31,11 +32,13 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence, TextIO, U
 from colabfast import env, mounttable
 from colabfast._fileio import (
     PARTIAL_SUFFIX,
-    STATE_PREFIX,
+    STAGE_JOURNAL,
+    STAGE_RECORD,
     FileEntry,
     PathLike,
     fits_name_max,
     human_bytes,
+    is_partial_name,
     lagging,
     locked,
     partial_path,
@@ -55,8 +58,8 @@ __all__ = ["stage", "StageError", "StageRefused", "check_space", "default_destin
 
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
-RECORD = f"{STATE_PREFIX}stage.json"  # inside a staged folder: what it was staged from, and hashes
-JOURNAL = RECORD.replace(".json", ".sha256.jsonl")  # beside it: hashes appended as files are verified
+RECORD = STAGE_RECORD  # inside a staged folder: what it was staged from, and hashes
+JOURNAL = STAGE_JOURNAL  # beside it: hashes appended as files are verified
 CHUNK = 1 << 20  # bytes per read() when copying a file
 BIG_FILE = 64 << 20  # files at least this large are copied as parallel ranges
 RANGE = 16 << 20  # bytes per range of a big file
@@ -130,9 +133,11 @@ def stage(
     two runs from staging to one destination at once.
 
     Args:
-        src: a folder (copied recursively, following symlinks; names colabfast keeps for its own
-            files, ``*.colabfast-partial`` and ``.colabfast-*``, are left out with a warning that
-            lists them, records of an earlier stage quietly), a single file, or an archive
+        src: a folder (copied recursively, following symlinks; a file named as colabfast names its
+            own files in a staged folder, a temporary ``.NAME.colabfast-partial`` or a record
+            ``.colabfast-stage.json`` or ``.colabfast-stage.sha256.jsonl``, is refused by name, unless
+            its folder is one colabfast staged: then it is that stage's, and left out), a single
+            file, or an archive
             (``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``),
             which is extracted while it is read, with no intermediate copy (see
             :mod:`colabfast.archive` for what is refused as unsafe); or a list of archives that
@@ -179,7 +184,9 @@ def stage(
         FileNotFoundError: ``src`` does not exist.
         StageRefused: (a ``ValueError``) bad arguments; or ``dst`` holds files colabfast did not
             stage from ``src`` (a folder of yours, or another dataset) and ``overwrite`` is False:
-            the message names the folder and what is in it. Nothing is written.
+            the message names the folder and what is in it; or a folder ``src`` holds files named
+            as colabfast's own (see ``src``), which could not be told from them once copied.
+            Nothing is written.
         OSError: ``errno.ENOSPC`` before copying when the destination lacks space, with the numbers
             (from DriveFS, reading also fills Drive's local cache, so a single file or an archive
             needs twice its size; for a folder that is only a warning, as DriveFS evicts its cache
@@ -208,7 +215,7 @@ def stage(
         raise StageRefused(f"workers must be at least 1, not {workers}")
     if source.kind == "folder":
         source = source.scanned(workers, retries)
-        _warn_reserved(source.path, source.reserved)
+        _check_reserved(source.path, source.reserved)
     target = _destination(source.name, dst, to, source.nbytes, single=source.kind == "file")
     if source.kind == "file" and target.is_dir():
         target = target / source.name
@@ -302,17 +309,34 @@ def _say_up_to_date(dst: Path, opts: _Options) -> None:
         print(f"{dst} is up to date, nothing copied", file=sys.stderr)
 
 
-def _warn_reserved(src: Path, reserved: list[str]) -> None:
-    """Say which files of ``src`` are not staged because colabfast keeps such names for its own
-    bookkeeping in the destination (``*.colabfast-partial``, ``.colabfast-*``); records of an earlier
-    stage (``.colabfast-stage.json`` and its journal) describe that stage, not this one, and are
-    left out without a word."""
-    theirs = sorted(rel for rel in reserved if os.path.basename(rel) not in (RECORD, JOURNAL))
+def _check_reserved(src: Path, reserved: list[str]) -> None:
+    """Refuse to stage ``src`` when it holds files named as colabfast names its own in a staged folder
+    (``reserved``, as :func:`colabfast._fileio.scan_tree` leaves them out): copied, each would be
+    taken for colabfast's (a temporary file is deleted when a run resumes, a record is read and
+    overwritten), so none can be staged as it is, and leaving it out would lose it quietly. Inside a
+    folder colabfast staged (its record says so), they are that stage's own leftovers, and stay out.
+
+    Raises:
+        StageRefused: naming them and the fix.
+    """
+    staged: dict[str, bool] = {}  # folder (relative to src) -> whether it is inside a folder colabfast staged
+
+    def inside_stage(folder: str) -> bool:
+        if folder not in staged:
+            staged[folder] = _ours(read_json(src / folder / RECORD) or {}) or (
+                folder != "" and inside_stage(posixpath.dirname(folder)))
+        return staged[folder]
+
+    def ours(rel: str) -> bool:
+        return inside_stage(posixpath.dirname(rel))
+
+    theirs = sorted(rel for rel in reserved if not ours(rel))
     if theirs:
         shown = ", ".join(theirs[:10]) + (f" and {len(theirs) - 10} more" if len(theirs) > 10 else "")
-        warnings.warn(f"{len(theirs)} entries of {src} are not staged: {shown}. Names ending in "
-                      f"{PARTIAL_SUFFIX} or starting with {STATE_PREFIX} are colabfast's own (its temporary "
-                      f"files and records in the destination); rename them to stage them.", stacklevel=3)
+        raise StageRefused(f"{len(theirs)} files of {src} are named as colabfast names its own in a staged folder "
+                           f"(temporary files .NAME{PARTIAL_SUFFIX}, records {RECORD} and {JOURNAL}), so their "
+                           f"copies would be taken for colabfast's, and nothing was written: {shown}. Rename them "
+                           f"(or delete them, if an interrupted colabfast run left them) and stage again.")
 
 
 def _not_found(path: Path) -> FileNotFoundError:
@@ -673,7 +697,7 @@ def _remove_partials(root: Optional[Path], targets: list[Path]) -> None:
         return
     for folder, _, names in os.walk(root):
         for name in names:
-            if name.endswith(PARTIAL_SUFFIX):
+            if is_partial_name(name):  # only what colabfast names so: notes.colabfast-partial is a user's
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(folder, name))
 
