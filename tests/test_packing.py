@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 import tarfile
@@ -715,3 +717,60 @@ def test_refusals_are_colabfast_errors_that_stay_value_errors(inet, tmp_path):
         assert isinstance(caught.value, cf.Error) and isinstance(caught.value, ValueError)
         assert isinstance(caught.value, cf.PackError) and caught.value.failures == []
     assert not (tmp_path / "m.h5").exists() and (tmp_path / "mine.h5").read_text() == "my notes"
+
+
+def _fill(path: Path, nbytes: int) -> None:
+    """A file taking ``nbytes`` of its disk (allocated, not sparse)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("small_tmpfs", ["80m"], indirect=True)
+@pytest.mark.parametrize("kind", ["folder", "archive"])
+def test_a_pack_stopped_by_a_full_disk_resumes_once_space_is_back(small_tmpfs, kind, tmp_path, monkeypatch, capsys):
+    """Issue 41 item 14: a disk that filled during pack kept the finished parts, but the re-run's
+    free-space check asked for the whole mirror again, those parts not counted, and refused on the
+    same disk once the space was back. It counts what it will reuse, and finishes the mirror; from a
+    folder, and from an archive read as a stream."""
+    from colabfast import env
+    from colabfast.packing import archives
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=16, size=(320, 240), vary=0.2)
+    if kind == "archive":
+        with tarfile.open(tmp_path / "src.tar", "w") as tar:
+            tar.add(src, "src")
+        src = tmp_path / "src.tar"
+    src_bytes = sum(p.stat().st_size for p in (src.rglob("*.JPEG") if kind == "folder" else [src]))
+    monkeypatch.setattr(common, "CHUNK", 4)  # 8 parts
+    need = int(1.02 * src_bytes + 64e6)  # what the check asks of a fresh pack (see folders._preflight)
+    _fill(small_tmpfs / "other-data", env.disk_free(small_tmpfs) - need - src_bytes // 4)  # room, and a little
+    dst = small_tmpfs / "m.h5"
+    module = folders if kind == "folder" else archives
+    saved = []
+    real = module._save_part
+
+    def then_the_disk_fills(path, result):  # something else fills the disk halfway through (Drive's cache)
+        real(path, result)
+        saved.append(path)
+        if len(saved) == 4:
+            _fill(small_tmpfs / "filler", env.disk_free(small_tmpfs) - 4096)
+
+    monkeypatch.setattr(module, "_save_part", then_the_disk_fills)
+    with pytest.raises(OSError) as full:
+        pack(src, dst, workers=0, progress=False)
+    assert full.value.errno == errno.ENOSPC
+    work = small_tmpfs / ".m.h5.colabfast-pack"
+    assert sorted(work.glob("*.npz")) == sorted(saved) and not list(work.glob("*colabfast-partial"))
+    (small_tmpfs / "filler").unlink()  # the space is back
+    assert env.disk_free(small_tmpfs) < need  # not room for a whole new mirror: only for the rest of this one
+    monkeypatch.setattr(module, "_save_part", real)
+    pack(src, dst, workers=0, progress=True)
+    out = capsys.readouterr().out
+    assert ("resuming: 16 of 32 images were packed by an earlier run" if kind == "folder" else
+            "resuming after the 16 images an earlier run packed") in out
+    ds = H5ImageFolder(dst)
+    assert len(ds) == 32 and ds.targets == [0] * 16 + [1] * 16
+    assert not work.exists()

@@ -240,11 +240,18 @@ def _load_part(path: Path) -> Optional[dict]:
 
 
 def _save_part(path: Path, result: dict) -> None:
+    """Write a part under a temporary name, renamed once whole; a failed write (a full disk) deletes
+    it, so that the space it took is free for the re-run."""
     tmp = partial_path(path)
-    with open(tmp, "wb") as f:
-        np.savez(f, blob=np.frombuffer(result["blob"], np.uint8) if isinstance(result["blob"], bytes)
-                 else result["blob"], offsets=result["offsets"], shapes=result["shapes"],
-                 errors=np.array(json.dumps(result["errors"])))
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, blob=np.frombuffer(result["blob"], np.uint8) if isinstance(result["blob"], bytes)
+                     else result["blob"], offsets=result["offsets"], shapes=result["shapes"],
+                     errors=np.array(json.dumps(result["errors"])))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     os.replace(tmp, path)
 
 
