@@ -31,13 +31,22 @@ from colabfast.encoding import encode_image, resized_size
 from colabfast.mirror import STORES
 from colabfast.packing.archives import _listing as _archive_listing
 from colabfast.packing.archives import pack_archive
-from colabfast.packing.common import CHUNK, PackError, PackRefused, _check_size, _options, lock_path
+from colabfast.packing.common import (
+    CHUNK,
+    Contents,
+    PackError,
+    PackRefused,
+    _check_size,
+    _options,
+    _printable,
+    lock_path,
+)
 from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
 
 __all__ = ["pack", "PackError", "PackRefused", "resized_size", "encode_image", "lock_path", "source_fingerprint",
-           "CHUNK"]
+           "source_listing", "CHUNK"]
 
 
 def pack(
@@ -296,21 +305,41 @@ def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[
     reading no image; a folder layout of :mod:`colabfast.layouts` also parses its annotations and
     reads its first sample (what fixes the mirror's columns). Raises what :func:`pack` raises for the
     same source."""
+    fingerprint, description, _ = source_listing(
+        src, layout=layout, labels=labels, split=split, store=store, image_size=image_size, quality=quality,
+        shuffle=shuffle, seed=seed, retries=retries, on_error=on_error)
+    return fingerprint, description
+
+
+def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[PathLike] = None,
+                   split: Optional[str] = None, store: str = "encoded",
+                   image_size: Union[int, tuple[int, int], None] = None, quality: int = 90,
+                   shuffle: bool = False, seed: int = 0, retries: int = 5,
+                   on_error: str = "raise") -> tuple[str, str, Contents]:
+    """:func:`source_fingerprint`'s ``(fingerprint, description)`` and what the mirror holds
+    (:class:`~colabfast.packing.common.Contents`: its samples' paths, its layout, options and classes),
+    from the same listing: what a mirror found by that fingerprint is checked against
+    (:func:`~colabfast.packing.common.differs`). Raises what :func:`pack` raises for the same source."""
     streamed = archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src)
     options = _options(store, _check_size(image_size), quality)
     if (packed_archive := _archive_of_layout(src, layout)) is not None:
         from colabfast.packing.unpacked import unpacked_fingerprint
 
         return (unpacked_fingerprint(src, packed_archive, labels, split, options, retries),
-                f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB")
+                f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB",
+                Contents(options, layout=packed_archive))
     folder_layout = None if streamed else column_layout(src, layout, labels)
     if folder_layout is not None:
         from colabfast.packing.dataset import plan
 
         dataset = _open_layout(src, folder_layout, labels, split, on_error, retries)
-        return plan(dataset, None, options, folder_layout)[2], dataset.describe()
+        return plan(dataset, None, options, folder_layout)[2], dataset.describe(), Contents(
+            options, layout=folder_layout,
+            samples={"": (str(dataset.root), [_printable(p) for p in dataset.paths])})
     if streamed:
         fingerprint, archive = _archive_listing(src, options, layout, labels, split, retries)
-        return fingerprint, archive.describe()
+        return fingerprint, archive.describe(), Contents(options, source=_printable(str(archive.path)))
     fingerprint, source, _ = _folder_listing(src, options, layout, shuffle, seed)
-    return fingerprint, source.describe()
+    return fingerprint, source.describe(), Contents(
+        options, layout=source.layout, classes=source.classes,
+        samples={s.name: (str(s.root), [_printable(f.rel) for f in s.files]) for s in source.splits})
