@@ -137,14 +137,15 @@ def scan_tree(
 
     On Drive each folder listing is a round trip, so folders are listed by a thread pool. A folder
     reached twice (a symlink loop, or two links to it) is listed once; dangling symlinks, links that
-    lead to each other (ELOOP) and colabfast's own files (partial files, stage records) are left out.
+    lead to each other (ELOOP) and colabfast's own files (:func:`is_own_name`: partial files, stage
+    records) are left out.
 
     Args:
         unreadable: if given, a sub-folder that cannot be listed (after the retries) is recorded
             here (relative path -> error) and left out, as ``cp -r`` goes on past it; if None, the
             error is raised.
         reserved: if given, the relative paths left out for their names (colabfast's own: partial
-            files, stage records) are appended here, so that the caller can say so.
+            files, stage records) are appended here, so that the caller can check whose they are.
         revisit: list a folder again under each link that reaches it, as ``os.walk(followlinks=True)``
             does (torchvision's ImageFolder); only a link back to a folder it is inside (a loop) is
             not followed.
@@ -174,7 +175,7 @@ def scan_tree(
             with os.scandir(root / rel if rel else root) as it:
                 for entry in it:
                     name = f"{rel}/{entry.name}" if rel else entry.name
-                    if entry.name.endswith(PARTIAL_SUFFIX) or entry.name.startswith(STATE_PREFIX):
+                    if is_own_name(entry.name):
                         if reserved is not None:
                             reserved.append(name)
                         continue
@@ -300,7 +301,9 @@ def human_bytes(n: float) -> str:
 
 
 PARTIAL_SUFFIX = ".colabfast-partial"
-STATE_PREFIX = ".colabfast-"  # colabfast's own records inside a folder it staged (never copied on)
+STATE_PREFIX = ".colabfast-"  # the start of colabfast's own records inside a folder it staged
+STAGE_RECORD = f"{STATE_PREFIX}stage.json"  # inside a staged folder: what it was staged from, and hashes
+STAGE_JOURNAL = f"{STATE_PREFIX}stage.sha256.jsonl"  # beside it: hashes appended as files are verified
 NAME_MAX = 255  # bytes in one file name on Linux filesystems (ext4, tmpfs, FUSE)
 
 
@@ -317,6 +320,20 @@ def partial_name(name: str) -> str:
     if fits_name_max(tmp):
         return tmp
     return f".{hashlib.sha256(os.fsencode(name)).hexdigest()[:32]}{PARTIAL_SUFFIX}"
+
+
+def is_partial_name(name: str) -> bool:
+    """True if ``name`` has the form of a temporary name colabfast writes (:func:`partial_name`:
+    ``.NAME.colabfast-partial``), which it deletes as its own leftover; ``notes.colabfast-partial``
+    (no leading dot) is not one."""
+    return name.startswith(".") and name.endswith(PARTIAL_SUFFIX) and len(name) > len(PARTIAL_SUFFIX) + 1
+
+
+def is_own_name(name: str) -> bool:
+    """True if colabfast writes files of this name into folders it stages to: a temporary name
+    (:func:`is_partial_name`) or a stage's record or journal. Such a file in a source cannot be
+    copied as it is: its copy would be taken for colabfast's, overwritten or deleted."""
+    return is_partial_name(name) or name in (STAGE_RECORD, STAGE_JOURNAL)
 
 
 def partial_path(path: Path) -> Path:

@@ -61,6 +61,15 @@ class ArchiveReadError(Error, ValueError):
         )
 
 
+def _refused(message: str) -> ValueError:
+    """pack's refusal of a layout, split or labels that do not fit the archive: a
+    :class:`colabfast.packing.PackRefused` (imported when raised: :mod:`colabfast.packing` imports this
+    module)."""
+    from colabfast.packing.common import PackRefused
+
+    return PackRefused(message)
+
+
 class Position(NamedTuple):
     """Where a stream resumes: the outer member (tar: its header's byte offset; zip: its index among
     the images) and how many images inside it are done (an inner tar's images; 1 for a plain image)."""
@@ -86,7 +95,8 @@ class ArchiveSource:
 
     Raises:
         FileNotFoundError: the archive or labels are missing, or the archive holds no images.
-        ValueError: a layout that does not fit the archive, or validation images without labels.
+        colabfast.packing.PackRefused: (a ``ValueError``) a layout that does not fit the archive, or
+            validation images without labels.
     """
 
     def __init__(self, path: Union[str, os.PathLike], layout: str = "auto", split: Optional[str] = None,
@@ -104,7 +114,7 @@ class ArchiveSource:
         else:
             self.layout = self._inspect_tar(layout)
         if self.layout == "imagenet-val" and self.labels is None:
-            raise ValueError(f"{self.path} is ImageNet's validation archive: its labels are in the devkit; "
+            raise _refused(f"{self.path} is ImageNet's validation archive: its labels are in the devkit; "
                              "pass labels='.../ILSVRC2012_devkit_t12.tar.gz'")
 
     # --- looking at the archive -----------------------------------------------------------------
@@ -119,7 +129,7 @@ class ArchiveSource:
 
     def _inspect_tar(self, layout: str) -> str:
         if layout in ("kaggle-train", "kaggle-val"):
-            raise ValueError(f"layout {layout!r} is Kaggle's zip; {self.path} is a tar")
+            raise _refused(f"layout {layout!r} is Kaggle's zip; {self.path} is a tar")
         if layout != "auto":
             return layout
         with self._open_plain() as f, _decompressed(f) as stream:
@@ -149,7 +159,7 @@ class ArchiveSource:
                 if layout == "auto":
                     layout = f"kaggle-{split or 'train'}" if kaggle else "imagefolder"
                 elif split is not None and layout != f"kaggle-{split}":
-                    raise ValueError(f"split={split!r} only applies to Kaggle's zip")
+                    raise _refused(f"split={split!r} only applies to Kaggle's zip")
                 if layout.startswith("kaggle-"):
                     if not kaggle:
                         raise FileNotFoundError(f"{self.path} is not Kaggle's ImageNet zip: no {KAGGLE_SYNSETS}")
@@ -163,7 +173,7 @@ class ArchiveSource:
                                                      + (f", {KAGGLE_VAL_SOLUTION})" if solution else ")"))
                     self._prefix = KAGGLE_DATA + layout.split("-")[1] + "/"
         if layout not in ("imagefolder", "kaggle-train", "kaggle-val"):
-            raise ValueError(f"layout {layout!r} is for a tar; {self.path} is a zip")
+            raise _refused(f"layout {layout!r} is for a tar; {self.path} is a zip")
         wanted = [i for i in infos if not i.is_dir() and i.filename.startswith(self._prefix) and is_image(i.filename)]
         wanted.sort(key=lambda i: i.header_offset)  # file order: one forward pass
         wanted = _last_copies(self.path, wanted)

@@ -134,8 +134,8 @@ NO_IMAGES = -1  # load_index's column for a mirror of columns read without image
 
 T = TypeVar("T")
 __all__ = ["MirrorError", "MirrorInfo", "Index", "Stored", "info", "verify", "load_index", "load_columns",
-           "check_columns", "read_paths", "open_h5", "read_h5",
-           "vet", "trust", "write_array", "Header", "header", "header_crc32", "attrs_crc32", "file_version", "runs"]
+           "check_columns", "read_paths", "read_order", "open_h5", "read_h5", "vet", "trust", "write_array", "Header",
+           "header", "header_crc32", "attrs_crc32", "file_version", "runs"]
 
 
 class MirrorError(Error, ValueError):
@@ -1071,6 +1071,25 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
         i = next(i for i, rel in enumerate(out) if "\0" in rel or _not_plain(f"\0{rel}\0"))
         raise _bad(path, f"path {i} ({out[i][:80]!r}) is not a plain relative path")
     return out
+
+
+@_as_mirror_error
+def read_order(path: PathLike, split: str = "") -> np.ndarray:
+    """Each stored sample's index in the source's order (``split``'s ``order``), checked: int64, one
+    per sample.
+
+    Raises:
+        MirrorError: an order table that breaks the format.
+    """
+    path = Path(path)
+
+    def read(f: h5py.File) -> np.ndarray:
+        head = header(f, path)
+        g = _group(f, path, split, head)
+        n = _dataset(g, "order", path, "<i8", (None,)).shape[0]
+        return _array(g, "order", path, "<i8", (n,), head.version)
+
+    return read_h5(path, read)
 
 
 def _not_plain(joined: str) -> bool:

@@ -54,9 +54,10 @@ PACK_OPTIONS = ("layout", "labels", "store", "quality", "shuffle", "seed", "work
 
 def _one_split(split: Optional[str], layout: str) -> dict:
     from colabfast.mirror import KITTI_SPLITS
+    from colabfast.packing import PackRefused
 
     if split is not None:
-        raise ValueError(f"split={split!r}: a mirror of the {layout} layout has one set of samples; split= "
+        raise PackRefused(f"split={split!r}: a mirror of the {layout} layout has one set of samples; split= "
                          f"picks KITTI's {' or '.join(KITTI_SPLITS)}, or the part of Kaggle's ImageNet zip to pack")
     return {}
 
@@ -68,9 +69,10 @@ def _packed_split(split: Optional[str], layout: str) -> dict:
 
 def _kitti_split(split: Optional[str], layout: str) -> dict:
     from colabfast.mirror import KITTI_SPLITS
+    from colabfast.packing import PackRefused
 
     if split not in (None, *KITTI_SPLITS):
-        raise ValueError(f"split={split!r}: a KITTI mirror holds {' and '.join(KITTI_SPLITS)} (default training)")
+        raise PackRefused(f"split={split!r}: a KITTI mirror holds {' and '.join(KITTI_SPLITS)} (default training)")
     return {"train": split != "testing"}
 
 
@@ -108,8 +110,8 @@ def what_is(path: Path) -> str:
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        ValueError: another kind of file, named with its size and first bytes' kind, and what
-            :func:`open_dataset` accepts.
+        MirrorError: (a ``ValueError``) another kind of file, named with its size and first bytes'
+            kind, and what :func:`open_dataset` accepts.
     """
     try:
         st = retry(lambda: os.stat(path), 5)  # Drive may be briefly disconnected
@@ -124,9 +126,13 @@ def what_is(path: Path) -> str:
         with open(path, "rb") as f:
             if f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
                 return "mirror"
-        raise ValueError(f"{path} is a file of {human_bytes(st.st_size)} that is neither an HDF5 mirror nor an "
-                         f"archive (by its name, {path.suffix or 'no suffix'}). {ACCEPTS}.")
-    raise ValueError(f"{path} is not a regular file or a folder (a pipe, socket or device). {ACCEPTS}.")
+        from colabfast.mirror import MirrorError  # here: h5py loads in 0.2 s, and a mirror is staged first
+
+        raise MirrorError(f"{path} is a file of {human_bytes(st.st_size)} that is neither an HDF5 mirror nor an "
+                          f"archive (by its name, {path.suffix or 'no suffix'}). {ACCEPTS}.")
+    from colabfast.mirror import MirrorError
+
+    raise MirrorError(f"{path} is not a regular file or a folder (a pipe, socket or device). {ACCEPTS}.")
 
 
 def default_mirrors(src: Path) -> Path:
@@ -142,10 +148,12 @@ def default_mirrors(src: Path) -> Path:
     return src.parent / MIRRORS_FOLDER
 
 
-def mirror_name(src: Path, fingerprint: str) -> str:
+def mirror_name(src: Path, fingerprint: str, copy: int = 0) -> str:
     """``<name>-<first 12 hex digits of the fingerprint>.h5``: one name per source and options, so a
-    changed source, or other options, never overwrites another mirror (``flowers.zip`` -> ``flowers-...``)."""
-    return f"{strip_archive_suffix(src.name)}-{fingerprint[:12]}.h5"
+    changed source, or other options, never overwrites another mirror (``flowers.zip`` -> ``flowers-...``).
+    ``copy`` k > 0 names the mirror packed beside k files that took the name but do not hold this
+    source (``<name>-<12 hex digits>.<k>.h5``)."""
+    return f"{strip_archive_suffix(src.name)}-{fingerprint[:12]}{f'.{copy}' if copy else ''}.h5"
 
 
 def drop_in(mirror: PathLike, split: Optional[str] = None, **kwargs: Any) -> MirrorDataset:
@@ -154,7 +162,8 @@ def drop_in(mirror: PathLike, split: Optional[str] = None, **kwargs: Any) -> Mir
     ``target_transform``, ``output``).
 
     Raises:
-        MirrorError: not a mirror this colabfast reads. ValueError: a ``split`` the layout lacks.
+        MirrorError: not a mirror this colabfast reads. PackRefused (a ``ValueError``): a ``split`` the
+            layout lacks.
     """
     from colabfast.mirror import header, read_h5
 
@@ -267,9 +276,13 @@ def open_dataset(
       sizes and times, its labels, layout and options; listing the source reads no image) and, when
       there is none, packed there (resumable, as pack is; a second runtime calling this on the same
       source waits for the first's pack lock and then finds its mirror). A source that changed since
-      its mirror was made gets a new mirror; the old one is kept and named in the account. When the
-      mirror is on Drive, Drive is flushed (:func:`colabfast.flush_drive`) so that the next runtime
-      finds it. Then the mirror is staged and opened.
+      its mirror was made gets a new mirror; the old one is kept and named in the account. A mirror
+      found is checked against the listing too (its samples' paths and order, what it records as
+      skipped, its layout, options and classes: what the fingerprint stands for), since any file can
+      carry a fingerprint: one that does not hold the source is left as it is, and the source's
+      mirror is packed beside it (``<name>-<12 hex digits>.1.h5``), the account saying why. When
+      the mirror is on Drive, Drive is flushed (:func:`colabfast.flush_drive`) so that the next
+      runtime finds it. Then the mirror is staged and opened.
 
     The source is packed straight from where it is, not staged to local disk first: on the Drive
     simulator (100 ms per open, 60 MB/s, 2 CPUs, photo-like 500x375 JPEGs) the two take the same time
@@ -315,13 +328,16 @@ def open_dataset(
 
     Raises:
         FileNotFoundError: nothing at ``path``, or a folder holding no images (naming what it holds).
-        ValueError: a file that is not a mirror or archive, a split the layout lacks, pack options
-            given with a mirror, or an argument :func:`colabfast.pack` refuses.
+        MirrorError: (a ``ValueError``) a file that is not a mirror or archive.
+        PackRefused: (a ``ValueError``) a split the layout lacks, pack options given with a mirror, or
+            an argument :func:`colabfast.pack` refuses.
+        StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
         TypeError: an option that is not pack's.
         OSError: the mirrors folder cannot be written (read-only or full Drive; the message says to
             pass ``mirrors=`` elsewhere), or as pack and stage raise.
         MirrorError: the mirror's name in ``mirrors`` is taken by a file colabfast did not write (it
-            is never overwritten), or a mirror is damaged.
+            is never overwritten) or by a symbolic link to nothing (never written through: the
+            mirror would land outside ``mirrors``), or a mirror is damaged.
         PackError, UnsafeArchiveError, StageError, DriveError: as the steps raise them.
     """
     unknown = sorted(set(pack_options) - set(PACK_OPTIONS))
@@ -329,16 +345,20 @@ def open_dataset(
         raise TypeError(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
                         f"{', '.join(PACK_OPTIONS)}")
     if to not in ("auto", "disk", "ram"):
-        raise ValueError(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
+        from colabfast.staging import StageRefused
+
+        raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     src = Path(os.path.abspath(os.path.expanduser(path)))
     kind = what_is(src)
     steps: list[str] = []
     if kind == "mirror":
         given = [name for name, v in (("image_size", image_size), ("mirrors", mirrors)) if v is not None]
         if given or pack_options:
-            raise ValueError(f"{src} is a mirror already: {', '.join(given + sorted(pack_options))} apply when "
+            from colabfast.packing import PackRefused
+
+            raise PackRefused(f"{src} is a mirror already: {', '.join(given + sorted(pack_options))} apply when "
                              "open_dataset packs a folder or an archive")
-        mirror, fingerprint = src, None
+        mirror, check = src, None
     early = None
     if kind != "mirror":
         folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
@@ -348,19 +368,29 @@ def open_dataset(
         if kind == "folder":  # detected once (a listing of the folder on Drive), then given to pack
             pack_options = {**pack_options, "layout": _folder_layout(src, pack_options)}
         try:
-            mirror, fingerprint = _found_or_packed(src, kind, split, image_size, mirrors, progress, pack_options,
-                                                   steps, early)
+            wanted = _listed(src, kind, split, image_size, mirrors, pack_options, steps)
+            mirror, check = _found_or_packed(src, wanted, kind, split, image_size, progress, pack_options, steps,
+                                             early)
         finally:
             if early is not None:
                 early.stop()  # a no-op once the listing named what it staged (then it is taken below)
-        if _packs_split(kind, pack_options):
-            split = None  # it chose what pack read
     # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
     # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
     at = len(steps)
     local = (early.take(mirror, steps) if early is not None else None) or _staged(mirror, to, progress, steps)
-    if kind == "mirror" or fingerprint is not None:
-        steps.insert(at, _checked(mirror, local, src, fingerprint))
+    while kind == "mirror" or check is not None:
+        try:
+            steps.insert(at, _checked(mirror, local, src, check))
+            break
+        except _Impostor as exc:  # a file claiming this source's fingerprint: packed beside, never overwritten
+            assert check is not None  # only a mirror looked for is checked for what it holds
+            steps.append(str(exc))
+            mirror, check = _found_or_packed(src, check, kind, split, image_size, progress, pack_options, steps,
+                                             passed=check.passed + [mirror])
+            at = len(steps)
+            local = _staged(mirror, to, progress, steps)
+    if kind != "mirror" and _packs_split(kind, pack_options):
+        split = None  # it chose what pack read
     dataset = drop_in(local, split, transform=transform, target_transform=target_transform, output=output)
     steps.append(f"opened as {type(dataset).__name__}: {len(dataset):,} images"
                  + (f" in {len(dataset.classes)} classes" if getattr(dataset, "classes", None) else ""))
@@ -370,36 +400,58 @@ def open_dataset(
     return dataset
 
 
-def _checked(mirror: Path, local: Path, src: Path, fingerprint: Optional[str]) -> str:
+class _Impostor(Exception):
+    """A complete mirror found at the name of this source's mirror, recording its fingerprint, whose
+    samples are not the source's (see :func:`colabfast.packing.common.differs`); the message is
+    the account's line."""
+
+
+@dataclasses.dataclass
+class _Wanted:
+    """The mirror :func:`open_dataset` looks for: the source's fingerprint, and what that mirror
+    holds, from one listing of the source (see :func:`colabfast.packing.source_listing`)."""
+
+    folder: Path  # the mirrors folder
+    fingerprint: str
+    contents: Any  # colabfast.packing.common.Contents
+    passed: list[Path] = dataclasses.field(default_factory=list)  # files at its names that are not it
+
+
+def _checked(mirror: Path, local: Path, src: Path, wanted: Optional[_Wanted]) -> str:
     """What was found at ``mirror`` (staged at ``local``), in words: the mirror given, or (with
-    ``fingerprint``) the mirror of ``src`` that open_dataset looked for.
+    ``wanted``) the mirror of ``src`` that open_dataset looked for.
 
     Raises:
-        MirrorError: not a complete colabfast mirror, or (``fingerprint``) not the one of ``src``
-            with these options: a file at that name is never overwritten.
+        MirrorError: not a complete colabfast mirror, or (``wanted``) not one recording the
+            fingerprint of ``src`` with these options: a file at that name is never overwritten.
+        _Impostor: (``wanted``) one recording that fingerprint whose samples are not the source's.
     """
     from colabfast.mirror import MirrorError
+    from colabfast.packing.common import differs
 
     m = _look_at(local)
     assert m is not None  # staged, or opened where it is
-    if fingerprint is None:
+    if wanted is None:
         if m.header is None:
             raise MirrorError(m.why)
         return f"{mirror} is a mirror of {m.header.source} made {_created(m.header)} ({human_bytes(m.size)})"
-    if m.header is None or m.fingerprint != fingerprint:
+    if m.header is None or m.fingerprint != wanted.fingerprint:
         whose = (f"a mirror of {m.header.source}" if m.header is not None
                  else f"not a complete colabfast mirror ({m.why})")
         raise MirrorError(f"{mirror} is {whose}, where open_dataset would put the mirror of {src}: it is never "
                           f"overwritten. Move it away, or pass mirrors= another folder.")
+    # The fingerprint is an attribute any file can carry: what it stands for is checked too.
+    why = differs(local, wanted.contents)
+    if why is not None:
+        raise _Impostor(f"{mirror} records the fingerprint of {src} with these options, but {why}: it is not "
+                        "this source's mirror, so it is not used (nor overwritten: delete it if you do not need it)")
     return f"found a mirror of it made {_created(m.header)} ({human_bytes(m.size)}): {mirror}"
 
 
-def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any, mirrors: Optional[PathLike],
-                     progress: bool, options: dict, steps: list[str],
-                     early: Optional[_Early] = None) -> tuple[Path, Optional[str]]:
-    """The mirror of ``src`` with these options in ``mirrors``, packed there now unless a file has its
-    name; with that file, the fingerprint it must record (checked by :func:`_checked` once staged)."""
-    from colabfast.packing import pack, source_fingerprint
+def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, mirrors: Optional[PathLike],
+            options: dict, steps: list[str]) -> _Wanted:
+    """List ``src`` (no image read): the mirror of it with these options that open_dataset wants."""
+    from colabfast.packing import source_listing
 
     packs_split = _packs_split(kind, options)
     if kind == "folder" and not packs_split:  # a wrong split is named now, not after packing
@@ -411,22 +463,53 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
     fingerprint_options = {k: v for k, v in options.items()
                            if k in ("layout", "labels", "store", "quality", "shuffle", "seed", "retries", "on_error")}
     try:
-        fingerprint, described = source_fingerprint(src, split=split if packs_split else None,
-                                                    image_size=image_size, **fingerprint_options)
+        fingerprint, described, contents = source_listing(src, split=split if packs_split else None,
+                                                          image_size=image_size, **fingerprint_options)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{exc}. {src} holds {_contents(src)}. {ACCEPTS}.") from exc
     steps.append(f"listed {src} in {_seconds(time.perf_counter() - start)}: {described}")
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
-    dst = folder / mirror_name(src, fingerprint)
+    return _Wanted(folder, fingerprint, contents)
+
+
+MAX_BESIDE = 10  # files at a mirror's names that are not it, before open_dataset gives up on that folder
+
+
+def _found_or_packed(src: Path, wanted: _Wanted, kind: str, split: Optional[str], image_size: Any, progress: bool,
+                     options: dict, steps: list[str], early: Optional[_Early] = None,
+                     passed: Optional[list[Path]] = None) -> tuple[Path, Optional[_Wanted]]:
+    """The mirror of ``src`` with these options in its mirrors folder, packed there now unless a file
+    has its name; with that file, ``wanted`` (what :func:`_checked` checks once it is staged). Its name
+    is :func:`mirror_name`'s, or, beside the ``passed`` files that took the earlier names but are
+    not it, the next copy's.
+
+    Raises:
+        MirrorError: a symbolic link at the name (pack would write where it leads, outside the
+            folder), or ``MAX_BESIDE`` files at its names that are not it.
+    """
+    from colabfast.mirror import MirrorError
+    from colabfast.packing import pack
+
+    packs_split = _packs_split(kind, options)
+    folder, passed = wanted.folder, passed or []
+    wanted.passed = passed
+    if len(passed) >= MAX_BESIDE:
+        raise MirrorError(f"{folder} holds {len(passed)} files at the names of the mirror of {src} that are not it "
+                          f"({', '.join(p.name for p in passed[:3])}, ...): move them away, or pass mirrors= another "
+                          "folder.")
+    dst = folder / mirror_name(src, wanted.fingerprint, len(passed))
     if early is not None:
         early.expect(dst)  # staging another mirror (the source changed) stops now, before any packing
     # One process at a time looks for this mirror and packs it: a second one waits, then finds it.
     with locked(env.cache_dir() / "locks" / f"open-{state_name(dst)}.lock", f"opening {dst}"):
         try:  # pack publishes a mirror whole (a rename), so a file at its name is complete or foreign
             retry(lambda: os.stat(dst), 5)
-            return dst, fingerprint
+            return dst, wanted
         except FileNotFoundError:
-            pass
+            if os.path.islink(dst):  # pack would follow it, and write the mirror where it leads
+                raise MirrorError(f"{dst} is a symbolic link to {os.readlink(dst)}, which does not exist: "
+                                  "open_dataset never writes a mirror through a link, which would put it outside "
+                                  f"{folder}. Remove the link, or pass mirrors= another folder.") from None
         _check_writable(folder)
         start = time.perf_counter()
         try:
@@ -441,11 +524,13 @@ def _found_or_packed(src: Path, kind: str, split: Optional[str], image_size: Any
             raise
     made = _look_at(dst)
     assert made is not None and made.header is not None  # pack published it, complete
-    steps.append(f"no mirror of it with these options in {folder}: packed {dst} in "
-                 f"{_seconds(time.perf_counter() - start)} ({human_bytes(made.size)}), reading the source straight "
-                 f"from {'Drive' if env.drive_kind(src) is not None else 'where it is'}")
+    where = f"beside {passed[-1].name}" if passed else f"no mirror of it with these options in {folder}:"
+    steps.append(f"{where} packed {dst} in {_seconds(time.perf_counter() - start)} ({human_bytes(made.size)}), "
+                 f"reading the source straight from {'Drive' if env.drive_kind(src) is not None else 'where it is'}")
     for old in _older_mirrors(folder, src, dst):
         assert old.header is not None
+        if old.path in passed:
+            continue
         why = "an earlier version of the source" if _options_of(old.header) == _options_of(made.header) else \
             f"other options (store={old.header.store}, image_size={old.header.image_size})"
         steps.append(f"kept {old.path.name}, made {_created(old.header)} from {why} ({human_bytes(old.size)}): "

@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import stat
 import sys
@@ -31,11 +32,13 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence, TextIO, U
 from colabfast import env, mounttable
 from colabfast._fileio import (
     PARTIAL_SUFFIX,
-    STATE_PREFIX,
+    STAGE_JOURNAL,
+    STAGE_RECORD,
     FileEntry,
     PathLike,
     fits_name_max,
     human_bytes,
+    is_partial_name,
     lagging,
     locked,
     partial_path,
@@ -51,12 +54,12 @@ from colabfast._fileio import (
 from colabfast.archive import archive_suffix, extract, extracted_size, links_under, strip_archive_suffix
 from colabfast.errors import Error
 
-__all__ = ["stage", "StageError", "check_space", "default_destination", "Destination"]
+__all__ = ["stage", "StageError", "StageRefused", "check_space", "default_destination", "Destination"]
 
 MANIFEST_FORMAT = "colabfast-stage"
 MANIFEST_VERSION = 1
-RECORD = f"{STATE_PREFIX}stage.json"  # inside a staged folder: what it was staged from, and hashes
-JOURNAL = RECORD.replace(".json", ".sha256.jsonl")  # beside it: hashes appended as files are verified
+RECORD = STAGE_RECORD  # inside a staged folder: what it was staged from, and hashes
+JOURNAL = STAGE_JOURNAL  # beside it: hashes appended as files are verified
 CHUNK = 1 << 20  # bytes per read() when copying a file
 BIG_FILE = 64 << 20  # files at least this large are copied as parallel ranges
 RANGE = 16 << 20  # bytes per range of a big file
@@ -92,6 +95,11 @@ class StageError(Error, OSError):
         return str(self.strerror)
 
 
+class StageRefused(Error, ValueError):
+    """stage refused its arguments, its source or its destination before writing anything; the message
+    names what and the fix. A ``ValueError``, as these refusals always were."""
+
+
 def _describe(exc: BaseException) -> str:
     attempts = getattr(exc, "attempts", 1)
     folder = " (a folder: nothing under it was staged)" if getattr(exc, "folder", False) else ""
@@ -125,9 +133,11 @@ def stage(
     two runs from staging to one destination at once.
 
     Args:
-        src: a folder (copied recursively, following symlinks; names colabfast keeps for its own
-            files, ``*.colabfast-partial`` and ``.colabfast-*``, are left out with a warning that
-            lists them, records of an earlier stage quietly), a single file, or an archive
+        src: a folder (copied recursively, following symlinks; a file named as colabfast names its
+            own files in a staged folder, a temporary ``.NAME.colabfast-partial`` or a record
+            ``.colabfast-stage.json`` or ``.colabfast-stage.sha256.jsonl``, is refused by name, unless
+            its folder is one colabfast staged: then it is that stage's, and left out), a single
+            file, or an archive
             (``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``),
             which is extracted while it is read, with no intermediate copy (see
             :mod:`colabfast.archive` for what is refused as unsafe); or a list of archives that
@@ -172,9 +182,11 @@ def stage(
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
-        ValueError: bad arguments; or ``dst`` holds files colabfast did not stage from ``src`` (a
-            folder of yours, or another dataset) and ``overwrite`` is False: the message names
-            the folder and what is in it.
+        StageRefused: (a ``ValueError``) bad arguments; or ``dst`` holds files colabfast did not
+            stage from ``src`` (a folder of yours, or another dataset) and ``overwrite`` is False:
+            the message names the folder and what is in it; or a folder ``src`` holds files named
+            as colabfast's own (see ``src``), which could not be told from them once copied.
+            Nothing is written.
         OSError: ``errno.ENOSPC`` before copying when the destination lacks space, with the numbers
             (from DriveFS, reading also fills Drive's local cache, so a single file or an archive
             needs twice its size; for a folder that is only a warning, as DriveFS evicts its cache
@@ -190,20 +202,20 @@ def stage(
         a read error, when its partial extraction stays for a re-run to resume.
     """
     if verify not in ("size", "sha256"):
-        raise ValueError(f"verify must be 'size' or 'sha256', not {verify!r}")
+        raise StageRefused(f"verify must be 'size' or 'sha256', not {verify!r}")
     if to not in ("auto", "disk", "ram"):
-        raise ValueError(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
+        raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     if dst is not None and to != "auto":
-        raise ValueError(f"pass dst or to, not both: to={to!r} only picks a default destination")
+        raise StageRefused(f"pass dst or to, not both: to={to!r} only picks a default destination")
     opts = _Options(verify, retries, progress, overwrite, allow_links, cancel)
     source = _resolve(src, retries)
     if workers is None:
         workers = 64 if env.is_fuse(source.path) else 16
     if workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers}")
+        raise StageRefused(f"workers must be at least 1, not {workers}")
     if source.kind == "folder":
         source = source.scanned(workers, retries)
-        _warn_reserved(source.path, source.reserved)
+        _check_reserved(source.path, source.reserved)
     target = _destination(source.name, dst, to, source.nbytes, single=source.kind == "file")
     if source.kind == "file" and target.is_dir():
         target = target / source.name
@@ -255,12 +267,13 @@ def _resolve(src: Union[PathLike, Sequence[PathLike]], retries: int) -> _Input:
 
     Raises:
         FileNotFoundError: it (or one of the archives) does not exist.
-        ValueError: a list holding something other than archives.
+        StageRefused: a list holding something other than archives.
     """
     if isinstance(src, (list, tuple)):
         archives = [Path(os.path.abspath(a)) for a in src]
         if not archives or not all(archive_suffix(a) for a in archives):
-            raise ValueError("a list of sources must be archives (.zip, .tar, .tar.gz, ...), extracted into one folder")
+            raise StageRefused("a list of sources must be archives (.zip, .tar, .tar.gz, ...), extracted into one "
+                               "folder")
         for a in archives:
             if not a.is_file():
                 raise _not_found(a)
@@ -296,17 +309,34 @@ def _say_up_to_date(dst: Path, opts: _Options) -> None:
         print(f"{dst} is up to date, nothing copied", file=sys.stderr)
 
 
-def _warn_reserved(src: Path, reserved: list[str]) -> None:
-    """Say which files of ``src`` are not staged because colabfast keeps such names for its own
-    bookkeeping in the destination (``*.colabfast-partial``, ``.colabfast-*``); records of an earlier
-    stage (``.colabfast-stage.json`` and its journal) describe that stage, not this one, and are
-    left out without a word."""
-    theirs = sorted(rel for rel in reserved if os.path.basename(rel) not in (RECORD, JOURNAL))
+def _check_reserved(src: Path, reserved: list[str]) -> None:
+    """Refuse to stage ``src`` when it holds files named as colabfast names its own in a staged folder
+    (``reserved``, as :func:`colabfast._fileio.scan_tree` leaves them out): copied, each would be
+    taken for colabfast's (a temporary file is deleted when a run resumes, a record is read and
+    overwritten), so none can be staged as it is, and leaving it out would lose it quietly. Inside a
+    folder colabfast staged (its record says so), they are that stage's own leftovers, and stay out.
+
+    Raises:
+        StageRefused: naming them and the fix.
+    """
+    staged: dict[str, bool] = {}  # folder (relative to src) -> whether it is inside a folder colabfast staged
+
+    def inside_stage(folder: str) -> bool:
+        if folder not in staged:
+            staged[folder] = _ours(read_json(src / folder / RECORD) or {}) or (
+                folder != "" and inside_stage(posixpath.dirname(folder)))
+        return staged[folder]
+
+    def ours(rel: str) -> bool:
+        return inside_stage(posixpath.dirname(rel))
+
+    theirs = sorted(rel for rel in reserved if not ours(rel))
     if theirs:
         shown = ", ".join(theirs[:10]) + (f" and {len(theirs) - 10} more" if len(theirs) > 10 else "")
-        warnings.warn(f"{len(theirs)} entries of {src} are not staged: {shown}. Names ending in "
-                      f"{PARTIAL_SUFFIX} or starting with {STATE_PREFIX} are colabfast's own (its temporary "
-                      f"files and records in the destination); rename them to stage them.", stacklevel=3)
+        raise StageRefused(f"{len(theirs)} files of {src} are named as colabfast names its own in a staged folder "
+                           f"(temporary files .NAME{PARTIAL_SUFFIX}, records {RECORD} and {JOURNAL}), so their "
+                           f"copies would be taken for colabfast's, and nothing was written: {shown}. Rename them "
+                           f"(or delete them, if an interrupted colabfast run left them) and stage again.")
 
 
 def _not_found(path: Path) -> FileNotFoundError:
@@ -382,7 +412,7 @@ def default_destination(name: str, nbytes: int, to: str = "auto", *, single: boo
 def _check_not_nested(src: Path, dst: Path) -> None:
     s, d = os.path.realpath(src), os.path.realpath(dst)
     if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
-        raise ValueError(f"cannot stage {src} into {dst}: one is inside the other")
+        raise StageRefused(f"cannot stage {src} into {dst}: one is inside the other")
 
 
 def check_space(nbytes: int, dst: Path, src: Path, *, folder: bool = False) -> None:
@@ -496,7 +526,7 @@ def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> No
         return
     if not dst.is_dir():
         if not opts.overwrite:
-            raise ValueError(f"{dst} is a file, not a folder: cannot stage {source} there. Pass another dst, "
+            raise StageRefused(f"{dst} is a file, not a folder: cannot stage {source} there. Pass another dst, "
                              f"or overwrite=True to replace it.")
         dst.unlink()
         return
@@ -508,9 +538,9 @@ def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> No
     if not opts.overwrite:
         shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
         if _ours(record):
-            raise ValueError(f"{dst} was staged from {record.get('source')}, not {source}: staging there would "
+            raise StageRefused(f"{dst} was staged from {record.get('source')}, not {source}: staging there would "
                              f"mix two datasets. Pass another dst, or overwrite=True to replace it.")
-        raise ValueError(f"{dst} is a folder colabfast did not stage, and it holds {shown}: staging {source} "
+        raise StageRefused(f"{dst} is a folder colabfast did not stage, and it holds {shown}: staging {source} "
                          f"there could overwrite your files, so nothing was written. Pass another dst, empty "
                          f"the folder, or pass overwrite=True to replace its contents.")
     for name in entries:
@@ -536,12 +566,12 @@ def _prepare_file(target: Path, src: Path, entry: FileEntry, opts: _Options) -> 
     if not target.exists() and not target.is_symlink():
         return
     if target.is_dir():
-        raise ValueError(f"{target} is a folder: cannot stage the file {src} over it")
+        raise StageRefused(f"{target} is a folder: cannot stage the file {src} over it")
     if (_ours(record) and record.get("source") == str(src)) or unchanged(target.stat(), entry.size, entry.mtime_ns):
         return
     if not opts.overwrite:
         whose = f"was staged from {record.get('source')}" if _ours(record) else "is a file colabfast did not stage"
-        raise ValueError(f"{target} {whose}: staging {src} would replace it, so nothing was written. Pass "
+        raise StageRefused(f"{target} {whose}: staging {src} would replace it, so nothing was written. Pass "
                          f"another dst, or overwrite=True to replace it.")
 
 
@@ -667,7 +697,7 @@ def _remove_partials(root: Optional[Path], targets: list[Path]) -> None:
         return
     for folder, _, names in os.walk(root):
         for name in names:
-            if name.endswith(PARTIAL_SUFFIX):
+            if is_partial_name(name):  # only what colabfast names so: notes.colabfast-partial is a user's
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(folder, name))
 
@@ -1078,12 +1108,12 @@ def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opt
         return
     if not opts.overwrite:
         if _ours(old):
-            raise ValueError(f"{dst} was staged from {old.get('source')}, not {names}: staging there would mix "
+            raise StageRefused(f"{dst} was staged from {old.get('source')}, not {names}: staging there would mix "
                              f"two datasets. Pass another dst, or overwrite=True to replace it.")
         entries = sorted(os.listdir(dst)) if dst.is_dir() else []
         held = f", and it holds {', '.join(entries[:5])}" + (f" and {len(entries) - 5} more" if len(entries) > 5
                                                               else "") if entries else ""
-        raise ValueError(f"{dst} already exists and was not staged from {names}{held}: nothing was written. "
+        raise StageRefused(f"{dst} already exists and was not staged from {names}{held}: nothing was written. "
                          f"Remove it, pass another dst, or pass overwrite=True to replace it.")
     # overwrite: the finished extraction replaces dst as a whole (see _stage_archive)
 

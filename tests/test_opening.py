@@ -281,6 +281,28 @@ def test_what_is_refused(local):
         open_dataset(mirror, image_size=64)
 
 
+def test_refusals_are_colabfast_errors_that_stay_value_errors(local):
+    """Issue 41 item 13: open_dataset's refusals were plain ValueErrors, which ``except
+    colabfast.Error`` missed: a file that is neither mirror nor archive is a MirrorError, a split the
+    layout lacks or pack options given with a mirror a PackRefused, a bad ``to`` a StageRefused."""
+    (local / "notes.txt").write_text("hello")
+    src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
+    refused = [
+        (lambda: open_dataset(local / "notes.txt"), cf.MirrorError, "neither an HDF5 mirror nor an archive"),
+        (lambda: open_dataset(src, "train", progress=False), cf.PackRefused, "split='train': a mirror of the "
+                                                                             "imagefolder layout has one set"),
+        (lambda: open_dataset(src, to="cloud"), cf.StageRefused, "to must be 'auto', 'disk' or 'ram'"),
+    ]
+    for call, cls, message in refused:
+        with pytest.raises(cls, match=message) as caught:
+            call()
+        assert isinstance(caught.value, cf.Error) and isinstance(caught.value, ValueError)
+    assert not (local / MIRRORS_FOLDER).exists()  # refused before anything was packed
+    mirror = open_dataset(src, progress=False).path
+    with pytest.raises(cf.PackRefused, match="is a mirror already: image_size apply"):
+        open_dataset(mirror, image_size=64)
+
+
 def test_a_file_colabfast_did_not_write_is_never_overwritten(local):
     src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
     taken = local / MIRRORS_FOLDER / mirror_name(src, source_fingerprint(src)[0])
@@ -292,6 +314,63 @@ def test_a_file_colabfast_did_not_write_is_never_overwritten(local):
     assert taken.read_bytes() == b"my own notes"
     ds = open_dataset(src, mirrors=local / "elsewhere", progress=False)
     assert ds.path.parent == local / "elsewhere"
+
+
+def test_a_planted_mirror_with_the_sources_fingerprint_is_not_used_a_fresh_one_is_packed_beside(local):
+    """Issue 41 item 11: a mirror planted at the name of a source's mirror, its ``fingerprint``
+    attribute copied from the real source, was opened: 10 images for a 60-image source. What it holds
+    is checked against the source's listing; it is left as it is, and the source's own mirror is
+    packed beside it (and found there the next time), the account saying why."""
+    import dataclasses
+    import shutil
+
+    import h5py
+
+    from colabfast.mirror import Header
+
+    src = make_imagefolder(local / "flowers", classes=3, per_class=20, size=(20, 20))
+    *first, eleventh = sorted((src / "n01440764").iterdir())[:11]
+    (local / "few" / "flowers" / "n01440764").mkdir(parents=True)
+    for p in first:
+        shutil.copy2(p, local / "few" / "flowers" / "n01440764" / p.name)
+    fingerprint = source_fingerprint(src)[0]
+    planted = local / MIRRORS_FOLDER / mirror_name(src, fingerprint)
+    planted.parent.mkdir()
+    cf.pack(local / "few" / "flowers", planted, progress=False)
+    with h5py.File(planted, "r+") as f:  # the claim: the real source's fingerprint (its checksum made to fit)
+        dataclasses.replace(Header.read(f, planted), fingerprint=fingerprint).write(f)
+    before = planted.read_bytes()
+
+    ds = open_dataset(src, progress=False)
+    assert len(ds) == 60 and ds.classes == ImageFolder(src).classes
+    fresh = local / MIRRORS_FOLDER / mirror_name(src, fingerprint, 1)
+    assert ds.path == fresh and fresh.name.endswith(f"-{fingerprint[:12]}.1.h5")
+    assert f"{planted} records the fingerprint of {src} with these options, but it holds 10 images, where the " \
+           f"source lists 60: n01440764/{eleventh.name} and 49 more are neither in it nor among the files it " \
+           f"records as skipped: it is not this source's mirror, so it is not used" in ds.account
+    assert f"beside {planted.name} packed {fresh}" in ds.account
+    assert planted.read_bytes() == before  # never overwritten
+    again = open_dataset(src, progress=False)  # found beside it, nothing packed
+    assert again.path == fresh and len(again) == 60
+    assert "found a mirror of it made" in again.account and "packed" not in again.account
+    assert sorted(p.name for p in planted.parent.iterdir()) == sorted([planted.name, fresh.name])
+
+
+def test_a_dangling_link_at_a_mirrors_name_is_refused_not_written_through(local):
+    """Issue 41 item 11: a dangling symbolic link at the name of a source's mirror made pack write
+    the mirror where the link led, outside the mirrors folder. It is refused, naming the link and the
+    fix, and nothing is written."""
+    src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
+    link = local / MIRRORS_FOLDER / mirror_name(src, source_fingerprint(src)[0])
+    link.parent.mkdir()
+    (local / "elsewhere").mkdir()
+    link.symlink_to(local / "elsewhere" / "x.h5")
+    with pytest.raises(cf.MirrorError, match=f"{link} is a symbolic link to .*x.h5, which does not exist: "
+                                             "open_dataset never writes a mirror through a link.* Remove the link, "
+                                             "or pass mirrors= another folder"):
+        open_dataset(src, progress=False)
+    assert os.listdir(local / "elsewhere") == [] and link.is_symlink()
+    assert os.listdir(link.parent) == [link.name]
 
 
 @pytest.mark.fuse

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import h5py
@@ -683,3 +686,91 @@ def test_a_jpeg_corrupt_inside_is_found_by_the_check_at_one_eighth_scale(tmp_pat
     (tmp_path / "src" / "a" / "good.jpg").write_bytes(good)
     with pytest.raises(PackError, match="bad.jpg"):
         pack(tmp_path / "src", tmp_path / "m.h5", workers=0, progress=False)
+
+
+def test_refusals_are_colabfast_errors_that_stay_value_errors(inet, tmp_path):
+    """Issue 41 item 13: pack's refusals of bad arguments and destinations were plain ValueErrors,
+    which ``except colabfast.Error`` missed. Each is a PackRefused: a PackError (so a colabfast.Error)
+    and still a ValueError, naming what and the fix; nothing is written."""
+    import colabfast as cf
+    from colabfast.packing import PackRefused
+
+    (tmp_path / "folder.h5").mkdir()
+    (tmp_path / "mine.h5").write_text("my notes")
+    tar = tmp_path / "photos.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(next(inet.rglob("*.JPEG")), "a/x.JPEG")
+    refused = [
+        (dict(store="png"), "store must be 'encoded' or 'raw'"),
+        (dict(image_size=(10,)), "image_size must be a positive int"),
+        (dict(on_error="ignore"), "on_error must be 'raise' or 'skip'"),
+        (dict(quality=0), "quality must be 1..100"),
+        (dict(labels="x.tar.gz"), "labels= and split= are for packing from an archive"),
+        (dict(dst=tmp_path / "folder.h5"), "is a folder: pack writes one mirror file. Pass a file name"),
+        (dict(dst=tmp_path / "mine.h5"), "is not a readable colabfast mirror: .* Pass another dst, or overwrite=True"),
+        (dict(src=tar, layout="kaggle-train"), "layout 'kaggle-train' is Kaggle's zip; .*photos.tar is a tar"),
+    ]
+    for kwargs, message in refused:
+        args = {"src": inet, "dst": tmp_path / "m.h5", "progress": False, **kwargs}
+        with pytest.raises(PackRefused, match=message) as caught:
+            pack(args.pop("src"), args.pop("dst"), **args)
+        assert isinstance(caught.value, cf.Error) and isinstance(caught.value, ValueError)
+        assert isinstance(caught.value, cf.PackError) and caught.value.failures == []
+    assert not (tmp_path / "m.h5").exists() and (tmp_path / "mine.h5").read_text() == "my notes"
+
+
+def _fill(path: Path, nbytes: int) -> None:
+    """A file taking ``nbytes`` of its disk (allocated, not sparse)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("small_tmpfs", ["80m"], indirect=True)
+@pytest.mark.parametrize("kind", ["folder", "archive"])
+def test_a_pack_stopped_by_a_full_disk_resumes_once_space_is_back(small_tmpfs, kind, tmp_path, monkeypatch, capsys):
+    """Issue 41 item 14: a disk that filled during pack kept the finished parts, but the re-run's
+    free-space check asked for the whole mirror again, those parts not counted, and refused on the
+    same disk once the space was back. It counts what it will reuse, and finishes the mirror; from a
+    folder, and from an archive read as a stream."""
+    from colabfast import env
+    from colabfast.packing import archives
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=16, size=(320, 240), vary=0.2)
+    if kind == "archive":
+        with tarfile.open(tmp_path / "src.tar", "w") as tar:
+            tar.add(src, "src")
+        src = tmp_path / "src.tar"
+    src_bytes = sum(p.stat().st_size for p in (src.rglob("*.JPEG") if kind == "folder" else [src]))
+    monkeypatch.setattr(common, "CHUNK", 4)  # 8 parts
+    need = int(1.02 * src_bytes + 64e6)  # what the check asks of a fresh pack (see folders._preflight)
+    _fill(small_tmpfs / "other-data", env.disk_free(small_tmpfs) - need - src_bytes // 4)  # room, and a little
+    dst = small_tmpfs / "m.h5"
+    module = folders if kind == "folder" else archives
+    saved = []
+    real = module._save_part
+
+    def then_the_disk_fills(path, result):  # something else fills the disk halfway through (Drive's cache)
+        real(path, result)
+        saved.append(path)
+        if len(saved) == 4:
+            _fill(small_tmpfs / "filler", env.disk_free(small_tmpfs) - 4096)
+
+    monkeypatch.setattr(module, "_save_part", then_the_disk_fills)
+    with pytest.raises(OSError) as full:
+        pack(src, dst, workers=0, progress=False)
+    assert full.value.errno == errno.ENOSPC
+    work = small_tmpfs / ".m.h5.colabfast-pack"
+    assert sorted(work.glob("*.npz")) == sorted(saved) and not list(work.glob("*colabfast-partial"))
+    (small_tmpfs / "filler").unlink()  # the space is back
+    assert env.disk_free(small_tmpfs) < need  # not room for a whole new mirror: only for the rest of this one
+    monkeypatch.setattr(module, "_save_part", real)
+    pack(src, dst, workers=0, progress=True)
+    out = capsys.readouterr().out
+    assert ("resuming: 16 of 32 images were packed by an earlier run" if kind == "folder" else
+            "resuming after the 16 images an earlier run packed") in out
+    ds = H5ImageFolder(dst)
+    assert len(ds) == 32 and ds.targets == [0] * 16 + [1] * 16
+    assert not work.exists()

@@ -660,21 +660,54 @@ def test_corrupt_archive_leaves_nothing(tmp_path):
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_files_named_like_colabfasts_own_are_listed_not_skipped_silently(tmp_path):
-    """Issue 23 item F: a user's files named '*.colabfast-partial' or '.colabfast-*' were left out
-    and stage reported success. They still cannot be staged (colabfast writes and deletes such
-    names in the destination), but a warning names them and the fix; an earlier stage's record is
-    colabfast's own and is left out quietly."""
+def test_files_named_like_colabfasts_own_are_copied_or_refused_never_dropped(tmp_path):
+    """Issue 41 item 15 (issue 23 item F made it a warning): a user's files named '*.colabfast-partial'
+    or '.colabfast-*' were left out and stage reported success. A name colabfast never writes
+    (``notes.colabfast-partial``: no leading dot; ``.colabfast-settings``) is copied, and a resumed run
+    deletes only colabfast's own temporary files; a name colabfast writes in a staged folder
+    (``.NAME.colabfast-partial``, its record) is refused by name before anything is written, unless
+    its folder is a stage of colabfast's (then it is that stage's record, left out as before)."""
+    from colabfast._fileio import partial_name
+    from colabfast.staging import JOURNAL, RECORD, StageRefused
+
     src = make_files(tmp_path / "src", 3, 100)
     (src / "notes.colabfast-partial").write_text("mine")
     (src / "d").mkdir()
     (src / "d" / ".colabfast-settings").write_text("mine too")
-    with pytest.warns(UserWarning, match=r"2 entries of .* are not staged: d/.colabfast-settings, "
-                                         r"notes.colabfast-partial\. .*rename them to stage them"):
-        stage(src, tmp_path / "first", progress=False)  # leaves its record in first/
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        stage(tmp_path / "first", tmp_path / "again", progress=False)  # first/.colabfast-stage.json: ours
+        out = stage(src, tmp_path / "first", progress=False)
+    assert (out / "notes.colabfast-partial").read_text() == "mine"
+    assert (out / "d" / ".colabfast-settings").read_text() == "mine too"
+
+    # a run that was interrupted: its record incomplete, a file missing, a partial file of it left
+    record = stage_mod.read_json(out / RECORD)
+    stage_mod.write_json_atomic(out / RECORD, {**record, "complete": False})
+    missing = sorted(out.rglob("*.bin"))[0]
+    missing.unlink()
+    stage_mod.partial_path(missing).write_bytes(b"half")
+    stage(src, out, progress=False)
+    assert missing.is_file() and not stage_mod.partial_path(missing).exists()
+    assert (out / "notes.colabfast-partial").read_text() == "mine"  # the user's, not a leftover
+
+    (src / ".a.bin.colabfast-partial").write_text("mine")  # the temporary name of a.bin
+    (src / "d" / RECORD).write_text('{"my": "settings"}')
+    (src / "d" / JOURNAL).write_text("my log\n")
+    with pytest.raises(StageRefused, match=r"3 files of .*src are named as colabfast names its own in a staged "
+                                           r"folder .*nothing was written: \.a\.bin\.colabfast-partial, "
+                                           r"d/\.colabfast-stage\.json, d/\.colabfast-stage\.sha256\.jsonl\. "
+                                           r"Rename them"):
+        stage(src, tmp_path / "second", progress=False)
+    assert not (tmp_path / "second").exists()
+
+    # a folder colabfast staged: its record and leftovers are that stage's, left out quietly
+    stage_mod.partial_path(out / "d" / "x.bin").write_bytes(b"half")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = stage(out, tmp_path / "again", progress=False)
+    assert sorted(p.name for p in again.rglob("*") if p.is_file()) == sorted(
+        p.name for p in out.rglob("*") if p.is_file() and p.name != partial_name("x.bin"))
+    assert stage_mod.read_json(again / RECORD)["source"] == str(out)
 
 
 def test_default_destination_is_this_users_and_not_named_like_the_package(tmp_path, monkeypatch):
@@ -734,3 +767,33 @@ def test_a_cancelled_stage_stops_and_leaves_no_partial_file(tmp_path, need_fuse)
             stage(sim.mountpoint / "big.h5", tmp_path / "dst" / "big.h5", progress=False, cancel=cancel)
         assert raised.value.errno == errno.ECANCELED
         assert not any(p.is_file() for p in (tmp_path / "dst").rglob("*"))  # no partial, no copy
+
+
+def test_refusals_are_colabfast_errors_that_stay_value_errors(tmp_path):
+    """Issue 41 item 13: stage's refusals of bad arguments and destinations were plain ValueErrors,
+    which ``except colabfast.Error`` missed. Each is a StageRefused: a colabfast.Error and still a
+    ValueError, naming what and the fix; nothing is written."""
+    import colabfast as cf
+    from colabfast.staging import StageRefused
+
+    src = make_files(tmp_path / "src", 3, 100)
+    (tmp_path / "yours").mkdir()
+    (tmp_path / "yours" / "thesis.tex").write_text("mine")
+    refused = [
+        (dict(verify="md5"), "verify must be 'size' or 'sha256', not 'md5'"),
+        (dict(to="cloud", dst=None), "to must be 'auto', 'disk' or 'ram', not 'cloud'"),
+        (dict(to="ram"), "pass dst or to, not both"),
+        (dict(workers=0), "workers must be at least 1, not 0"),
+        (dict(src=[src]), "a list of sources must be archives"),
+        (dict(dst=src / "inside"), "cannot stage .*src into .*inside: one is inside the other"),
+        (dict(dst=tmp_path / "yours"), "is a folder colabfast did not stage, and it holds thesis.tex: .* Pass "
+                                       "another dst, empty the folder, or pass overwrite=True"),
+    ]
+    for kwargs, message in refused:
+        args = {"src": src, "dst": tmp_path / "dst", "progress": False, **kwargs}
+        with pytest.raises(StageRefused, match=message) as caught:
+            stage(args.pop("src"), args.pop("dst"), **args)
+        assert isinstance(caught.value, cf.Error) and isinstance(caught.value, ValueError)
+        assert not isinstance(caught.value, OSError)  # not taken for a disk or mount error
+    assert not (tmp_path / "dst").exists() and not (src / "inside").exists()
+    assert os.listdir(tmp_path / "yours") == ["thesis.tex"]

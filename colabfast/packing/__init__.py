@@ -31,12 +31,22 @@ from colabfast.encoding import encode_image, resized_size
 from colabfast.mirror import STORES
 from colabfast.packing.archives import _listing as _archive_listing
 from colabfast.packing.archives import pack_archive
-from colabfast.packing.common import CHUNK, PackError, _check_size, _options, lock_path
+from colabfast.packing.common import (
+    CHUNK,
+    Contents,
+    PackError,
+    PackRefused,
+    _check_size,
+    _options,
+    _printable,
+    lock_path,
+)
 from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
 
-__all__ = ["pack", "PackError", "resized_size", "encode_image", "lock_path", "source_fingerprint", "CHUNK"]
+__all__ = ["pack", "PackError", "PackRefused", "resized_size", "encode_image", "lock_path", "source_fingerprint",
+           "source_listing", "CHUNK"]
 
 
 def pack(
@@ -164,24 +174,25 @@ def pack(
         FileNotFoundError: ``src`` is missing or holds no images.
         LayoutError: a folder layout's annotations are malformed or unsafe (see its class), or it has no
             sample to pack (with ``on_error="skip"``: it says what was left out).
-        ValueError: bad arguments; ``dst`` is a folder, or (without ``overwrite``) a file that is not a
-            mirror of ``src``.
+        PackRefused: (a ``ValueError``, and a :class:`PackError` with no ``failures``) bad arguments;
+            ``dst`` is a folder, or (without ``overwrite``) a file that is not a mirror of ``src``; a
+            layout that does not fit the archive. Nothing is written.
         OSError: ``errno.ENOSPC`` when the local disk cannot hold the mirror while it is built.
     """
     if store not in STORES:
-        raise ValueError(f"store must be 'encoded' or 'raw', not {store!r}")
+        raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")
     folder_layout = column_layout(src, layout, labels)
     packed_archive = _archive_of_layout(src, layout)
     if folder_layout is not None or packed_archive is not None or _is_dataset(src):
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+            raise PackRefused(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if not 1 <= quality <= 100:
-            raise ValueError(f"quality must be 1..100, not {quality}")
+            raise PackRefused(f"quality must be 1..100, not {quality}")
         if shuffle:
-            raise ValueError("shuffle=True is for folders of images; a mirror of a dataset keeps its order (a "
+            raise PackRefused("shuffle=True is for folders of images; a mirror of a dataset keeps its order (a "
                              "loader's random sampler shuffles it)")
         if store != "encoded":
-            raise ValueError("store='raw' is for folders of images; a mirror of a dataset stores its images "
+            raise PackRefused("store='raw' is for folders of images; a mirror of a dataset stores its images "
                              "encoded (PNG, or the JPEG files' own bytes)")
         if packed_archive is not None:
             from colabfast.packing.unpacked import pack_unpacked
@@ -198,11 +209,11 @@ def pack(
                             workers=env.cpu_count() if workers is None else workers, on_error=on_error,
                             progress=progress, overwrite=overwrite, layout=folder_layout or "dataset", fields=fields)
     if fields is not None:
-        raise ValueError("fields= is for packing a dataset or a layout of colabfast.layouts")
+        raise PackRefused("fields= is for packing a dataset or a layout of colabfast.layouts")
     if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        raise PackRefused(f"on_error must be 'raise' or 'skip', not {on_error!r}")
     if not 1 <= quality <= 100:
-        raise ValueError(f"quality must be 1..100, not {quality}")
+        raise PackRefused(f"quality must be 1..100, not {quality}")
     image_size = _check_size(image_size)  # type: ignore[assignment]  # (H, W) becomes a list: JSON-equal on resume
     workers = env.cpu_count() if workers is None else workers
     options = _options(store, image_size, quality)
@@ -212,10 +223,10 @@ def pack(
         raise FileNotFoundError(f"no archive at {os.path.abspath(path)}: check the path (on Drive: "
                                 "/content/drive/MyDrive/...)")
     if streamed and shuffle:
-        raise ValueError("shuffle=True is not available when packing from an archive: the mirror keeps the "
+        raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps the "
                          "archive's order (a loader's random sampler shuffles it)")
     if not streamed and (labels is not None or split is not None):
-        raise ValueError("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's zip)")
+        raise PackRefused("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's zip)")
     if streamed:
         return pack_archive(path, dst, options=options, workers=workers, on_error=on_error, progress=progress,
                             overwrite=overwrite, layout=layout, labels=labels, split=split, seed=seed, retries=retries)
@@ -284,7 +295,7 @@ def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optio
     try:
         return LAYOUTS[layout](Path(os.path.abspath(src)), **kwargs)  # type: ignore[call-arg]
     except TypeError as exc:
-        raise ValueError(f"layout {layout!r} does not take these arguments ({exc})") from None
+        raise PackRefused(f"layout {layout!r} does not take these arguments ({exc})") from None
 
 
 def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[PathLike] = None,
@@ -299,21 +310,41 @@ def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[
     reading no image; a folder layout of :mod:`colabfast.layouts` also parses its annotations and
     reads its first sample (what fixes the mirror's columns). Raises what :func:`pack` raises for the
     same source."""
+    fingerprint, description, _ = source_listing(
+        src, layout=layout, labels=labels, split=split, store=store, image_size=image_size, quality=quality,
+        shuffle=shuffle, seed=seed, retries=retries, on_error=on_error)
+    return fingerprint, description
+
+
+def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[PathLike] = None,
+                   split: Optional[str] = None, store: str = "encoded",
+                   image_size: Union[int, tuple[int, int], None] = None, quality: int = 90,
+                   shuffle: bool = False, seed: int = 0, retries: int = 5,
+                   on_error: str = "raise") -> tuple[str, str, Contents]:
+    """:func:`source_fingerprint`'s ``(fingerprint, description)`` and what the mirror holds
+    (:class:`~colabfast.packing.common.Contents`: its samples' paths, its layout, options and classes),
+    from the same listing: what a mirror found by that fingerprint is checked against
+    (:func:`~colabfast.packing.common.differs`). Raises what :func:`pack` raises for the same source."""
     streamed = archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src)
     options = _options(store, _check_size(image_size), quality)
     if (packed_archive := _archive_of_layout(src, layout)) is not None:
         from colabfast.packing.unpacked import unpacked_fingerprint
 
         return (unpacked_fingerprint(src, packed_archive, labels, split, options, retries),
-                f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB")
+                f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB",
+                Contents(options, layout=packed_archive))
     folder_layout = None if streamed else column_layout(src, layout, labels)
     if folder_layout is not None:
         from colabfast.packing.dataset import plan
 
         dataset = _open_layout(src, folder_layout, labels, split, on_error, retries)
-        return plan(dataset, None, options, folder_layout)[2], dataset.describe()
+        return plan(dataset, None, options, folder_layout)[2], dataset.describe(), Contents(
+            options, layout=folder_layout,
+            samples={"": (str(dataset.root), [_printable(p) for p in dataset.paths])})
     if streamed:
         fingerprint, archive = _archive_listing(src, options, layout, labels, split, retries)
-        return fingerprint, archive.describe()
+        return fingerprint, archive.describe(), Contents(options, source=_printable(str(archive.path)))
     fingerprint, source, _ = _folder_listing(src, options, layout, shuffle, seed)
-    return fingerprint, source.describe()
+    return fingerprint, source.describe(), Contents(
+        options, layout=source.layout, classes=source.classes,
+        samples={s.name: (str(s.root), [_printable(f.rel) for f in s.files]) for s in source.splits})

@@ -77,7 +77,8 @@ def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, o
         build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
         work.mkdir(parents=True, exist_ok=True)
         if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
-            _preflight_archive(archive.path, work, options["store"], options["image_size"])
+            reused = sum((work / r["part"]).stat().st_size for r in _stream_log(work, _stream_key(archive, options)))
+            _preflight_archive(archive.path, work, options["store"], options["image_size"], reused)
             source, orders, parts = _stream_parts(archive, options, work, workers, progress)
             _build(build, work, source, orders, parts, fingerprint, on_error, False, seed, options, archive)
         _publish(build, dst)
@@ -101,22 +102,30 @@ def _archive_fingerprint(archive: ArchiveSource, labels: Optional[PathLike], opt
     return hashlib.sha256(json.dumps({"layout": archive.layout, "files": stats, **options}).encode()).hexdigest()
 
 
-def _preflight_archive(path: Path, work: Path, store: str, image_size) -> None:
+def _preflight_archive(path: Path, work: Path, store: str, image_size, reused: int = 0) -> None:
     """Kept encoded images make a mirror of about the archive's size (its parts move into it, see
-    :func:`_assemble`); resized or raw stores are checked once their size is known."""
+    :func:`_assemble`), less the ``reused`` bytes of parts an earlier run left, which are on the disk
+    already; resized or raw stores are checked once their size is known."""
     size = path.stat().st_size
     free = env.disk_free(work)
-    need = int(1.02 * size + 64e6)
+    need = max(int(1.02 * size + 64e6) - reused, 0)
     if store == "encoded" and image_size is None and need > free:
+        less = f", less the {human_bytes(reused)} of parts an earlier run left" if reused else ""
         raise OSError(errno.ENOSPC, f"not enough free space on {work.parent} to pack {path}: need "
                                     f"{human_bytes(need)} ({human_bytes(size)} of images for the mirror, and a "
-                                    f"margin), have {human_bytes(free)}. Pack a resized mirror (image_size=...): "
-                                    "only the mirror is written locally, never the archive.")
+                                    f"margin{less}), have {human_bytes(free)}. Pack a resized mirror "
+                                    "(image_size=...): only the mirror is written locally, never the archive.")
     if env.drive_kind(path) == "drivefs" and size > free:
         warnings.warn(f"pack: DriveFS keeps a copy of what it reads on this disk, and {path} ({human_bytes(size)}) "
                       f"is larger than the {human_bytes(free)} free on {work.parent}. If the disk fills up, run "
                       "colabfast.refresh_drive() to empty that cache, then pack() again: it continues from the "
                       "archive member its last finished part reached.", stacklevel=5)
+
+
+def _stream_key(archive: ArchiveSource, options: dict) -> str:
+    """What an earlier run's parts must have been made of to be reused (see :func:`_stream_parts`)."""
+    return json.dumps({"archive": archive.path.name, "layout": archive.layout,
+                       "labels": archive.labels.origin if archive.labels else None, **options}, sort_keys=True)
 
 
 def _stream_log(work: Path, key: str) -> list[dict]:
@@ -159,8 +168,7 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
     """
     from tqdm.auto import tqdm
 
-    key = json.dumps({"archive": archive.path.name, "layout": archive.layout,
-                      "labels": archive.labels.origin if archive.labels else None, **options}, sort_keys=True)
+    key = _stream_key(archive, options)
     records = _stream_log(work, key)
     keep = {r["part"] for r in records}
     for stale in work.glob("*.npz"):

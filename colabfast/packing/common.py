@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import errno
 import hashlib
 import json
@@ -20,7 +21,7 @@ import stat
 import warnings
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import h5py
 import numpy as np
@@ -28,9 +29,20 @@ import numpy as np
 from colabfast import env
 from colabfast._fileio import FileEntry, partial_path, state_name
 from colabfast.errors import Error
-from colabfast.mirror import Header, MirrorError, check, open_h5, trust
+from colabfast.mirror import (
+    Header,
+    MirrorError,
+    check,
+    header,
+    open_h5,
+    read_h5,
+    read_order,
+    read_paths,
+    split_names,
+    trust,
+)
 
-__all__ = ["CHUNK", "PackError", "lock_path"]
+__all__ = ["CHUNK", "PackError", "PackRefused", "Contents", "differs", "lock_path"]
 
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 COPY_CHUNK = 8 << 20  # bytes per write when copying a built mirror onto Drive
@@ -55,6 +67,16 @@ class PackError(Error, ValueError):
         )
 
 
+class PackRefused(PackError):
+    """pack (or :func:`colabfast.open_dataset`, which packs) refused an argument or its destination
+    before reading a sample or writing anything; the message names what and the fix. A ``ValueError``
+    (through :class:`PackError`), as these refusals always were; ``failures`` is empty."""
+
+    def __init__(self, message: str):
+        self.failures = []
+        ValueError.__init__(self, message)
+
+
 def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:
     """The options a mirror records and its fingerprint covers (``image_size`` as :func:`_check_size` returns it)."""
     return {"store": store, "image_size": image_size, "quality": quality if image_size else None}
@@ -68,7 +90,7 @@ def _check_size(image_size) -> Union[int, list[int], None]:
     if (isinstance(image_size, (tuple, list)) and len(image_size) == 2
             and all(isinstance(v, int) and v > 0 for v in image_size)):
         return [int(image_size[0]), int(image_size[1])]
-    raise ValueError(f"image_size must be a positive int (short side) or (H, W), not {image_size!r}")
+    raise PackRefused(f"image_size must be a positive int (short side) or (H, W), not {image_size!r}")
 
 
 def _version() -> str:
@@ -112,25 +134,89 @@ def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
     except FileNotFoundError:
         return None
     if stat.S_ISDIR(mode):
-        raise ValueError(f"{dst} is a folder: pack writes one mirror file. Pass a file name, e.g. "
+        raise PackRefused(f"{dst} is a folder: pack writes one mirror file. Pass a file name, e.g. "
                          f"{dst / (name + '.h5')}")
     if not stat.S_ISREG(mode):
-        raise ValueError(f"{dst} is not a regular file (a pipe or a device): pass a mirror file name as dst")
+        raise PackRefused(f"{dst} is not a regular file (a pipe or a device): pass a mirror file name as dst")
     if overwrite:
         return None
     try:
         with open_h5(dst) as f:
             return Header.read(f, dst, complete=False).source
     except (MirrorError, OSError):
-        raise ValueError(f"{dst} exists and is not a readable colabfast mirror: packing would replace it, so nothing "
+        raise PackRefused(f"{dst} exists and is not a readable colabfast mirror: packing would replace it, so nothing "
                          "was read. Pass another dst, or overwrite=True to replace it.") from None
 
 
 def _check_same_source(dst: Path, packed_from: str, root: Path) -> None:
     """Refuse to replace a mirror of another source (see :func:`pack`'s ``overwrite``)."""
     if packed_from != _printable(str(root)) and os.path.realpath(packed_from) != os.path.realpath(root):
-        raise ValueError(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
+        raise PackRefused(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
                          "nothing was written. Pass another dst, or overwrite=True to replace it.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Contents:
+    """What the mirror of a source holds, as the source's listing says before any image is read:
+    what :func:`differs` checks a mirror found by its fingerprint against (the fingerprint is a
+    claim any file can copy; these are what it was computed from, as far as the mirror records
+    them: not the files' sizes and times, nor KITTI's boxes)."""
+
+    options: dict  # store, image_size, quality (see _options)
+    source: Optional[str] = None  # the source as a mirror records it, where its fingerprint covers that (an archive's)
+    layout: Optional[str] = None  # None: known only once read (an archive's "auto")
+    classes: Any = ...  # the classes a mirror records (None: none); ...: not known from the listing
+    # split -> (the folder its paths are relative to, each sample's path in the source's order);
+    # None where the listing does not name the samples (an archive read as a stream)
+    samples: Optional[dict[str, tuple[str, list[str]]]] = None
+
+
+def differs(path: Path, contents: Contents) -> Optional[str]:
+    """Why the complete mirror at ``path`` does not hold what ``contents`` says, in words (``"it holds
+    10 images where the source lists 60"``), or None where it does: its source, layout, options and
+    classes, and per split the samples it holds (each one's source path and place in the source's
+    order) with those it records as skipped.
+
+    Raises:
+        MirrorError: it is not a mirror this colabfast reads.
+    """
+    head = read_h5(path, lambda f: header(f, path))
+    if contents.source is not None and head.source != contents.source \
+            and os.path.realpath(head.source) != os.path.realpath(contents.source):
+        return f"it records another source, {head.source}"
+    if contents.layout is not None and head.layout != contents.layout:
+        return f"it holds a {head.layout} layout, where the source is a {contents.layout} layout"
+    packed = {"store": head.store, "image_size": head.image_size, "quality": head.quality}
+    if packed != contents.options:
+        return f"it was packed with {packed}, not {contents.options}"
+    if contents.samples is None:
+        return None
+    splits = read_h5(path, split_names)
+    if sorted(splits) != sorted(contents.samples):
+        return f"it holds the splits {splits}, where the source has {sorted(contents.samples)}"
+    skipped = {s["path"] for s in head.skipped}
+    for split, (root, names) in contents.samples.items():
+        where = f" in {split}" if split else ""
+        order, paths = read_order(path, split), read_paths(path, split)
+        n, held = len(names), len(order)
+        if held > n or (held and (int(order.min()) < 0 or int(order.max()) >= n)) or np.unique(order).size != held:
+            return f"it holds {held} images{where}, where the source lists {n}"
+        for i, (k, rel) in enumerate(zip(order.tolist(), paths)):
+            if rel != names[k]:
+                return f"its image {i}{where} is {rel}, where the source's image {k} is {names[k]}"
+        kept = set(order.tolist())
+        missing = [name for k, name in enumerate(names) if k not in kept and name not in skipped
+                   and _printable(os.path.join(root, name)) not in skipped]
+        if missing:
+            return (f"it holds {held} images{where}, where the source lists {n}: {missing[0]}"
+                    + (f" and {len(missing) - 1} more are" if len(missing) > 1 else " is")
+                    + " neither in it nor among the files it records as skipped")
+    if contents.classes is not ... and head.classes != contents.classes:
+        mine, theirs = head.classes or [], contents.classes or []
+        k = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        return f"its classes differ from the source's from class {k} on ({len(mine)} classes, the source has " \
+               f"{len(theirs)})"
+    return None
 
 
 def _complete(path: Path, fingerprint: str) -> bool:
@@ -230,11 +316,18 @@ def _load_part(path: Path) -> Optional[dict]:
 
 
 def _save_part(path: Path, result: dict) -> None:
+    """Write a part under a temporary name, renamed once whole; a failed write (a full disk) deletes
+    it, so that the space it took is free for the re-run."""
     tmp = partial_path(path)
-    with open(tmp, "wb") as f:
-        np.savez(f, blob=np.frombuffer(result["blob"], np.uint8) if isinstance(result["blob"], bytes)
-                 else result["blob"], offsets=result["offsets"], shapes=result["shapes"],
-                 errors=np.array(json.dumps(result["errors"])))
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, blob=np.frombuffer(result["blob"], np.uint8) if isinstance(result["blob"], bytes)
+                     else result["blob"], offsets=result["offsets"], shapes=result["shapes"],
+                     errors=np.array(json.dumps(result["errors"])))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     os.replace(tmp, path)
 
 

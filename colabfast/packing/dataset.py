@@ -57,6 +57,7 @@ from colabfast.mirror import (
 )
 from colabfast.packing.common import (
     PackError,
+    PackRefused,
     _complete,
     _existing_mirror,
     _file_key,
@@ -102,7 +103,7 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
     with locked(lock_path(dst), f"packing into {dst}"):
         packed_from = _existing_mirror(dst, overwrite, "mirror")
         if packed_from is not None and packed_from != source:
-            raise ValueError(f"{dst} is a mirror of {packed_from}, not of {source}: packing would replace it, so "
+            raise PackRefused(f"{dst} is a mirror of {packed_from}, not of {source}: packing would replace it, so "
                              "nothing was written. Pass another dst, or overwrite=True to replace it.")
         template, flds, planned = plan(dataset, fields, options, layout)
         fingerprint = fingerprint or planned
@@ -184,12 +185,12 @@ def plan(dataset: Any, fields: Optional[dict], options: dict, layout: str) -> tu
             f': on_error="skip" left out every one ({listed}{"; ..." if len(dataset.skipped) > 3 else ""})'
             if dataset.skipped else ""), fix="Fix the files named, or check that it is the right folder")
     if n == 0:
-        raise ValueError(f"{describe_dataset(dataset)} is empty (len 0): there is nothing to pack")
+        raise PackRefused(f"{describe_dataset(dataset)} is empty (len 0): there is nothing to pack")
     try:
         first = dataset[0]
     except IndexError:  # the end, as iterating it would stop there
-        raise ValueError(f"{describe_dataset(dataset)} is empty (dataset[0] raised IndexError though len() is {n}): "
-                         "there is nothing to pack") from None
+        raise PackRefused(f"{describe_dataset(dataset)} is empty (dataset[0] raised IndexError though len() is "
+                          f"{n}): there is nothing to pack") from None
     template, flds = col.template_of(first, fields)
     for f in flds:
         if f.kind in col.IMAGE_KINDS and f.meta.get("encoding") == "jpeg":

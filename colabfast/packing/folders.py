@@ -88,8 +88,9 @@ def pack_folder(src: Any, dst: PathLike, *, options: dict, workers: int, on_erro
         if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
             if source.unreadable and on_error == "raise":  # before any work, not after it
                 raise PackError([(_printable(p), e) for p, e in source.unreadable])
-            _preflight(source, work, options["store"], options["image_size"])
-            parts = _make_parts(source, orders, options, work, workers, progress, retries)
+            jobs = _plan_parts(source, orders, options, work)
+            _preflight(source, work, options["store"], options["image_size"], reused=_reused(jobs))
+            parts = _make_parts(source, orders, options, jobs, workers, progress, retries)
             _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, options, None)
         _publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
@@ -123,24 +124,27 @@ def _fingerprint(source: Source, orders: dict[str, np.ndarray], options: dict) -
     return h.hexdigest()
 
 
-def _preflight(source: Source, work: Path, store: str, image_size) -> None:
+def _preflight(source: Source, work: Path, store: str, image_size, reused: int = 0) -> None:
     """Check before any work that the local disk can hold what packing writes there.
 
     Kept encoded images make parts and then a mirror of about the source's size each: not enough
-    space for those raises ENOSPC. Reading the source from DriveFS also fills Drive's local cache
-    with it (DriveFS keeps what it reads under ``/root/.config/Google/DriveFS/<account>/content_cache``,
-    so copying N GB off Drive needs about 2 N GB free); when that will not fit, this warns with the
-    way through (packing resumes, and :func:`colabfast.refresh_drive` empties the cache) instead of
-    refusing: ImageNet (150 GB) is packed from Drive that way on a 70 GB Colab disk. Resized or raw
-    stores have no size before decoding; :func:`_assemble` checks again once it is known.
+    space for those raises ENOSPC. The ``reused`` bytes of parts an earlier run left (stopped by a
+    full disk, say) are on the disk already and move into the mirror: they are not needed again.
+    Reading the source from DriveFS also fills Drive's local cache with it (DriveFS keeps what it
+    reads under ``/root/.config/Google/DriveFS/<account>/content_cache``, so copying N GB off Drive
+    needs about 2 N GB free); when that will not fit, this warns with the way through (packing
+    resumes, and :func:`colabfast.refresh_drive` empties the cache) instead of refusing: ImageNet
+    (150 GB) is packed from Drive that way on a 70 GB Colab disk. Resized or raw stores have no size
+    before decoding; :func:`_assemble` checks again once it is known.
     """
     src_bytes = sum(f.size for s in source.splits for f in s.files)
-    output = int(1.02 * src_bytes + 64e6) if store == "encoded" and image_size is None else 0
+    output = max(int(1.02 * src_bytes + 64e6) - reused, 0) if store == "encoded" and image_size is None else 0
     free = env.disk_free(work)
     if output > free:
+        less = f", less the {human_bytes(reused)} of parts an earlier run left" if reused else ""
         raise OSError(errno.ENOSPC, f"not enough free space on {work.parent} to pack {source.root}: "
                           f"need {human_bytes(output)} "
-                          f"({human_bytes(src_bytes)} of images for the mirror, and a margin), have "
+                          f"({human_bytes(src_bytes)} of images for the mirror, and a margin{less}), have "
                           f"{human_bytes(free)}. Free space, or pack a resized mirror (image_size=...).")
     if env.drive_kind(source.root) == "drivefs" and output + src_bytes > free:
         warnings.warn(f"pack: reading {human_bytes(src_bytes)} from Drive also fills Drive's local cache, and "
@@ -262,12 +266,15 @@ def _may_be_image(head: bytes) -> bool:
         return False
 
 
-def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, work: Path, workers: int,
-                progress: bool, retries: int) -> _Parts:
-    from tqdm.auto import tqdm
+_Job = tuple[Split, Path, np.ndarray]  # a part: its split, its file, its samples' source indices
 
+
+def _plan_parts(source: Source, orders: dict[str, np.ndarray], options: dict, work: Path) -> list[_Job]:
+    """The parts of this source with these options, each named by what goes into it, so that a part an
+    earlier run finished is found and reused; parts of an earlier run with other files or options are
+    deleted now (before :func:`_preflight` measures the free space)."""
     tags = json.dumps(options, sort_keys=True)
-    jobs = []  # (split, part path, source indices)
+    jobs: list[_Job] = []
     for s in source.splits:
         order = orders[s.name]
         for k in range(0, len(order), common.CHUNK):
@@ -280,6 +287,22 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
     for stale in work.glob("*.npz"):
         if stale not in wanted:
             stale.unlink()  # parts of an earlier run with other files or options
+    return jobs
+
+
+def _reused(jobs: list[_Job]) -> int:
+    """Bytes on disk of the parts an earlier run finished, which :func:`_make_parts` will reuse."""
+    total = 0
+    for _, path, _ in jobs:
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total
+
+
+def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, jobs: list[_Job], workers: int,
+                progress: bool, retries: int) -> _Parts:
+    """Make the parts :func:`_plan_parts` planned, reusing those an earlier run finished."""
+    from tqdm.auto import tqdm
 
     errors: dict[str, list[tuple[int, str]]] = {s.name: [] for s in source.splits}
     todo = []

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from colabfast import env
 from colabfast._fileio import PathLike, retry
 from colabfast.archive import archive_suffix, extract
+from colabfast.packing.common import PackRefused
 
 __all__ = ["archive_layout", "pack_unpacked", "unpacked_fingerprint"]
 
@@ -129,6 +130,6 @@ def _open(folder: Path, layout: str, labels: Optional[PathLike], split: Optional
     if labels is not None:
         inside = Path(os.path.normpath(os.fspath(labels)))
         if inside.is_absolute() or inside.parts[:1] == ("..",):
-            raise ValueError(f"labels={labels!r}: for an archive, the path of the annotation file inside it")
+            raise PackRefused(f"labels={labels!r}: for an archive, the path of the annotation file inside it")
         kwargs["labels"] = folder / inside if (folder / inside).exists() else root / inside
     return LAYOUTS[layout](root, **kwargs)  # type: ignore[call-arg]
