@@ -40,12 +40,15 @@ class ImageFile:
     ``pack`` stores an ImageFolder's files (``kind="image"``: the pixels of
     ``PIL.Image.open(f).convert("RGB")``, kept as the file's bytes where every decoder gives those
     pixels), or losslessly in the file's own mode (``kind="mask"``: a palette PNG stays ``"P"`` with
-    its palette, class ids stay exact)."""
+    its palette, class ids stay exact). ``orient``: the image is read upright, its EXIF orientation
+    applied after the RGB conversion (as Ultralytics reads images): a file with an orientation is stored
+    as its upright pixels, see :func:`colabfast.encoding.encode_image`."""
 
     data: bytes
     path: str  # relative to the layout's root, for messages
     kind: str = "image"  # "image" or "mask"
     keep: bool = False  # an image kept in its own mode (as PIL opens the file), not converted to RGB
+    orient: bool = False  # apply the file's EXIF orientation (kind "image", not keep)
 
 
 class Layout:
