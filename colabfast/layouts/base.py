@@ -62,8 +62,10 @@ class Layout:
         paths: each sample's image path relative to ``root`` (POSIX), in sample order.
         files: every file the mirror depends on (images, masks, annotation files), for its
             fingerprint: a changed file makes ``pack`` and ``open_dataset`` build a new mirror.
-        skipped: ``(path, why)`` for what ``on_error="skip"`` left out (also listed by
-            ``colabfast info``): the first 1000 problems, then one record counting the rest.
+        skipped: ``(path, why)`` for what ``on_error="skip"`` left out, and for what the format's own
+            tool leaves out or changes where the layout follows it (:class:`colabfast.layouts.Yolo`:
+            Ultralytics' rules); also listed by ``colabfast info``: the first 1000 problems, then
+            one record counting the rest.
         info: JSON-able facts the drop-in reader needs (class names, COCO's categories, ...),
             stored in the mirror.
     """

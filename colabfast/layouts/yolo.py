@@ -412,7 +412,10 @@ def _parse(text: str, path: Path, classes: int) -> _Labels:
         for n, fields in lines:
             if len(fields) != 5:
                 raise _Drop(path, f"{len(fields)} fields; expected {FORMAT}", n, fix=DROP_FIX)
-        rows = np.stack([_numbers(fields, path, n) for n, fields in lines])
+        try:  # the whole file in one call; line by line only to name a bad field
+            rows = np.array([fields for _, fields in lines], dtype=np.float32)
+        except ValueError:
+            rows = np.stack([_numbers(fields, path, n) for n, fields in lines])
     _check(rows, [n for n, _ in lines], path, classes, bool(segments))
     _, keep = np.unique(rows, axis=0, return_index=True)
     if len(keep) < len(rows) and segments:  # distinct polygons may share a class and a box
