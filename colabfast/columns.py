@@ -380,7 +380,7 @@ def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int]]:
 
     if f.kind == "image" and not f.keep:
         return encode_image(f.data, "encoded" if options.get("store") != "raw" else "raw",
-                            options.get("image_size"), options.get("quality") or 90)
+                            options.get("image_size"), options.get("quality") or 90, f.orient)
     with Image.open(io.BytesIO(f.data)) as img:
         _check_pixels(img.height, img.width, str(f.path))  # from the header; PIL itself refuses at twice the limit
         img.load()

@@ -9,7 +9,13 @@ from typing import Optional, Sequence, Union
 import simplejpeg
 from PIL import Image
 
-__all__ = ["encode_image", "resized_size", "exact_everywhere"]
+__all__ = ["encode_image", "resized_size", "exact_everywhere", "exif_orientation", "oriented_size"]
+
+# EXIF orientation (tag 274) -> the transpose that makes the image upright, as ``PIL.ImageOps.exif_transpose``
+# and OpenCV's decoders apply it (1: upright already; 5 to 8 swap width and height).
+ORIENTATIONS = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+                5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+                8: Image.Transpose.ROTATE_90}
 
 
 def resized_size(width: int, height: int, image_size: Union[int, Sequence[int]]) -> tuple[int, int]:
@@ -31,6 +37,21 @@ def exact_everywhere(fmt: Optional[str], mode: str, data: bytes) -> bool:
     return False
 
 
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF orientation of the opened image ``img``, 1 to 8 (1 where it has none, or an unreadable
+    or invalid one: Ultralytics' ``exif_size`` ignores those too)."""
+    try:
+        value = img.getexif().get(274)
+    except Exception:  # a malformed EXIF block: as exif_size, the image is taken as it is stored
+        return 1
+    return value if value in ORIENTATIONS else 1
+
+
+def oriented_size(img: Image.Image) -> tuple[int, int]:
+    """(width, height) of ``img`` once its EXIF orientation is applied (Ultralytics' ``exif_size``)."""
+    return img.size[::-1] if exif_orientation(img) in (5, 6, 7, 8) else img.size
+
+
 def _decodes_scaled(data: bytes) -> bool:
     """True if libjpeg-turbo decodes the JPEG ``data`` at 1/8 scale without an error or a warning."""
     try:
@@ -40,8 +61,14 @@ def _decodes_scaled(data: bytes) -> bool:
     return True
 
 
-def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[bytes, tuple[int, int, int]]:
+def encode_image(data: bytes, store: str, image_size, quality: int,
+                 orient: bool = False) -> tuple[bytes, tuple[int, int, int]]:
     """What the mirror stores for one source file, and the decoded (H, W, 3) shape.
+
+    ``orient``: apply the file's EXIF orientation (:func:`exif_orientation`) after converting to RGB, as
+    Ultralytics reads images (OpenCV's decoders, ``ImageOps.exif_transpose``). A file with an orientation
+    other than 1 is then never kept as it is (no decoder colabfast reads mirrors with applies it): its
+    upright pixels are stored as lossless PNG (raw, or JPEG at ``quality`` when resized, as any other).
 
     Decodes each file (so truncated and corrupt files fail here, not in training) with
     ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images. A file
@@ -66,7 +93,9 @@ def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[byt
     # The readers' limit, from the header: PIL only warns up to twice it, and a mirror would keep an image
     # that every reader then refuses.
     check_pixels(img.height, img.width, "this file")
-    if store == "encoded" and image_size is None and exact_everywhere(fmt, mode, data):
+    turn = ORIENTATIONS.get(exif_orientation(img)) if orient else None
+    as_is = turn is None and exact_everywhere(fmt, mode, data)  # every decoder gives the pixels wanted
+    if store == "encoded" and image_size is None and as_is:
         width, height = img.size
         if fmt != "JPEG":
             img.load()
@@ -75,6 +104,8 @@ def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[byt
             img.load()
         return data, (height, width, 3)
     rgb = img.convert("RGB")
+    if turn is not None:  # after the conversion, as OpenCV turns its decoded BGR: the same pixels either way
+        rgb = rgb.transpose(turn)
     # A tRNS chunk of a 1-bit or 16-bit grey PNG stays in ``info`` as one int, which PIL cannot save
     # with RGB; ImageFolder's pixels have no transparency either.
     rgb.info.pop("transparency", None)
@@ -85,7 +116,7 @@ def encode_image(data: bytes, store: str, image_size, quality: int) -> tuple[byt
     shape = (rgb.height, rgb.width, 3)
     if store == "raw":
         return rgb.tobytes(), shape
-    if image_size is None and exact_everywhere(fmt, mode, data):
+    if image_size is None and as_is:
         return data, shape
     out = io.BytesIO()
     if image_size is None:

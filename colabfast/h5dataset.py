@@ -52,7 +52,9 @@ class H5Dataset(MirrorDataset):
     torchvision reads files):
 
     - ``"yolo"``: target ``{"boxes": float32 [M, 4] XYXY in pixels, "labels": int64 [M]}``, the
-      form torchvision's detection models take;
+      form torchvision's detection models take, and for a segment dataset ``"segments"`` (per object
+      ``[[x, y], ...]`` in pixels); the image upright, as Ultralytics reads it (see
+      :class:`colabfast.layouts.Yolo`);
     - ``"segmentation"``: target the mask, a PIL image in its file's mode (``"P"`` with its palette,
       ``"L"`` class ids);
     - ``"csv"``: target the label (an int class index, a number), or a tuple of them for several

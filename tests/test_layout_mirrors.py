@@ -290,6 +290,21 @@ def test_dataloader_over_yolo_boxes_per_sample(yolo, tmp_path, num_workers):  # 
         assert torch.equal(images[i], ds[i][0])
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_over_yolo_segments_per_sample(tmp_path, num_workers):
+    from colabfast.testing.layouts import make_yolo
+
+    root = make_yolo(tmp_path / "seg", 6, size=(64, 48), segments=True, orientation=6)
+    ds = cf.H5Dataset(pack(root, tmp_path / "seg.h5"), output="tensor")
+    loader = cf.DataLoader(ds, batch_size=3, shuffle=False, num_workers=num_workers, device="cpu")
+    got = [t for _, targets in detection_batches(loader) for t in targets]
+    source = Yolo(root)
+    for i, target in enumerate(got):
+        assert list(target) == ["boxes", "labels", "segments"]
+        assert target["segments"] == source[i][1]["segments"]  # per object [[x, y], ...], as the layout's
+        assert torch.equal(target["boxes"], torch.from_numpy(source[i][1]["boxes"]))
+
+
 # --- item 3: on_error="skip" --------------------------------------------------------------------
 
 

@@ -10,16 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from torchvision.datasets.folder import find_classes
 
+import colabfast as cf
+from colabfast.gpudecode import decode_cpu
 from colabfast.layouts import ImageFile, LayoutError
 from colabfast.layouts import table as table_module
 from colabfast.layouts import yolo as yolo_module
 from colabfast.layouts.segmentation import Segmentation
 from colabfast.layouts.table import Csv
-from colabfast.layouts.yolo import Yolo, label_path
+from colabfast.layouts.yolo import Yolo, label_path, polygon_masks
 from colabfast.testing.data import encode, photo
+from colabfast.testing.layouts import with_orientation
 
 RNG = np.random.default_rng(0)
 
@@ -38,6 +42,10 @@ def write(path: Path, text: str) -> Path:
 
 
 # --- YOLO -------------------------------------------------------------------------------------------
+
+
+MIXED = ("1 of the 3 objects are polygons, the others boxes: the polygons are dropped and each object read as its "
+         "box, as Ultralytics' YOLODataset.verify_labels does for detection (its segment task refuses such a split)")
 
 
 @pytest.fixture
@@ -63,9 +71,11 @@ def test_yolo_boxes_are_the_formats_definition_in_pixels(yolo):
     ds = Yolo(yolo, "train")
     assert ds.name == "yolo" and ds.split == "train" and ds.info == {"classes": ["cat", "dog", "bird"]}
     assert ds.paths == ["images/train/a.jpg", "images/train/b.png", "images/train/c.jpg", "images/train/sub/d.jpg"]
-    assert ds.skipped == [] and len(ds) == 4
+    # d.txt's polygon among a.txt's boxes: read as boxes, the polygon listed as dropped (Ultralytics' verify_labels)
+    assert ds.skipped == [(str(yolo / "labels/train"), MIXED)] and len(ds) == 4
     image, target = ds[0]
-    assert image == ImageFile((yolo / "images/train/a.jpg").read_bytes(), "images/train/a.jpg", "image")
+    assert image == ImageFile((yolo / "images/train/a.jpg").read_bytes(), "images/train/a.jpg", "image", orient=True)
+    assert list(target) == ["boxes", "labels"]
     # 200x100: cx 100, cy 50, w 40, h 40 -> 80..120, 30..70; cx 50, cy 75, w 100, h 50 -> 0..100, 50..100
     assert target["boxes"].dtype == np.float32 and target["labels"].dtype == np.int64
     np.testing.assert_array_equal(target["boxes"], [[80, 30, 120, 70], [0, 50, 100, 100]])
@@ -94,7 +104,7 @@ def test_yolo_split_folder_with_a_dot(tmp_path):
     ds = Yolo(root)
     assert ds.split == "v1.0" and ds.skipped == [] and ds[0][1]["labels"].tolist() == [0]
     write(root / "v1.0/labels/b.txt", "0 0.5 0.5 1 1\n")
-    assert Yolo(root, on_error="skip").skipped == [(str(root / "v1.0/labels/b.txt"), "a label file without an image")]
+    assert Yolo(root).skipped == [(str(root / "v1.0/labels/b.txt"), ORPHAN)]
 
 
 def test_yolo_label_path_is_ultralytics_rule():
@@ -135,53 +145,134 @@ def test_yolo_flat_images_folder_and_yaml_of_another_name(tmp_path):
     assert Yolo.detect(root)
 
 
-BAD_LINES = {
+BAD_LINES = {  # each a file Ultralytics' verify_image_label refuses: it drops the image
     "field_count": ("0 0.5 0.5 0.2\n", "4 fields"),
-    "even_polygon": ("0 0.1 0.1 0.2 0.2 0.3\n", "6 fields"),
+    "even_polygon": ("0 0.1 0.1 0.2 0.2 0.3\n", "6 fields"),  # not over 6 fields: no polygon, a box of 6
     "not_a_number": ("0 0.5 half 0.2 0.2\n", "'half' is not a number"),
-    "nan": ("0 nan 0.5 0.2 0.2\n", "not finite"),
-    "inf": ("0 0.5 0.5 inf 0.2\n", "not finite"),
-    "outside_0_1": ("0 0.5 0.5 1.2 0.2\n", "coordinate 1.2 is outside 0..1"),
-    "negative": ("0 -0.1 0.5 0.2 0.2\n", "coordinate -0.1 is outside 0..1"),
+    "nan": ("0 nan 0.5 0.2 0.2\n", "a coordinate is nan, not a number"),
+    "inf": ("0 0.5 0.5 inf 0.2\n", "a coordinate is inf, over 1.01"),
+    "outside_0_1": ("0 0.5 0.5 1.2 0.2\n", "a coordinate is 1.2, over 1.01"),
+    "just_over_1.01": ("0 0.5 0.5 1.0101 0.2\n", "a coordinate is 1.0101, over 1.01"),
+    "negative": ("0 -0.1 0.5 0.2 0.2\n", "a coordinate is -0.1, below -0.01"),
+    "just_under_-0.01": ("0 -0.0101 0.5 0.2 0.2\n", "a coordinate is -0.0101, below -0.01"),
+    "negative_width": ("0 0.5 0.5 -0.005 0.2\n", "a negative width or height"),
     "class_out_of_range": ("3 0.5 0.5 0.2 0.2\n", "class id 3 is not one of the 3 classes"),
-    "class_negative": ("-1 0.5 0.5 0.2 0.2\n", "class id -1"),
-    "class_not_integer": ("1.5 0.5 0.5 0.2 0.2\n", "class id 1.5"),
+    "class_negative": ("-1 0.5 0.5 0.2 0.2\n", "class id -1 is negative"),
+    "class_not_integer": ("1.5 0.5 0.5 0.2 0.2\n", "class id 1.5 is not an integer"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_LINES))
-def test_yolo_malformed_line_names_file_and_line_or_is_skipped(yolo, case):
+def test_yolo_malformed_line_drops_the_image_as_ultralytics_or_raises_when_strict(yolo, case):
     text, why = BAD_LINES[case]
     bad = write(yolo / "labels/train/a.txt", "1 0.5 0.5 0.2 0.4\n\n" + text)  # line 3 (a blank line between)
-    with pytest.raises(LayoutError, match=why) as err:
-        Yolo(yolo, "train")
-    assert err.value.path == str(bad) and err.value.line == 3 and f"{bad}, line 3: " in str(err.value)
-    ds = Yolo(yolo, "train", on_error="skip")
+    ds = Yolo(yolo, "train")  # the default: Ultralytics' rule, the image left out and listed with the reason
     assert "images/train/a.jpg" not in ds.paths and len(ds) == 3
-    assert len(ds.skipped) == 1 and ds.skipped[0][0] == str(bad) and ds.skipped[0][1].startswith("line 3: ")
     assert all(f.rel != "labels/train/a.txt" for f in ds.files)
+    (path, reason), = [(p, w) for p, w in ds.skipped if p == str(bad)]
+    assert reason.startswith(f"line 3: {why}") and "its image images/train/a.jpg is left out" in reason, reason
+    with pytest.raises(LayoutError, match=why) as err:
+        Yolo(yolo, "train", strict=True)
+    assert err.value.path == str(bad) and err.value.line == 3 and f"{bad}, line 3: " in str(err.value)
+    assert "Ultralytics drops this image" in str(err.value)
+    ds = Yolo(yolo, "train", strict=True, on_error="skip")
+    assert "images/train/a.jpg" not in ds.paths and ds.skipped[0][0] == str(bad)
 
 
-def test_yolo_label_without_image_is_an_error_or_a_skip(yolo):
+BAD_POLYGONS = {
+    "box_among_polygons": ("0 0.1 0.1 0.2 0.2 0.3 0.1\n0 0.5 0.5 0.2 0.2\n", 2, "a box line (5 fields) in a file of"),
+    "odd_coordinates": ("0 0.1 0.1 0.2 0.2 0.3 0.1 0.4\n", 1, "8 fields; a polygon is a class then x y pairs"),
+    "class_only": ("0 0.1 0.1 0.2 0.2 0.3 0.1\n1\n", 2, "1 fields; a polygon"),
+    "box_over_1.01": ("0 0.5 0.5 1.6 0.5 0.5 0.9\n", 1, "its box (cx cy w h of the polygon's extent) is 1.05"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_POLYGONS))
+def test_yolo_malformed_polygon_file_drops_the_image(yolo, case):
+    text, line, why = BAD_POLYGONS[case]
+    bad = write(yolo / "labels/train/sub/d.txt", text)
+    ds = Yolo(yolo, "train")
+    assert "images/train/sub/d.jpg" not in ds.paths
+    assert [w for p, w in ds.skipped if p == str(bad)][0].startswith(f"line {line}: {why}")
+
+
+def test_yolo_polygon_checked_on_its_box_as_ultralytics(tmp_path):
+    """Ultralytics checks a polygon's box (cx cy w h), not its points: x from 0.5 to 1.5 is cx 1.0 and
+    w 1.0, kept; the box runs past the image, as Ultralytics keeps it (not clipped)."""
+    root = tmp_path / "ds"
+    write_image(root / "images/a.jpg", 100, 50)
+    write(root / "labels/a.txt", "0 0.5 0.2 1.5 0.2 1.0 0.8\n")
+    write(root / "data.yaml", "names: [x]\n")
+    ds = Yolo(root)
+    assert ds.skipped == [] and ds.paths == ["images/a.jpg"]
+    target = ds[0][1]
+    np.testing.assert_allclose(target["boxes"], [[50, 10, 150, 40]], rtol=1e-6)
+    np.testing.assert_allclose(target["segments"], [[[50, 10], [150, 10], [100, 40]]], rtol=1e-6)
+
+
+def test_yolo_coordinates_within_1_percent_of_the_edge_are_kept_unclipped(tmp_path):
+    """Ultralytics keeps values from -0.01 (with no negative width or height) to 1.01, as written."""
+    root = tmp_path / "ds"
+    write_image(root / "images/a.jpg", 200, 100)
+    write(root / "labels/a.txt", "0 -0.01 0.5 0.2 0.2\n1 0.5 1.01 0.5 0.02\n")
+    write(root / "data.yaml", "names: [x, y]\n")
+    ds = Yolo(root)
+    assert ds.skipped == [] and len(ds) == 1
+    # cx -0.01*200 = -2, w 40 -> -22..18; cy 1.01*100 = 101, h 2 -> 100..102
+    np.testing.assert_allclose(ds[0][1]["boxes"], [[-22, 40, 18, 60], [50, 100, 150, 102]], rtol=1e-6)
+
+
+ORPHAN = "a label file without an image: ignored, as Ultralytics ignores it"
+
+
+def test_yolo_label_without_image_is_ignored_and_listed(yolo, tmp_path):
     orphan = write(yolo / "labels/train/gone.txt", "0 0.5 0.5 0.2 0.2\n")
-    with pytest.raises(LayoutError, match="a label file without an image") as err:
-        Yolo(yolo, "train")
-    assert err.value.path == str(orphan)
-    ds = Yolo(yolo, "train", on_error="skip")
-    assert len(ds) == 4 and ds.skipped == [(str(orphan), "a label file without an image")]
+    for on_error in ("raise", "skip"):
+        ds = Yolo(yolo, "train", on_error=on_error)
+        assert len(ds) == 4 and ds.skipped == [(str(orphan), ORPHAN), (str(yolo / "labels/train"), MIXED)]
+        assert "labels/train/gone.txt" not in [f.rel for f in ds.files]
+    m = cf.pack(yolo, tmp_path / "y.h5", split="train", progress=False)  # listed in the pack's report
+    assert {"path": str(orphan), "error": ORPHAN} in cf.info(m).skipped
+
+
+def test_yolo_duplicate_rows_removed_as_ultralytics(tmp_path):
+    """np.unique(rows, axis=0, return_index=True), then rows[index]: the duplicates go, and the rows
+    left come in np.unique's sorted order (class 0 before class 1), as Ultralytics leaves them."""
+    root = tmp_path / "ds"
+    write_image(root / "images/a.jpg", 100, 100)
+    write(root / "labels/a.txt", "1 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.4 0.4\n1 0.5 0.5 0.2 0.2\n1 0.5 0.5 0.2 0.2\n")
+    write(root / "data.yaml", "names: [x, y]\n")
+    ds = Yolo(root)
+    assert ds.skipped == [(str(root / "labels/a.txt"), "lines 3, 4: duplicate rows removed, as Ultralytics' "
+                           "verify_image_label does")]
+    np.testing.assert_array_equal(ds[0][1]["labels"], [0, 1])
+    np.testing.assert_allclose(ds[0][1]["boxes"], [[30, 30, 70, 70], [40, 40, 60, 60]], rtol=1e-6)
+    # two polygons sharing a class and a box are both kept; a polygon written twice is one
+    write(root / "labels/a.txt", "0 0.1 0.1 0.9 0.1 0.9 0.9\n0 0.1 0.1 0.9 0.9 0.9 0.1\n0 0.1 0.1 0.9 0.1 0.9 0.9\n")
+    ds = Yolo(root)
+    assert ds.skipped == [(str(root / "labels/a.txt"), "line 3: duplicate rows removed, as Ultralytics' "
+                           "verify_image_label does")]
+    # in np.unique's order of the rows' bytes: line 2 first (float32 0.9 is 66 66 66 3f, 0.1 cd cc cc 3d)
+    assert ds[0][1]["segments"] == [[[10, 10], [90, 90], [90, 10]], [[10, 10], [90, 10], [90, 90]]]
+
+
+def test_yolo_label_file_not_utf8_drops_the_image(yolo):
+    bad = yolo / "labels/train/a.txt"
+    bad.write_bytes(b"0 0.5 0.5 0.2 0.2\n\xff\xfe\n")
+    ds = Yolo(yolo, "train")  # Ultralytics' open(encoding="utf-8-sig") fails: it drops the image
+    assert "images/train/a.jpg" not in ds.paths
+    assert [w for p, w in ds.skipped if p == str(bad)] == [
+        "line 2: not UTF-8 text (byte 18): its image images/train/a.jpg is left out, as Ultralytics' "
+        "verify_image_label does"]
+    with pytest.raises(LayoutError, match="not UTF-8") as err:
+        Yolo(yolo, "train", strict=True)
+    assert err.value.line == 2
 
 
 def test_yolo_label_file_over_the_limit_is_refused_unread(yolo, monkeypatch):
     monkeypatch.setattr(yolo_module, "MAX_LABEL_BYTES", 10)
     with pytest.raises(LayoutError, match="over the limit of 10"):
         Yolo(yolo, "train")
-
-
-def test_yolo_label_file_not_utf8(yolo):
-    (yolo / "labels/train/a.txt").write_bytes(b"0 0.5 0.5 0.2 0.2\n\xff\xfe\n")
-    with pytest.raises(LayoutError, match="not UTF-8") as err:
-        Yolo(yolo, "train")
-    assert err.value.line == 2
 
 
 def test_yolo_needs_class_names(yolo):
@@ -209,6 +300,158 @@ def test_yolo_unreadable_image_header_at_index(yolo):
     ds = Yolo(yolo, "train")
     with pytest.raises(LayoutError, match="not an image PIL can read"):
         ds[2]
+
+
+# The upright frame of each EXIF orientation, by hand (numpy, not PIL): the stored [H, W, C] pixels turned.
+UPRIGHT = {1: lambda a: a, 2: lambda a: a[:, ::-1], 3: lambda a: a[::-1, ::-1], 4: lambda a: a[::-1],
+           5: lambda a: a.transpose(1, 0, 2), 6: lambda a: np.rot90(a, -1),
+           7: lambda a: a[::-1, ::-1].transpose(1, 0, 2), 8: lambda a: np.rot90(a, 1)}
+
+
+def exif_tree(root: Path, orientation: int) -> np.ndarray:
+    """A 60x30 JPEG stored with EXIF ``orientation`` and one box; its stored pixels (as PIL decodes them)."""
+    data = encode(photo(60, 30, RNG))
+    (root / "images").mkdir(parents=True)
+    (root / "images/a.jpg").write_bytes(with_orientation(data, orientation))
+    write(root / "labels/a.txt", "0 0.25 0.5 0.2 0.4\n")
+    write(root / "data.yaml", "names: [x]\n")
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@pytest.mark.parametrize("orientation", sorted(UPRIGHT))
+def test_yolo_exif_orientation_boxes_and_pixels_upright_as_ultralytics(tmp_path, orientation):
+    """Ultralytics reads the image upright (OpenCV applies the EXIF orientation) and its size by
+    ``exif_size``: stored 60x30 with orientation 6 (and 5, 7, 8) is 30x60, and the label's box
+    (cx .25, cy .5, w .2, h .4) is x 7.5 +- 3, y 30 +- 12 there; 2 to 4 flip it but keep 60x30."""
+    stored = exif_tree(tmp_path / "ds", orientation)
+    ds = Yolo(tmp_path / "ds")
+    image, target = ds[0]
+    assert image.orient and image.data == (tmp_path / "ds/images/a.jpg").read_bytes()
+    want = [[4.5, 18, 10.5, 42]] if orientation >= 5 else [[9, 9, 21, 21]]
+    np.testing.assert_allclose(target["boxes"], want, rtol=1e-6)
+    m = cf.pack(tmp_path / "ds", tmp_path / "y.h5", progress=False)
+    upright = UPRIGHT[orientation](stored)
+    pil = cf.H5Dataset(m)[0]
+    assert np.array_equal(np.asarray(pil[0]), upright)
+    np.testing.assert_allclose(pil[1]["boxes"].numpy(), want, rtol=1e-6)
+    assert np.array_equal(cf.H5Dataset(m, output="tensor")[0][0].permute(1, 2, 0).numpy(), upright)
+    encoded = cf.H5Dataset(m, output="bytes")[0][0]  # what DataLoader(decode="gpu") decodes
+    assert np.array_equal(decode_cpu(encoded).permute(1, 2, 0).numpy(), upright)
+    # an upright file is stored as it is; a turned one as its upright pixels (PNG: no decoder turns a JPEG)
+    assert (bytes(encoded.numpy()) == (tmp_path / "ds/images/a.jpg").read_bytes()) == (orientation == 1)
+
+
+SEGMENTS = "2 0.1 0.2 0.5 0.1 0.3 0.9\n0 0.5 0.5 0.9 0.5 0.9 0.9 0.5 0.9\n"
+
+
+def segment_tree(root: Path) -> Path:
+    """Ultralytics' segment format: two polygons in a 100x50 image, a background image."""
+    write_image(root / "images/a.jpg", 100, 50)
+    write(root / "labels/a.txt", SEGMENTS)
+    write_image(root / "images/b.jpg", 20, 20)
+    write(root / "data.yaml", "names: [cat, dog, bird]\n")
+    return root
+
+
+def test_yolo_segment_dataset_keeps_its_polygons(tmp_path):
+    ds = Yolo(segment_tree(tmp_path / "ds"))
+    assert ds.skipped == [] and ds.describe() == "yolo layout, 2 images, 2 polygons"
+    _, target = ds[0]
+    assert list(target) == ["boxes", "labels", "segments"]
+    np.testing.assert_array_equal(target["labels"], [2, 0])
+    # the polygons in pixels of the 100x50 image, their boxes their extents (segments2boxes)
+    np.testing.assert_allclose(target["segments"][0], [[10, 10], [50, 5], [30, 45]], rtol=1e-6)
+    np.testing.assert_allclose(target["segments"][1], [[50, 25], [90, 25], [90, 45], [50, 45]], rtol=1e-6)
+    np.testing.assert_allclose(target["boxes"], [[10, 5, 50, 45], [50, 25, 90, 45]], rtol=1e-6)
+    assert ds[1][1]["segments"] == [] and ds[1][1]["boxes"].shape == (0, 4)
+    m = cf.pack(tmp_path / "ds", tmp_path / "y.h5", progress=False)
+    image, got = cf.H5Dataset(m)[0]
+    assert list(got) == ["boxes", "labels", "segments"] and got["segments"] == target["segments"]
+    assert torch.equal(got["boxes"], torch.from_numpy(target["boxes"]))
+
+
+def test_polygon_masks_are_ultralytics_polygon2mask():
+    pytest.importorskip("cv2")
+    # a rectangle 1..4 x 1..3 (points cut to int, as np.int32 casts: 4.9 -> 4): filled, its edges included
+    masks = polygon_masks([[[1, 1], [4.9, 1], [4.9, 3.5], [1, 3.5]], [[0, 0], [1, 0], [0, 1]]], 5, 6)
+    want = np.zeros((2, 5, 6), np.uint8)
+    want[0, 1:4, 1:5] = 1
+    want[1, 0, 0:2] = want[1, 1, 0] = 1
+    assert masks.dtype == np.uint8 and np.array_equal(masks, want), masks
+    ultralytics = pytest.importorskip("ultralytics.data.utils")
+    polygons = [np.array([[10.5, 10.2], [50.9, 5.0], [30.2, 45.7]]), np.array([[50, 25], [90, 25], [90, 45], [50, 45]])]
+    theirs = ultralytics.polygons2masks((50, 100), [p.reshape(-1) for p in polygons], color=1)  # Ultralytics' own
+    assert np.array_equal(polygon_masks(polygons, 50, 100), theirs)
+
+
+# Label files Ultralytics' verify_image_label keeps, changes or refuses (a 40x20 image each).
+ULTRALYTICS_CASES = {
+    "box": "1 0.5 0.5 0.2 0.4\n0 0.25 0.75 0.5 0.5\n",
+    "edge": "0 -0.01 0.5 0.2 0.2\n1 0.5 1.01 0.5 0.02\n0 1.01 0 1.01 -0.0\n",
+    "duplicates": "1 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.4 0.4\n1 0.5 0.5 0.2 0.2\n",
+    "bom_cr": "\ufeff0 0.5 0.5 0.2 0.2\r1 0.5 0.5 0.3 0.3\r",
+    "empty": "  \n\n",
+    "class": "3 0.5 0.5 0.2 0.2\n",
+    "nan": "0 0.5 nan 0.2 0.2\n",
+    "fields": "0 0.5 0.5 0.2\n",
+    "six": "0 0.5 0.5 0.2 0.2 0.1\n",
+    "over": "0 0.5 0.5 1.0101 0.2\n",
+    "under": "0 -0.0101 0.5 0.2 0.2\n",
+    "negative_size": "0 -0.005 0.5 -0.001 0.2\n",
+    "mixed": "0 0.1 0.1 0.2 0.2 0.3 0.1\n0 0.5 0.5 0.2 0.2\n",
+    "word": "0 0.5 half 0.2 0.2\n",
+}
+
+
+def test_yolo_reads_what_ultralytics_reads(tmp_path):
+    """Ultralytics' own functions on the same files: ``verify_image_label`` (kept or dropped, the
+    labels, the upright size) and ``imread`` (the pixels, upright), against the layout and its mirror."""
+    utils = pytest.importorskip("ultralytics.data.utils")
+    from ultralytics.utils.patches import imread
+
+    root = tmp_path / "ds"
+    write(root / "data.yaml", "names: [x, y, z]\n")
+    for k, (name, text) in enumerate(sorted(ULTRALYTICS_CASES.items())):
+        data = encode(photo(40, 20, RNG))
+        (root / "images").mkdir(parents=True, exist_ok=True)
+        (root / f"images/{name}.jpg").write_bytes(with_orientation(data, 1 + k % 8))
+        write(root / f"labels/{name}.txt", text)
+    (root / "images/latin1.jpg").write_bytes(encode(photo(40, 20, RNG)))
+    (root / "labels/latin1.txt").write_bytes("0 0.5 0.5 0.2 0.2 # caf\xe9\n".encode("latin-1"))
+    ds = Yolo(root)
+    m = cf.pack(root, tmp_path / "y.h5", progress=False)
+    mirrored = cf.H5Dataset(m)
+    checked = dropped = 0
+    for image in sorted((root / "images").iterdir()):
+        rel, label = f"images/{image.name}", root / "labels" / (image.stem + ".txt")
+        _, lb, shape, segments, *_ = utils.verify_image_label((str(image), str(label), "", False, 3, 0, 0, False))
+        if lb is None:
+            assert rel not in ds.paths and any(path == str(label) for path, _ in ds.skipped), rel
+            dropped += 1
+            continue
+        i = ds.paths.index(rel)
+        h, w = shape
+        cx, cy, bw, bh = lb[:, 1:].astype(np.float64).T
+        boxes = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], 1) * [w, h, w, h]
+        for target in (ds[i][1], mirrored[i][1]):
+            np.testing.assert_allclose(np.asarray(target["boxes"]), boxes.reshape(-1, 4), rtol=1e-6, atol=1e-5)
+            np.testing.assert_array_equal(np.asarray(target["labels"]), lb[:, 0].astype(np.int64))
+        assert np.array_equal(np.asarray(mirrored[i][0]), imread(str(image))[..., ::-1]), rel
+        checked += 1
+    assert (checked, dropped) == (5, 10)
+
+
+def test_yolo_segments_are_what_ultralytics_reads(tmp_path):
+    utils = pytest.importorskip("ultralytics.data.utils")
+    root = segment_tree(tmp_path / "ds")
+    write(root / "labels/a.txt", SEGMENTS + "1 0.1 0.1 0.2 0.1 0.2 0.2\n" + SEGMENTS)  # duplicates too
+    _, lb, (h, w), segments, *_ = utils.verify_image_label((str(root / "images/a.jpg"), str(root / "labels/a.txt"),
+                                                           "", False, 3, 0, 0, False))
+    target = Yolo(root)[0][1]
+    np.testing.assert_array_equal(target["labels"], lb[:, 0].astype(np.int64))
+    assert len(target["segments"]) == len(segments) == 3
+    for ours, theirs in zip(target["segments"], segments):
+        np.testing.assert_array_equal(np.array(ours, np.float32), theirs * np.array([w, h], np.float32))
 
 
 # --- segmentation -----------------------------------------------------------------------------------

@@ -59,6 +59,26 @@ def test_make_yolo_is_read_by_the_yolo_layout(tmp_path):
         assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= w).all() and (boxes[:, 3] <= h).all()
 
 
+def test_make_yolo_segments_and_exif_orientation(tmp_path):
+    """Polygons (Ultralytics' segment format) and every second image stored turned (EXIF 6): the
+    layout reads each upright, its objects inside the upright image."""
+    root = make_yolo(tmp_path / "yolo", 6, size=(64, 48), vary=0, segments=True, orientation=6)
+    layout = Yolo(root)
+    assert layout.skipped == [] and len(layout) == 6
+    for i in range(6):
+        image, target = layout[i]
+        stored = Image.open(root / image.path)
+        assert stored.size == (64, 48) and stored.getexif().get(274) == (6 if i % 2 else None)
+        w, h = (48, 64) if i % 2 else (64, 48)
+        assert len(target["segments"]) == len(target["labels"])
+        for polygon, box in zip(target["segments"], target["boxes"]):
+            points = np.asarray(polygon)
+            assert 4 <= len(points) <= 8 and (points >= 0).all() and (points <= [w, h]).all()
+            np.testing.assert_allclose(box, [*points.min(0), *points.max(0)], rtol=1e-6)
+    with pytest.raises(ValueError, match="EXIF orientation"):
+        make_yolo(tmp_path / "x", 1, orientation=9)
+
+
 def test_make_segmentation_is_read_by_the_segmentation_layout(tmp_path):
     root = make_segmentation(tmp_path / "seg", 4, size=(48, 32), classes=3)
     layout = Segmentation(root)

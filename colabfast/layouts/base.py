@@ -40,12 +40,15 @@ class ImageFile:
     ``pack`` stores an ImageFolder's files (``kind="image"``: the pixels of
     ``PIL.Image.open(f).convert("RGB")``, kept as the file's bytes where every decoder gives those
     pixels), or losslessly in the file's own mode (``kind="mask"``: a palette PNG stays ``"P"`` with
-    its palette, class ids stay exact)."""
+    its palette, class ids stay exact). ``orient``: the image is read upright, its EXIF orientation
+    applied after the RGB conversion (as Ultralytics reads images): a file with an orientation is stored
+    as its upright pixels, see :func:`colabfast.encoding.encode_image`."""
 
     data: bytes
     path: str  # relative to the layout's root, for messages
     kind: str = "image"  # "image" or "mask"
     keep: bool = False  # an image kept in its own mode (as PIL opens the file), not converted to RGB
+    orient: bool = False  # apply the file's EXIF orientation (kind "image", not keep)
 
 
 class Layout:
@@ -59,8 +62,10 @@ class Layout:
         paths: each sample's image path relative to ``root`` (POSIX), in sample order.
         files: every file the mirror depends on (images, masks, annotation files), for its
             fingerprint: a changed file makes ``pack`` and ``open_dataset`` build a new mirror.
-        skipped: ``(path, why)`` for what ``on_error="skip"`` left out (also listed by
-            ``colabfast info``): the first 1000 problems, then one record counting the rest.
+        skipped: ``(path, why)`` for what ``on_error="skip"`` left out, and for what the format's own
+            tool leaves out or changes where the layout follows it (:class:`colabfast.layouts.Yolo`:
+            Ultralytics' rules); also listed by ``colabfast info``: the first 1000 problems, then
+            one record counting the rest.
         info: JSON-able facts the drop-in reader needs (class names, COCO's categories, ...),
             stored in the mirror.
     """

@@ -1,31 +1,43 @@
-"""YOLO detection folders (Ultralytics' format, and Roboflow's YOLO export) read as a dataset.
+"""YOLO folders (Ultralytics' format, and Roboflow's YOLO export) read as a dataset, as Ultralytics reads them.
 
-The format, as Ultralytics documents and reads it (``ultralytics/data/utils.py``):
+The rules followed are Ultralytics' own (``ultralytics`` 8.4.190, dataset cache version 1.0.12):
 
 - images under ``images/<split>/`` (Roboflow's export: ``<split>/images/``), searched recursively;
-- each image's label file found by ``img2label_paths``: the last ``/images/`` of its path replaced
-  by ``/labels/`` and the extension by ``.txt`` (``images/train/a.jpg`` -> ``labels/train/a.txt``);
-- one object per line: ``class cx cy w h`` (box centre and size divided by the image's width and
-  height, so 0..1), or a polygon ``class x1 y1 x2 y2 x3 y3 ...`` (normalised points; its box is the
-  polygon's extent, as Ultralytics' ``segments2boxes``);
+- each image's label file found by ``img2label_paths`` (``ultralytics/data/utils.py``): the last
+  ``/images/`` of its path replaced by ``/labels/`` and the extension by ``.txt``
+  (``images/train/a.jpg`` -> ``labels/train/a.txt``); a label file of no image is never read
+  (Ultralytics only looks up the label files of its images);
+- a label file read and checked by ``verify_image_label`` (``ultralytics/data/utils.py``): one object
+  per line, ``class cx cy w h`` (box centre and size divided by the image's width and height), or, in
+  a file with a line of more than 6 fields, a polygon ``class x1 y1 x2 y2 ...`` (normalised points;
+  its box the polygon's extent, ``segments2boxes`` in ``ultralytics/utils/ops.py``); values down to
+  -0.01 and up to 1.01 kept as written (not clipped); a file it cannot use (a malformed line, a class
+  outside ``names``, ...) drops its image; duplicate rows removed;
+- the image read upright: its EXIF orientation applied, as ``BaseDataset.load_image``
+  (``ultralytics/data/base.py``) decodes it with OpenCV (``imread``, ``ultralytics/utils/patches.py``),
+  and its size the oriented one (``exif_size``), which the normalised labels refer to;
+- polygons kept only where every object of the split has one: a split mixing boxes and polygons is
+  read as boxes, as ``YOLODataset.verify_labels`` (``ultralytics/data/dataset.py``) does for detection;
 - an image without a label file, or with an empty one, is a background image: no objects;
 - class names in the dataset's YAML (``data.yaml``): ``names`` a list, or an ``{id: name}`` dict.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
+import io
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import yaml
+from PIL import Image
 
 from colabfast._fileio import FileEntry, PathLike
+from colabfast.encoding import oriented_size
 from colabfast.layouts._folder import (
     check_on_error,
     first_file,
-    image_size,
     list_files,
     parallel_map,
     read_file,
@@ -37,11 +49,12 @@ from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import is_image
 
-__all__ = ["Yolo", "label_path"]
+__all__ = ["Yolo", "label_path", "polygon_masks"]
 
 MAX_LABEL_BYTES = 16_000_000  # one image's label file; a real one is a few kB
 MAX_YAML_BYTES = 1_000_000
 FORMAT = "lines 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...' (Ultralytics' YOLO format)"
+ULTRALYTICS = "as Ultralytics' verify_image_label does"
 
 
 def label_path(image: str) -> str:
@@ -52,13 +65,30 @@ def label_path(image: str) -> str:
 
 
 class Yolo(Layout):
-    """An Ultralytics (or Roboflow YOLO export) detection folder as a map-style dataset.
+    """An Ultralytics (or Roboflow YOLO export) detection or segmentation folder as a map-style
+    dataset, read as Ultralytics 8.4.190 reads it (see the module's docstring for its functions).
 
-    ``yolo[i]`` is ``(ImageFile, {"boxes": float32 [M, 4], "labels": int64 [M]})``: the image's bytes,
-    and its ``M`` objects as torchvision's detection models take them: boxes ``x1, y1, x2, y2`` in
-    pixels of the image as stored (its header's size, no EXIF rotation), class indices into
-    ``info["classes"]``. A background image (no label file, or an empty one) has ``M = 0``. Samples
-    are sorted by image path.
+    ``yolo[i]`` is ``(ImageFile, target)``, target ``{"boxes": float32 [M, 4], "labels": int64 [M]}``:
+    the image file (read upright: ``ImageFile.orient``), and its ``M`` objects as torchvision's
+    detection models take them: boxes ``x1, y1, x2, y2`` in pixels of the upright image (its EXIF
+    orientation applied, as Ultralytics' ``exif_size`` and OpenCV's decoders do), class indices into
+    ``info["classes"]``. Where every object of the split is a polygon (Ultralytics' segment
+    format), the target also has ``"segments"``: per object, its polygon as ``[[x, y], ...]`` in
+    pixels of the upright image (Ultralytics' ``segments``, denormalised); :func:`polygon_masks`
+    makes them masks. A background image (no label file, or an empty one) has ``M = 0``. Samples are
+    sorted by image path.
+
+    Packed into a mirror (``colabfast.pack``), an image with an EXIF orientation is stored as its
+    upright pixels, lossless PNG (no JPEG decoder that reads mirrors applies the orientation: PIL's,
+    libjpeg-turbo's, nvJPEG's), so every output (PIL, tensor, bytes decoded on the GPU) gives
+    Ultralytics' pixels; an image without one keeps its file's bytes.
+
+    What Ultralytics leaves out is left out and listed in ``skipped`` as ``(path, why)``, whatever
+    ``on_error`` says: the image of a label file ``verify_image_label`` refuses (a line that is not 5
+    numbers or a polygon, a box mixed into a polygon file, a value that is not a number, over 1.01 or
+    under -0.01, a class that is not an integer of ``names``; with the line), a label file without an
+    image (ignored), duplicate rows (removed; then the rows left are in ``np.unique``'s sorted order,
+    as Ultralytics leaves them), and the polygons of a split that mixes polygons and boxes.
 
     Args:
         root: the dataset folder: it holds ``images/<split>/`` and ``labels/<split>/`` (or
@@ -66,27 +96,29 @@ class Yolo(Layout):
             ``<split>/labels/``), and the YAML naming the classes (``data.yaml``, else the one
             ``*.yaml`` at ``root`` with ``names``).
         split: which split to read (``"train"``, ``"valid"``, ...); None: the only one there is.
-        on_error: ``"raise"``: a malformed label file, a label file without an image, or an image or
-            label file that is not a regular file or that a symlink leads out of ``root``, raises
-            :class:`LayoutError`; ``"skip"``: it is left out (its image too) and listed in ``skipped``.
+        on_error: for what colabfast refuses to read: an image or label file that is not a regular
+            file or that a symlink leads out of ``root``: ``"raise"`` a :class:`LayoutError`, or
+            ``"skip"``: leave it out (its image too) and list it in ``skipped``.
+        strict: True: a label file Ultralytics would drop its image for is an error handled by
+            ``on_error`` (what colabfast did before it followed Ultralytics); False: its image is
+            dropped and listed, as Ultralytics does.
         retries: retries of each file read on Drive's transient errors.
 
     Raises:
         LayoutError: no images folder, several splits and ``split=None``, an unknown split, no YAML
-            with ``names`` or a malformed one, or (with ``on_error="raise"``) a label line that is not
-            5 numbers or a polygon, not finite, with coordinates outside 0..1 or a class id outside
-            ``names``, a label file without an image, or an image or label file that is a FIFO, a
-            device, or a symlink leading out of ``root`` (nothing outside it is read). Each names the
-            file (and line).
+            with ``names`` or a malformed one, a label file over ``MAX_LABEL_BYTES``, with
+            ``on_error="raise"`` an image or label file that is a FIFO, a device, or a symlink leading
+            out of ``root`` (nothing outside it is read), and with ``strict=True`` (and
+            ``on_error="raise"``) a label file Ultralytics refuses. Each names the file (and line).
         FileNotFoundError: ``root`` does not exist.
     """
 
     name = "yolo"
 
     def __init__(self, root: PathLike, split: Optional[str] = None, *, on_error: str = "raise",
-                 retries: int = 5):
+                 strict: bool = False, retries: int = 5):
         check_on_error(on_error)
-        self.root, self.on_error, self.retries = Path(root), on_error, retries
+        self.root, self.on_error, self.strict, self.retries = Path(root), on_error, strict, retries
         self.skipped: Skipped = Skipped()
         files, refused = list_files(self.root, retries)
         self.split, prefix = _pick_split(self.root, files, split)
@@ -99,49 +131,65 @@ class Yolo(Layout):
         wanted = {label_path(f.rel) for f in images} | {label_path(rel) for rel in refused if rel.startswith(prefix)}
         labels = sorted(by_rel[rel] for rel in wanted if rel in by_rel)
 
-        def parse(entry: FileEntry) -> np.ndarray | LayoutError:
+        def parse(entry: FileEntry) -> _Labels | LayoutError:
             try:
-                return _parse(read_text(self.root, entry, retries, MAX_LABEL_BYTES), self.root / entry.rel,
-                              len(classes))
+                return _parse(_read_label(self.root, entry, retries), self.root / entry.rel, len(classes))
             except LayoutError as exc:
                 return exc
 
-        parsed: dict[str, np.ndarray | LayoutError] = dict(zip((f.rel for f in labels), parallel_map(parse, labels)))
+        parsed: dict[str, _Labels | LayoutError] = dict(zip((f.rel for f in labels), parallel_map(parse, labels)))
         parsed.update((rel, refuse(self.root, rel, refused)) for rel in wanted if rel in refused)
-        self._check_orphans(files, prefix, wanted)
+        folder = label_path(prefix + "x.jpg")[: -len("x.txt")]  # images/train/ -> labels/train/
+        self._list_orphans(files, folder, wanted)
 
         self.paths, self.files = [], [yaml_file]
-        rows, offsets = [], [0]
+        kept: list[_Labels] = []
         for image in images:
             label = label_path(image.rel)
-            objects = parsed.get(label, np.zeros((0, 5)))
-            if isinstance(objects, LayoutError):
-                reject(objects, on_error, self.skipped)
+            got = parsed.get(label, NO_LABELS)
+            if isinstance(got, _Drop) and not strict:
+                where = f"line {got.line}: " if got.line is not None else ""
+                self.skipped.add(got.path, f"{where}{got.why}: its image {image.rel} is left out, {ULTRALYTICS}")
                 continue
+            if isinstance(got, LayoutError):
+                reject(got, on_error, self.skipped)
+                continue
+            if got.removed:
+                self.skipped.add(str(self.root / label), f"line{'s' if len(got.removed) > 1 else ''} "
+                                 f"{', '.join(map(str, got.removed))}: duplicate rows removed, {ULTRALYTICS}")
             self.paths.append(image.rel)
             self.files.append(image)
             if label in by_rel:
                 self.files.append(by_rel[label])
-            rows.append(objects)
-            offsets.append(offsets[-1] + len(objects))
-        table = np.concatenate(rows) if rows else np.zeros((0, 5))
-        self._labels = table[:, 0].astype(np.int64)
-        self._boxes = table[:, 1:]  # float64 [total, 4]: x1, y1, x2, y2 divided by width, height
-        self._offsets = np.array(offsets, dtype=np.int64)
+            kept.append(got)
         self.files.sort()
+        rows = np.concatenate([k.rows for k in kept]) if kept else NO_LABELS.rows
+        self._offsets = np.cumsum([0] + [len(k.rows) for k in kept], dtype=np.int64)
+        self._labels = rows[:, 0].astype(np.int64)
+        self._boxes = np.concatenate([k.boxes() for k in kept]) if kept else np.zeros((0, 4))  # x1 y1 x2 y2, 0..1
+        segments = [s for k in kept for s in k.segments]
+        self._points: Optional[np.ndarray] = None  # float32 [P, 2] normalised, every polygon's points
+        if segments and len(segments) == len(rows):
+            self._points = np.concatenate(segments)
+            self._point_offsets = np.cumsum([0] + [len(s) for s in segments], dtype=np.int64)
+        elif segments:
+            self.skipped.add(str(self.root / folder), f"{len(segments)} of the {len(rows)} objects are polygons, the "
+                             "others boxes: the polygons are dropped and each object read as its box, as Ultralytics' "
+                             "YOLODataset.verify_labels does for detection (its segment task refuses such a split)")
         self.info: dict[str, Any] = {"classes": classes}
 
-    def _check_orphans(self, files: list[FileEntry], prefix: str, wanted: set[str]) -> None:
-        folder = label_path(prefix + "x.jpg")[: -len("x.txt")]  # images/train/ -> labels/train/
+    def _list_orphans(self, files: list[FileEntry], folder: str, wanted: set[str]) -> None:
+        """List the label files of no image in ``skipped``: Ultralytics never reads them."""
         for f in files:
             # classes.txt: the class list LabelImg and some exporters write beside the labels
             if (f.rel.startswith(folder) and f.rel.endswith(".txt") and f.rel not in wanted
                     and f.rel != folder + "classes.txt"):
-                reject(LayoutError(self.root / f.rel, "a label file without an image",
-                                   fix=f"add its image under {prefix} or delete it"), self.on_error, self.skipped)
+                self.skipped.add(str(self.root / f.rel), "a label file without an image: ignored, as Ultralytics "
+                                 "ignores it")
 
-    def __getitem__(self, index: int) -> tuple[ImageFile, dict[str, np.ndarray]]:
-        """Sample ``index``: ``(ImageFile, {"boxes": float32 [M, 4] XYXY pixels, "labels": int64 [M]})``.
+    def __getitem__(self, index: int) -> tuple[ImageFile, dict[str, Any]]:
+        """Sample ``index``: ``(ImageFile, {"boxes": float32 [M, 4] XYXY pixels, "labels": int64 [M]})``,
+        and ``"segments"`` (per object ``[[x, y], ...]`` in pixels) in a segmentation dataset.
 
         Raises:
             LayoutError: the image's header cannot be read (the pixels need its size).
@@ -149,10 +197,15 @@ class Yolo(Layout):
         """
         rel = self.paths[index]
         data = read_file(self.root, rel, self.retries)
-        width, height = image_size(data, self.root / rel)
+        width, height = _upright_size(data, self.root / rel)
         a, b = self._offsets[index], self._offsets[index + 1]
         boxes = (self._boxes[a:b] * np.array([width, height, width, height])).astype(np.float32)
-        return ImageFile(data, rel), {"boxes": boxes, "labels": self._labels[a:b].copy()}
+        target: dict[str, Any] = {"boxes": boxes, "labels": self._labels[a:b].copy()}
+        if self._points is not None:
+            ends = self._point_offsets[a : b + 1]
+            size = np.array([width, height], np.float32)  # float32, as Ultralytics' Instances.denormalize
+            target["segments"] = [(self._points[p:q] * size).tolist() for p, q in zip(ends[:-1], ends[1:])]
+        return ImageFile(data, rel, orient=True), target
 
     @staticmethod
     def detect(root: Path) -> bool:
@@ -171,7 +224,33 @@ class Yolo(Layout):
 
     def describe(self) -> str:
         split = f" (split {self.split})" if self.split else ""
-        return f"yolo layout{split}, {len(self)} images, {len(self._labels)} objects"
+        kind = "polygons" if self._points is not None else "objects"
+        return f"yolo layout{split}, {len(self)} images, {len(self._labels)} {kind}"
+
+
+def polygon_masks(segments: Sequence[Any], height: int, width: int) -> np.ndarray:
+    """The masks of ``segments`` (a target's ``"segments"``: per object ``[[x, y], ...]`` in pixels)
+    on a ``height`` x ``width`` image: uint8 ``[M, height, width]``, 1 inside object ``m``'s polygon.
+
+    Drawn as Ultralytics' segment task draws them, ``polygons2masks(..., color=1, downsample_ratio=1)``
+    (``ultralytics/data/utils.py``): the points cut to int32, then ``cv2.fillPoly``, so it needs OpenCV
+    (as Ultralytics does; Colab has it). Its training draws them after its resizing and augmentation,
+    each polygon resampled to 1000 points (``resample_segments``), at 1/4 of the size (``mask_ratio``):
+    apply those to the segments first to get its exact training masks.
+
+    Raises:
+        ImportError: OpenCV (``cv2``) is not installed.
+    """
+    try:
+        import cv2
+    except ImportError:
+        raise ImportError("polygon_masks draws polygons with OpenCV, as Ultralytics does: pip install "
+                          "opencv-python-headless") from None
+    masks = np.zeros((len(segments), height, width), np.uint8)
+    for mask, polygon in zip(masks, segments):
+        points = np.asarray(polygon, np.float64).reshape(-1, 2).astype(np.int32)  # truncated, as np.int32 casts
+        cv2.fillPoly(mask, [points], color=1)
+    return masks
 
 
 def _is_txt(name: str) -> bool:
@@ -250,47 +329,161 @@ def _names(doc: dict, path: Path) -> list[str]:
     return [str(n) for n in names]  # Ultralytics' check_class_names makes them strings too
 
 
-def _parse(text: str, path: Path, classes: int) -> np.ndarray:
-    """The objects of one label file: float64 [M, 5], rows ``class, x1, y1, x2, y2`` (normalised).
+
+class _Drop(LayoutError):
+    """A label file Ultralytics' ``verify_image_label`` counts as corrupt: it drops the image (with a
+    warning) and keeps the rest of the dataset."""
+
+
+@dataclasses.dataclass
+class _Labels:
+    """One label file as Ultralytics reads it: ``rows`` float32 [M, 5] ``class, cx, cy, w, h`` (a
+    polygon's box from ``segments2boxes``), ``segments`` (one float32 [K, 2] polygon per row, or none
+    in a box file), and the lines of the duplicate rows it removed."""
+
+    rows: np.ndarray
+    segments: list[np.ndarray]
+    removed: list[int]
+
+    def boxes(self) -> np.ndarray:
+        """float64 [M, 4] ``x1 y1 x2 y2`` divided by the image's width and height: a box row's corners,
+        a polygon's extent exactly (``segments2boxes`` before its rounding through float32 ``xywh``)."""
+        if self.segments:
+            return np.array([[*s.min(0), *s.max(0)] for s in self.segments], np.float64)
+        cx, cy, w, h = self.rows[:, 1:].astype(np.float64).T
+        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
+
+
+NO_LABELS = _Labels(np.zeros((0, 5), np.float32), [], [])
+DROP_FIX = "fix or delete the line (Ultralytics drops this image and trains on the rest)"
+
+
+def _read_label(root: Path, entry: FileEntry, retries: int) -> str:
+    """The text of a label file as Ultralytics opens it (``encoding="utf-8-sig"``).
 
     Raises:
-        LayoutError: a line that is neither 5 numbers nor a polygon, a number that is not finite, a
-            coordinate outside 0..1, or a class id that is not an integer in ``0..classes-1``.
+        LayoutError: it has more than ``MAX_LABEL_BYTES`` (refused unread).
+        _Drop: it is not UTF-8 (Ultralytics' read fails, and it drops the image).
     """
-    rows = []
-    for n, line in enumerate(text.split("\n"), 1):
-        fields = line.split()
-        if not fields:
-            continue
-        if len(fields) != 5 and (len(fields) < 7 or len(fields) % 2 == 0):
-            raise LayoutError(path, f"{len(fields)} fields; expected {FORMAT}", n)
-        try:
-            values = [float(x) for x in fields]
-        except ValueError:
-            bad = next(x for x in fields if not _is_number(x))
-            raise LayoutError(path, f"{bad!r} is not a number; expected {FORMAT}", n) from None
-        if not all(math.isfinite(v) for v in values):
-            raise LayoutError(path, f"a value that is not finite ({line.strip()!r})", n)
-        cls, coords = values[0], values[1:]
-        if not cls.is_integer() or not 0 <= cls < classes:
-            raise LayoutError(path, f"class id {fields[0]} is not one of the {classes} classes of the YAML's "
-                              f"names (0..{classes - 1})", n)
-        if not all(0 <= v <= 1 for v in coords):
-            bad = next(x for x, v in zip(fields[1:], coords) if not 0 <= v <= 1)
-            raise LayoutError(path, f"coordinate {bad} is outside 0..1 (YOLO's are divided by the image's "
-                              "width and height)", n)
-        if len(coords) == 4:
-            cx, cy, w, h = coords
-            rows.append((cls, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
-        else:
-            xs, ys = coords[0::2], coords[1::2]
-            rows.append((cls, min(xs), min(ys), max(xs), max(ys)))
-    return np.array(rows, dtype=np.float64).reshape(len(rows), 5)
-
-
-def _is_number(text: str) -> bool:
+    path = root / entry.rel
+    if entry.size > MAX_LABEL_BYTES:
+        raise LayoutError(path, f"{entry.size} bytes, over the limit of {MAX_LABEL_BYTES} for a label file",
+                          fix="a label file this large is not one this layout reads")
+    data = read_file(root, entry.rel, retries)
     try:
-        float(text)
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise _Drop(path, f"not UTF-8 text (byte {exc.start})", data[: exc.start].count(b"\n") + 1,
+                    fix="save it as UTF-8 (Ultralytics drops this image)") from None
+
+
+def _parse(text: str, path: Path, classes: int) -> _Labels:
+    """One label file, by the rules of Ultralytics' ``verify_image_label`` (8.4.190), step for step.
+
+    Lines are ``text.splitlines()``, blank ones skipped, fields split on whitespace. A file with a line
+    of more than 6 fields is a segment file: each line ``class x1 y1 x2 y2 ...`` (at least one point),
+    its box the polygon's extent (``segments2boxes``); otherwise each line is ``class cx cy w h``. In
+    float32, as Ultralytics parses them, the checks are: every box value (``cx cy w h``) at most 1.01;
+    no value below 0, or none below -0.01 and no negative width or height; integer classes below
+    ``classes``. Duplicate rows (``np.unique(rows, axis=0)``; in a segment file, class and polygon
+    both equal) are removed, the rows left in ``np.unique``'s sorted order, as Ultralytics leaves them.
+
+    Raises:
+        _Drop: the file breaks one of these rules (Ultralytics drops its image); names the line.
+    """
+    lines = [(n, line.split()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        return NO_LABELS
+    segments: list[np.ndarray] = []
+    if any(len(fields) > 6 for _, fields in lines):
+        for n, fields in lines:
+            if len(fields) == 5:
+                raise _Drop(path, "a box line (5 fields) in a file of polygons: Ultralytics refuses a file that "
+                            "mixes them", n, fix=DROP_FIX)
+            points = _numbers(fields[1:], path, n)
+            if not len(points) or len(points) % 2:
+                raise _Drop(path, f"{len(fields)} fields; a polygon is a class then x y pairs", n, fix=DROP_FIX)
+            segments.append(points.reshape(-1, 2))
+        cls = np.concatenate([_numbers(fields[:1], path, n) for n, fields in lines])
+        lo = np.array([s.min(0) for s in segments], np.float32)  # segments2boxes: x1 y1, x2 y2, then xywh
+        hi = np.array([s.max(0) for s in segments], np.float32)
+        rows = np.concatenate([cls[:, None], (lo + hi) / 2, hi - lo], 1)
+    else:
+        for n, fields in lines:
+            if len(fields) != 5:
+                raise _Drop(path, f"{len(fields)} fields; expected {FORMAT}", n, fix=DROP_FIX)
+        try:  # the whole file in one call; line by line only to name a bad field
+            rows = np.array([fields for _, fields in lines], dtype=np.float32)
+        except ValueError:
+            rows = np.stack([_numbers(fields, path, n) for n, fields in lines])
+    _check(rows, [n for n, _ in lines], path, classes, bool(segments))
+    _, keep = np.unique(rows, axis=0, return_index=True)
+    if len(keep) < len(rows) and segments:  # distinct polygons may share a class and a box
+        keys = np.array([c.tobytes() + s.tobytes() for c, s in zip(rows[:, 0], segments)], dtype=object)
+        _, keep = np.unique(keys, return_index=True)
+    if len(keep) == len(rows):
+        return _Labels(rows, segments, [])
+    removed = sorted(set(range(len(rows))) - set(keep.tolist()))
+    return _Labels(rows[keep], [segments[k] for k in keep] if segments else [], [lines[k][0] for k in removed])
+
+
+def _numbers(fields: list[str], path: Path, line: int) -> np.ndarray:
+    """``fields`` as float32, parsed as Ultralytics parses them (``np.array(fields, dtype=np.float32)``)."""
+    try:
+        return np.array(fields, dtype=np.float32)
     except ValueError:
-        return False
-    return True
+        for field in fields:
+            try:
+                np.array(field, dtype=np.float32)
+            except ValueError:
+                raise _Drop(path, f"{field!r} is not a number; expected {FORMAT}", line, fix=DROP_FIX) from None
+        raise  # every field parses alone: not reached
+
+
+def _check(rows: np.ndarray, lines: list[int], path: Path, classes: int, polygons: bool) -> None:
+    """Ultralytics' checks of a file's rows (``verify_image_label``), in its order; the error names the
+    first line that fails the first check the file fails."""
+    what = "its box (cx cy w h of the polygon's extent)" if polygons else "a coordinate"
+    values = rows[:, 1:]
+    if not values.max() <= 1.01:  # NaN fails here too
+        r = int(np.flatnonzero(~(values <= 1.01).all(1))[0])
+        bad = values[r][~(values[r] <= 1.01)][0]
+        why = "not a number" if np.isnan(bad) else "over 1.01 (YOLO's are divided by the image's width and height; " \
+            "Ultralytics allows 1% past the edge)"
+        raise _Drop(path, f"{what} is {bad:g}, {why}", lines[r], fix=DROP_FIX)
+    low = rows.min()
+    if not (low >= 0 or low >= -0.01 and rows[:, 3:5].min() >= 0):
+        if not rows[:, 0].min() >= 0:
+            r = int(np.flatnonzero(~(rows[:, 0] >= 0))[0])
+            raise _Drop(path, f"class id {rows[r, 0]:g} is {'negative' if rows[r, 0] < 0 else 'not a number'}",
+                        lines[r], fix=DROP_FIX)
+        if not low >= -0.01:
+            r = int(np.flatnonzero(~(rows >= -0.01).all(1))[0])
+            raise _Drop(path, f"{what} is {rows[r][~(rows[r] >= -0.01)][0]:g}, below -0.01 (Ultralytics allows "
+                        "1% past the edge)", lines[r], fix=DROP_FIX)
+        r = int(np.flatnonzero((rows[:, 3:5] < 0).any(1))[0])
+        raise _Drop(path, "a negative width or height, where some value is negative too (Ultralytics allows "
+                    "values down to -0.01 only with no negative width or height)", lines[r], fix=DROP_FIX)
+    if not (rows[:, 0] % 1 == 0).all():
+        r = int(np.flatnonzero(rows[:, 0] % 1 != 0)[0])
+        raise _Drop(path, f"class id {rows[r, 0]:g} is not an integer", lines[r], fix=DROP_FIX)
+    if not rows[:, 0].max() < classes:
+        r = int(np.flatnonzero(rows[:, 0] >= classes)[0])
+        raise _Drop(path, f"class id {rows[r, 0]:g} is not one of the {classes} classes of the YAML's names "
+                    f"(0..{classes - 1})", lines[r], fix=DROP_FIX)
+
+
+def _upright_size(data: bytes, path: Path) -> tuple[int, int]:
+    """(width, height) of the image ``data`` once its EXIF orientation is applied (Ultralytics'
+    ``exif_size``), from its header.
+
+    Raises:
+        LayoutError: ``data`` is not an image PIL reads, or one over PIL's decompression-bomb limit.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format == "PNG" and b"eXIf" not in data:  # no EXIF: spare getexif's decode of the PNG
+                return img.size
+            return oriented_size(img)
+    except (OSError, Image.DecompressionBombError, ValueError) as exc:
+        raise LayoutError(path, f"not an image PIL can read ({exc})") from None

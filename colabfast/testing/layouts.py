@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw
 from colabfast._fileio import PathLike
 from colabfast.testing.data import _size, encode, photo
 
-__all__ = ["make_coco", "make_yolo", "make_segmentation", "CATEGORIES"]
+__all__ = ["make_coco", "make_yolo", "make_segmentation", "with_orientation", "CATEGORIES"]
 
 # A few of COCO's own categories, with COCO's ids (not contiguous, as in instances_*.json).
 CATEGORIES = ((1, "person", "person"), (2, "bicycle", "vehicle"), (3, "car", "vehicle"),
@@ -122,6 +122,8 @@ def make_yolo(
     split: str = "train",
     quality: int = 90,
     seed: int = 0,
+    segments: bool = False,
+    orientation: int = 1,
 ) -> Path:
     """Write an Ultralytics YOLO dataset: ``root/images/<split>/{k:06d}.jpg``,
     ``root/labels/<split>/{k:06d}.txt`` and ``root/data.yaml``.
@@ -136,6 +138,10 @@ def make_yolo(
         size, vary, quality, seed: as :func:`make_coco`'s.
         classes: the class names (``names`` in ``data.yaml``).
         split: the split's folder name.
+        segments: write Ultralytics' segment format instead: each line ``class x1 y1 x2 y2 ...``, a
+            polygon of 4 to 8 points (normalised, 6 decimals).
+        orientation: the EXIF orientation (1 to 8) every second image (``k`` odd) carries, as phone
+            photos do; its labels are in the upright frame, as Ultralytics reads them. 1: none.
 
     Returns:
         ``Path(root)``.
@@ -145,11 +151,20 @@ def make_yolo(
     images, labels = root / "images" / split, root / "labels" / split
     images.mkdir(parents=True, exist_ok=True)
     labels.mkdir(parents=True, exist_ok=True)
+    if not 1 <= orientation <= 8:
+        raise ValueError(f"orientation is an EXIF orientation, 1 to 8, not {orientation}")
     for k in range(n):
         w, h = _size(size, vary, rng)
-        (images / f"{k:06d}.jpg").write_bytes(encode(photo(w, h, rng), quality=quality))
+        data = encode(photo(w, h, rng), quality=quality)
+        if k % 2 and orientation != 1:
+            data = with_orientation(data, orientation)
+        (images / f"{k:06d}.jpg").write_bytes(data)
         lines = []
         for _ in range(int(rng.integers(0, MAX_OBJECTS + 1))):
+            if segments:
+                points = np.array(_polygon(rng, 1000, 1000)) / 1000
+                lines.append(f"{int(rng.integers(len(classes)))} " + " ".join(f"{v:.6f}" for v in points) + "\n")
+                continue
             bw, bh = rng.uniform(0.05, 0.6, 2)
             cx, cy = rng.uniform(bw / 2, 1 - bw / 2), rng.uniform(bh / 2, 1 - bh / 2)
             lines.append(f"{int(rng.integers(len(classes)))} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n")
@@ -159,6 +174,15 @@ def make_yolo(
     (root / "data.yaml").write_text(f"path: .\n{split}: images/{split}\nnc: {len(classes)}\nnames: [{names}]\n",
                                     encoding="utf-8")
     return root
+
+
+def with_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """The JPEG ``jpeg`` with an EXIF block saying ``orientation`` (1 to 8) inserted after its start
+    marker: the same compressed pixels, stored sideways or mirrored as a camera writes them."""
+    exif = Image.Exif()
+    exif[274] = orientation
+    block = exif.tobytes()  # b"Exif\0\0" and the TIFF structure: an APP1 segment's payload
+    return jpeg[:2] + b"\xff\xe1" + (len(block) + 2).to_bytes(2, "big") + block + jpeg[2:]
 
 
 def make_segmentation(
