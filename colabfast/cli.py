@@ -27,7 +27,7 @@ def _pack(args: argparse.Namespace) -> int:
 
     size = args.image_size
     image_size = None if size is None else (size[0] if len(size) == 1 else (size[0], size[1]))
-    pack(args.src, args.dst, layout=args.layout, labels=args.labels, split=args.split, store=args.store,
+    pack(args.src, args.dst, layout=args.layout, labels=args.labels, split=args.split, year=args.year, store=args.store,
          image_size=image_size, quality=args.quality, shuffle=args.shuffle, seed=args.seed, workers=args.workers,
          on_error="skip" if args.skip_errors else "raise", retries=args.retries, progress=not args.quiet,
          overwrite=args.overwrite)
@@ -239,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split",
                    help="voc-*: the image set (default train); yolo: the split folder; Kaggle's ImageNet zip: train "
                         "or val (default train)")
+    p.add_argument("--year", help="voc-*: the year (2007 to 2012, as torchvision's year) where the tree holds several")
     p.add_argument("--store", choices=["encoded", "raw"], default="encoded",
                    help="keep encoded files (default) or store decoded pixels")
     p.add_argument("--image-size", type=int, nargs="+", metavar="N",

@@ -12,8 +12,12 @@ reads the same way, its samples made of its other columns.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
-from typing import Any, Callable, Optional
+import operator
+import os
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +27,7 @@ from torchvision import datasets
 from colabfast import columns as col
 from colabfast._fileio import PathLike
 from colabfast.datasets import MirrorDataset, MirrorReader, compact, undecodable
+from colabfast.errors import Error
 from colabfast.gpudecode import check_encoded, decode_cpu
 from colabfast.mirror import (
     COLUMN_LAYOUTS,
@@ -35,7 +40,10 @@ from colabfast.mirror import (
     read_h5,
 )
 
-__all__ = ["H5Dataset", "H5CocoDetection", "H5VOCDetection", "H5VOCSegmentation"]
+if TYPE_CHECKING:
+    from pycocotools.coco import COCO
+
+__all__ = ["H5Dataset", "H5CocoDetection", "H5VOCDetection", "H5VOCSegmentation", "IndexTypeError"]
 
 OUTPUTS = ("auto", "pil", "tensor", "bytes")
 
@@ -314,6 +322,19 @@ class _PairOf(H5Dataset):
     def _image_first(self) -> bool:
         return self._image_k == self.image_column
 
+    def _checked(self, indices: Sequence[int]) -> list[int]:
+        for i in indices:  # ints, numpy ints and 0-d integer tensors pass; a slice, a float, a str do not
+            try:
+                operator.index(i)
+            except TypeError:
+                raise self._not_an_index(i) from None
+        return super()._checked(indices)
+
+    def _not_an_index(self, index: Any) -> Exception:
+        """What ``dataset[index]`` raises for an ``index`` that is not an int (a slice)."""
+        return IndexTypeError(f"{type(self).__name__} indices are ints, not {type(index).__name__}: index one sample "
+                              "at a time (or take torch.utils.data.Subset(dataset, indices))")
+
     def per_sample(self) -> frozenset:
         return frozenset({(1,)}) if self.fields[self._target_k].kind in ("ragged", "json") else frozenset()
 
@@ -332,6 +353,12 @@ class _PairOf(H5Dataset):
         return self.source_paths
 
 
+class IndexTypeError(Error, TypeError, AttributeError):
+    """``dataset[i]`` of a VOC drop-in with an ``i`` that is not an int (a slice): a ``TypeError``, and an
+    ``AttributeError`` as torchvision's ``VOCDetection`` and ``VOCSegmentation`` raise for it (their
+    ``__getitem__`` hands ``self.images[index]``, a list, to ``PIL.Image.open``)."""
+
+
 class H5CocoDetection(_PairOf, datasets.CocoDetection):
     """A drop-in for ``torchvision.datasets.CocoDetection(root, annFile)`` reading a mirror packed with
     ``layout="coco"``: the same ``ids`` (sorted image ids) and items ``(image, target)``: a PIL RGB
@@ -340,6 +367,12 @@ class H5CocoDetection(_PairOf, datasets.CocoDetection):
     ``__init__`` and file loaders it does not use), so ``isinstance`` checks pass and
     ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it as ``CocoDetection``, with
     ``target_keys`` too (``"masks"`` from the polygons and RLEs, as for torchvision's own).
+
+    ``coco`` is pycocotools' ``COCO`` of the mirror's images (each its entry in the JSON) and their
+    annotations, built when first used: what torchvision's detection references evaluate against
+    (``get_coco_api_from_dataset`` returns ``dataset.coco``, and ``COCOeval(dataset.coco, ...)``
+    runs on it). ``dataset[i]`` for an ``i`` that is not an int (a slice) raises ``ValueError``, as
+    ``CocoDetection`` does.
 
     Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``, as torchvision's).
     """
@@ -354,33 +387,105 @@ class H5CocoDetection(_PairOf, datasets.CocoDetection):
         self.ids: list[int] = ids
         self.categories: list[dict] = self.info.get("categories", [])
 
+    def _not_an_index(self, index: Any) -> Exception:
+        return ValueError(f"Index must be of type integer, got {type(index)} instead.")  # CocoDetection's words
 
-class H5VOCDetection(_PairOf, datasets.VOCDetection):
+    @functools.cached_property
+    def coco(self) -> COCO:
+        """pycocotools' ``COCO`` of this mirror: its images' entries in the JSON (for a mirror packed
+        before colabfast kept them: id, file name, and the stored image's width and height), their
+        annotations and the categories (an empty list where the JSON had none, so that
+        ``COCO.loadRes`` works), indexed by ``COCO.createIndex``.
+
+        Raises:
+            ImportError: pycocotools is not installed (``pip install pycocotools``).
+            MirrorError: a corrupt mirror (as reading its samples raises).
+        """
+        from pycocotools.coco import COCO
+
+        names = [f.name for f in self.fields]
+        entry_k = names.index("coco") if "coco" in names else None
+        images, annotations = [], []
+        for i, position in enumerate(self.positions_of(range(len(self)))):
+            if entry_k is not None:
+                images.append(self.value(entry_k, position)["image"])
+            else:
+                h, w = (int(v) for v in self.reader.shapes[position][:2])
+                rel = os.path.relpath(self.source_paths[i], self.header.source)
+                images.append({"id": self.ids[i], "file_name": rel, "height": h, "width": w})
+            annotations += self.value(self._target_k, position)
+        coco = COCO()
+        coco.dataset = {"images": images, "annotations": annotations, "categories": list(self.categories)}
+        with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints its progress
+            coco.createIndex()
+        return coco
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("coco", None)  # built again where used: a DataLoader worker needs none
+        return state
+
+
+class _VOCDropIn(_PairOf):
+    """What the VOC drop-ins share: torchvision's ``year`` and ``image_set`` (the mirror's, checked
+    where given) and its ``images`` and ``targets`` (the source files' paths)."""
+
+    _TARGET_DIR: str
+    _TARGET_FILE_EXT: str
+
+    def __init__(self, path: PathLike, transform: Optional[Callable] = None,
+                 target_transform: Optional[Callable] = None, transforms: Optional[Callable] = None, *,
+                 year: Optional[str] = None, image_set: Optional[str] = None, **kwargs: Any):
+        super().__init__(path, transform, target_transform, transforms, **kwargs)
+        self.year: str = str(self.info.get("year", ""))
+        self.image_set: str = str(self.info.get("split", ""))
+        for name, wanted, held in (("year", year, self.year), ("image_set", image_set, self.image_set)):
+            if wanted is not None and str(wanted) != held:
+                raise ValueError(f"{name}={wanted!r}, and {path} is a mirror of VOC{self.year}'s {self.image_set!r} "
+                                 f"image set: open the mirror of that {name} (colabfast.pack(voc_root, dst, "
+                                 f"layout={self.header.layout!r}, year=..., split=...) packs it), or leave {name}= out")
+
+    @property
+    def targets(self) -> list[str]:
+        """Each sample's annotation XML (detection) or mask PNG (segmentation) at pack time, as
+        torchvision's ``targets``: ``<VOC folder>/<target folder>/<id><ext>``."""
+        return [os.path.join(os.path.dirname(os.path.dirname(image)), self._TARGET_DIR,
+                             os.path.splitext(os.path.basename(image))[0] + self._TARGET_FILE_EXT)
+                for image in self.images]
+
+
+class H5VOCDetection(_VOCDropIn, datasets.VOCDetection):
     """A drop-in for ``torchvision.datasets.VOCDetection`` reading a mirror packed with
     ``layout="voc-detection"``: items ``(image, target)``, a PIL RGB image and the annotation XML
     parsed as torchvision parses it (``{"annotation": {...}}``), in the image set's order. A subclass of
     ``VOCDetection`` (whose ``__init__`` it does not use): ``torchvision.datasets.wrap_dataset_for_transforms_v2``
     wraps it as ``VOCDetection``, ``target_keys`` included.
 
-    Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``).
+    Args: as :class:`H5Dataset` (``output`` default ``"pil"``), and torchvision's ``year`` and
+    ``image_set`` (keyword only): the mirror's (:func:`colabfast.pack`'s ``year`` and ``split``),
+    checked where given.
+
+    Raises: as :class:`H5Dataset`; ``ValueError`` for a ``year`` or ``image_set`` that is not the
+    mirror's; ``dataset[i]`` for an ``i`` that is not an int (a slice): :class:`IndexTypeError`.
     """
 
     layouts = ("voc-detection",)
+    _TARGET_DIR, _TARGET_FILE_EXT = "Annotations", ".xml"
 
 
-class H5VOCSegmentation(_PairOf, datasets.VOCSegmentation):
+class H5VOCSegmentation(_VOCDropIn, datasets.VOCSegmentation):
     """A drop-in for ``torchvision.datasets.VOCSegmentation`` reading a mirror packed with
     ``layout="voc-segmentation"``: items ``(image, mask)``, a PIL RGB image and the
     ``SegmentationClass`` PNG as PIL opens it (``"P"``, with VOC's palette; 255 marks borders), in the
     image set's order. A subclass of ``VOCSegmentation`` (whose ``__init__`` it does not use):
     ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it as ``VOCSegmentation``.
 
-    Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``).
+    Args and Raises: as :class:`H5VOCDetection`'s.
     """
 
     layouts = ("voc-segmentation",)
     target_field = "mask"
-
+    _TARGET_DIR, _TARGET_FILE_EXT = "SegmentationClass", ".png"
 
 
 def _reads(layout: str) -> str:

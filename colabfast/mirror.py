@@ -1331,6 +1331,10 @@ class MirrorInfo:
         lines.append(f"  packed from {head.source} on {head.created} by colabfast {head.colabfast_version}")
         if head.labels:
             lines.append(f"  labels from {head.labels}")
+        notes = (head.layout_info or {}).get("notes")
+        if isinstance(notes, list) and notes:  # a layout's leniencies (colabfast.layouts.base.Layout.notes)
+            lines.append(f"  read as the format's owner reads it ({len(notes)} leniencies):")
+            lines += [f"    {n[0]}: {n[1]}" if isinstance(n, list) and len(n) == 2 else f"    {n}" for n in notes[:20]]
         if head.skipped:
             lines.append(f"  {len(head.skipped)} source files were skipped:")
             lines += [f"    {s['path']}: {s['error']}" for s in head.skipped[:20]]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from colabfast import env
 from colabfast._fileio import PathLike, file_version, human_bytes, locked, partial_path, retry, state_name, unchanged
 from colabfast.archive import archive_suffix, strip_archive_suffix
+from colabfast.errors import Error
 
 if TYPE_CHECKING:
     from colabfast.datasets import MirrorDataset
@@ -49,7 +50,7 @@ ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a datase
            "images with one CSV table of labels, or a folder of images), or an archive of an ImageFolder tree or "
            "ImageNet's (.zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)")
 # pack()'s options that open_dataset passes on; src, dst, split, image_size and progress are its own
-PACK_OPTIONS = ("layout", "labels", "store", "quality", "shuffle", "seed", "workers", "on_error", "retries")
+PACK_OPTIONS = ("layout", "labels", "year", "store", "quality", "shuffle", "seed", "workers", "on_error", "retries")
 
 
 def _one_split(split: Optional[str], layout: str) -> dict:
@@ -315,7 +316,7 @@ def open_dataset(
             named ``<source name>-<12 hex digits of the fingerprint>.h5`` (:func:`mirror_name`).
         to: where the mirror is staged: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`.
         progress: show pack's and stage's progress bars and print the account.
-        **pack_options: :func:`colabfast.pack`'s ``layout``, ``labels``, ``store``, ``quality``,
+        **pack_options: :func:`colabfast.pack`'s ``layout``, ``labels``, ``year``, ``store``, ``quality``,
             ``shuffle``, ``seed``, ``workers``, ``on_error``, ``retries``.
 
     Returns:
@@ -461,11 +462,14 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, mirrors
             drop_ins[layout][1](split, layout)
     start = time.perf_counter()
     fingerprint_options = {k: v for k, v in options.items()
-                           if k in ("layout", "labels", "store", "quality", "shuffle", "seed", "retries", "on_error")}
+                           if k in ("layout", "labels", "year", "store", "quality", "shuffle", "seed", "retries",
+                                    "on_error")}
     try:
         fingerprint, described, contents = source_listing(src, split=split if packs_split else None,
                                                           image_size=image_size, **fingerprint_options)
     except FileNotFoundError as exc:
+        if isinstance(exc, Error):  # a layout's missing file (a COCO JSON), named with its fix already
+            raise
         raise FileNotFoundError(f"{exc}. {src} holds {_contents(src)}. {ACCEPTS}.") from exc
     steps.append(f"listed {src} in {_seconds(time.perf_counter() - start)}: {described}")
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)

@@ -8,14 +8,15 @@ column and :class:`colabfast.H5Dataset` (or the layout's drop-in) gives back. A 
 new module here, added to :data:`LAYOUTS`.
 """
 
-from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.base import ImageFile, Layout, LayoutError, LayoutFileNotFoundError, LayoutNotFoundError
 from colabfast.layouts.coco import Coco
 from colabfast.layouts.segmentation import Segmentation
 from colabfast.layouts.table import Csv
 from colabfast.layouts.voc import VOCDetection, VOCSegmentation
 from colabfast.layouts.yolo import Yolo
 
-__all__ = ["ImageFile", "Layout", "LayoutError", "LAYOUTS", "Coco", "VOCDetection", "VOCSegmentation", "Yolo",
+__all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError", "LAYOUTS",
+           "Coco", "VOCDetection", "VOCSegmentation", "Yolo",
            "Segmentation", "Csv"]
 
 # name -> class, in the order "auto" tries them (a VOC tree with both image sets is packed for detection;

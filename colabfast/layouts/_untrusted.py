@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional, TypeVar, Union
 import numpy as np
 
 from colabfast._fileio import FileEntry, PathLike, open_regular, retry
-from colabfast.layouts.base import LayoutError
+from colabfast.layouts.base import LayoutError, LayoutFileNotFoundError
 
 T = TypeVar("T")
 
@@ -44,7 +44,8 @@ def read_limited(path: PathLike, limit: int, retries: int) -> bytes:
     """The bytes of the regular file ``path``, refused unread when it has more than ``limit`` bytes.
 
     Raises:
-        LayoutError: the file is missing, larger than ``limit``, or not a regular file (a FIFO, a folder).
+        LayoutFileNotFoundError: the file is missing (a ``FileNotFoundError`` too, as torchvision's).
+        LayoutError: the file is larger than ``limit``, or not a regular file (a FIFO, a folder).
         OSError: it cannot be read (a transient error after ``retries`` retries, a permission).
     """
 
@@ -63,7 +64,7 @@ def read_limited(path: PathLike, limit: int, retries: int) -> bytes:
     try:
         return retry(attempt, retries)
     except FileNotFoundError as exc:
-        raise LayoutError(path, "is missing", fix="Check the path") from exc
+        raise LayoutFileNotFoundError(path, "is missing", fix="Check the path") from exc
     except OSError as exc:
         if exc.errno == errno.EINVAL and "not a regular file" in str(exc.strerror):
             raise LayoutError(path, str(exc.strerror)) from exc

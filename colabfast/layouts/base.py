@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Sequence
 
 from colabfast._fileio import FileEntry, PathLike
 from colabfast.errors import Error
 
-__all__ = ["ImageFile", "Layout", "LayoutError"]
+__all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError"]
 
 
 class LayoutError(Error, ValueError):
@@ -32,6 +32,17 @@ class LayoutError(Error, ValueError):
         self.path, self.line, self.why = os.fspath(path), line, why
         where = f"{self.path}, line {line}" if line is not None else self.path
         super().__init__(f"{where}: {why}" + (f". {fix}" if fix else ""))
+
+
+class LayoutFileNotFoundError(LayoutError, FileNotFoundError):
+    """A file the layout reads by name (an annotation file, an image set list) is missing: also a
+    ``FileNotFoundError``, as torchvision's datasets raise for it (``CocoDetection``'s ``annFile``,
+    ``VOCDetection``'s image set file, from ``open``)."""
+
+
+class LayoutNotFoundError(LayoutError, RuntimeError):
+    """The folder holds no tree of the layout (no ``VOCdevkit/VOC<year>``): also a ``RuntimeError``, as
+    torchvision's ``VOCDetection`` raises ("Dataset not found or corrupted")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +77,10 @@ class Layout:
             tool leaves out or changes where the layout follows it (:class:`colabfast.layouts.Yolo`:
             Ultralytics' rules); also listed by ``colabfast info``: the first 1000 problems, then
             one record counting the rest.
+        notes: ``(path, what)`` for each kind of leniency: what a stricter reader would refuse and
+            the format's owner reads (COCO image entries without ``width``, as pycocotools reads
+            them), how often, an example, and what was done; also in ``info["notes"]`` (so in the
+            mirror, listed by ``colabfast info``) where there are any.
         info: JSON-able facts the drop-in reader needs (class names, COCO's categories, ...),
             stored in the mirror.
     """
@@ -75,6 +90,7 @@ class Layout:
     paths: list[str]
     files: list[FileEntry]
     skipped: list[tuple[str, str]]
+    notes: Sequence[tuple[str, str]] = ()  # none, unless the layout sets its own
     info: dict[str, Any]
 
     def __len__(self) -> int:

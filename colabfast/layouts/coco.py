@@ -34,6 +34,24 @@ BOX_SLACK = 1.0  # pixels a box may pass its image's edge by (rounding in real e
 class Coco(Layout):
     """A COCO detection folder as a map-style dataset, in ``torchvision.datasets.CocoDetection``'s order.
 
+    Whose rules: pycocotools' (``pycocotools/coco.py``, ``COCO.__init__`` and ``COCO.createIndex``),
+    through which torchvision reads the file (``torchvision/datasets/coco.py``, ``CocoDetection``:
+    ``ids = sorted(coco.imgs)``, an item's target ``coco.loadAnns(coco.getAnnIds(id))``). What
+    pycocotools loads is loaded, each leniency listed in ``notes``:
+
+    - an image entry without ``width``/``height`` (pycocotools reads neither; torchvision's own test
+      data has none): kept, its boxes not checked against its edges;
+    - no ``categories`` (``createIndex`` skips it), a ``category_id`` not among them: kept;
+    - a box more than ``BOX_SLACK`` pixels past its image's edge: kept as it is;
+    - an annotation whose int ``image_id`` names no image (COCO 2014 excerpts have them): left out,
+      as ``CocoDetection``, whose ids are the images', never returns it.
+
+    What pycocotools cannot load, or loads wrongly, is a problem (see ``on_error``): an annotation id
+    given twice (``createIndex`` keeps the last under that id, so ``CocoDetection`` returns it twice
+    and loses the other), an image id given twice, an ``image_id`` or ``category_id`` that is not an
+    int (a list or object crashes ``createIndex``), a ``bbox`` that is not 4 finite numbers or has a
+    negative width or height, and what colabfast refuses for safety (below).
+
     Args:
         root: the images folder; each image entry's ``file_name`` is relative to it.
         labels: the annotation JSON (``CocoDetection``'s ``annFile``, relative to the current
@@ -46,19 +64,19 @@ class Coco(Layout):
     ``MAX_ANNOTATION_BYTES`` (512 MiB), nest at most ``MAX_DEPTH`` (64) levels, hold at most one array
     or object per ``MIN_BYTES_PER_CONTAINER`` (12) bytes, and at most ``MAX_ENTRY_VALUES`` (1 Mi) values
     in one image or annotation (all refused before parsing: what parsing costs stays what a COCO file of
-    that size costs). Each image entry needs an int ``id`` (unique), a ``file_name`` inside ``root`` (not
-    absolute, no ``..``, not hidden, no symlink leading out) naming an existing file, and positive
-    ``width`` and ``height``; each annotation an int ``id`` (unique), an ``image_id`` among the
-    images, a ``category_id`` among the categories (where it has one) and a ``bbox`` (where it has
-    one) of 4 finite numbers ``[x, y, w, h]`` inside its image (``BOX_SLACK`` pixels allowed).
+    that size costs). Each image entry needs an int ``id`` (unique) and a ``file_name`` inside ``root``
+    (not absolute, no ``..``, not hidden, no symlink leading out) naming an existing file; each
+    annotation an int ``id`` (unique) and an int ``image_id``.
 
-    ``layout[i]`` is ``{"image": ImageFile, "id": int, "target": list of dict}``: the image file's
-    bytes, the image id ``ids[i]`` (``sorted`` image ids, as ``CocoDetection.ids``), and the
-    annotation dicts of that image as in the JSON, in its order (``CocoDetection(...)[i][1]``).
+    ``layout[i]`` is ``{"image": ImageFile, "id": int, "target": list of dict, "coco": {"image": dict}}``:
+    the image file's bytes, the image id ``ids[i]`` (``sorted`` image ids, as ``CocoDetection.ids``),
+    the annotation dicts of that image as in the JSON, in its order (``CocoDetection(...)[i][1]``), and
+    the image's entry in the JSON (what ``H5CocoDetection.coco`` rebuilds pycocotools' ``COCO`` from).
 
     Raises:
-        LayoutError: the JSON is missing, too large, too deep, malformed, or (``on_error="raise"``)
-            one of the checks above fails; the message names the file and the image or annotation.
+        LayoutFileNotFoundError: the JSON is missing (a ``FileNotFoundError``, as torchvision's).
+        LayoutError: the JSON is too large, too deep, malformed, or (``on_error="raise"``) one of the
+            problems above; the message names the file and the image or annotation.
     """
 
     name = "coco"
@@ -68,6 +86,7 @@ class Coco(Layout):
         self.root = Path(root)
         self.retries = retries
         problems = Problems(on_error)
+        notes = Notes()
         ann_path = Path(labels) if labels is not None else self.root / ROBOFLOW_JSON
         ann_rel = annotation_name(self.root, ann_path)
         data = read_limited(ann_path, MAX_ANNOTATION_BYTES, retries)
@@ -76,9 +95,12 @@ class Coco(Layout):
         by_id: dict[int, dict] = {}
         rels: dict[int, str] = {}  # image id -> its file, normalised ("./a.jpg" is "a.jpg")
         twice: set[int] = set()
+        refused: set[int] = set()  # ids of image entries left out: their annotations go with them
         for img in entries(ann_path, dataset, "images", problems):
             rel = image_path(ann_path, img, problems)
             if rel is None:
+                if is_int(img.get("id")):
+                    refused.add(img["id"])
                 continue
             if img["id"] in by_id:
                 problems.add(os.fspath(ann_path), f"image id {img['id']} appears twice in images (for "
@@ -86,8 +108,13 @@ class Coco(Layout):
                              fix='Give each image its own id, or pass on_error="skip" to leave both out')
                 twice.add(img["id"])
             by_id[img["id"]], rels[img["id"]] = img, rel
+            if image_size(img) is None:
+                notes.add("size", f"image {img['id']}")
         for i in twice:  # which image its annotations belong to is unknown: neither is kept
             del by_id[i], rels[i]
+        refused |= twice
+        if "categories" not in dataset:
+            notes.add("categories", "")
         categories = dataset.get("categories", [])
         if not isinstance(categories, list):
             raise LayoutError(ann_path, f"'categories' is {type(categories).__name__}, not a list")
@@ -95,14 +122,25 @@ class Coco(Layout):
 
         targets: dict[int, list[dict]] = {i: [] for i in by_id}
         bad_images: dict[int, str] = {}
-        ann_ids: set[int] = set()
+        ann_ids: dict[int, int] = {}  # annotation id -> its index in annotations
         for k, ann in enumerate(entries(ann_path, dataset, "annotations", problems)):
-            where = f"annotations[{k}]" + (f" (id {ann['id']})" if isinstance(ann.get("id"), int) else "")
-            why = check_annotation(ann, by_id, cat_ids, ann_ids)
+            where = f"annotations[{k}]" + (f" (id {ann['id']})" if is_int(ann.get("id")) else "")
+            why = check_annotation(ann, ann_ids)
             if why is None:
-                ann_ids.add(ann["id"])
-                targets[ann["image_id"]].append(ann)
-            elif isinstance(ann.get("image_id"), int) and ann["image_id"] in by_id and not problems.raising:
+                ann_ids[ann["id"]] = k
+                image_id = ann["image_id"]
+                if image_id in refused:
+                    why = f"its image (id {image_id}) is left out"
+                elif image_id not in by_id:
+                    notes.add("stray", f"{where}: image_id {image_id}")
+                    continue
+            if why is None:
+                if "category_id" in ann and ann["category_id"] not in cat_ids:
+                    notes.add("category", f"{where}: category_id {ann['category_id']}")
+                if (edge := past_edge(ann, by_id[image_id])) is not None:
+                    notes.add("edge", f"{where}: {edge}")
+                targets[image_id].append(ann)
+            elif is_int(ann.get("image_id")) and ann["image_id"] in by_id and not problems.raising:
                 bad_images.setdefault(ann["image_id"], f"{where} in {ann_rel}: {why}")
             else:
                 problems.add(os.fspath(ann_path), f"{where}: {why}")
@@ -111,6 +149,7 @@ class Coco(Layout):
         found = stat_files(self.root, [rels[i] for i in ids], retries)
         self.ids: list[int] = []
         self.paths, self.targets, self.files = [], [], []
+        self.entries: list[dict] = []
         for i in ids:
             rel = rels[i]
             entry = found[rel]
@@ -123,17 +162,22 @@ class Coco(Layout):
                 self.ids.append(i)
                 self.paths.append(rel)
                 self.targets.append(targets[i])
+                self.entries.append(by_id[i])
                 self.files.append(entry)
         # a file two image ids share is listed once
         st = retry(lambda: os.stat(ann_path), retries)
         self.files = [*dict.fromkeys(self.files), FileEntry(ann_rel, st.st_size, st.st_mtime_ns)]
         self.skipped = problems.skipped
+        self.notes = notes.records(os.fspath(ann_path))
         self.info = {"categories": categories, "annotation_file": ann_rel}
+        if self.notes:
+            self.info["notes"] = [list(n) for n in self.notes]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         rel = self.paths[index]
         data = retry(lambda: read_regular(self.root / rel), self.retries)
-        return {"image": ImageFile(data, rel), "id": self.ids[index], "target": self.targets[index]}
+        return {"image": ImageFile(data, rel), "id": self.ids[index], "target": self.targets[index],
+                "coco": {"image": self.entries[index]}}
 
     @staticmethod
     def detect(root: Path) -> bool:
@@ -141,7 +185,8 @@ class Coco(Layout):
         return (root / ROBOFLOW_JSON).is_file()
 
     def describe(self) -> str:
-        return f"coco layout ({self.info['annotation_file']}), {len(self)} images"
+        read = "; read as pycocotools reads it: " + "; ".join(what for _, what in self.notes) if self.notes else ""
+        return f"coco layout ({self.info['annotation_file']}), {len(self)} images{read}"
 
 
 def annotation_name(root: Path, path: Path) -> str:
@@ -215,32 +260,83 @@ def image_path(path: Path, img: dict, problems: Problems) -> Optional[str]:
         why = "has no int 'id'"
     elif rel is None:
         why = "has a 'file_name' that is not a path inside the images folder (absolute, with '..', empty or hidden)"
-    elif not (is_number(img.get("width")) and is_number(img.get("height")) and img["width"] > 0
-              and img["height"] > 0):
-        why = "has no positive 'width' and 'height'"
     else:
         return rel
     problems.add(os.fspath(path), f"{where} {why}")
     return None
 
 
-def check_annotation(ann: dict, images: dict[int, dict], cat_ids: set[int], ann_ids: set[int]) -> Optional[str]:
-    """Why the annotation ``ann`` cannot be used, or None."""
+def image_size(img: dict) -> Optional[tuple[float, float]]:
+    """The image entry's ``(width, height)`` where both are positive numbers, else None."""
+    w, h = img.get("width"), img.get("height")
+    if isinstance(w, (int, float)) and isinstance(h, (int, float)) and is_number(w) and is_number(h) and min(w, h) > 0:
+        return w, h
+    return None
+
+
+def check_annotation(ann: dict, ann_ids: dict[int, int]) -> Optional[str]:
+    """Why the annotation ``ann`` cannot be loaded as pycocotools loads it, or None."""
     if not is_int(ann.get("id")):
         return "has no int 'id'"
     if ann["id"] in ann_ids:
-        return f"annotation id {ann['id']} appears twice"
-    image = images.get(ann["image_id"]) if is_int(ann.get("image_id")) else None
-    if image is None:
-        return f"its image_id {ann.get('image_id')!r} is not among the images"
-    if "category_id" in ann and not (is_int(ann["category_id"]) and ann["category_id"] in cat_ids):
-        return f"its category_id {ann['category_id']!r} is not among the categories"
+        return (f"annotation id {ann['id']} appears twice (also annotations[{ann_ids[ann['id']]}]): pycocotools "
+                "keeps one annotation per id, so torchvision's CocoDetection would return the later one twice and "
+                "lose the other. Give each annotation its own id")
+    if not is_int(ann.get("image_id")):
+        return f"its image_id {ann.get('image_id')!r} is not an int image id"
+    if "category_id" in ann and not is_int(ann["category_id"]):
+        return f"its category_id {ann['category_id']!r} is not an int category id"
     if "bbox" in ann:
         box = ann["bbox"]
         if not (isinstance(box, list) and len(box) == 4 and all(is_number(v) for v in box)):
             return f"its bbox {box!r} is not 4 finite numbers [x, y, w, h]"
-        x, y, w, h = box
-        W, H = image["width"], image["height"]
-        if w < 0 or h < 0 or x < -BOX_SLACK or y < -BOX_SLACK or x + w > W + BOX_SLACK or y + h > H + BOX_SLACK:
-            return f"its bbox {box!r} is not inside its image ({image['file_name']!r}, {W}x{H})"
+        if box[2] < 0 or box[3] < 0:
+            return f"its bbox {box!r} has a negative width or height"
     return None
+
+
+def past_edge(ann: dict, image: dict) -> Optional[str]:
+    """How ``ann``'s bbox passes its image's edge by more than ``BOX_SLACK`` pixels, or None (inside, no
+    box, or an image without its size)."""
+    size = image_size(image)
+    if "bbox" not in ann or size is None:
+        return None
+    (x, y, w, h), (W, H) = ann["bbox"], size
+    if x < -BOX_SLACK or y < -BOX_SLACK or x + w > W + BOX_SLACK or y + h > H + BOX_SLACK:
+        return f"bbox {ann['bbox']!r} in image {image['id']} ({W}x{H})"
+    return None
+
+
+class Notes:
+    """A COCO file's leniencies by kind: how many, the first example (a million of one kind cost one
+    record)."""
+
+    WHAT = {
+        "size": ("image entries have no positive 'width' and 'height'",
+                 "kept, as pycocotools reads neither; their boxes are not checked against the image's edges"),
+        "categories": ("there is no 'categories' list",
+                       "read as pycocotools reads it: no categories (COCOeval then evaluates none)"),
+        "category": ("annotations have a category_id not among the categories",
+                     "kept, as pycocotools keeps them (COCOeval evaluates only the listed categories)"),
+        "edge": (f"boxes pass their image's edge by more than {BOX_SLACK:g} px",
+                 "kept as they are, as pycocotools keeps them"),
+        "stray": ("annotations name an image_id that is not among the images",
+                  "left out, as torchvision's CocoDetection never returns them (its ids are the images')"),
+    }
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list] = {}  # kind -> [count, first example]
+
+    def add(self, kind: str, example: str) -> None:
+        if kind in self.seen:
+            self.seen[kind][0] += 1
+        else:
+            self.seen[kind] = [1, example]
+
+    def records(self, path: str) -> list[tuple[str, str]]:
+        out = []
+        for kind, (what, done) in self.WHAT.items():
+            if kind in self.seen:
+                n, example = self.seen[kind]
+                out.append((path, f"{n} {what} (e.g. {example}): {done}" if example else f"{what}: {done}"))
+        return out

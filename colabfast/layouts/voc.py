@@ -2,6 +2,13 @@
 (``VOCdevkit/VOC20xx`` with ``JPEGImages``, ``Annotations/*.xml``, ``SegmentationClass/*.png`` and
 ``ImageSets/{Main,Segmentation}/<split>.txt``), as ``torchvision.datasets.VOCDetection`` and
 ``VOCSegmentation`` read it.
+
+Whose rules: torchvision's (``torchvision/datasets/voc.py``): where each year lies
+(``DATASET_YEAR_DICT[year]["base_dir"]``: ``VOCdevkit/VOC<year>`` for 2007 to 2012, 2007's test set
+included, and ``TrainVal/VOCdevkit/VOC2011`` for 2011, as its archive unpacks), the image set and
+the files of each id (``_VOCBase.__init__``: ``ImageSets/<Main or Segmentation>/<image_set>.txt``,
+one id a line, stripped; ``JPEGImages/<id>.jpg`` and ``Annotations/<id>.xml`` or
+``SegmentationClass/<id>.png``) and the XML's parsing (``VOCDetection.parse_voc_xml``, copied below).
 """
 
 from __future__ import annotations
@@ -27,21 +34,25 @@ from colabfast.layouts._untrusted import (
     safe_rel,
     stat_files,
 )
-from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.base import ImageFile, Layout, LayoutError, LayoutFileNotFoundError, LayoutNotFoundError
 
 __all__ = ["VOCDetection", "VOCSegmentation", "parse_voc_xml"]
 
 YEAR_DIR = re.compile(r"VOC\d{4}")
+TRAINVAL_2011 = Path("TrainVal", "VOCdevkit", "VOC2011")  # torchvision's base_dir for 2011: its archive's tree
 
 
 class _VOCBase(Layout):
     """A Pascal VOC tree's image set as a map-style dataset, in torchvision's order.
 
     Args:
-        root: the folder holding ``VOCdevkit/``, ``VOCdevkit`` itself, or one ``VOC20xx`` folder.
+        root: the folder holding ``VOCdevkit/`` (torchvision's ``root``; for 2011 also
+            ``TrainVal/VOCdevkit/VOC2011``, where torchvision looks for it), ``VOCdevkit`` itself, or
+            one ``VOC20xx`` folder.
         split: the image set, ``ImageSets/<Main or Segmentation>/<split>.txt`` (torchvision's
             ``image_set``: ``"train"``, ``"val"``, ``"trainval"``, ``"test"``).
-        year: which ``VOC<year>`` folder (``"2012"`` or 2012) where ``VOCdevkit`` holds several;
+        year: which ``VOC<year>`` folder (``"2012"`` or 2012; torchvision's ``year``, its
+            ``"2007"`` test set being ``year="2007", split="test"``) where ``root`` holds several;
             None: the only one.
         on_error: ``"raise"`` a :class:`LayoutError` at the first problem, or ``"skip"``: leave the
             sample out and list it in ``skipped``.
@@ -52,7 +63,10 @@ class _VOCBase(Layout):
     ``root`` (no symlink leading out).
 
     Raises:
-        LayoutError: no VOC tree, an unknown year or split, a set file over
+        LayoutNotFoundError: no VOC tree, or none of that year (a ``RuntimeError`` too, as
+            torchvision's "Dataset not found or corrupted").
+        LayoutFileNotFoundError: no such image set file (a ``FileNotFoundError`` too, as torchvision's).
+        LayoutError: several years and no ``year``, a split that is not a file name, a set file over
             ``MAX_ANNOTATION_BYTES``, or (``on_error="raise"``) a bad id, a missing file or a bad
             target; the message names the file and the line.
     """
@@ -74,7 +88,7 @@ class _VOCBase(Layout):
             raise LayoutError(self.root, f"split {split!r} is not an image set name", fix="Pass e.g. split='train'")
         if not (self.root / set_rel).is_file():
             names = sorted(p.stem for p in (self.root / set_rel).parent.glob("*.txt") if "_" not in p.stem)
-            raise LayoutError(self.root / set_rel, "is missing", fix=f"Pass split= one of {names}")
+            raise LayoutFileNotFoundError(self.root / set_rel, "is missing", fix=f"Pass split= one of {names}")
         ids = read_ids(self.root / set_rel, retries, problems)
 
         images = {i: f"{prefix}JPEGImages/{i}.jpg" for i, _ in ids}
@@ -174,30 +188,41 @@ class VOCSegmentation(_VOCBase):
 
 
 def voc_folders(root: Path) -> list[Path]:
-    """The ``VOC20xx`` folders ``root`` is or holds (directly or in ``VOCdevkit/``), sorted."""
+    """The ``VOC20xx`` folders ``root`` is or holds, by year: directly, in ``VOCdevkit/``, and VOC 2011
+    in ``TrainVal/VOCdevkit/`` (torchvision's ``DATASET_YEAR_DICT["2011"]["base_dir"]``, preferred there
+    where both hold it)."""
     if YEAR_DIR.fullmatch(root.name) and (root / "ImageSets").is_dir():
         return [root]
+    found: dict[str, Path] = {}
+    if (root / TRAINVAL_2011).is_dir():
+        found["VOC2011"] = root / TRAINVAL_2011
     devkit = root / "VOCdevkit" if (root / "VOCdevkit").is_dir() else root
     try:
-        return sorted(p for p in devkit.iterdir() if YEAR_DIR.fullmatch(p.name) and p.is_dir())
+        for p in devkit.iterdir():
+            if YEAR_DIR.fullmatch(p.name) and p.is_dir():
+                found.setdefault(p.name, p)
     except (FileNotFoundError, NotADirectoryError):
-        return []
+        pass
+    return [found[name] for name in sorted(found)]
 
 
 def find_voc(root: Path, year: Union[str, int, None]) -> Path:
     """The ``VOC<year>`` folder of ``root`` (the only one where ``year`` is None).
 
     Raises:
-        LayoutError: there is none, not that year, or several and no ``year``.
+        LayoutNotFoundError: there is none, or not that year.
+        LayoutError: several and no ``year``.
     """
     folders = voc_folders(root)
     names = [p.name for p in folders]
     if not folders:
-        raise LayoutError(root, "is not a Pascal VOC tree: no VOCdevkit/VOC20xx folder with ImageSets",
-                          fix="Pass the folder holding VOCdevkit, VOCdevkit itself, or a VOC20xx folder")
+        raise LayoutNotFoundError(root, "is not a Pascal VOC tree: no VOCdevkit/VOC20xx folder with ImageSets",
+                                  fix="Pass the folder holding VOCdevkit (or, for 2011, TrainVal), VOCdevkit "
+                                      "itself, or a VOC20xx folder")
     if year is not None:
         if f"VOC{year}" not in names:
-            raise LayoutError(root, f"has no VOC{year} folder (it has {', '.join(names)})", fix="Pass another year=")
+            raise LayoutNotFoundError(root, f"has no VOC{year} folder (it has {', '.join(names)})",
+                                      fix="Pass another year=")
         return folders[names.index(f"VOC{year}")]
     if len(folders) > 1:
         raise LayoutError(root, f"holds several years ({', '.join(names)})",

@@ -57,6 +57,7 @@ def pack(
     layout: str = "auto",
     labels: Optional[PathLike] = None,
     split: Optional[str] = None,
+    year: Union[str, int, None] = None,
     store: str = "encoded",
     image_size: Union[int, tuple[int, int], None] = None,
     quality: int = 90,
@@ -92,7 +93,8 @@ def pack(
     **Folder layouts** (:mod:`colabfast.layouts`) are read as such datasets, with no code to write:
     ``"coco"`` (``labels=`` the annotation JSON, as ``torchvision.datasets.CocoDetection(root,
     annFile)``; Roboflow's ``_annotations.coco.json`` is found), ``"voc-detection"`` and
-    ``"voc-segmentation"`` (a ``VOCdevkit`` tree; ``split=`` the image set), ``"yolo"`` (Ultralytics
+    ``"voc-segmentation"`` (a ``VOCdevkit`` tree, or VOC 2011's ``TrainVal``; ``split=`` the image set,
+    ``year=`` the year where it holds several), ``"yolo"`` (Ultralytics
     and Roboflow exports; ``split=``), ``"segmentation"`` (``images/`` and ``masks/`` paired by
     name) and ``"csv"`` (``labels=`` the table). ``"auto"`` detects them (a VOC tree with both image
     sets as detection; csv where one table lies at the top of a folder of images), or ``labels=``
@@ -138,7 +140,11 @@ def pack(
             and the mirror lists each one and why (``colabfast info``).
         labels: ImageNet's devkit ``ILSVRC2012_devkit_t12.tar.gz`` for ``ILSVRC2012_img_val.tar``
             (validation labels; for the training archive, class names only).
-        split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train).
+        split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train);
+            for a folder layout, its split (VOC's image set, a YOLO export's split).
+        year: for the VOC layouts, torchvision's ``year`` (``"2007"`` to ``"2012"``): which
+            ``VOC<year>`` folder to pack where the tree holds several (found where torchvision finds
+            it: ``VOCdevkit/VOC<year>``, for 2011 ``TrainVal/VOCdevkit/VOC2011``).
         store: ``"encoded"`` keeps each image's encoded bytes (smallest; decoded when loaded);
             ``"raw"`` stores decoded uint8 RGB pixels (no decoding at load time; ~5-10x larger).
         image_size: resize at pack time, as ``torchvision.transforms.Resize(image_size)`` does on a
@@ -174,15 +180,17 @@ def pack(
         FileNotFoundError: ``src`` is missing or holds no images.
         LayoutError: a folder layout's annotations are malformed or unsafe (see its class), or it has no
             sample to pack (with ``on_error="skip"``: it says what was left out).
-        PackRefused: (a ``ValueError``, and a :class:`PackError` with no ``failures``) bad arguments;
-            ``dst`` is a folder, or (without ``overwrite``) a file that is not a mirror of ``src``; a
-            layout that does not fit the archive. Nothing is written.
+        PackRefused: (a ``ValueError``, and a :class:`PackError` with no ``failures``) bad arguments
+            (``year=`` for a layout other than VOC's); ``dst`` is a folder, or (without ``overwrite``)
+            a file that is not a mirror of ``src``; a layout that does not fit the archive. Nothing is
+            written.
         OSError: ``errno.ENOSPC`` when the local disk cannot hold the mirror while it is built.
     """
     if store not in STORES:
         raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")
     folder_layout = column_layout(src, layout, labels)
     packed_archive = _archive_of_layout(src, layout)
+    voc_year = _voc_year(year, folder_layout or packed_archive)
     if folder_layout is not None or packed_archive is not None or _is_dataset(src):
         if on_error not in ("raise", "skip"):
             raise PackRefused(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -200,11 +208,11 @@ def pack(
             return pack_unpacked(src, dst, layout=packed_archive, labels=labels, split=split,
                                  options=_options(store, _check_size(image_size), quality),
                                  workers=env.cpu_count() if workers is None else workers, on_error=on_error,
-                                 progress=progress, overwrite=overwrite, retries=retries, fields=fields)
+                                 progress=progress, overwrite=overwrite, retries=retries, fields=fields, year=voc_year)
         from colabfast.hf import packable
 
         dataset = packable(src) if folder_layout is None else _open_layout(src, folder_layout, labels, split,
-                                                                            on_error, retries)
+                                                                            on_error, retries, voc_year)
         return pack_columns(dataset, dst, options=_options(store, _check_size(image_size), quality),
                             workers=env.cpu_count() if workers is None else workers, on_error=on_error,
                             progress=progress, overwrite=overwrite, layout=folder_layout or "dataset", fields=fields)
@@ -244,6 +252,21 @@ def _archive_of_layout(src: Any, layout: str) -> Optional[str]:
     return archive_layout(src, layout)
 
 
+def _voc_year(year: Union[str, int, None], layout: Optional[str]) -> Optional[str]:
+    """``year`` as a string, for the VOC layouts only.
+
+    Raises:
+        PackRefused: a ``year`` for another layout or source.
+    """
+    if year is None:
+        return None
+    if layout not in ("voc-detection", "voc-segmentation"):
+        raise PackRefused(f"year={year!r} picks a Pascal VOC tree's year, and this source is packed as "
+                          f"{'layout ' + repr(layout) if layout else 'no VOC layout'}: leave year= out, or pass "
+                          "layout='voc-detection' or 'voc-segmentation'")
+    return str(year)
+
+
 def _is_dataset(src: Any) -> bool:
     """A map-style dataset (not a path, not a list of paths for layout "files")."""
     return (not isinstance(src, (str, os.PathLike, list, tuple)) and hasattr(src, "__getitem__")
@@ -271,7 +294,7 @@ def column_layout(src: Any, layout: str, labels: Optional[PathLike] = None) -> O
     asked = []
     if "_annotations.coco.json" in top:
         asked.append("coco")
-    if any(top.get(name) for name in ("VOCdevkit", "ImageSets")) or any(n.startswith("VOC") and d
+    if any(top.get(name) for name in ("VOCdevkit", "ImageSets", "TrainVal")) or any(n.startswith("VOC") and d
                                                                           for n, d in top.items()):
         asked += ["voc-detection", "voc-segmentation"]
     if any(top.get(name) for name in ("images", "train", "valid", "val", "test")):
@@ -282,7 +305,7 @@ def column_layout(src: Any, layout: str, labels: Optional[PathLike] = None) -> O
 
 
 def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optional[str], on_error: str,
-                 retries: int) -> Any:
+                 retries: int, year: Optional[str] = None) -> Any:
     from colabfast.layouts import LAYOUTS
 
     if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
@@ -292,6 +315,8 @@ def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optio
         kwargs["labels"] = labels
     if split is not None:
         kwargs["split"] = split
+    if year is not None:
+        kwargs["year"] = year
     try:
         return LAYOUTS[layout](Path(os.path.abspath(src)), **kwargs)  # type: ignore[call-arg]
     except TypeError as exc:
@@ -299,7 +324,7 @@ def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optio
 
 
 def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[PathLike] = None,
-                       split: Optional[str] = None, store: str = "encoded",
+                       split: Optional[str] = None, year: Union[str, int, None] = None, store: str = "encoded",
                        image_size: Union[int, tuple[int, int], None] = None, quality: int = 90,
                        shuffle: bool = False, seed: int = 0, retries: int = 5,
                        on_error: str = "raise") -> tuple[str, str]:
@@ -311,13 +336,13 @@ def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[
     reads its first sample (what fixes the mirror's columns). Raises what :func:`pack` raises for the
     same source."""
     fingerprint, description, _ = source_listing(
-        src, layout=layout, labels=labels, split=split, store=store, image_size=image_size, quality=quality,
-        shuffle=shuffle, seed=seed, retries=retries, on_error=on_error)
+        src, layout=layout, labels=labels, split=split, year=year, store=store, image_size=image_size,
+        quality=quality, shuffle=shuffle, seed=seed, retries=retries, on_error=on_error)
     return fingerprint, description
 
 
 def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[PathLike] = None,
-                   split: Optional[str] = None, store: str = "encoded",
+                   split: Optional[str] = None, year: Union[str, int, None] = None, store: str = "encoded",
                    image_size: Union[int, tuple[int, int], None] = None, quality: int = 90,
                    shuffle: bool = False, seed: int = 0, retries: int = 5,
                    on_error: str = "raise") -> tuple[str, str, Contents]:
@@ -330,14 +355,16 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
     if (packed_archive := _archive_of_layout(src, layout)) is not None:
         from colabfast.packing.unpacked import unpacked_fingerprint
 
-        return (unpacked_fingerprint(src, packed_archive, labels, split, options, retries),
+        return (unpacked_fingerprint(src, packed_archive, labels, split, options, retries,
+                                     _voc_year(year, packed_archive)),
                 f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB",
                 Contents(options, layout=packed_archive))
     folder_layout = None if streamed else column_layout(src, layout, labels)
+    voc_year = _voc_year(year, folder_layout)
     if folder_layout is not None:
         from colabfast.packing.dataset import plan
 
-        dataset = _open_layout(src, folder_layout, labels, split, on_error, retries)
+        dataset = _open_layout(src, folder_layout, labels, split, on_error, retries, voc_year)
         return plan(dataset, None, options, folder_layout)[2], dataset.describe(), Contents(
             options, layout=folder_layout,
             samples={"": (str(dataset.root), [_printable(p) for p in dataset.paths])})

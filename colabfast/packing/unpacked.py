@@ -57,21 +57,24 @@ def archive_layout(path: PathLike, layout: str) -> Optional[str]:
 
 
 def unpacked_fingerprint(path: PathLike, layout: str, labels: Optional[PathLike], split: Optional[str],
-                         options: dict, retries: int = 5) -> str:
+                         options: dict, retries: int = 5, year: Optional[str] = None) -> str:
     """What a mirror of the archive at ``path`` records and is found by: the archive's name, size and
-    modification time, the layout, ``labels``, ``split`` and the options."""
+    modification time, the layout, ``labels``, ``split``, VOC's ``year`` and the options."""
     st = retry(lambda: os.stat(path), retries)
     key = {"archive": os.path.basename(os.fspath(path)), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
            "layout": layout, "labels": None if labels is None else os.fspath(labels), "split": split, **options}
+    if year is not None:  # absent otherwise: the mirrors packed before year= existed keep their fingerprint
+        key["year"] = year
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional[PathLike], split: Optional[str],
                   options: dict, workers: int, on_error: str, progress: bool, overwrite: bool, retries: int,
-                  fields: Optional[dict]) -> Path:
+                  fields: Optional[dict], year: Optional[str] = None) -> Path:
     """:func:`colabfast.pack` for an archive of the folder layout ``layout``: ``labels`` (a COCO JSON or
     a CSV table) is a path inside the archive; ``split`` picks, in an export holding ``train/``,
-    ``valid/`` and ``test/`` folders, the one to pack. Returns ``dst`` as given.
+    ``valid/`` and ``test/`` folders, the one to pack (for VOC, the image set); ``year`` VOC's year.
+    Returns ``dst`` as given.
 
     Raises:
         what :func:`colabfast.pack` and :func:`colabfast.archive.extract` raise; ``FileNotFoundError``
@@ -81,7 +84,7 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
     from colabfast.packing.dataset import pack_columns
 
     archive = Path(os.path.abspath(src))
-    fingerprint = unpacked_fingerprint(archive, layout, labels, split, options, retries)
+    fingerprint = unpacked_fingerprint(archive, layout, labels, split, options, retries, year)
     real = Path(os.path.realpath(os.path.abspath(dst)))
     if not overwrite and _complete(real, fingerprint):  # found before extracting anything
         if progress:
@@ -92,7 +95,7 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
     if progress:
         print(f"pack: extracting {archive} to {folder} (a {layout} layout is packed from its folder)")
     extract(archive, folder, retries=retries)  # resumes: entries already extracted are skipped
-    dataset = _open(folder, layout, labels, split, on_error, retries, archive)
+    dataset = _open(folder, layout, labels, split, on_error, retries, archive, year)
     done = pack_columns(dataset, dst, options=options, workers=workers, on_error=on_error, progress=progress,
                         overwrite=overwrite, layout=layout, fields=fields, source=_printable(str(archive)),
                         fingerprint=fingerprint)
@@ -101,7 +104,7 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
 
 
 def _open(folder: Path, layout: str, labels: Optional[PathLike], split: Optional[str], on_error: str, retries: int,
-          archive: Path) -> Any:
+          archive: Path, year: Optional[str] = None) -> Any:
     """The layout over the extracted ``folder``: its root the folder (or its one top-level folder),
     or for an export of several splits (``train/``, ``valid/``, ``test/``) the folder ``split``."""
     from colabfast.layouts import LAYOUTS
@@ -111,6 +114,8 @@ def _open(folder: Path, layout: str, labels: Optional[PathLike], split: Optional
     if len(entries) == 1 and entries[0].is_dir():
         root = entries[0]
     kwargs: dict[str, Any] = {"on_error": on_error, "retries": retries}
+    if year is not None:
+        kwargs["year"] = year
     if layout in ("voc-detection", "voc-segmentation", "yolo"):
         if split is not None:
             kwargs["split"] = split
