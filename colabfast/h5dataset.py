@@ -401,7 +401,11 @@ class H5CocoDetection(_PairOf, datasets.CocoDetection):
             ImportError: pycocotools is not installed (``pip install pycocotools``).
             MirrorError: a corrupt mirror (as reading its samples raises).
         """
-        from pycocotools.coco import COCO
+        try:
+            from pycocotools.coco import COCO
+        except ImportError as exc:  # an optional dependency: what torchvision's COCO references use too
+            raise ImportError(f"{type(self).__name__}.coco is pycocotools' COCO of the mirror, and pycocotools is "
+                              "not installed: pip install pycocotools (Colab has it)") from exc
 
         names = [f.name for f in self.fields]
         entry_k = names.index("coco") if "coco" in names else None
