@@ -43,6 +43,8 @@ def _open(args: argparse.Namespace) -> int:
     options = {"layout": args.layout} if args.layout != "auto" else {}
     if args.store != "encoded":
         options["store"] = args.store
+    if args.labels is not None:
+        options["labels"] = args.labels
     dataset = open_dataset(args.path, args.split, image_size=image_size, mirrors=args.mirrors, to=args.to,
                            progress=not args.quiet, **options)
     print(dataset.path)
@@ -165,6 +167,15 @@ class _Version(argparse.Action):
         parser.exit(1 if problems else 0)
 
 
+# What --labels and --split mean, by layout: the same for pack and open (which packs what it opens)
+_LABELS_HELP = ("coco: the annotation JSON; csv: the table of labels; ImageNet's ILSVRC2012_devkit_t12.tar.gz: the "
+                "labels of ILSVRC2012_img_val.tar (class names only for the training tar)")
+_SPLIT_HELP = ("what to read, by layout: voc-*: the image set (train, val, trainval...; default train); yolo: the "
+               "export's split folder (train, valid, test...; needed where it has several); coco: none (pass a "
+               "Roboflow export's split folder, or --labels its JSON); Kaggle's ImageNet zip: train (default) or val; "
+               "ImageNet's tars, imagefolder, segmentation, csv, files: none (each tar or folder is one split)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="colabfast",
@@ -181,12 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "then stage the mirror to RAM or local disk. Prints what it did and why, then "
                                    "the staged mirror's path.")
     p.add_argument("path", help="dataset folder, archive, or mirror (.h5)")
-    p.add_argument("--split", help="KITTI's training (default) or testing; for Kaggle's ImageNet zip, train or val")
+    p.add_argument("--split", help=_SPLIT_HELP + "; kitti: the mirror's split to open, training (default) or testing")
     p.add_argument("--mirrors", metavar="DIR", help="folder of mirrors (default: colabfast-mirrors at the top of "
                                                     "My Drive, or beside the source)")
     p.add_argument("--to", choices=["auto", "disk", "ram"], default="auto",
                    help="where the mirror is staged (default auto: RAM in Colab when it fits, else disk)")
     p.add_argument("--layout", choices=_PACK_LAYOUTS, default="auto", help="what PATH holds (default: detected)")
+    p.add_argument("--labels", metavar="FILE", help=_LABELS_HELP)
     p.add_argument("--store", choices=["encoded", "raw"], default="encoded",
                    help="a new mirror keeps encoded files (default) or stores decoded pixels")
     p.add_argument("--image-size", type=int, nargs="+", metavar="N",
@@ -232,13 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="mirror file to write, e.g. /content/drive/MyDrive/kitti.h5")
     p.add_argument("--layout", choices=_PACK_LAYOUTS, default="auto",
                    help="what src holds (default auto: detected); imagenet-* and kaggle-* are for archives")
-    p.add_argument("--labels", metavar="FILE",
-                   help="coco: the annotation JSON; csv: the table of labels; ImageNet's "
-                        "ILSVRC2012_devkit_t12.tar.gz: the labels of ILSVRC2012_img_val.tar (class names only for "
-                        "the training tar)")
-    p.add_argument("--split",
-                   help="voc-*: the image set (default train); yolo: the split folder; Kaggle's ImageNet zip: train "
-                        "or val (default train)")
+    p.add_argument("--labels", metavar="FILE", help=_LABELS_HELP)
+    p.add_argument("--split", help=_SPLIT_HELP)
     p.add_argument("--year", help="voc-*: the year (2007 to 2012, as torchvision's year) where the tree holds several")
     p.add_argument("--store", choices=["encoded", "raw"], default="encoded",
                    help="keep encoded files (default) or store decoded pixels")
@@ -310,6 +317,9 @@ _CLI_SPELLING = {"pass on_error='skip'": "pass --skip-errors", "overwrite=True":
                  "allow_links=True": "--allow-links", "labels= and split=": "--labels and --split",
                  "pass labels='.../ILSVRC2012_devkit_t12.tar.gz'": "pass --labels .../ILSVRC2012_devkit_t12.tar.gz",
                  "pass labels=devkit": "pass --labels DEVKIT", "(image_size=...)": "(--image-size N)",
+                 "with layout='csv' and labels=": "with --layout csv --labels ", "pass labels= the table":
+                 "pass --labels TABLE",
+                 "with layout='coco' and labels=": "with --layout coco --labels ",
                  "run pack() again": "run the same command again", "then pack() again": "then run the same "
                  "command again", "colabfast.pack()": "colabfast pack", "pack()": "colabfast pack"}
 

@@ -25,6 +25,22 @@ json        lists, ``None``, anything else JSON can hold     UTF-8 JSON + offset
             (COCO's list of annotation dicts)                :data:`MAX_JSON_BYTES` per sample
 ==========  ===============================================  ==============================================
 
+**None** in an image, mask, int, float, bool, str or bytes column (as a Hugging Face dataset holds
+any feature's missing values) comes back as None: the column stores a placeholder there (0, empty,
+a 1x1 PNG) and a ``nulls`` array (uint8 ``[N]``, 1 where the sample's value was None), and the field
+says so (``meta["nulls"]``; such a mirror is format version 4, which colabfast before it refuses
+rather than return the placeholders). A first sample's None makes a json column, which holds None,
+numbers and strings exactly (``fields={"x": "str"}``, or ``"image"``, names the kind instead; a
+Hugging Face dataset's features name it for you: :mod:`colabfast.hf`).
+
+An image is stored as the file's own bytes where it is one unchanged (a JPEG, or any file a Hugging
+Face ``Image`` feature holds: PNG in any mode, WebP, TIFF, GIF, ...), else encoded losslessly as
+``datasets`` encodes an image it is given (``datasets/features/image.py``, ``image_to_bytes``): PNG,
+or TIFF for a mode PNG does not give back exactly (``I``, ``F``, ``CMYK``, ...; checked by decoding
+it). It comes back with the ``format`` it had (``"JPEG"``, ``"PNG"``, ``"WEBP"``...) where that was
+its stored file's (the ``formats`` array, 1 there, and ``meta["formats"]``), else None, as from
+``convert()``.
+
 Images hold at most ``PIL.Image.MAX_IMAGE_PIXELS`` pixels, the limit every reader of a mirror decodes
 by (raise it, or set None, before packing and wherever the mirror is read); a sample nests tuples and
 dicts at most :data:`MAX_TEMPLATE_DEPTH` levels deep as fields, and lists, tuples and dicts at most
@@ -55,7 +71,13 @@ __all__ = ["FieldError", "Field", "Template", "flatten", "unflatten", "KINDS", "
 
 KINDS = ("image", "mask", "int", "float", "bool", "str", "bytes", "ndarray", "ragged", "json")
 IMAGE_KINDS = ("image", "mask")
+NULLABLE = ("image", "mask", "int", "float", "bool", "str", "bytes")  # kinds whose None a nulls array records
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")  # modes PNG holds exactly: PIL gives them back as they were
+LOSSLESS = ("PNG", "TIFF")  # what an image is encoded as, in that order, as datasets' image_to_bytes does
+# A None image's placeholder: the smallest PNG (1x1 grey, MIN_ENCODED_BYTES), so every reader of the
+# column decodes it as any image; the nulls array makes it None
+NULL_IMAGE = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108000000003a7e9b55"
+                           "0000000a49444154789c636000000002000148afa4710000000049454e44ae426082")
 MAX_JSON_BYTES = 16 << 20  # one sample's JSON: COCO's densest image has a few hundred KB of annotations
 ENCODINGS = ("png", "jpeg")  # what ``fields`` may ask of an image field (JPEG lossy, at ``quality``)
 MAX_TEMPLATE_DEPTH = 8  # tuples and dicts nested as fields: what valid_spec reads back
@@ -129,6 +151,13 @@ def classify(value: Any, name: str, requested: Optional[str] = None) -> Field:
                              f"but it holds {_describe(value)}")
         field.meta["encoding"] = requested
         return field
+    if requested == "json":
+        if value is None or isinstance(value, (str, bool, int, float, list, dict)):
+            return Field(name, "json", "python")
+        raise FieldError(f"fields={{{name!r}: 'json'}} asks to store field {name!r} as JSON, but it holds "
+                         f"{_describe(value)}, which JSON cannot hold: leave that field out of fields")
+    if value is None and requested in NULLABLE:  # the kind named, its None recorded by the nulls array
+        return Field(name, requested, "pil" if requested in IMAGE_KINDS else "python")
     if isinstance(value, ImageFile):  # a layout's file: an image is read as torchvision reads it, in RGB
         return Field(name, value.kind, "pil", meta={"rgb": True} if value.kind == "image" and not value.keep else {})
     if isinstance(value, Image.Image):
@@ -187,10 +216,13 @@ def _check_dtype(dtype: np.dtype, name: str) -> None:
 # --- cutting a sample into fields -----------------------------------------------------------------
 
 
-def template_of(sample: Any, fields: Optional[dict] = None) -> tuple[Template, list[Field]]:
-    """The template and fields of a first ``sample`` (``fields``: the caller's overrides by name)."""
+def template_of(sample: Any, fields: Optional[dict] = None,
+                defaults: Optional[dict] = None) -> tuple[Template, list[Field]]:
+    """The template and fields of a first ``sample`` (``fields``: the caller's overrides by name;
+    ``defaults``: the kind of a field by name where its value is None, as a Hugging Face feature says)."""
     out: list[Field] = []
     wanted = {str(k): v for k, v in (fields or {}).items()}
+    defaults = defaults or {}
     if _deeper(sample, MAX_DEPTH):  # before anything below recurses into it
         raise FieldError(f"sample 0 nests lists, tuples or dicts more than {MAX_DEPTH} levels deep, more than a "
                          "mirror holds (colabfast.columns.MAX_DEPTH): flatten it in your dataset, or return the deep "
@@ -207,7 +239,8 @@ def template_of(sample: Any, fields: Optional[dict] = None) -> tuple[Template, l
             if isinstance(value, tuple):
                 return {"tuple": [walk(v, _join(name, str(i)), depth + 1) for i, v in enumerate(value)]}
             return {"dict": [[k, walk(v, _join(name, k), depth + 1)] for k, v in value.items()]}
-        field = classify(value, name or "0", wanted.pop(name or "0", None))
+        field = classify(value, name or "0", wanted.pop(name or "0", None) or (
+            defaults.get(name or "0") if value is None else None))
         out.append(field)
         if field.as_ == "BoundingBoxes":  # each sample's canvas (H, W), in a column of its own
             out.append(Field(_join(name or "0", "canvas_size"), "array", "hidden", "<i8"))
@@ -295,8 +328,10 @@ def _misfit(index: int, name: str, wanted: str, got: Any) -> FieldError:
 
 
 def encode(value: Any, field: Field, index: int, image_options: dict) -> Any:
-    """What column ``field`` stores for sample ``index``'s ``value``: ``(bytes, (H, W, C))`` for an
-    image or mask, bytes for str/bytes/json, a number, or an ndarray.
+    """What column ``field`` stores for sample ``index``'s ``value``: ``(bytes, (H, W, C), own)`` for an
+    image or mask (``own``: it comes back with the format of those bytes, :func:`_image`), bytes for
+    str/bytes/json, a number, or an ndarray; for None in a :data:`NULLABLE` column, that kind's
+    placeholder (the caller records the None in the column's nulls).
 
     ``image_options``: ``store``, ``image_size`` and ``quality`` as :func:`colabfast.pack` takes them
     (they apply to layouts' image files, as to an ImageFolder's).
@@ -308,6 +343,8 @@ def encode(value: Any, field: Field, index: int, image_options: dict) -> Any:
     from colabfast.layouts.base import ImageFile
 
     kind, name = field.kind, field.name
+    if value is None and kind in NULLABLE:
+        return (NULL_IMAGE, (1, 1, 1), False) if kind in IMAGE_KINDS else {"str": b"", "bytes": b""}.get(kind, 0)
     if kind in IMAGE_KINDS:
         if isinstance(value, ImageFile):
             return _image_file(value, image_options)
@@ -374,30 +411,59 @@ def _kind(index: int, field: Field, value: Any) -> FieldError:
                       "column: every sample must give each field the same kind (and arrays the same dtype)")
 
 
-def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int]]:
-    """A layout's image or mask file (:class:`colabfast.layouts.ImageFile`) as the mirror stores it."""
+def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int], bool]:
+    """A layout's image or mask file, or a Hugging Face dataset's (:class:`colabfast.layouts.ImageFile`),
+    as the mirror stores it (:func:`encode`'s triple).
+
+    Raises:
+        ValueError: an image that neither PNG nor TIFF holds exactly (pack reports it as a bad file).
+    """
     from colabfast.encoding import encode_image
 
-    if f.kind == "image" and not f.keep:
-        return encode_image(f.data, "encoded" if options.get("store") != "raw" else "raw",
-                            options.get("image_size"), options.get("quality") or 90, f.orient)
+    if f.kind == "image" and not f.keep:  # read back in RGB, as torchvision converts it: no format
+        return (*encode_image(f.data, "encoded" if options.get("store") != "raw" else "raw",
+                              options.get("image_size"), options.get("quality") or 90, f.orient), False)
     with Image.open(io.BytesIO(f.data)) as img:
         _check_pixels(img.height, img.width, str(f.path))  # from the header; PIL itself refuses at twice the limit
         img.load()
         bands = len(img.getbands())
         shape = (img.height, img.width, bands)
-        if img.format == "PNG" and img.mode in PNG_MODES or f.keep and img.format == "JPEG":
-            return f.data, shape  # decoded above: whole and readable; kept as the file is
-        if img.mode not in PNG_MODES:
-            raise ValueError(f"an image in mode {img.mode}, which PNG cannot hold exactly")
+        # decoded above: whole and readable. A file kept as it is (any format PIL reads: a Hugging Face
+        # dataset decodes its bytes just so) comes back as PIL opens it, with its mode and format
+        if f.keep or img.format == "PNG" and img.mode in PNG_MODES:
+            return f.data, shape, True
+        return _lossless(img), shape, False
+
+
+def _lossless(img: Image.Image) -> bytes:
+    """``img`` encoded as ``datasets`` encodes an image (``datasets/features/image.py``, ``image_to_bytes``):
+    PNG, else TIFF, the first that gives back its mode and pixels exactly (decoded to check, but for
+    :data:`PNG_MODES`: 16-bit ``I;16`` is PNG, ``I``, ``F``, ``CMYK`` or ``I;16B`` TIFF).
+
+    Raises:
+        ValueError: neither holds it (modes such as ``HSV`` or ``RGBa``, which PIL writes in neither).
+    """
+    for fmt in LOSSLESS:
         out = io.BytesIO()
-        img.save(out, format="PNG")
-        return out.getvalue(), shape
+        try:
+            img.save(out, format=fmt, **({"optimize": False, "compress_level": 1} if fmt == "PNG" else {}))
+        except (OSError, ValueError, KeyError):  # PIL writes no such mode in that format
+            continue
+        data = out.getvalue()
+        if fmt == "PNG" and img.mode in PNG_MODES:
+            return data
+        with Image.open(io.BytesIO(data)) as again:
+            again.load()
+            if again.mode == img.mode and again.size == img.size and again.tobytes() == img.tobytes():
+                return data
+    raise ValueError(f"an image in mode {img.mode}, which neither PNG nor TIFF holds exactly")
 
 
-def _image(value: Any, field: Field, index: int) -> tuple[bytes, tuple[int, int, int]]:
-    """A PIL image, or an image tensor/array, as lossless PNG (JPEG where asked), or a JPEG file's
-    own bytes where ``value`` is a JPEG file's unmodified pixels."""
+def _image(value: Any, field: Field, index: int) -> tuple[bytes, tuple[int, int, int], bool]:
+    """A PIL image, or an image tensor/array, encoded losslessly (:func:`_lossless`; JPEG where asked),
+    or a JPEG file's own bytes where ``value`` is a JPEG file's unmodified pixels; with whether it comes
+    back with the format of the bytes stored (a PIL image that had that format: opened from such a
+    file, as ``dataset[i]`` returned it)."""
     if isinstance(value, Image.Image):
         if field.as_ != "pil":
             raise _kind(index, field, value)
@@ -413,21 +479,23 @@ def _image(value: Any, field: Field, index: int) -> tuple[bytes, tuple[int, int,
     else:
         raise _kind(index, field, value)
     shape = (img.height, img.width, len(img.getbands()))
+    had = value.format if isinstance(value, Image.Image) else None
     encoding = field.meta.get("encoding")
     if encoding != "png" and (own := _jpeg_file_bytes(img)) is not None:
-        return own, shape
+        return own, shape, True
     out = io.BytesIO()
     if encoding == "jpeg":
         if img.mode not in ("RGB", "L"):
             raise FieldError(f"sample {index}: field {field.name!r} is a {img.mode} image, which JPEG cannot "
                              "hold: ask for 'png' there")
         img.save(out, format="JPEG", quality=field.meta.get("quality", 90))
-        return out.getvalue(), shape
-    if img.mode not in PNG_MODES:
-        raise FieldError(f"sample {index}: field {field.name!r} is a PIL image in mode {img.mode}, which PNG cannot "
-                         "hold exactly: return it as an array (np.asarray(image))")
-    img.save(out, format="PNG", optimize=False, compress_level=1)
-    return out.getvalue(), shape
+        return out.getvalue(), shape, had == "JPEG"
+    try:
+        data = _lossless(img)
+    except ValueError:
+        raise FieldError(f"sample {index}: field {field.name!r} is a PIL image in mode {img.mode}, which neither PNG "
+                         "nor TIFF holds exactly: return it as an array (np.asarray(image))") from None
+    return data, shape, had == ("PNG" if data.startswith(b"\x89PNG") else "TIFF")
 
 
 def _check_pixels(h: int, w: int, where: str) -> None:
@@ -559,6 +627,10 @@ def spec_problem(spec: Any) -> Optional[str]:
             return f"{where} is a NumPy {kind} of dtype {repr(f.get('dtype'))[:40]}, not one of that kind"
         if as_ == "BoundingBoxes" and (problem := _boxes_problem(f.get("meta") or {}, fields)):
             return f"{where}: {problem}"
+        for flag, kinds in (("nulls", NULLABLE), ("formats", IMAGE_KINDS)):  # each names an array of its column
+            if flag in (f.get("meta") or {}) and (f["meta"][flag] is not True or kind not in kinds):
+                return (f"{where}, of kind {kind}, has {flag} {repr(f['meta'][flag])[:40]}: pack writes it only as "
+                        f"true, for kinds {', '.join(kinds)}")
     seen: set[int] = set()
 
     def ok(t: Any, depth: int) -> bool:

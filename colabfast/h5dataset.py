@@ -120,7 +120,7 @@ class H5Dataset(MirrorDataset):
             raise MirrorError(f"{path} is a mirror of layout {layout!r}, not {wanted}: open it with "
                               f"colabfast.{_reads(layout)} (or colabfast.open_dataset, which picks the class a "
                               "mirror's layout needs)")
-        head, n, values = load_columns(path)
+        head, n, values, marks = load_columns(path)
         assert head.columns is not None  # its layout is one of COLUMN_LAYOUTS: Header.read checked it has columns
         self.fields = [col.Field.from_spec(s) for s in head.columns["fields"]]
         self.template: dict = head.columns["template"]
@@ -148,6 +148,7 @@ class H5Dataset(MirrorDataset):
         self.info: dict = head.layout_info or {}
         self.classes: list[str] = head.classes or []
         self._values = values
+        self._marks = marks  # each column's nulls and formats (colabfast.mirror.load_columns)
         self._readers = {k: self.reader if k == self.image_column else
                          MirrorReader(path, "", in_memory=in_memory, column=k) for k in images}
         if n != len(self.reader):
@@ -185,15 +186,25 @@ class H5Dataset(MirrorDataset):
             with Image.open(io.BytesIO(stored.numpy().tobytes())) as img:
                 img.load()
                 out = img.convert("RGB") if f.meta.get("rgb") else img.copy()
+                if self._mark("formats", k, position):  # its file's bytes: as PIL opens it, so is dataset[i]
+                    out.format = img.format
             if f.kind == "mask" and out.mode == "P" and want != "pil":  # class ids, not the palette's colours
                 return col.image_value(np.array(out)[:, :, None], col.Field(f.name, f.kind, want))
             return col.image_value(out, col.Field(f.name, f.kind, want))
         except Exception as exc:  # decoders raise many types for bad bytes; pack decoded them all
             raise undecodable(reader, position, exc) from exc
 
+    def _mark(self, name: str, k: int, position: int) -> bool:
+        """Whether column ``k``'s ``nulls`` (its value is None) or ``formats`` (its image keeps its file's
+        format) array holds 1 at ``position``; False where it has none."""
+        marks = self._marks.get((name, k))
+        return marks is not None and bool(marks[position])
+
     def value(self, k: int, position: int) -> Any:
         """Column ``k``'s value for the sample at stored ``position``, as the field returns it."""
         f = self.fields[k]
+        if self._mark("nulls", k, position):
+            return None
         if f.kind in col.IMAGE_KINDS:
             (stored,) = self._readers[k].views([position])
             if self.verify:
@@ -278,8 +289,8 @@ class H5Dataset(MirrorDataset):
     def raw_sample(self, index: int, image: Any = None) -> Any:
         """Sample ``index`` before transforms (``image``: its first image column, already read)."""
         (position,) = self.positions_of(self._checked([index]))
-        values = [image if k == self.image_column and image is not None else
-                  (None if f.as_ == "hidden" else self.value(k, position)) for k, f in enumerate(self.fields)]
+        values = [image if k == self.image_column and image is not None and not self._mark("nulls", k, position)
+                  else (None if f.as_ == "hidden" else self.value(k, position)) for k, f in enumerate(self.fields)]
         return col.unflatten(values, self.template)
 
     def sample(self, index: int, image: Any) -> Any:

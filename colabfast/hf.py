@@ -1,5 +1,15 @@
-"""Hugging Face ``datasets.Dataset`` as :func:`colabfast.pack` reads it: image features as their
-encoded bytes, kept as they are, where that gives back exactly what the dataset returns.
+"""Hugging Face ``datasets.Dataset`` as :func:`colabfast.pack` reads it, so that the mirror gives back
+what ``dataset[i]`` gives, by ``datasets``' own rules (``datasets/features/image.py``,
+``Image.decode_example``; ``datasets/features/features.py``, ``Value``):
+
+- an ``Image`` feature's value is its encoded bytes, kept as they are (JPEG, PNG in any mode such as
+  16-bit ``I;16``, WebP, TIFF, GIF...) and decoded as ``datasets`` decodes them (``PIL.Image.open``),
+  so it comes back with the same pixels, mode and ``format``; an image that ``datasets`` changes when
+  it decodes it (an EXIF orientation it applies, a feature ``mode`` it converts to) comes as the
+  decoded PIL image instead, stored losslessly (its ``format`` None, as ``datasets`` gives it);
+- any feature may hold None (``datasets`` allows it for every feature): it comes back as None, and
+  where the first row holds None the feature names the column's kind (``Value("string")`` str,
+  integers and ``ClassLabel`` int, floats float, ``bool``, binary bytes, ``Image`` image).
 
 ``datasets`` stays optional: nothing here imports it unless a dataset of its is packed.
 """
@@ -7,48 +17,82 @@ encoded bytes, kept as they are, where that gives back exactly what the dataset 
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, Optional
 
 from PIL import Image, ImageOps
 
 from colabfast.layouts.base import ImageFile
 
-__all__ = ["packable"]
+__all__ = ["packable", "none_kinds"]
+
+
+def _is_hf(dataset: Any) -> bool:
+    return isinstance(getattr(dataset, "features", None), dict) and type(dataset).__module__.startswith("datasets")
 
 
 def _image_features(dataset: Any) -> list[str]:
-    features = getattr(dataset, "features", None)
-    if not isinstance(features, dict) or not type(dataset).__module__.startswith("datasets"):
+    if not _is_hf(dataset):
         return []
-    return [name for name, f in features.items()
+    return [name for name, f in dataset.features.items()
             if type(f).__name__ == "Image" and type(f).__module__.startswith("datasets") and getattr(f, "decode", True)]
 
 
+def _kind(feature: Any) -> Optional[str]:
+    """The column kind of a top-level feature's values (:mod:`colabfast.columns`), or None where the
+    values themselves say (lists, dicts: JSON)."""
+    name = type(feature).__name__
+    if name == "Image" and getattr(feature, "decode", True):
+        return "image"
+    if name == "ClassLabel":
+        return "int"
+    dtype = str(getattr(feature, "dtype", "")) if name == "Value" else ""
+    if dtype in ("string", "large_string"):
+        return "str"
+    if dtype in ("binary", "large_binary"):
+        return "bytes"
+    if dtype == "bool":
+        return "bool"
+    if dtype.startswith(("int", "uint")):
+        return "int"
+    if dtype.startswith("float") or dtype == "double":
+        return "float"
+    return None
+
+
+def none_kinds(dataset: Any) -> Optional[dict[str, str]]:
+    """For a dataset :func:`packable` made of a Hugging Face one, the column kind of each feature whose
+    None in the first row cannot say it (:func:`colabfast.columns.template_of`'s ``defaults``); else None."""
+    return dataset.none_kinds if isinstance(dataset, _EncodedImages) else None
+
+
 def packable(dataset: Any) -> Any:
-    """``dataset`` itself, or for a Hugging Face dataset with ``Image`` features a view of it whose
-    images are :class:`~colabfast.layouts.base.ImageFile` (the encoded bytes, stored as they are), so
-    a JPEG stays the JPEG it was. An image that ``datasets`` changes when it decodes it (an EXIF
-    orientation it applies, a feature ``mode`` it converts to) comes as the decoded PIL image instead,
-    which the mirror stores losslessly: either way the mirror gives back what ``dataset[i]`` gives."""
-    names = _image_features(dataset)
-    return _EncodedImages(dataset, names) if names else dataset
+    """``dataset`` itself, or for a Hugging Face dataset a view of it whose images are
+    :class:`~colabfast.layouts.base.ImageFile` (the encoded bytes, stored as they are), so a JPEG stays
+    the JPEG it was (see the module's docstring), and which says its features' kinds
+    (:func:`none_kinds`).
+
+    Raises:
+        ImportError: a dataset of ``datasets`` with image features, and ``datasets`` is not installed.
+    """
+    return _EncodedImages(dataset, _image_features(dataset)) if _is_hf(dataset) else dataset
 
 
 class _EncodedImages:
-    """``dataset[i]`` with its image features read as bytes (``Image(decode=False)``)."""
+    """``dataset[i]`` with its image features (``names``) read as bytes (``Image(decode=False)``)."""
 
     def __init__(self, dataset: Any, names: list[str]):
-        try:  # installed: the dataset is one of its
-            from datasets import Image as ImageFeature
-        except ImportError as exc:
-            raise ImportError(f"{type(dataset).__module__} datasets need the datasets package: pip install "
-                              "datasets") from exc
-
         raw = dataset
+        if names:
+            try:  # installed: the dataset is one of its
+                from datasets import Image as ImageFeature
+            except ImportError as exc:
+                raise ImportError(f"{type(dataset).__module__} datasets need the datasets package: pip install "
+                                  "datasets") from exc
         for name in names:
             raw = raw.cast_column(name, ImageFeature(decode=False))
         self.dataset, self.raw, self.names = dataset, raw, names
         self.features = {name: dataset.features[name] for name in names}
+        self.none_kinds = {name: kind for name, f in dataset.features.items() if (kind := _kind(f)) is not None}
         self.fingerprint = getattr(dataset, "_fingerprint", None)
         cls = type(dataset)
         self.source_name = f"{cls.__module__}.{cls.__qualname__}"  # what the mirror records it was packed from

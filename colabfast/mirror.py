@@ -109,7 +109,9 @@ from colabfast.errors import Error
 FORMAT = "colabfast-mirror"
 FORMAT_VERSION = 2  # what pack writes for imagefolder, kitti and files (unchanged since: older colabfast reads them)
 COLUMNS_VERSION = 3  # what pack writes for a mirror of columns (any dataset, the layouts of colabfast.layouts)
-READ_VERSIONS = (1, 2, 3)
+NULLS_VERSION = 4  # a mirror of columns with None values (a nulls array): colabfast before it refuses it, rather
+# than return each None's placeholder (0, "", a 1x1 image); a mirror without them stays version 3, which it reads
+READ_VERSIONS = (1, 2, 3, 4)
 COLUMN_LAYOUTS = ("dataset", "coco", "voc-detection", "voc-segmentation", "yolo", "segmentation", "csv")
 LAYOUTS = ("imagefolder", "kitti", "files", *COLUMN_LAYOUTS)
 STORES = ("encoded", "raw")
@@ -934,13 +936,17 @@ def _stored(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, 
 
 
 @_as_mirror_error
-def load_columns(path: PathLike, resident: Optional[int] = None) -> tuple[Header, int, dict[int, Any]]:
-    """``(header, N, values)`` of a version 3 mirror: ``values`` maps each column that is not an image
-    or mask to what it stores, checked (lengths against ``N``, offsets rising to the data's size, shapes
-    against the ``columns`` attribute, at most ``MAX_JSON_BYTES`` of JSON per sample, checksums of
+def load_columns(path: PathLike, resident: Optional[int] = None
+                 ) -> tuple[Header, int, dict[int, Any], dict[tuple[str, int], np.ndarray]]:
+    """``(header, N, values, marks)`` of a version 3 or 4 mirror: ``values`` maps each column that is not
+    an image or mask to what it stores, checked (lengths against ``N``, offsets rising to the data's size,
+    shapes against the ``columns`` attribute, at most ``MAX_JSON_BYTES`` of JSON per sample, checksums of
     what is read): a NumPy array ``[N]`` (int, float, bool), ``[N, *shape]`` (ndarray), ``(rows [M,
     *trail], offsets [N + 1])`` (ragged; with ``shapes [N, ndim]`` where each sample has its own
-    shape), or ``(data uint8 [bytes], offsets [N + 1])`` (str, bytes, json).
+    shape), or ``(data uint8 [bytes], offsets [N + 1])`` (str, bytes, json). ``marks`` maps
+    ``("nulls", k)`` and ``("formats", k)`` to column ``k``'s uint8 ``[N]`` array of that name, where
+    its field has one (:mod:`colabfast.columns`: 1 where the value is None, resp. where the image
+    keeps its stored file's format).
 
     Opening costs the index, not the data: the data arrays (ndarray values, ragged rows, str/bytes/
     json data) are read whole only while their sizes add up to ``resident`` bytes (default
@@ -955,7 +961,7 @@ def load_columns(path: PathLike, resident: Optional[int] = None) -> tuple[Header
 
     path = Path(path)
 
-    def read(f: h5py.File) -> tuple[Header, int, dict[int, Any]]:
+    def read(f: h5py.File) -> tuple[Header, int, dict[int, Any], dict[tuple[str, int], np.ndarray]]:
         head = header(f, path)
         if head.columns is None:
             raise MirrorError(f"{path} is a {head.layout} mirror, not a mirror of columns")
@@ -963,8 +969,16 @@ def load_columns(path: PathLike, resident: Optional[int] = None) -> tuple[Header
         n = _dataset(g, "order", path, "<i8", (None,)).shape[0]
         size = os.path.getsize(path)
         out: dict[int, Any] = {}
+        marks: dict[tuple[str, int], np.ndarray] = {}
         for k, spec in enumerate(head.columns["fields"]):
             kind, c = spec["kind"], column_group(g, path, k, head)
+            for mark in ("nulls", "formats"):  # spec_problem checked the kinds that may have them
+                if (spec.get("meta") or {}).get(mark):
+                    if mark == "nulls" and v < NULLS_VERSION:
+                        raise _bad(path, f"column {k} has nulls, which a mirror of format version {v} does not")
+                    marks[mark, k] = _array(c, mark, path, "u1", (n,), v)
+                    if n and int(marks[mark, k].max()) > 1:
+                        raise _bad(path, f"column {k}'s {mark} holds values other than 0 and 1")
             if kind in ("image", "mask"):
                 continue
             if kind in ("int", "float", "bool"):
@@ -1021,7 +1035,7 @@ def load_columns(path: PathLike, resident: Optional[int] = None) -> tuple[Header
             parts = list(out[k]) if isinstance(out[k], tuple) else [out[k]]
             parts[i] = _read_checked(f[parts[i].name], path, v)
             out[k] = tuple(parts) if isinstance(out[k], tuple) else parts[0]
-        return head, n, out
+        return head, n, out, marks
 
     return read_h5(path, read)
 
@@ -1154,7 +1168,7 @@ def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -
     from colabfast.columns import json_value
 
     path = Path(path)
-    head, n, values = load_columns(path, resident=0)
+    head, n, values, _ = load_columns(path, resident=0)
     assert head.columns is not None  # load_columns refuses other mirrors
     rels, problems = read_paths(path), []
     fd = os.open(path, os.O_RDONLY)
@@ -1361,7 +1375,7 @@ def info(path: PathLike) -> MirrorInfo:
         raise _bad(path, "a kitti mirror without a training or testing split")
     samples, nbytes, objects, columns = {}, {}, {}, []
     if head.columns is not None and head.complete:
-        _, n, values = load_columns(path, resident=0)  # sizes only: nothing big is read
+        _, n, values, _ = load_columns(path, resident=0)  # sizes only: nothing big is read
         samples[""], nbytes[""] = n, 0
         for k, spec in enumerate(head.columns["fields"]):
             what = spec.get("dtype", "") + (f" {spec['shape']}" if "shape" in spec else "")

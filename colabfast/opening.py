@@ -40,7 +40,11 @@ if TYPE_CHECKING:
 # not here: open_dataset starts copying a mirror before it needs them (issue 26's time to the first batch).
 
 __all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "default_mirrors", "mirror_name",  # noqa: F822 (DROP_INS: module __getattr__)
-           "drop_in"]
+           "drop_in", "NothingToOpen"]
+
+class NothingToOpen(Error, FileNotFoundError):
+    """:func:`open_dataset` was given an empty folder (or one of hidden files only)."""
+
 
 MIRRORS_FOLDER = "colabfast-mirrors"  # at the top of My Drive, or beside a source that is not on Drive
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # the first 8 bytes of an HDF5 file (pack writes no user block)
@@ -129,11 +133,42 @@ def what_is(path: Path) -> str:
                 return "mirror"
         from colabfast.mirror import MirrorError  # here: h5py loads in 0.2 s, and a mirror is staged first
 
-        raise MirrorError(f"{path} is a file of {human_bytes(st.st_size)} that is neither an HDF5 mirror nor an "
-                          f"archive (by its name, {path.suffix or 'no suffix'}). {ACCEPTS}.")
+        raise MirrorError(_one_file(path) or f"{path} is a file of {human_bytes(st.st_size)} that is neither an HDF5 "
+                          f"mirror nor an archive (by its name, {path.suffix or 'no suffix'}). {ACCEPTS}.")
     from colabfast.mirror import MirrorError
 
     raise MirrorError(f"{path} is not a regular file or a folder (a pipe, socket or device). {ACCEPTS}.")
+
+
+def _one_file(path: Path) -> Optional[str]:
+    """What a dataset's own file given alone (by its name: a CSV table, a COCO JSON, YOLO's data.yaml, an
+    image) is, and what to pass instead; None for any other file."""
+    from colabfast.sources import IMG_EXTENSIONS
+
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return f"{path} is a CSV table: pass its folder ({path.parent}) with layout='csv' and labels='{path}'"
+    if suffix == ".json":
+        return (f"{path} is a JSON file: for COCO annotations, pass the folder of their images with layout='coco' "
+                f"and labels='{path}'")
+    if suffix in (".yaml", ".yml"):
+        return f"{path} is a YAML file: for a YOLO export's data.yaml, pass its folder ({path.parent})"
+    if suffix in IMG_EXTENSIONS:
+        return f"{path} is one image: pass the folder that holds the images ({path.parent})"
+    return None
+
+
+def _empty(folder: Path) -> Optional[str]:
+    """What ``folder`` holds when that is nothing a layout reads (nothing, or hidden entries only), in
+    words; None when it holds more or cannot be listed (the listing that follows says why). One listing."""
+    try:
+        names = retry(lambda: os.listdir(folder), 5)
+    except OSError:
+        return None
+    if any(not name.startswith(".") for name in names):
+        return None
+    return f"only hidden entries ({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''})" if names \
+        else "nothing"
 
 
 def default_mirrors(src: Path) -> Path:
@@ -328,8 +363,10 @@ def open_dataset(
         (str, one line per step) says what was done.
 
     Raises:
-        FileNotFoundError: nothing at ``path``, or a folder holding no images (naming what it holds).
-        MirrorError: (a ``ValueError``) a file that is not a mirror or archive.
+        FileNotFoundError: nothing at ``path``, or a folder holding no images (naming what it holds);
+            :class:`NothingToOpen` for an empty folder, at once.
+        MirrorError: (a ``ValueError``) a file that is not a mirror or archive (a CSV table, a JSON or
+            YAML file, an image: what to pass instead).
         PackRefused: (a ``ValueError``) a split the layout lacks, pack options given with a mirror, or
             an argument :func:`colabfast.pack` refuses.
         StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
@@ -351,6 +388,10 @@ def open_dataset(
         raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     src = Path(os.path.abspath(os.path.expanduser(path)))
     kind = what_is(src)
+    # before anything is imported or listed with retries (an empty folder took 13 s to be refused)
+    if kind == "folder" and (held := _empty(src)) is not None:
+        raise NothingToOpen(f"nothing to open: {src} is an empty folder (it holds {held}): pass the folder that "
+                            "holds the dataset")
     steps: list[str] = []
     if kind == "mirror":
         given = [name for name, v in (("image_size", image_size), ("mirrors", mirrors)) if v is not None]

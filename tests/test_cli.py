@@ -297,3 +297,74 @@ def test_diagnose_measures_the_loader_and_a_training_step(tmp_path):
     assert "% of each step waits for data" in trained.stdout and "in step() (2 steps measured)" in trained.stdout
     wrong = run("diagnose", str(mirror), "--model", "resnet18", "--batch-size", "30", "--steps", "1", "-q")
     assert wrong.returncode == 1 and "colabfast diagnose:" in wrong.stderr
+
+
+def test_open_takes_labels_where_it_takes_layout(tmp_path):
+    """Issue 39 B1: `colabfast open --layout csv` asked for labels= and open had no --labels."""
+    from PIL import Image
+
+    root = tmp_path / "comp"
+    (root / "train").mkdir(parents=True)
+    for name in ("a1", "a2"):
+        Image.new("RGB", (6, 5), (1, 2, 3)).save(root / "train" / f"{name}.jpg")
+    (root / "train.csv").write_text("id,label\na1,ant\na2,bee\n")
+    (root / "test.csv").write_text("id\na1\n")
+    out = run("open", str(root), "--layout", "csv", "-q")
+    assert out.returncode == 1 and "pass --labels TABLE" in out.stderr and "labels=" not in out.stderr
+    out = run("open", str(root), "--layout", "csv", "--labels", str(root / "train.csv"), "-q")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith(".h5") and Path(out.stdout.strip()).is_file()
+    for command in ("open", "pack"):
+        assert "--labels FILE" in run(command, "--help").stdout
+
+
+def test_split_help_says_what_split_means_for_every_layout():
+    """Issue 39 B2: open's --split named only KITTI and Kaggle's ImageNet zip."""
+    for command in ("open", "pack"):
+        text = " ".join(run(command, "--help").stdout.split())
+        split = text[text.index("--split SPLIT"):]
+        for words in ("voc-*: the image set", "yolo: the export's split folder", "coco: none", "Kaggle's ImageNet "
+                      "zip: train (default) or val", "ImageNet's tars, imagefolder, segmentation, csv, files: none"):
+            assert words in split, (command, words)
+    assert "kitti: the mirror's split to open, training (default) or testing" in " ".join(
+        run("open", "--help").stdout.split())
+
+
+def test_open_a_single_file_says_what_to_pass_in_one_line(tmp_path):
+    """Issue 39 B3: a CSV or an image given alone got ~700 characters listing every layout."""
+    from PIL import Image
+
+    (tmp_path / "t.csv").write_text("file,label\na.jpg,0\n")
+    Image.new("RGB", (4, 4)).save(tmp_path / "a.jpg")
+    (tmp_path / "ann.json").write_text("{}")
+    expected = {"t.csv": f"t.csv is a CSV table: pass its folder ({tmp_path}) with --layout csv --labels "
+                         f"'{tmp_path / 't.csv'}'",
+                "a.jpg": f"a.jpg is one image: pass the folder that holds the images ({tmp_path})",
+                "ann.json": "ann.json is a JSON file: for COCO annotations, pass the folder of their images with "
+                            f"--layout coco --labels '{tmp_path / 'ann.json'}'"}
+    for name, message in expected.items():
+        out = run("open", str(tmp_path / name), "-q")
+        assert out.returncode == 1 and out.stderr.strip().endswith(message), out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and "accepts" not in out.stderr
+
+
+def test_open_an_empty_folder_fails_at_once(tmp_path):
+    """Issue 39 B4: an empty folder took 13 s to be refused: the readers (torchvision, h5py) were
+    imported and the folder listed for a layout before anything said it was empty."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / ".DS_Store").write_text("")
+    code = ("import sys\nfrom colabfast.opening import NothingToOpen, open_dataset\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n        open_dataset(path)\n    except NothingToOpen as exc:\n        print(exc)\n"
+            "print(sorted(m for m in ('torch', 'torchvision', 'h5py', 'numpy') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "empty"), str(tmp_path / "hidden")],
+                         capture_output=True, text=True)
+    assert out.stdout.splitlines() == [
+        f"nothing to open: {tmp_path / 'empty'} is an empty folder (it holds nothing): pass the folder that holds "
+        "the dataset",
+        f"nothing to open: {tmp_path / 'hidden'} is an empty folder (it holds only hidden entries (.DS_Store)): pass "
+        "the folder that holds the dataset",
+        "[]"], out.stderr
+    out = run("open", str(tmp_path / "empty"), "-q")
+    assert out.returncode == 1 and "is an empty folder" in out.stderr and not (tmp_path / "colabfast-mirrors").exists()

@@ -319,6 +319,136 @@ def test_a_hugging_face_dataset_keeps_its_jpeg_bytes(tmp_path):
     assert cf.info(tmp_path / "hf.h5").layout == "dataset"
 
 
+def _same_as_hugging_face(got, want, where):
+    """One value of a mirror of a Hugging Face dataset against the dataset's own: equal values, and
+    images of the same mode, size, format and pixels."""
+    if isinstance(want, Image.Image):
+        assert isinstance(got, Image.Image), where
+        assert (got.mode, got.size, got.format) == (want.mode, want.size, want.format), where
+        assert got.tobytes() == want.tobytes() and got.getpalette() == want.getpalette(), where
+    else:
+        assert type(got) is type(want) and got == want, (where, got, want)
+
+
+def test_a_hugging_face_dataset_gives_back_none_where_it_holds_none(tmp_path):
+    """Issue 39 A1: None in a str (int, float...) column after sample 0 was a FieldError, and
+    fields={"col": "json"} did not help; a None image was one too. Every feature may hold None."""
+    datasets = pytest.importorskip("datasets")
+    out = io.BytesIO()
+    Image.new("RGB", (3, 2), (9, 8, 7)).save(out, "PNG")
+    features = datasets.Features({
+        "text": datasets.Value("string"), "first_none": datasets.Value("string"), "n": datasets.Value("int64"),
+        "x": datasets.Value("float32"), "flag": datasets.Value("bool"), "raw": datasets.Value("binary"),
+        "label": datasets.ClassLabel(names=["a", "b"]), "image": datasets.Image(), "no_image": datasets.Image()})
+    png = {"bytes": out.getvalue(), "path": None}
+    hf = datasets.Dataset.from_dict({
+        "text": ["a", None, "", None], "first_none": [None, "b", None, "d"], "n": [1, None, -(1 << 62), None],
+        "x": [0.5, float("nan"), None, -1.25], "flag": [True, None, False, None], "raw": [b"\x00", None, b"", None],
+        "label": [1, None, 0, None], "image": [png, None, png, None], "no_image": [None, png, None, None]},
+        features=features)
+    cf.pack(hf, tmp_path / "hf.h5", workers=0, progress=False)
+    ds = cf.H5Dataset(tmp_path / "hf.h5")
+    for i in range(len(hf)):
+        got, want = ds[i], hf[i]
+        assert list(got) == list(want)
+        for key in want:
+            if isinstance(want[key], float) and math.isnan(want[key]):
+                assert math.isnan(got[key])
+            else:
+                _same_as_hugging_face(got[key], want[key], (i, key))
+    kinds = {f.name: f.kind for f in ds.fields}
+    assert kinds == {"text": "str", "first_none": "str", "n": "int", "x": "float", "flag": "bool", "raw": "bytes",
+                     "label": "int", "image": "image", "no_image": "image"}
+    assert cf.info(tmp_path / "hf.h5").version == 4  # colabfast before nulls refuses it, not returns ""
+
+    class Texts(torch.utils.data.Dataset):  # not Hugging Face's: fields= names the kind
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"t": [None, "b", "c"][i], "u": ["a", None, "c"][i]}
+
+    cf.pack(Texts(), tmp_path / "t.h5", workers=0, progress=False, fields={"t": "str", "u": "json"})
+    ds = cf.H5Dataset(tmp_path / "t.h5")
+    assert [ds[i] for i in range(3)] == [Texts()[i] for i in range(3)]
+    assert [f.kind for f in ds.fields] == ["str", "json"]
+
+
+def test_hugging_face_images_come_back_in_their_mode_and_format(tmp_path):
+    """Issue 39 A2 and A3: a 16-bit PNG (I;16) was refused as "PNG cannot hold exactly", and every
+    image came back with format None. The images ``datasets`` holds: files in any format (kept as
+    they are), and PIL images it encoded itself (PNG for 1, L, LA, RGB, RGBA, else TIFF)."""
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8))
+    wide = Image.fromarray(rng.integers(0, 1 << 16, (5, 7), dtype=np.uint16))
+
+    def file(img, fmt, **kw):
+        out = io.BytesIO()
+        img.save(out, fmt, **kw)
+        return {"bytes": out.getvalue(), "path": None}
+
+    assert wide.mode == "I;16"
+    files = [file(wide, "PNG"), file(rgb, "PNG"), file(rgb, "WEBP"), file(rgb, "WEBP", lossless=True),
+             file(rgb, "JPEG"), file(rgb.convert("P"), "GIF"), file(rgb.convert("CMYK"), "TIFF"),
+             file(rgb.convert("LA"), "PNG"), file(rgb.convert("1"), "BMP")]
+    made = [wide, rgb.convert("P"), rgb.convert("RGBA"), rgb.convert("1"), rgb.convert("F"), rgb.convert("I"),
+            rgb.convert("CMYK"), rgb.convert("YCbCr"), Image.fromarray(rng.integers(0, 255, (5, 7), dtype=np.uint8))]
+    hf = datasets.Dataset.from_dict({"image": files + made, "i": list(range(len(files) + len(made)))},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "i": datasets.Value("int32")}))
+    cf.pack(hf, tmp_path / "hf.h5", workers=0, progress=False)
+    ds = cf.H5Dataset(tmp_path / "hf.h5")
+    seen = set()
+    for i in range(len(hf)):
+        got, want = ds[i], hf[i]
+        _same_as_hugging_face(got["image"], want["image"], i)
+        seen.add((want["image"].mode, want["image"].format))
+    assert {("I;16", "PNG"), ("I;16", "TIFF"), ("F", "TIFF"), ("I", "TIFF"), ("RGB", "WEBP"), ("RGB", "JPEG"),
+            ("P", "GIF"), ("CMYK", "TIFF"), ("YCbCr", "TIFF")} <= seen
+
+    # a feature's mode: datasets converts what it decodes (format None), and so does the mirror's
+    hf = hf.cast_column("image", datasets.Image(mode="RGB"))
+    cf.pack(hf, tmp_path / "rgb.h5", workers=0, progress=False)
+    ds = cf.H5Dataset(tmp_path / "rgb.h5")
+    for i in range(len(hf)):
+        _same_as_hugging_face(ds[i]["image"], hf[i]["image"], i)
+
+
+def test_a_pil_image_of_any_mode_comes_back_in_its_mode_and_format(tmp_path):
+    """Issue 39 A2 for any dataset: PIL images in modes PNG does not hold exactly (I, F, CMYK) were a
+    FieldError; they are stored as TIFF, as datasets stores them. A PNG file's image keeps "PNG"."""
+    rng = np.random.default_rng(1)
+    rgb = Image.fromarray(rng.integers(0, 256, (6, 4, 3), dtype=np.uint8))
+    rgb.save(tmp_path / "a.png")
+    modes = ["I;16", "I", "F", "CMYK", "LA", "P"]
+
+    class Modes(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(modes) + 1
+
+        def __getitem__(self, i):
+            if i == len(modes):
+                return Image.open(tmp_path / "a.png")
+            return rgb.convert("L").convert(modes[i]) if modes[i] == "I;16" else rgb.convert(modes[i])
+
+    cf.pack(Modes(), tmp_path / "m.h5", workers=0, progress=False)
+    ds = cf.H5Dataset(tmp_path / "m.h5")
+    for i in range(len(ds)):
+        _same_as_hugging_face(ds[i], Modes()[i], i)
+    assert ds[len(modes)].format == "PNG" and ds[0].format is None
+
+    class Unheld(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            return rgb.convert("HSV")
+
+    with pytest.raises(FieldError, match="mode HSV, which neither PNG nor TIFF holds exactly"):
+        cf.pack(Unheld(), tmp_path / "u.h5", workers=0, progress=False)
+
+
 def test_reader_threads_build_the_batches_workers_build(odd_mirror):
     ds = cf.H5Dataset(odd_mirror, output="tensor")
     threaded = cf.DataLoader(ds, batch_size=3)

@@ -147,7 +147,7 @@ def test_verify_decodes_every_value(boxes_mirror, tmp_path, field, head, kind):
 def _set(name: str, key: str, value):
     def edit(spec):
         field = next(f for f in spec["fields"] if f["name"] == name)
-        (field["meta"] if key in ("format", "canvas") else field)[key] = value
+        (field.setdefault("meta", {}) if key in ("format", "canvas", "nulls", "formats") else field)[key] = value
     return edit
 
 
@@ -159,7 +159,11 @@ def _set(name: str, key: str, value):
     (_set("1.boxes", "format", "BOGUS"), r"column 1 \('1.boxes'\): box format 'BOGUS' is not one of torchvision's"),
     (_set("1.boxes", "canvas", 0), r"column 1 \('1.boxes'\): canvas 0 is not the index of its hidden"),
     (_set("1.boxes", "canvas", 99), r"column 1 \('1.boxes'\): canvas 99 is not"),
-], ids=["set_return_type", "wrap", "__class__", "image-as-Mask", "format", "canvas-image", "canvas-missing"])
+    (_set("1.boxes", "nulls", True), r"column 1 \('1.boxes'\), of kind ragged, has nulls True: pack writes it only"),
+    (_set("0", "formats", 1), r"column 0 \('0'\), of kind image, has formats 1: pack writes it only as true"),
+    (_set("0", "nulls", True), r"column 0 has nulls, which a mirror of format version 3 does not"),
+], ids=["set_return_type", "wrap", "__class__", "image-as-Mask", "format", "canvas-image", "canvas-missing",
+        "nulls-of-an-array", "formats-not-true", "nulls-in-version-3"])
 def test_a_forged_column_attribute_is_refused_when_the_mirror_opens(boxes_mirror, tmp_path, edit, match):
     """Issue 41 item 12: a column's ``as`` named any torchvision.tv_tensors attribute, which the reader
     called (``set_return_type``, ``wrap``, ``__class__``); a bad box format or canvas was a KeyError."""

@@ -264,8 +264,8 @@ def test_what_is_refused(local):
                                          r"archive \(by its name, .txt\)\. open_dataset accepts a mirror"):
         open_dataset(local / "notes.txt")
     (local / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"empty holds nothing \(it is empty\)\. open_dataset accepts"):
-        open_dataset(local / "empty")
+    with pytest.raises(FileNotFoundError, match=r"empty is an empty folder \(it holds nothing\): pass the folder"):
+        open_dataset(local / "empty")  # at once, not after listing it for a layout (issue 39 B4)
     (local / "docs").mkdir()
     (local / "docs" / "a.csv").write_text("x")
     with pytest.raises(FileNotFoundError, match=r"no image files .* holds 1 entries: a.csv\. open_dataset accepts"):

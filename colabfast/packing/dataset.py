@@ -46,6 +46,7 @@ from colabfast import env
 from colabfast._fileio import PathLike, locked, partial_path, read_json, write_all, write_json_atomic
 from colabfast.mirror import (
     COLUMNS_VERSION,
+    NULLS_VERSION,
     Header,
     MirrorError,
     attrs_crc32,
@@ -191,7 +192,9 @@ def plan(dataset: Any, fields: Optional[dict], options: dict, layout: str) -> tu
     except IndexError:  # the end, as iterating it would stop there
         raise PackRefused(f"{describe_dataset(dataset)} is empty (dataset[0] raised IndexError though len() is "
                           f"{n}): there is nothing to pack") from None
-    template, flds = col.template_of(first, fields)
+    from colabfast.hf import none_kinds
+
+    template, flds = col.template_of(first, fields, none_kinds(dataset))
     for f in flds:
         if f.kind in col.IMAGE_KINDS and f.meta.get("encoding") == "jpeg":
             f.meta["quality"] = options.get("quality") or 90
@@ -462,8 +465,9 @@ def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field],
         except Exception as exc:  # a bad file in a layout, or anything a dataset's own code raises
             return None, _why(exc), False
         values = col.flatten(sample, template, fields, i)
-        try:
-            return [col.encode(v, f, i, options) for v, f in zip(values, fields)], "", False
+        try:  # each value encoded, and whether it was a None (stored as its placeholder)
+            return [(col.encode(v, f, i, options), v is None and f.kind in col.NULLABLE)
+                    for v, f in zip(values, fields)], "", False
         except col.FieldError:
             raise
         except Exception as exc:  # PIL on an unreadable image file
@@ -477,6 +481,8 @@ def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field],
     shapes: dict[int, list] = {k: [] for k, f in enumerate(fields) if f.kind in col.IMAGE_KINDS or f.kind == ARRAY}
     crcs: dict[int, list[int]] = {k: [] for k, f in enumerate(fields) if f.kind in col.IMAGE_KINDS}
     scalars: dict[int, list] = {k: [] for k, f in enumerate(fields) if f.kind in ("int", "float", "bool")}
+    marks: dict[str, dict[int, list[bool]]] = {"nulls": {k: [] for k, f in enumerate(fields) if f.kind in col.NULLABLE},
+                                               "formats": {k: [] for k in crcs}}
     errors: list[tuple[int, str]] = []
     kept = np.zeros(stop - start, dtype=bool)
 
@@ -484,9 +490,12 @@ def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field],
         """Sample ``j``'s encoded values into the columns; returns the bytes it held."""
         kept[j - start] = True
         size = 0
-        for k, (f, v) in enumerate(zip(fields, enc)):
+        for k, (f, (v, null)) in enumerate(zip(fields, enc)):
+            if k in marks["nulls"]:
+                marks["nulls"][k].append(null)
             if f.kind in col.IMAGE_KINDS:
-                blob, shape = v
+                blob, shape, own = v
+                marks["formats"][k].append(own)
                 spools[k].write(blob)
                 lengths[k].append(len(blob))
                 shapes[k].append(shape)
@@ -532,6 +541,8 @@ def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field],
                     largest = max(largest, take(j, enc))
                 del enc  # the sample's memory, before the next is awaited
         arrays: dict[str, np.ndarray] = {"kept": kept, "end": np.array(-1 if end is None else end, dtype=np.int64)}
+        for name, flags in marks.items():  # saved only where set: assemble() takes a part without them as all 0
+            arrays.update({f"c{k}_{name}": np.array(v, dtype=np.uint8) for k, v in flags.items() if any(v)})
         for k, f in enumerate(fields):
             if f.kind in col.IMAGE_KINDS:
                 ends = _ends(lengths[k])
@@ -693,6 +704,21 @@ def decide(fields: list[col.Field], parts: list[dict]) -> None:
             f.meta["ndim"] = int(shapes.shape[1])
 
 
+def _marks(fields: list[col.Field], parts: list[dict]) -> dict[tuple[str, int], np.ndarray]:
+    """Each column's ``nulls`` and ``formats`` (:mod:`colabfast.columns`) from the parts, where a sample
+    has one set (its field's ``meta`` then says so); a part without one holds none."""
+    out: dict[tuple[str, int], np.ndarray] = {}
+    for k, f in enumerate(fields):
+        for name in ("nulls", "formats"):
+            key = f"c{k}_{name}"
+            f.meta.pop(name, None)
+            if any(key in p for p in parts):
+                out[name, k] = np.concatenate([p[key] if key in p else np.zeros(int(p["kept"].sum()), np.uint8)
+                                               for p in parts])
+                f.meta[name] = True
+    return out
+
+
 def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], template: dict, head: Header,
              order: np.ndarray, paths: list[str], direct: Optional[_Direct] = None) -> None:
     """Write the mirror of columns to ``build`` from the parts: the numbers and each sample's offsets
@@ -713,8 +739,9 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
         raise MirrorError(f"a part in {part_paths[0].parent} is unreadable though it was just written: run pack() "
                           "again")
     decide(fields, parts)
+    marks = _marks(fields, parts)
     head.columns = {"template": template, "fields": [f.spec() for f in fields]}
-    head.version = COLUMNS_VERSION
+    head.version = NULLS_VERSION if any(name == "nulls" for name, _ in marks) else COLUMNS_VERSION
     written = {i for i, p in enumerate(parts) if direct is not None and p.get(f"c{direct.column}_direct", False)}
     in_place = direct is not None and len(written) == len(parts) and direct.pristine()
     target = build if direct is None or in_place else part_paths[0].parent / "rebuild.h5"
@@ -731,6 +758,9 @@ def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], templ
             c = group.require_group(str(k))
             there = in_place and direct is not None and k == direct.column
             data = _write_column(c, k, f, parts, c["images"] if there else None)
+            for name in ("nulls", "formats"):
+                if (name, k) in marks:
+                    write_array(c, name, marks[name, k])
             checked = None if data is None or f.kind in col.IMAGE_KINDS else data.name
             if checked is not None:
                 sums[checked] = 0  # what an empty array sums to
@@ -862,7 +892,7 @@ def _torch_dtype(name: Optional[str]) -> str:
 
 def check_built(build: Path, fields: list[col.Field], n: int) -> None:
     """Reopen ``build`` and read every column back (lengths, offsets, checksums) before it is published."""
-    head, count, _ = load_columns(build)
+    head, count, _, _ = load_columns(build)
     if count != n:
         raise MirrorError(f"{build}: {count} samples written, {n} expected (disk error?); run pack() again")
     problems = check_columns(build, decode=False)[1]  # the data load_columns leaves on disk: streamed
