@@ -437,3 +437,51 @@ def test_detection_layouts_open_as_their_drop_ins(local):
     assert image.shape[0] == 3 and set(target) == {"boxes", "labels"} and target["boxes"].dtype == torch.float32
     with pytest.raises(ValueError, match="split="):
         open_dataset(root, "val", progress=False)  # a COCO folder has one set of samples
+
+
+# --- splits, label tables and export zips: no silently wrong labels (issue 39, items 3 to 5) ----------
+
+
+def make_kaggle(root: Path) -> list[tuple[str, str]]:
+    """A Kaggle competition folder (as dog-breed-identification's): train/<id>.jpg, test/<id>.jpg,
+    train.csv (id,breed) and sample_submission.csv (id, one column per class). Returns train.csv's rows."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for split, n in (("train", 6), ("test", 3)):
+        (root / split).mkdir(parents=True)
+        for k in range(n):
+            image_id = f"{split[:2]}{k:03d}ab{int(rng.integers(1000))}"
+            Image.fromarray(rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)).save(root / split / f"{image_id}.jpg")
+            if split == "train":
+                rows.append((image_id, ["whippet", "basenji", "akita"][k % 3]))
+    (root / "train.csv").write_text("id,breed\n" + "".join(f"{i},{b}\n" for i, b in rows))
+    tests = sorted(p.stem for p in (root / "test").iterdir())
+    (root / "sample_submission.csv").write_text("id,akita,basenji,whippet\n"
+                                                + "".join(f"{i},0.33,0.33,0.33\n" for i in tests))
+    return rows
+
+
+def test_a_kaggle_folder_opens_as_its_label_table_with_imagefolders_classes(local):
+    """It opened as an ImageFolder of classes ['test', 'train'], test images counted as training data
+    and train.csv ignored; with layout='csv' the labels were right but classes was empty."""
+    root = local / "dog-breed"
+    rows = make_kaggle(root)
+    ds = open_dataset(root, progress=False)
+    assert type(ds).__name__ == "H5Dataset" and ds.header.layout == "csv" and len(ds) == len(rows)
+    classes = sorted({breed for _, breed in rows})  # as torchvision's find_classes sorts class folders
+    assert ds.classes == classes == ["akita", "basenji", "whippet"]
+    assert ds.class_to_idx == {c: i for i, c in enumerate(classes)}
+    assert ds.targets == [classes.index(breed) for _, breed in rows]
+    for i, (image_id, breed) in enumerate(rows):
+        image, target = ds[i]
+        assert target == classes.index(breed)
+        with Image.open(root / "train" / f"{image_id}.jpg") as ref:
+            assert np.array_equal(np.asarray(ref.convert("RGB")), np.asarray(image))
+    # the table was chosen by a rule of thumb: the account says which, and how to choose another
+    assert ("csv layout, 6 images, labels from train.csv, column 'breed' (3 classes) (guessed: the table "
+            "train.csv, named after the folder train/, not sample_submission.csv: pass labels= to use another)"
+            in ds.account)
+    assert "opened as H5Dataset: 6 images in 3 classes" in ds.account
+
+    given = open_dataset(root, layout="csv", labels=root / "train.csv", progress=False)
+    assert given.classes == classes and given.targets == ds.targets and "guessed" not in given.account
