@@ -66,7 +66,8 @@ class H5Dataset(MirrorDataset):
     - ``"segmentation"``: target the mask, a PIL image in its file's mode (``"P"`` with its palette,
       ``"L"`` class ids);
     - ``"csv"``: target the label (an int class index, a number), or a tuple of them for several
-      label columns; the class names are in ``classes``;
+      label columns; with one label column of class names, ``classes`` (sorted), ``class_to_idx``
+      and ``targets`` (each sample's class index) are ImageFolder's;
     - ``"coco"``, ``"voc-detection"``, ``"voc-segmentation"``: dicts; :class:`H5CocoDetection`,
       :class:`H5VOCDetection` and :class:`H5VOCSegmentation` give torchvision's items.
 
@@ -149,6 +150,8 @@ class H5Dataset(MirrorDataset):
         self.classes: list[str] = head.classes or []
         self._values = values
         self._marks = marks  # each column's nulls and formats (colabfast.mirror.load_columns)
+        if head.layout == "csv":
+            self._table_classes()
         self._readers = {k: self.reader if k == self.image_column else
                          MirrorReader(path, "", in_memory=in_memory, column=k) for k in images}
         if n != len(self.reader):
@@ -156,6 +159,22 @@ class H5Dataset(MirrorDataset):
         if verify and (problems := check_columns(path, decode=False)[1]):
             raise MirrorError(f"{path}: {'; '.join(problems[:5])}. The mirror is corrupt (flipped bytes on disk or in "
                               "a copy): copy it again, or pack it again.")
+
+    def _table_classes(self) -> None:
+        """A CSV table of one label column of class names: ``classes`` (sorted, as ImageFolder sorts its
+        class folders), ``class_to_idx`` and ``targets`` (each sample's class index, in dataset order),
+        as torchvision's ``ImageFolder`` has them. Its mirror records the names per column (the layout's
+        ``info["classes"]``), so mirrors packed before this read the same."""
+        named, columns = self.info.get("classes"), self.info.get("columns")
+        labels = [k for k, f in enumerate(self.fields) if k != self.image_column and f.as_ != "hidden"]
+        if not (isinstance(named, dict) and isinstance(columns, list) and len(columns) == 1 and len(labels) == 1
+                and isinstance(named.get(columns[0]), list) and self.fields[labels[0]].kind == "int"):
+            return
+        self.classes = list(named[columns[0]])
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        values = np.asarray(self._values[labels[0]])
+        # set by name: an attribute of CSV mirrors only (H5VOCSegmentation's targets are torchvision's, file paths)
+        setattr(self, "targets", values[self.positions_of(range(len(self)))].tolist())  # noqa: B010
 
     # --- reading ---
 

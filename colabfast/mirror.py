@@ -475,8 +475,8 @@ def _check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
 class Header:
     """A mirror's root attributes: checked and parsed by :meth:`read`, written by :meth:`write`.
 
-    An optional attribute (``quality``, ``seed``, ``fingerprint``, ``labels``, ``class_names``) is
-    absent from the file where its field is None.
+    An optional attribute (``quality``, ``seed``, ``fingerprint``, ``labels``, ``class_names``,
+    ``split``) is absent from the file where its field is None.
     """
 
     layout: str  # one of LAYOUTS
@@ -495,6 +495,9 @@ class Header:
     class_names: Optional[list[list[str]]] = None  # each class's names, from an archive's labels
     columns: Optional[dict] = None  # version 3: {"template": ..., "fields": [...]} (colabfast.columns)
     layout_info: Optional[dict] = None  # version 3: what a layout's drop-in needs (COCO's categories, ...)
+    # the split of the source that was packed (pack's split=: a YOLO export's, VOC's image set, an export
+    # zip's folder, Kaggle's ImageNet zip's part); None where pack read the whole source, or before it was kept
+    split: Optional[str] = None
     version: int = FORMAT_VERSION  # the format version
     complete: bool = False  # the mirror is whole (set last, once everything else is written)
 
@@ -511,6 +514,7 @@ class Header:
             "class_names": None if self.class_names is None else json.dumps(self.class_names),
             "columns": None if self.columns is None else json.dumps(self.columns),
             "layout_info": None if self.layout_info is None else json.dumps(self.layout_info),
+            "split": self.split,
         }
         attrs = {key: value for key, value in attrs.items() if value is not None}
         attrs["header_crc32"] = header_crc32(attrs)
@@ -581,8 +585,8 @@ class Header:
             colabfast_version=_text(attrs, "colabfast_version", path) or "", seed=_int(attrs, "seed", path),
             fingerprint=_text(attrs, "fingerprint", path), labels=_text(attrs, "labels", path),
             class_names=_json(attrs, "class_names", path, _name_lists), columns=columns,
-            layout_info=_json(attrs, "layout_info", path, lambda v: isinstance(v, dict)), version=version,
-            complete=done,
+            layout_info=_json(attrs, "layout_info", path, lambda v: isinstance(v, dict)),
+            split=_text(attrs, "split", path), version=version, complete=done,
         )
 
 
@@ -1342,7 +1346,8 @@ class MirrorInfo:
         if head.classes is not None:
             shown = ", ".join(head.classes[:8]) + (", ..." if len(head.classes) > 8 else "")
             lines.append(f"  {len(head.classes)} classes: {shown}")
-        lines.append(f"  packed from {head.source} on {head.created} by colabfast {head.colabfast_version}")
+        lines.append(f"  packed from {head.source}" + (f", split {head.split!r}," if head.split is not None else "")
+                     + f" on {head.created} by colabfast {head.colabfast_version}")
         if head.labels:
             lines.append(f"  labels from {head.labels}")
         notes = (head.layout_info or {}).get("notes")

@@ -51,7 +51,8 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # the first 8 bytes of an HDF5 file (pack
 ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a dataset folder (an ImageFolder tree "
            "of class folders, KITTI's training/image_2 + label_2, a COCO folder with its annotation JSON, a "
            "VOCdevkit tree, a YOLO export (images/ + labels/ + data.yaml), images/ + masks/ folders, a folder of "
-           "images with one CSV table of labels, or a folder of images), or an archive of an ImageFolder tree or "
+           "images with one CSV table of labels (or Kaggle's train.csv beside train/), a folder of split folders "
+           "(train/, val/, ...) with split=, or a folder of images), or an archive of an ImageFolder tree or "
            "ImageNet's (.zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)")
 # pack()'s options that open_dataset passes on; src, dst, split, image_size and progress are its own
 PACK_OPTIONS = ("layout", "labels", "year", "store", "quality", "shuffle", "seed", "workers", "on_error", "retries")
@@ -261,6 +262,26 @@ def _older_mirrors(folder: Path, src: Path, keep: Path) -> list[_Mirror]:
     return found
 
 
+def _beside(old: _Mirror, made: Header) -> str:
+    """What the account says of ``old``, a mirror of the same source as the one just packed (whose
+    header is ``made``): a sibling, kept (the source's other split or layout, or other options: the
+    new mirror does not replace it), or the mirror of an earlier version of the source (the same split,
+    layout and options, another fingerprint), which the user may delete."""
+    head = old.header
+    assert head is not None  # _older_mirrors gives complete mirrors
+    kept, size = f"kept {old.path.name}, made {_created(head)}", human_bytes(old.size)
+    if head.layout != made.layout:
+        return f"{kept}: a sibling, the source's {head.layout} layout ({size})"
+    if head.split is None and made.split is not None:
+        return (f"{kept}: a sibling, of another split or an earlier version of the source (made before colabfast "
+                f"recorded which split a mirror holds) ({size})")
+    if head.split != made.split:
+        return f"{kept}: a sibling, the source's split {head.split!r} ({size})"
+    if _options_of(head) != _options_of(made):
+        return f"{kept}: a sibling, other options (store={head.store}, image_size={head.image_size}) ({size})"
+    return f"{kept} from an earlier version of the source ({size}): delete it when you no longer need it"
+
+
 def _check_writable(folder: Path) -> None:
     """Make ``folder`` and write a byte there, before any packing: a read-only or full Drive is named now.
 
@@ -318,7 +339,10 @@ def open_dataset(
       carry a fingerprint: one that does not hold the source is left as it is, and the source's
       mirror is packed beside it (``<name>-<12 hex digits>.1.h5``), the account saying why. When
       the mirror is on Drive, Drive is flushed (:func:`colabfast.flush_drive`) so that the next
-      runtime finds it. Then the mirror is staged and opened.
+      runtime finds it. Then the mirror is staged and opened. Mirrors of the source's other splits,
+      layouts or options are its siblings, kept and named as such in the account; only a mirror of
+      the same split, layout and options made from an earlier version of the source is named as one
+      to delete.
 
     The source is packed straight from where it is, not staged to local disk first: on the Drive
     simulator (100 ms per open, 60 MB/s, 2 CPUs, photo-like 500x375 JPEGs) the two take the same time
@@ -341,8 +365,11 @@ def open_dataset(
     Args:
         path: a mirror file, a dataset folder, or an archive (see :data:`ACCEPTS`).
         split: KITTI's ``"training"`` (default) or ``"testing"``; what pack reads of a VOC tree (the
-            image set) or a YOLO export (the split folder), or of Kaggle's ImageNet zip (``"train"``,
-            ``"val"``); None for other layouts.
+            image set), a YOLO export or an export zip (the split folder), or of Kaggle's ImageNet zip
+            (``"train"``, ``"val"``); of a folder whose folders are all splits (``train``, ``val``,
+            ``valid``, ``test``: PyTorch's tutorial ``hymenoptera/{train,val}/<class>``, an unzipped
+            Roboflow export) that no layout reads whole, the split folder opened as a folder of its own
+            (its mirror kept in the tree's mirrors folder); None for other layouts.
         transform, target_transform, output: the drop-in dataset's (``output``: ``"pil"``,
             ``"tensor"`` uint8 [3, H, W], or ``"bytes"``; see :class:`colabfast.H5ImageFolder`).
         image_size: resize when packing, as :func:`colabfast.pack` (an int short side, or ``(H, W)``).
@@ -368,7 +395,10 @@ def open_dataset(
         MirrorError: (a ``ValueError``) a file that is not a mirror or archive (a CSV table, a JSON or
             YAML file, an image: what to pass instead).
         PackRefused: (a ``ValueError``) a split the layout lacks, pack options given with a mirror, or
-            an argument :func:`colabfast.pack` refuses.
+            an argument :func:`colabfast.pack` refuses. SplitRefused (a ``PackRefused``): a folder of split
+            folders, or an export zip of several splits (checked against its listing: nothing is
+            extracted), opened without ``split`` or with one it lacks; the message lists its splits and
+            the call to make.
         StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
         TypeError: an option that is not pack's.
         OSError: the mirrors folder cannot be written (read-only or full Drive; the message says to
@@ -404,13 +434,22 @@ def open_dataset(
     early = None
     if kind != "mirror":
         folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
-        early = _Early.start(src, folder, to, progress)
+        given = pack_options.get("layout", "auto")  # a folder's layout is the one its mirror records
+        early = _Early.start(src, folder, to, progress, split, None if given == "auto" or kind != "folder" else given)
         if early is not None:  # what follows imports the readers (h5py, the layouts: 0.3 s holding the GIL)
             early.copying.wait(timeout=1.0)
-        if kind == "folder":  # detected once (a listing of the folder on Drive), then given to pack
-            pack_options = {**pack_options, "layout": _folder_layout(src, pack_options)}
         try:
-            wanted = _listed(src, kind, split, image_size, mirrors, pack_options, steps)
+            if kind == "folder":  # detected once (a listing of the folder on Drive), then given to pack
+                layout = _folder_layout(src, pack_options)
+                inner = _split_folder(src, split, layout, pack_options, steps)
+                if inner is not None:  # opened as that folder, its mirror kept in the tree's mirrors folder
+                    if early is not None:
+                        early.stop()
+                    src, split = inner, None
+                    early = _Early.start(src, folder, to, progress)
+                    layout = _folder_layout(src, pack_options)
+                pack_options = {**pack_options, "layout": layout}
+            wanted = _listed(src, kind, split, image_size, folder, pack_options, steps)
             mirror, check = _found_or_packed(src, wanted, kind, split, image_size, progress, pack_options, steps,
                                              early)
         finally:
@@ -490,10 +529,11 @@ def _checked(mirror: Path, local: Path, src: Path, wanted: Optional[_Wanted]) ->
     return f"found a mirror of it made {_created(m.header)} ({human_bytes(m.size)}): {mirror}"
 
 
-def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, mirrors: Optional[PathLike],
+def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, folder: Path,
             options: dict, steps: list[str]) -> _Wanted:
-    """List ``src`` (no image read): the mirror of it with these options that open_dataset wants."""
-    from colabfast.packing import source_listing
+    """List ``src`` (no image read): the mirror of it with these options, in the mirrors ``folder``,
+    that open_dataset wants."""
+    from colabfast.packing import SplitRefused, source_listing
 
     packs_split = _packs_split(kind, options)
     if kind == "folder" and not packs_split:  # a wrong split is named now, not after packing
@@ -508,12 +548,13 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, mirrors
     try:
         fingerprint, described, contents = source_listing(src, split=split if packs_split else None,
                                                           image_size=image_size, **fingerprint_options)
+    except SplitRefused as exc:
+        raise exc.to("open_dataset") from None
     except FileNotFoundError as exc:
         if isinstance(exc, Error):  # a layout's missing file (a COCO JSON), named with its fix already
             raise
         raise FileNotFoundError(f"{exc}. {src} holds {_contents(src)}. {ACCEPTS}.") from exc
     steps.append(f"listed {src} in {_seconds(time.perf_counter() - start)}: {described}")
-    folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
     return _Wanted(folder, fingerprint, contents)
 
 
@@ -573,13 +614,8 @@ def _found_or_packed(src: Path, wanted: _Wanted, kind: str, split: Optional[str]
     steps.append(f"{where} packed {dst} in {_seconds(time.perf_counter() - start)} ({human_bytes(made.size)}), "
                  f"reading the source straight from {'Drive' if env.drive_kind(src) is not None else 'where it is'}")
     for old in _older_mirrors(folder, src, dst):
-        assert old.header is not None
-        if old.path in passed:
-            continue
-        why = "an earlier version of the source" if _options_of(old.header) == _options_of(made.header) else \
-            f"other options (store={old.header.store}, image_size={old.header.image_size})"
-        steps.append(f"kept {old.path.name}, made {_created(old.header)} from {why} ({human_bytes(old.size)}): "
-                     "delete it when you no longer need it")
+        if old.path not in passed:
+            steps.append(_beside(old, made.header))
     if env.drive_kind(folder) is not None:
         steps.append(_flushed(folder))
     return dst, None
@@ -592,6 +628,38 @@ def _folder_layout(src: Path, options: dict) -> str:
 
     layout = options.get("layout", "auto")
     return column_layout(src, layout, options.get("labels")) or (detect_layout(src) if layout == "auto" else layout)
+
+
+SPLIT_FOLDERS = ("train", "val", "valid", "test")  # a folder holding only these holds splits, not classes
+
+
+def _split_folder(src: Path, split: Optional[str], layout: str, options: dict, steps: list[str]) -> Optional[Path]:
+    """The folder of ``src`` to open where ``src`` is a tree of splits (its folders all of
+    ``SPLIT_FOLDERS``, e.g. PyTorch's tutorial ``hymenoptera/train/{ants,bees}`` and ``val/``) that
+    was detected as an ImageFolder (its splits taken for classes) or a folder of images: ``src / split``
+    (said in ``steps``). None for any other folder, or a layout given.
+
+    Raises:
+        SplitRefused: (a ``PackRefused``) a tree of splits and ``split`` None or not one of them: the
+            message lists them and the call to make.
+    """
+    from colabfast.packing import SplitRefused
+
+    if options.get("layout", "auto") != "auto" or options.get("labels") is not None or \
+            layout not in ("imagefolder", "files"):
+        return None
+    try:
+        with os.scandir(src) as entries:
+            folders = sorted(e.name for e in entries if not e.name.startswith(".") and e.name != MIRRORS_FOLDER
+                             and e.is_dir())
+    except OSError:
+        return None
+    if not folders or any(name.lower() not in SPLIT_FOLDERS for name in folders):
+        return None
+    if split not in folders:  # None too: the splits are not classes of one dataset
+        raise SplitRefused(src, {name: f"{name}/" for name in folders}, split, "open_dataset")
+    steps.append(f"{src} holds the splits {', '.join(folders)}: opening {split}/")
+    return src / split
 
 
 def _packs_split(kind: str, options: dict) -> bool:
@@ -636,7 +704,8 @@ class _Early:
     other options), the copy is cancelled before anything is packed.
     """
 
-    def __init__(self, src: Path, folder: Path, to: str, progress: bool):
+    def __init__(self, src: Path, folder: Path, to: str, progress: bool, split: Optional[str] = None,
+                 layout: Optional[str] = None):
         self.candidate: Optional[Path] = None
         self.local: Optional[Path] = None
         self.vetted: Optional[tuple[int, ...]] = None  # the version of the Drive copy that was vetted
@@ -645,25 +714,34 @@ class _Early:
         self.before: Any = None  # _before_staging's, for the account
         self.chosen, self.cancel = threading.Event(), threading.Event()
         self.copying = threading.Event()  # set once the copy is under way (or there is none)
-        self._thread = threading.Thread(target=self._run, args=(src, folder, to, progress), daemon=True,
-                                        name="colabfast-open-stage")
+        self._thread = threading.Thread(target=self._run, args=(src, folder, to, progress, split, layout),
+                                        daemon=True, name="colabfast-open-stage")
         self._thread.start()
 
     @classmethod
-    def start(cls, src: Path, folder: Path, to: str, progress: bool) -> Optional[_Early]:
-        """Start staging the newest mirror of ``src`` in ``folder``, where that is a slow mount
-        (a mirror on local disk is opened where it is); None where there is nothing to start."""
+    def start(cls, src: Path, folder: Path, to: str, progress: bool, split: Optional[str] = None,
+              layout: Optional[str] = None) -> Optional[_Early]:
+        """Start staging the newest mirror of ``src`` in ``folder`` (of ``split`` and ``layout``, where
+        given: see :meth:`_fits`), where that is a slow mount (a mirror on local disk is opened where
+        it is); None where there is nothing to start."""
         if env.drive_kind(folder) is None and not env.is_fuse(folder):
             return None
-        return cls(src, folder, to, progress)
+        return cls(src, folder, to, progress, split, layout)
 
-    def _run(self, src: Path, folder: Path, to: str, progress: bool) -> None:
+    MAX_LOOKED_AT = 4  # headers read (a round trip or more each on Drive) to find the mirror of a split
+
+    def _run(self, src: Path, folder: Path, to: str, progress: bool, split: Optional[str],
+             layout: Optional[str]) -> None:
         from colabfast.staging import stage
 
         try:
             stem = glob.escape(strip_archive_suffix(src.name))
-            found = [(p.stat().st_mtime_ns, p) for p in folder.glob(f"{stem}-*.h5")]  # one listing
-            self.candidate = max(found)[1] if found else None
+            found = sorted(((p.stat().st_mtime_ns, p) for p in folder.glob(f"{stem}-*.h5")), reverse=True)
+            if split is None and layout is None:  # the newest, as its name says nothing more (one listing)
+                self.candidate = found[0][1] if found else None
+            else:  # the source's other splits and layouts are siblings in this folder: not staged
+                self.candidate = next((p for _, p in found[: self.MAX_LOOKED_AT]
+                                       if not self.cancel.is_set() and self._fits(p, split, layout)), None)
             self.chosen.set()
             if self.candidate is None or self.cancel.is_set():
                 return
@@ -685,6 +763,15 @@ class _Early:
         finally:
             self.chosen.set()
             self.copying.set()
+
+    @staticmethod
+    def _fits(path: Path, split: Optional[str], layout: Optional[str]) -> bool:
+        """Whether the mirror at ``path`` may be the one asked for: of ``layout`` (None: any), and of
+        ``split`` or of no recorded split (KITTI's, whose mirror holds both, or one made before
+        colabfast recorded splits)."""
+        m = _look_at(path)
+        return (m is not None and m.header is not None and m.header.split in (None, split)
+                and layout in (None, m.header.layout))
 
     def _vet(self, candidate: Path, before: tuple[int, ...]) -> None:
         self.copying.wait()  # importing the vetting (h5py) holds the GIL: the copy starts first

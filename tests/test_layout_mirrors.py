@@ -665,7 +665,10 @@ def test_an_export_zip_packs_as_its_layout_and_is_found_without_extracting(tmp_p
     make_coco(export / "valid", 3, size=(64, 48), seed=2)
     (export / "README.roboflow.txt").write_text("exported\n")
     archive = _zip_tree(export, tmp_path / "export.zip")
-    with pytest.raises(FileNotFoundError, match="train, valid.*split="):
+    # the splits listed from the zip's listing (it said "holds the COCO exports train, valid_annotations.coco.json"
+    # after extracting the whole export, a FileNotFoundError)
+    with pytest.raises(cf.PackRefused, match=r"several splits: 'train' \(train/\), 'valid' \(valid/\)\. Pass "
+                                            r"split= one of them: pack\(.*split='train'\)"):
         cf.pack(archive, tmp_path / "m.h5", progress=False)
     cf.pack(archive, tmp_path / "train.h5", split="train", progress=False)
     ds = cf.H5CocoDetection(tmp_path / "train.h5")

@@ -95,6 +95,33 @@ def test_detection_missing_annotations_is_an_error(monkeypatch, tmp_path):
                               "my-dataset/train/_annotations.coco.json"]
 
 
+def test_detection_takes_an_export_zip_as_it_is(monkeypatch, tmp_path):
+    """Roboflow's export zip on Drive is DATA (the notebook said to unzip it onto Drive): the data cell
+    extracts nothing, and step 3 opens the zip's SPLIT with open_dataset."""
+    import zipfile
+
+    from colabfast.testing.layouts import make_coco
+
+    export = tmp_path / "export"
+    make_coco(export / "train", 2, size=(32, 24))
+    make_coco(export / "valid", 1, size=(32, 24))
+    archive = tmp_path / "my-dataset.coco.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in sorted(export.rglob("*")):
+            z.write(path, path.relative_to(export).as_posix())
+    before = tree(tmp_path)
+    ns = run_cells("detection.ipynb", monkeypatch, COLABFAST_DATA=str(archive), COLABFAST_SPLIT="valid")
+    assert ns["ZIP"] is True and ns["DATA"] == archive and ns["SPLIT"] == "valid" and ns["ANNOTATIONS"] is None
+    assert tree(tmp_path) == before
+
+
+def test_detection_missing_export_zip_is_an_error(monkeypatch, tmp_path):
+    (tmp_path / "mine.zip").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"typo.zip is not there \(.* holds: mine.zip\)"):
+        run_cells("detection.ipynb", monkeypatch, COLABFAST_DATA=str(tmp_path / "typo.zip"))
+    assert tree(tmp_path) == ["mine.zip"]
+
+
 def test_detection_takes_labels_elsewhere(monkeypatch, tmp_path):
     """COCO's own layout: images in one folder, the JSON elsewhere (CocoDetection's root and annFile)."""
     (tmp_path / "train2017").mkdir()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -437,3 +438,194 @@ def test_detection_layouts_open_as_their_drop_ins(local):
     assert image.shape[0] == 3 and set(target) == {"boxes", "labels"} and target["boxes"].dtype == torch.float32
     with pytest.raises(ValueError, match="split="):
         open_dataset(root, "val", progress=False)  # a COCO folder has one set of samples
+
+
+# --- splits, label tables and export zips: no silently wrong labels (issue 39, items 3 to 5) ----------
+
+
+def tree_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+def test_a_tree_of_split_folders_is_refused_without_split_and_opens_one_split(local):
+    """PyTorch's transfer-learning tutorial tree: hymenoptera/{train,val}/{ants,bees}. Its splits were
+    taken for two classes, 'train' and 'val'; split='val' was refused."""
+    from colabfast.packing import PackRefused, SplitRefused
+
+    root = local / "data" / "hymenoptera"
+    make_imagefolder(root / "train", classes=["ants", "bees"], per_class=3, size=(40, 30), seed=1)
+    make_imagefolder(root / "val", classes=["ants", "bees"], per_class=2, size=(40, 30), seed=2)
+    before = tree_files(local / "data")
+    with pytest.raises(SplitRefused) as caught:
+        open_dataset(root, progress=False)
+    assert isinstance(caught.value, PackRefused) and isinstance(caught.value, cf.Error)
+    assert str(caught.value) == (f"{root}: several splits: 'train' (train/), 'val' (val/). Pass split= one of "
+                                 f"them: open_dataset({str(root)!r}, split='train')")
+    with pytest.raises(SplitRefused, match=r"no split 'vall': there are 'train' \(train/\), 'val' \(val/\)"):
+        open_dataset(root, "vall", progress=False)
+    assert tree_files(local / "data") == before  # nothing written
+
+    ds = open_dataset(root, "val", progress=False)
+    same_as_imagefolder(ds, root / "val")
+    assert ds.classes == ["ants", "bees"] and len(ds) == 4
+    assert f"{root} holds the splits train, val: opening val/" in ds.account
+    assert ds.path.parent == local / "data" / MIRRORS_FOLDER  # beside the tree, not inside it
+    train = open_dataset(root, "train", progress=False)
+    same_as_imagefolder(train, root / "train")
+    assert "found a mirror" in open_dataset(root, "val", progress=False).account
+    assert "earlier version" not in train.account  # val's mirror is another source's
+    # a layout given is read as given: the caller says the folders are classes
+    forced = open_dataset(root, layout="imagefolder", progress=False)
+    assert forced.classes == ["train", "val"]
+
+
+def make_kaggle(root: Path) -> list[tuple[str, str]]:
+    """A Kaggle competition folder (as dog-breed-identification's): train/<id>.jpg, test/<id>.jpg,
+    train.csv (id,breed) and sample_submission.csv (id, one column per class). Returns train.csv's rows."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for split, n in (("train", 6), ("test", 3)):
+        (root / split).mkdir(parents=True)
+        for k in range(n):
+            image_id = f"{split[:2]}{k:03d}ab{int(rng.integers(1000))}"
+            Image.fromarray(rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)).save(root / split / f"{image_id}.jpg")
+            if split == "train":
+                rows.append((image_id, ["whippet", "basenji", "akita"][k % 3]))
+    (root / "train.csv").write_text("id,breed\n" + "".join(f"{i},{b}\n" for i, b in rows))
+    tests = sorted(p.stem for p in (root / "test").iterdir())
+    (root / "sample_submission.csv").write_text("id,akita,basenji,whippet\n"
+                                                + "".join(f"{i},0.33,0.33,0.33\n" for i in tests))
+    return rows
+
+
+def test_a_kaggle_folder_opens_as_its_label_table_with_imagefolders_classes(local):
+    """It opened as an ImageFolder of classes ['test', 'train'], test images counted as training data
+    and train.csv ignored; with layout='csv' the labels were right but classes was empty."""
+    root = local / "dog-breed"
+    rows = make_kaggle(root)
+    ds = open_dataset(root, progress=False)
+    assert type(ds).__name__ == "H5Dataset" and ds.header.layout == "csv" and len(ds) == len(rows)
+    classes = sorted({breed for _, breed in rows})  # as torchvision's find_classes sorts class folders
+    assert ds.classes == classes == ["akita", "basenji", "whippet"]
+    assert ds.class_to_idx == {c: i for i, c in enumerate(classes)}
+    assert ds.targets == [classes.index(breed) for _, breed in rows]
+    for i, (image_id, breed) in enumerate(rows):
+        image, target = ds[i]
+        assert target == classes.index(breed)
+        with Image.open(root / "train" / f"{image_id}.jpg") as ref:
+            assert np.array_equal(np.asarray(ref.convert("RGB")), np.asarray(image))
+    # the table was chosen by a rule of thumb: the account says which, and how to choose another
+    assert ("csv layout, 6 images, labels from train.csv, column 'breed' (3 classes) (guessed: the table "
+            "train.csv, named after the folder train/, not sample_submission.csv: pass labels= to use another)"
+            in ds.account)
+    assert "opened as H5Dataset: 6 images in 3 classes" in ds.account
+
+    given = open_dataset(root, layout="csv", labels=root / "train.csv", progress=False)
+    assert given.classes == classes and given.targets == ds.targets and "guessed" not in given.account
+
+
+def make_yolo_splits(root: Path) -> Path:
+    from colabfast.testing.layouts import make_yolo
+
+    make_yolo(root, 4, size=(48, 32), split="train", seed=1)
+    make_yolo(root, 3, size=(48, 32), split="valid", seed=2)
+    return root
+
+
+def test_mirrors_of_other_splits_and_layouts_are_siblings_not_earlier_versions(local):
+    """Opening YOLO's valid after train called train's mirror 'an earlier version of the source:
+    delete it'; only a mirror of the same split and layout of a source that changed is that."""
+    from tests.test_layouts_coco_voc import make_voc
+
+    yolo = make_yolo_splits(local / "yolo")
+    train = open_dataset(yolo, "train", progress=False)
+    valid = open_dataset(yolo, "valid", progress=False)
+    assert cf.info(train.path).split == "train" and cf.info(valid.path).split == "valid"
+    assert f"kept {train.path.name}, made " in valid.account
+    assert "a sibling, the source's split 'train'" in valid.account and "delete it" not in valid.account
+    (yolo / "images" / "train" / "000000.jpg").write_bytes((yolo / "images" / "train" / "000001.jpg").read_bytes())
+    changed = open_dataset(yolo, "train", progress=False)
+    assert changed.path != train.path
+    assert (f"kept {train.path.name}, made " in changed.account and "from an earlier version of the source"
+            in changed.account and "delete it when you no longer need it" in changed.account)
+    assert f"kept {valid.path.name}" in changed.account and "a sibling, the source's split 'valid'" in changed.account
+    assert changed.account.count("delete it") == 1
+
+    make_voc(local / "voc")
+    detection = open_dataset(local / "voc", "train", layout="voc-detection", progress=False)
+    segmentation = open_dataset(local / "voc", "train", layout="voc-segmentation", progress=False)
+    assert f"kept {detection.path.name}" in segmentation.account
+    assert "a sibling, the source's voc-detection layout" in segmentation.account
+    assert "delete it" not in segmentation.account
+
+
+@pytest.mark.fuse
+def test_a_new_runtime_stages_only_the_split_asked_for(my_drive, local):
+    """A new runtime opening train staged the newest mirror of the source while it was listed, valid's."""
+    make_yolo_splits(my_drive.parent.parent / "standin" / "MyDrive" / "yolo")  # behind the simulated Drive
+    src = my_drive / "yolo"
+    train = open_dataset(src, "train", progress=False)
+    valid = open_dataset(src, "valid", progress=False)  # the newest mirror of the source
+    (local / "fresh" / "tmp").mkdir(parents=True)
+    environ = dict(os.environ, COLABFAST_CACHE=str(local / "fresh" / "cache"), TMPDIR=str(local / "fresh" / "tmp"))
+    code = ("import json, sys, colabfast as cf; ds = cf.open_dataset(sys.argv[1], 'train', progress=False); "
+            "print(json.dumps([ds.account, str(ds.path)]))")
+    done = subprocess.run([sys.executable, "-c", code, str(src)], env=environ, capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    account, staged = json.loads(done.stdout.splitlines()[-1])
+    assert Path(staged).name == train.path.name and "begun while the source was listed" in account
+    assert not list((local / "fresh" / "tmp").rglob(f"{valid.path.name}*"))  # valid's mirror was not copied
+
+
+def zip_tree(folder: Path, archive: Path) -> Path:
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                z.write(path, path.relative_to(folder).as_posix())
+    return archive
+
+
+def test_an_export_zip_without_its_split_is_refused_before_anything_is_extracted(local, monkeypatch):
+    """It extracted the whole export, then failed with 'holds the COCO exports test, train,
+    valid_annotations.coco.json', leaving the extraction behind."""
+    from colabfast.packing import SplitRefused, unpacked
+    from colabfast.testing.layouts import make_coco
+
+    export = local / "src" / "export"
+    for seed, split in enumerate(("train", "valid", "test")):
+        make_coco(export / split, 3, size=(48, 32), seed=seed)
+    (export / "README.roboflow.txt").write_text("exported\n")
+    (local / "drive").mkdir()
+    archive = zip_tree(export, local / "drive" / "export.zip")
+    before = tree_files(local)
+    extracted = []
+    real_extract = unpacked.extract
+    monkeypatch.setattr(unpacked, "extract", lambda *a, **k: (extracted.append(a), real_extract(*a, **k))[1])
+    listed = "'test' (test/), 'train' (train/), 'valid' (valid/)"
+    with pytest.raises(SplitRefused) as caught:
+        open_dataset(archive, progress=False)
+    assert str(caught.value) == (f"{archive}: several splits: {listed}. Pass split= one of them: "
+                                 f"open_dataset({str(archive)!r}, split='train')")
+    with pytest.raises(SplitRefused, match=rf"no split 'val': there are {re.escape(listed)}\. .*split='train'\)"):
+        open_dataset(archive, "val", progress=False)
+    with pytest.raises(SplitRefused, match=r"several splits: .*: pack\("):
+        cf.pack(archive, local / "m.h5", progress=False)
+    assert extracted == [] and tree_files(local) == before  # nothing extracted, no mirrors folder
+    ds = open_dataset(archive, "valid", progress=False)
+    assert len(extracted) == 1 and not any((env.work_dir() / "unpacked").iterdir())  # extracted, packed, removed
+    assert type(ds).__name__ == "H5CocoDetection" and len(ds) == 3 and cf.info(ds.path).split == "valid"
+
+
+def test_a_failed_pack_of_an_export_zip_leaves_no_extraction(local):
+    from colabfast.layouts import LayoutError
+    from colabfast.testing.layouts import make_coco
+
+    export = local / "src"
+    make_coco(export / "train", 3, size=(48, 32))
+    (export / "train" / "_annotations.coco.json").write_text('{"images": [{"id": 1}]}')  # no file_name
+    archive = zip_tree(export, local / "export.zip")
+    with pytest.raises(LayoutError):
+        cf.pack(archive, local / "m.h5", split="train", progress=False)
+    assert not (env.work_dir() / "unpacked").exists() or not any((env.work_dir() / "unpacked").iterdir())
+    assert not (local / "m.h5").exists()

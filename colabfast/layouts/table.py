@@ -5,8 +5,11 @@ that put its folder on ``sys.path``.
 
 The table's rules:
 
+- the table is ``labels=``, else the one ``.csv`` file at the folder's top, else, where there are
+  several (Kaggle's ``train.csv`` beside ``sample_submission.csv``), the one named after a folder of
+  images beside it (``train.csv`` for ``train/``): a guess, which :meth:`Csv.describe` says;
 - the first row names the columns; the path column is the first named one of ``PATH_COLUMNS``
-  (any case), else the first column; every other column is a label column;
+  (any case), else the first column (a guess, also said); every other column is a label column;
 - a path is a file under ``root`` (``train/a.jpg``), or the end of exactly one image's path under
   ``root``, with or without its extension (``a.jpg``, ``a``, ``x/a`` for ``train/x/a.jpg``: Kaggle's
   ids name ``<id>.<ext>`` in a sub-folder); paths that are absolute or have a ``..`` part are refused,
@@ -52,7 +55,7 @@ class Csv(Layout):
     Args:
         root: the folder the table's paths are relative to.
         labels: the CSV file (comma, semicolon, tab or ``|`` separated, UTF-8); None: the one ``.csv``
-            file at ``root``'s top.
+            file at ``root``'s top, or of several the one named after a folder of images there.
         on_error: ``"raise"``: a bad row raises :class:`LayoutError`; ``"skip"``: the row is left out
             and listed in ``skipped`` (as ``(table, "line N: why")``).
         retries: retries of each file read on Drive's transient errors.
@@ -76,9 +79,17 @@ class Csv(Layout):
         self.root, self.on_error, self.retries = Path(root), on_error, retries
         self.skipped: Skipped = Skipped()
         files, refused = list_files(self.root, retries)
-        self.table = Path(labels) if labels is not None else _only_table(self.root, [*files, *map(_unlisted, refused)])
+        self.guesses: list[str] = []  # what was chosen by a rule of thumb, for describe()
+        if labels is not None:
+            self.table = Path(labels)
+        else:
+            self.table, guess = _find_table(self.root, [*files, *map(_unlisted, refused)])
+            self.guesses += [guess] if guess else []
         header, rows = self._read_table()
         self.path_column = _path_column(header)
+        if header[self.path_column].lower() not in PATH_COLUMNS:
+            self.guesses.append(f"paths taken from the first column, {header[0]!r} (no column is named "
+                                f"{', '.join(PATH_COLUMNS)})")
         columns = [c for k, c in enumerate(header) if k != self.path_column]
         if not columns:
             raise LayoutError(self.table, f"one column ({header[0]!r}), no label column",
@@ -196,14 +207,35 @@ class Csv(Layout):
         target = self.targets[index]
         return ImageFile(read_file(self.root, rel, self.retries), rel), target[0] if len(target) == 1 else target
 
+    def describe(self) -> str:
+        """E.g. ``"csv layout, 4 images, labels from train.csv, column 'breed' (2 classes)"``, and the
+        guesses made (which table, which path column)."""
+        classes = self.info["classes"]
+        columns = ", ".join(repr(c) + (f" ({len(classes[c])} classes)" if c in classes else "")
+                            for c in self.info["columns"])
+        guessed = f" (guessed: {'; '.join(self.guesses)})" if self.guesses else ""
+        column = "column" if len(self.info["columns"]) == 1 else "columns"
+        return f"{super().describe()}, labels from {self.table.name}, {column} {columns}{guessed}"
+
     @staticmethod
     def detect(root: Path) -> bool:
-        """True if ``root`` holds one ``.csv`` file at its top and images under it."""
+        """True if ``root`` holds images and one ``.csv`` file at its top, or several, one of which is
+        named after a folder of images beside it (Kaggle's ``train.csv`` for ``train/``)."""
         try:
-            tables = [p for p in root.iterdir() if p.name.lower().endswith(".csv") and not p.name.startswith(".")]
+            with os.scandir(root) as it:
+                top = [e for e in it if not e.name.startswith(".")]
+                tables = [e.name for e in top if e.name.lower().endswith(".csv") and e.is_file()]
+                folders = [e.name for e in top if e.is_dir()]
         except OSError:
             return False
-        return len(tables) == 1 and first_file(root, lambda name: name.lower().endswith(IMG_EXTENSIONS)) is not None
+        if len(tables) > 1:
+            named = [name for name in folders if f"{name.lower()}.csv" in map(str.lower, tables)]
+            return len(named) == 1 and first_file(root / named[0], _is_image_name) is not None
+        return len(tables) == 1 and first_file(root, _is_image_name) is not None
+
+
+def _is_image_name(name: str) -> bool:
+    return name.lower().endswith(IMG_EXTENSIONS)
 
 
 def _delimiter(lines: list[str]) -> str:
@@ -242,12 +274,25 @@ def _is_int(text: str) -> bool:
     return True
 
 
-def _only_table(root: Path, files: list[FileEntry]) -> Path:
+def _find_table(root: Path, files: list[FileEntry]) -> tuple[Path, str]:
+    """The label table at ``root``'s top (the module's rules), and the guess made, in words ("" where
+    there was one table).
+
+    Raises:
+        LayoutError: no table, or several and not exactly one named after a folder of images.
+    """
     tables = [f.rel for f in files if "/" not in f.rel and f.rel.lower().endswith(".csv")]
-    if len(tables) != 1:
+    if len(tables) == 1:
+        return root / tables[0], ""
+    # Kaggle's train.csv beside train/ (and sample_submission.csv beside test/, which has no labels to give)
+    imaged = {f.rel.split("/", 1)[0].lower(): f.rel.split("/", 1)[0] for f in files if "/" in f.rel and is_image(f.rel)}
+    named = [t for t in tables if t[: -len(".csv")].lower() in imaged]
+    if len(named) != 1:
         found = f"found {', '.join(tables)}" if tables else "found none"
         raise LayoutError(root, f"expected one .csv table at the top ({found})", fix="pass labels= the table")
-    return root / tables[0]
+    others = ", ".join(t for t in tables if t != named[0])
+    return root / named[0], (f"the table {named[0]}, named after the folder {imaged[named[0][:-4].lower()]}/, not "
+                             f"{others}: pass labels= to use another")
 
 
 def _path_column(header: list[str]) -> int:

@@ -49,7 +49,7 @@ from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import is_image
 
-__all__ = ["Yolo", "label_path", "polygon_masks"]
+__all__ = ["Yolo", "label_path", "polygon_masks", "yolo_splits"]
 
 MAX_LABEL_BYTES = 16_000_000  # one image's label file; a real one is a few kB
 MAX_YAML_BYTES = 1_000_000
@@ -257,10 +257,12 @@ def _is_txt(name: str) -> bool:
     return name.lower().endswith(".txt")
 
 
-def _pick_split(root: Path, files: list[FileEntry], split: Optional[str]) -> tuple[str, str]:
-    """(split name, the images' path prefix): ``images/`` alone, ``images/<split>/``, ``<split>/images/``."""
+def yolo_splits(paths: list[str]) -> dict[str, str]:
+    """The splits of a YOLO folder holding the files at ``paths`` (POSIX, relative to it): split name ->
+    its images' path prefix: ``""`` -> ``images/`` (no split), ``images/<split>/`` (Ultralytics),
+    ``<split>/images/`` (Roboflow)."""
     found: dict[str, str] = {}
-    images = [f.rel.split("/") for f in files if is_image(f.rel)]
+    images = [rel.split("/") for rel in paths if is_image(rel)]
     if any(parts[0] == "images" and len(parts) == 2 for parts in images):
         found[""] = "images/"  # no split: all of images/
     else:
@@ -270,6 +272,12 @@ def _pick_split(root: Path, files: list[FileEntry], split: Optional[str]) -> tup
     for parts in images:
         if len(parts) >= 3 and parts[1] == "images" and parts[0] != "images":
             found.setdefault(parts[0], f"{parts[0]}/images/")
+    return found
+
+
+def _pick_split(root: Path, files: list[FileEntry], split: Optional[str]) -> tuple[str, str]:
+    """(split name, the images' path prefix): ``images/`` alone, ``images/<split>/``, ``<split>/images/``."""
+    found = yolo_splits([f.rel for f in files])
     if not found:
         raise LayoutError(root, "no images in images/<split>/ (Ultralytics) nor <split>/images/ (Roboflow)",
                           fix="point to the dataset folder that holds them")

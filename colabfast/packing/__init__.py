@@ -36,6 +36,7 @@ from colabfast.packing.common import (
     Contents,
     PackError,
     PackRefused,
+    SplitRefused,
     _check_size,
     _options,
     _printable,
@@ -45,8 +46,8 @@ from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
 
-__all__ = ["pack", "PackError", "PackRefused", "resized_size", "encode_image", "lock_path", "source_fingerprint",
-           "source_listing", "CHUNK"]
+__all__ = ["pack", "PackError", "PackRefused", "SplitRefused", "resized_size", "encode_image", "lock_path",
+           "source_fingerprint", "source_listing", "CHUNK"]
 
 
 def pack(
@@ -97,7 +98,8 @@ def pack(
     ``year=`` the year where it holds several), ``"yolo"`` (Ultralytics
     and Roboflow exports; ``split=``), ``"segmentation"`` (``images/`` and ``masks/`` paired by
     name) and ``"csv"`` (``labels=`` the table). ``"auto"`` detects them (a VOC tree with both image
-    sets as detection; csv where one table lies at the top of a folder of images), or ``labels=``
+    sets as detection; csv where one table lies at the top of a folder of images, or where one of
+    several is named after a folder of images beside it, as Kaggle's ``train.csv`` for ``train/``), or ``labels=``
     a ``.json`` (coco) or ``.csv``.
 
     ``dst`` is written over only when it is a mirror of the same source: re-running with the same
@@ -141,7 +143,9 @@ def pack(
         labels: ImageNet's devkit ``ILSVRC2012_devkit_t12.tar.gz`` for ``ILSVRC2012_img_val.tar``
             (validation labels; for the training archive, class names only).
         split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train);
-            for a folder layout, its split (VOC's image set, a YOLO export's split).
+            for a folder layout, its split (VOC's image set, a YOLO export's split, an export zip's split
+            folder, checked against a zip's listing before anything is extracted). The mirror records it
+            (``colabfast info``).
         year: for the VOC layouts, torchvision's ``year`` (``"2007"`` to ``"2012"``): which
             ``VOC<year>`` folder to pack where the tree holds several (found where torchvision finds
             it: ``VOCdevkit/VOC<year>``, for 2011 ``TrainVal/VOCdevkit/VOC2011``).
@@ -180,6 +184,8 @@ def pack(
         FileNotFoundError: ``src`` is missing or holds no images.
         LayoutError: a folder layout's annotations are malformed or unsafe (see its class), or it has no
             sample to pack (with ``on_error="skip"``: it says what was left out).
+        SplitRefused: (a ``PackRefused``) an export zip of several splits and no ``split``, or one it
+            lacks: the message lists its splits and the call to make. Nothing is extracted.
         PackRefused: (a ``ValueError``, and a :class:`PackError` with no ``failures``) bad arguments
             (``year=`` for a layout other than VOC's); ``dst`` is a folder, or (without ``overwrite``)
             a file that is not a mirror of ``src``; a layout that does not fit the archive. Nothing is
@@ -215,7 +221,8 @@ def pack(
                                                                             on_error, retries, voc_year)
         return pack_columns(dataset, dst, options=_options(store, _check_size(image_size), quality),
                             workers=env.cpu_count() if workers is None else workers, on_error=on_error,
-                            progress=progress, overwrite=overwrite, layout=folder_layout or "dataset", fields=fields)
+                            progress=progress, overwrite=overwrite, layout=folder_layout or "dataset", fields=fields,
+                            split=split if folder_layout is not None else None)
     if fields is not None:
         raise PackRefused("fields= is for packing a dataset or a layout of colabfast.layouts")
     if on_error not in ("raise", "skip"):
@@ -353,8 +360,9 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
     streamed = archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src)
     options = _options(store, _check_size(image_size), quality)
     if (packed_archive := _archive_of_layout(src, layout)) is not None:
-        from colabfast.packing.unpacked import unpacked_fingerprint
+        from colabfast.packing.unpacked import check_split, unpacked_fingerprint
 
+        check_split(src, packed_archive, labels, split)
         return (unpacked_fingerprint(src, packed_archive, labels, split, options, retries,
                                      _voc_year(year, packed_archive)),
                 f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB",

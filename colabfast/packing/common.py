@@ -42,7 +42,7 @@ from colabfast.mirror import (
     trust,
 )
 
-__all__ = ["CHUNK", "PackError", "PackRefused", "Contents", "differs", "lock_path"]
+__all__ = ["CHUNK", "PackError", "PackRefused", "SplitRefused", "Contents", "differs", "lock_path"]
 
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 COPY_CHUNK = 8 << 20  # bytes per write when copying a built mirror onto Drive
@@ -75,6 +75,29 @@ class PackRefused(PackError):
     def __init__(self, message: str):
         self.failures = []
         ValueError.__init__(self, message)
+
+
+class SplitRefused(PackRefused):
+    """A source of several splits (an export's ``train/``, ``valid/``, ``test/``; a tree of split
+    folders) given no ``split=``, or one it lacks: the message lists its splits (``found``: name ->
+    where it is) and the call to make (``call``: ``"pack"`` or ``"open_dataset"``), in the words a
+    YOLO export's splits are refused with (:mod:`colabfast.layouts.yolo`)."""
+
+    def __init__(self, source: Any, found: dict[str, str], split: Optional[str], call: str = "pack"):
+        self.source, self.found, self.split = os.fspath(source), found, split
+        listed = ", ".join(f"{name!r} ({where})" for name, where in sorted(found.items()))
+        if split is not None:
+            why = f"no split {split!r}: there are {listed}"
+        else:
+            why = f"{'several splits' if len(found) > 1 else 'one split'}: {listed}"
+        first = "train" if "train" in found else sorted(found)[0]
+        make = (f"open_dataset({self.source!r}, split={first!r})" if call == "open_dataset" else
+                f"pack({self.source!r}, dst, split={first!r})")
+        super().__init__(f"{self.source}: {why}. Pass split= one of them: {make}")
+
+    def to(self, call: str) -> SplitRefused:
+        """The same refusal, naming the call ``call`` (``"open_dataset"``) to make."""
+        return SplitRefused(self.source, self.found, self.split, call)
 
 
 def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:

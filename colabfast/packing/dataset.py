@@ -86,10 +86,11 @@ _dataset: Any = None  # the dataset, in each worker process (inherited through f
 
 def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_error: str, progress: bool,
                  overwrite: bool, layout: str, fields: Optional[dict], source: Optional[str] = None,
-                 fingerprint: Optional[str] = None) -> Path:
+                 fingerprint: Optional[str] = None, split: Optional[str] = None) -> Path:
     """:func:`colabfast.pack` for the map-style dataset ``src`` (a layout of :mod:`colabfast.layouts`
     is one): a mirror of columns, ``layout`` its name or ``"dataset"``; ``source`` and ``fingerprint``
-    what the mirror records, where the caller knows better (an archive extracted to be packed).
+    what the mirror records, where the caller knows better (an archive extracted to be packed);
+    ``split`` the source's split it holds (pack's ``split=``), recorded in its header.
     Returns ``dst`` as given. Raises what :func:`colabfast.pack` raises."""
     from colabfast.layouts.base import Layout
 
@@ -137,7 +138,7 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
         bad = {i for i, _ in errors}
         kept = np.array([i for i in range(n) if i not in bad], dtype=np.int64)
         head = header(layout, source, options, fingerprint, sorted(failures + skipped),
-                         dataset.info if is_layout else None)
+                      dataset.info if is_layout else None, split)
         build.parent.mkdir(parents=True, exist_ok=True)
         assemble(build, part_paths, flds, template, head, kept, [paths[i] for i in kept], direct)
         _seal(build)
@@ -904,10 +905,10 @@ def check_built(build: Path, fields: list[col.Field], n: int) -> None:
 
 
 def header(layout: str, source: str, options: dict, fingerprint: str, skipped: list[tuple[str, str]],
-           info: Optional[dict]) -> Header:
+           info: Optional[dict], split: Optional[str] = None) -> Header:
     classes = info.get("classes") if info and isinstance(info.get("classes"), list) else None
     return Header(layout=layout, store=options["store"], classes=classes, image_size=options["image_size"],
                   quality=options["quality"], shuffled=False, seed=None, fingerprint=fingerprint,
                   skipped=[{"path": p, "error": e} for p, e in skipped], source=source,
                   created=datetime.now(timezone.utc).isoformat(timespec="seconds"), colabfast_version=_version(),
-                  layout_info=info, version=COLUMNS_VERSION)
+                  layout_info=info, split=split, version=COLUMNS_VERSION)

@@ -179,6 +179,7 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
         skipped=[{"path": p, "error": e} for p, e in sorted(failures + hidden)], source=_printable(str(source.root)),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), colabfast_version=_version(),
         labels=labels, class_names=None if names is None else [list(n) for n in names],
+        split=archive.layout.split("-", 1)[1] if archive is not None and archive.layout.startswith("kaggle-") else None,
     )
     _assemble(build, work, source, orders, parts, head)
     _verify(build, {s.name: int(np.count_nonzero(orders[s.name] >= 0)) - len(parts.errors[s.name])

@@ -22,9 +22,9 @@ from typing import Any, Optional
 from colabfast import env
 from colabfast._fileio import PathLike, retry
 from colabfast.archive import archive_suffix, extract
-from colabfast.packing.common import PackRefused
+from colabfast.packing.common import PackRefused, SplitRefused
 
-__all__ = ["archive_layout", "pack_unpacked", "unpacked_fingerprint"]
+__all__ = ["archive_layout", "check_split", "pack_unpacked", "unpacked_fingerprint"]
 
 
 def archive_layout(path: PathLike, layout: str) -> Optional[str]:
@@ -56,6 +56,53 @@ def archive_layout(path: PathLike, layout: str) -> Optional[str]:
     return None
 
 
+def check_split(path: PathLike, layout: str, labels: Optional[PathLike], split: Optional[str]) -> None:
+    """Refuse, from a zip's listing (its central directory: no member read, nothing extracted), a
+    ``split`` the export does not hold, or ``split=None`` where it holds several: what packing would
+    find only once the archive is extracted. A tar is listed only by reading it whole: it is not checked
+    here, nor is VOC's image set (the layout checks both once extracted).
+
+    Raises:
+        SplitRefused: listing the export's splits and the call to make.
+    """
+    if archive_suffix(path) != ".zip" or labels is not None:
+        return
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if not n.endswith("/")]
+    except (OSError, zipfile.BadZipFile):
+        return  # extracting it says what is wrong
+    found = _listed_splits(names, layout, split)
+    if found and (split is None and len(found) > 1 or split is not None and split not in found):
+        raise SplitRefused(path, found, split)
+
+
+def _listed_splits(names: list[str], layout: str, split: Optional[str]) -> Optional[dict[str, str]]:
+    """The splits an export's member ``names`` show (name -> where, inside the archive), read as
+    :func:`_open` reads the extracted folder; None where there is no split to choose (the layout's
+    files at the top) or the listing does not say."""
+    tops = {n.split("/", 1)[0] for n in names if not n.startswith(".")}
+    prefix = f"{next(iter(tops))}/" if len(tops) == 1 and all("/" in n for n in names if not n.startswith(".")) else ""
+    rels = [n[len(prefix):] for n in names if n.startswith(prefix)]
+    found: dict[str, str] = {}
+    if layout == "yolo":
+        from colabfast.layouts.yolo import yolo_splits
+
+        found = yolo_splits(rels)
+        if "" in found:  # images/ of no split: the layout refuses a split= itself
+            return None
+    elif layout == "coco":
+        from colabfast.layouts.coco import ROBOFLOW_JSON
+
+        if ROBOFLOW_JSON in rels:
+            return None
+        found = {r.split("/")[0]: r.split("/")[0] + "/" for r in rels if r.count("/") == 1
+                 and r.endswith(f"/{ROBOFLOW_JSON}")}
+    elif layout in ("segmentation", "csv") and split is not None:
+        found = {r.split("/")[0]: r.split("/")[0] + "/" for r in rels if "/" in r and not r.startswith(".")}
+    return {name: prefix + where for name, where in found.items()} or None
+
+
 def unpacked_fingerprint(path: PathLike, layout: str, labels: Optional[PathLike], split: Optional[str],
                          options: dict, retries: int = 5, year: Optional[str] = None) -> str:
     """What a mirror of the archive at ``path`` records and is found by: the archive's name, size and
@@ -76,14 +123,18 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
     ``valid/`` and ``test/`` folders, the one to pack (for VOC, the image set); ``year`` VOC's year.
     Returns ``dst`` as given.
 
+    A failure removes the extraction (and a zip's split is checked before anything is extracted).
+
     Raises:
         what :func:`colabfast.pack` and :func:`colabfast.archive.extract` raise; ``FileNotFoundError``
-        when the archive does not hold what the layout reads.
+        when the archive does not hold what the layout reads; :class:`SplitRefused` (a ``PackRefused``)
+        for a ``split`` it lacks, or none where it holds several.
     """
     from colabfast.packing.common import _complete, _printable
     from colabfast.packing.dataset import pack_columns
 
     archive = Path(os.path.abspath(src))
+    check_split(archive, layout, labels, split)  # before anything is written
     fingerprint = unpacked_fingerprint(archive, layout, labels, split, options, retries, year)
     real = Path(os.path.realpath(os.path.abspath(dst)))
     if not overwrite and _complete(real, fingerprint):  # found before extracting anything
@@ -94,11 +145,17 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
     folder = env.work_dir() / "unpacked" / f"{real.stem}-{tag}"
     if progress:
         print(f"pack: extracting {archive} to {folder} (a {layout} layout is packed from its folder)")
-    extract(archive, folder, retries=retries)  # resumes: entries already extracted are skipped
-    dataset = _open(folder, layout, labels, split, on_error, retries, archive, year)
-    done = pack_columns(dataset, dst, options=options, workers=workers, on_error=on_error, progress=progress,
-                        overwrite=overwrite, layout=layout, fields=fields, source=_printable(str(archive)),
-                        fingerprint=fingerprint)
+    try:
+        extract(archive, folder, retries=retries)  # resumes: entries already extracted are skipped
+        dataset = _open(folder, layout, labels, split, on_error, retries, archive, year)
+        done = pack_columns(dataset, dst, options=options, workers=workers, on_error=on_error, progress=progress,
+                            overwrite=overwrite, layout=layout, fields=fields, source=_printable(str(archive)),
+                            fingerprint=fingerprint, split=split)
+    except Exception:
+        # A failure leaves no extraction behind (an export is quick to extract again); an interrupted
+        # run (Ctrl-C, a killed runtime) keeps it, and the next run's extract() resumes it.
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     shutil.rmtree(folder, ignore_errors=True)
     return done
 
@@ -123,15 +180,18 @@ def _open(folder: Path, layout: str, labels: Optional[PathLike], split: Optional
         if (root / split).is_dir():
             root = root / split
         elif root.name != split:
-            held = ", ".join(sorted(p.name for p in root.iterdir())) or "nothing"
-            raise FileNotFoundError(f"{archive} holds no folder {split!r} (split=) at its top: it holds {held}")
+            held = {p.name: f"{p.name}/" for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+            if held:
+                raise SplitRefused(archive, held, split)
+            raise FileNotFoundError(f"{archive} holds no folder {split!r} (split=) at its top, and no folder at all")
     elif layout == "coco" and labels is None and not (root / "_annotations.coco.json").is_file():
-        splits = sorted(p.name for p in root.iterdir() if (p / "_annotations.coco.json").is_file())
-        if len(splits) != 1:
-            raise FileNotFoundError(f"{archive} holds {'the COCO exports ' + ', '.join(splits) if splits else 'no '}"
-                                    "_annotations.coco.json" + (": pass split= one of them" if splits else
-                                                                ": pass labels= the annotation JSON inside it"))
-        root = root / splits[0]
+        splits = {p.name: f"{p.name}/" for p in root.iterdir() if (p / "_annotations.coco.json").is_file()}
+        if len(splits) > 1:
+            raise SplitRefused(archive, splits, split)
+        if not splits:
+            raise FileNotFoundError(f"{archive} holds no _annotations.coco.json: pass labels= the annotation JSON "
+                                    "inside it")
+        root = root / next(iter(splits))
     if labels is not None:
         inside = Path(os.path.normpath(os.fspath(labels)))
         if inside.is_absolute() or inside.parts[:1] == ("..",):
