@@ -303,15 +303,15 @@ def test_open_takes_labels_where_it_takes_layout(tmp_path):
     """Issue 39 B1: `colabfast open --layout csv` asked for labels= and open had no --labels."""
     from PIL import Image
 
-    root = tmp_path / "comp"
-    (root / "train").mkdir(parents=True)
+    root = tmp_path / "comp"  # two tables, neither named after the folder of images: no guess to make
+    (root / "images").mkdir(parents=True)
     for name in ("a1", "a2"):
-        Image.new("RGB", (6, 5), (1, 2, 3)).save(root / "train" / f"{name}.jpg")
-    (root / "train.csv").write_text("id,label\na1,ant\na2,bee\n")
-    (root / "test.csv").write_text("id\na1\n")
+        Image.new("RGB", (6, 5), (1, 2, 3)).save(root / "images" / f"{name}.jpg")
+    (root / "labels.csv").write_text("id,label\na1,ant\na2,bee\n")
+    (root / "other.csv").write_text("id\na1\n")
     out = run("open", str(root), "--layout", "csv", "-q")
     assert out.returncode == 1 and "pass --labels TABLE" in out.stderr and "labels=" not in out.stderr
-    out = run("open", str(root), "--layout", "csv", "--labels", str(root / "train.csv"), "-q")
+    out = run("open", str(root), "--layout", "csv", "--labels", str(root / "labels.csv"), "-q")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith(".h5") and Path(out.stdout.strip()).is_file()
     for command in ("open", "pack"):
