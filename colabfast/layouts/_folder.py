@@ -88,11 +88,14 @@ def read_file(root: Path, rel: str, retries: int) -> bytes:
     return retry(lambda: read_regular(root / rel), retries)
 
 
-def read_text(root: Path, entry: FileEntry, retries: int, limit: int) -> str:
-    """The UTF-8 text of an annotation file (a BOM dropped), refused over ``limit`` bytes before it is read.
+def read_text(root: Path, entry: FileEntry, retries: int, limit: int, *, not_text: type[LayoutError] = LayoutError,
+              fix: Optional[str] = None) -> str:
+    """The UTF-8 text of an annotation file (a BOM dropped, as ``encoding="utf-8-sig"`` reads it),
+    refused over ``limit`` bytes before it is read.
 
     Raises:
-        LayoutError: the file is larger than ``limit`` bytes, or not UTF-8 text.
+        LayoutError: the file is larger than ``limit`` bytes; ``not_text`` (with ``fix``): it is not
+            UTF-8 text.
     """
     path = root / entry.rel
     if entry.size > limit:
@@ -102,7 +105,8 @@ def read_text(root: Path, entry: FileEntry, retries: int, limit: int) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise LayoutError(path, f"not UTF-8 text (byte {exc.start})", data[: exc.start].count(b"\n") + 1) from None
+        raise not_text(path, f"not UTF-8 text (byte {exc.start})", data[: exc.start].count(b"\n") + 1,
+                       fix=fix or "") from None
 
 
 def image_size(data: bytes, path: Path) -> tuple[int, int]:

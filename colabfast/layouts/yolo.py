@@ -373,16 +373,8 @@ def _read_label(root: Path, entry: FileEntry, retries: int) -> str:
         LayoutError: it has more than ``MAX_LABEL_BYTES`` (refused unread).
         _Drop: it is not UTF-8 (Ultralytics' read fails, and it drops the image).
     """
-    path = root / entry.rel
-    if entry.size > MAX_LABEL_BYTES:
-        raise LayoutError(path, f"{entry.size} bytes, over the limit of {MAX_LABEL_BYTES} for a label file",
-                          fix="a label file this large is not one this layout reads")
-    data = read_file(root, entry.rel, retries)
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise _Drop(path, f"not UTF-8 text (byte {exc.start})", data[: exc.start].count(b"\n") + 1,
-                    fix="save it as UTF-8 (Ultralytics drops this image)") from None
+    return read_text(root, entry, retries, MAX_LABEL_BYTES, not_text=_Drop,
+                     fix="save it as UTF-8 (Ultralytics drops this image)")
 
 
 def _parse(text: str, path: Path, classes: int) -> _Labels:
