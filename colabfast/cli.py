@@ -173,7 +173,9 @@ _LABELS_HELP = ("coco: the annotation JSON; csv: the table of labels; ImageNet's
 _SPLIT_HELP = ("what to read, by layout: voc-*: the image set (train, val, trainval...; default train); yolo: the "
                "export's split folder (train, valid, test...; needed where it has several); coco: none (pass a "
                "Roboflow export's split folder, or --labels its JSON); Kaggle's ImageNet zip: train (default) or val; "
-               "ImageNet's tars, imagefolder, segmentation, csv, files: none (each tar or folder is one split)")
+               "a folder of split folders (train/, val/...: torchvision's ImageFolder would take them for classes): "
+               "the one to read; ImageNet's tars, imagefolder, segmentation, csv, files: none (each tar or folder is "
+               "one split)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,6 +30,8 @@ __all__ = ["DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "dr
            "can_mount", "has_fuse", "shm_size", "recommended_num_workers", "gpu", "gpu_decode_available",
            "gpu_utilization", "REQUIRED", "install_problems"]
 
+MIRRORS_FOLDER = "colabfast-mirrors"  # at the top of My Drive, or beside a source that is not on Drive
+
 # What Colab's own drive module checks (google/colab/drive.py). `import google.colab` is no proof:
 # the package installs anywhere, and colabfast's stand-in injects a module of that name.
 COLAB_MARKER = "/var/colab/hostname"

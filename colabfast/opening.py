@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from colabfast import env
 from colabfast._fileio import PathLike, file_version, human_bytes, locked, partial_path, retry, state_name, unchanged
 from colabfast.archive import archive_suffix, strip_archive_suffix
+from colabfast.env import MIRRORS_FOLDER  # re-exported: the folder open_dataset keeps mirrors in
 from colabfast.errors import Error
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ class NothingToOpen(Error, FileNotFoundError):
     """:func:`open_dataset` was given an empty folder (or one of hidden files only)."""
 
 
-MIRRORS_FOLDER = "colabfast-mirrors"  # at the top of My Drive, or beside a source that is not on Drive
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # the first 8 bytes of an HDF5 file (pack writes no user block)
 ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a dataset folder (an ImageFolder tree "
            "of class folders, KITTI's training/image_2 + label_2, a COCO folder with its annotation JSON, a "
@@ -630,31 +630,24 @@ def _folder_layout(src: Path, options: dict) -> str:
     return column_layout(src, layout, options.get("labels")) or (detect_layout(src) if layout == "auto" else layout)
 
 
-SPLIT_FOLDERS = ("train", "val", "valid", "test")  # a folder holding only these holds splits, not classes
-
-
 def _split_folder(src: Path, split: Optional[str], layout: str, options: dict, steps: list[str]) -> Optional[Path]:
-    """The folder of ``src`` to open where ``src`` is a tree of splits (its folders all of
-    ``SPLIT_FOLDERS``, e.g. PyTorch's tutorial ``hymenoptera/train/{ants,bees}`` and ``val/``) that
-    was detected as an ImageFolder (its splits taken for classes) or a folder of images: ``src / split``
-    (said in ``steps``). None for any other folder, or a layout given.
+    """The folder of ``src`` to open where ``src`` is a tree of splits (:func:`colabfast.sources.split_folders`,
+    e.g. PyTorch's tutorial ``hymenoptera/train/{ants,bees}`` and ``val/``) that was detected as an
+    ImageFolder (its splits taken for classes) or a folder of images: ``src / split`` (said in
+    ``steps``). None for any other folder, or a layout given.
 
     Raises:
         SplitRefused: (a ``PackRefused``) a tree of splits and ``split`` None or not one of them: the
             message lists them and the call to make.
     """
     from colabfast.packing import SplitRefused
+    from colabfast.sources import split_folders
 
     if options.get("layout", "auto") != "auto" or options.get("labels") is not None or \
             layout not in ("imagefolder", "files"):
         return None
-    try:
-        with os.scandir(src) as entries:
-            folders = sorted(e.name for e in entries if not e.name.startswith(".") and e.name != MIRRORS_FOLDER
-                             and e.is_dir())
-    except OSError:
-        return None
-    if not folders or any(name.lower() not in SPLIT_FOLDERS for name in folders):
+    folders = split_folders(src)
+    if folders is None:
         return None
     if split not in folders:  # None too: the splits are not classes of one dataset
         raise SplitRefused(src, {name: f"{name}/" for name in folders}, split, "open_dataset")

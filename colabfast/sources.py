@@ -21,9 +21,11 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from colabfast._fileio import FileEntry, PathLike, read_regular, retry, scan_tree
+from colabfast.env import MIRRORS_FOLDER
 from colabfast.mirror import KITTI_CALIB_KEYS, KITTI_SPLITS
 
-__all__ = ["Source", "Split", "KittiObjects", "detect_layout", "read_source", "is_image"]
+__all__ = ["Source", "Split", "KittiObjects", "detect_layout", "split_folders", "SPLIT_FOLDERS", "read_source",
+           "is_image"]
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively as torchvision does.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -103,6 +105,27 @@ def detect_layout(root: Path) -> str:
         if any(e.is_dir() and not e.name.startswith(".") for e in entries):
             return "imagefolder"
     return "files"
+
+
+SPLIT_FOLDERS = ("train", "val", "valid", "test")  # a folder holding only these holds splits, not classes
+
+
+def split_folders(root: PathLike) -> Optional[list[str]]:
+    """The split folders of ``root`` where it is a tree of splits: every folder in it (hidden ones and
+    colabfast's mirrors folder aside) named one of ``SPLIT_FOLDERS`` in any case, as PyTorch's
+    transfer-learning tutorial's ``hymenoptera/train/{ants,bees}`` and ``val/``
+    (https://pytorch.org/tutorials/beginner/transfer_learning_tutorial.html) or a Kaggle folder's
+    ``train/`` and ``test/``. torchvision's ``ImageFolder`` would take those splits for classes. None
+    for any other folder, or one that cannot be listed. One listing."""
+    try:
+        with os.scandir(os.fspath(root)) as entries:
+            folders = sorted(e.name for e in entries if not e.name.startswith(".") and e.name != MIRRORS_FOLDER
+                             and e.is_dir())
+    except OSError:
+        return None
+    if not folders or any(name.lower() not in SPLIT_FOLDERS for name in folders):
+        return None
+    return folders
 
 
 def read_source(

@@ -774,3 +774,31 @@ def test_a_pack_stopped_by_a_full_disk_resumes_once_space_is_back(small_tmpfs, k
     ds = H5ImageFolder(dst)
     assert len(ds) == 32 and ds.targets == [0] * 16 + [1] * 16
     assert not work.exists()
+
+
+def test_pack_of_a_tree_of_split_folders_packs_the_split_asked_for(tmp_path):
+    """PyTorch's transfer-learning tutorial tree, hymenoptera/{train,val}/{ants,bees}: pack() took its
+    splits for two classes, 'train' and 'val', as ImageFolder does. Now it asks for the split, as
+    open_dataset does, and packs that folder as the ImageFolder it is."""
+    from torchvision.datasets import ImageFolder
+
+    from colabfast.packing import SplitRefused
+
+    root = tmp_path / "hymenoptera"
+    make_imagefolder(root / "train", classes=["ants", "bees"], per_class=3, size=(40, 30), seed=1)
+    make_imagefolder(root / "val", classes=["ants", "bees"], per_class=2, size=(40, 30), seed=2)
+    with pytest.raises(SplitRefused) as caught:
+        pack(root, tmp_path / "m.h5", progress=False)
+    assert str(caught.value) == (f"{root}: several splits: 'train' (train/), 'val' (val/). Pass split= one of "
+                                 f"them: pack({str(root)!r}, dst, split='train')")
+    with pytest.raises(SplitRefused, match=r"no split 'test': there are 'train' \(train/\), 'val' \(val/\)"):
+        pack(root, tmp_path / "m.h5", split="test", progress=False)
+    assert not any(tmp_path.glob("m.h5*"))  # nothing written
+
+    ds = H5ImageFolder(pack(root, tmp_path / "val.h5", split="val", progress=False))
+    theirs = ImageFolder(root / "val")
+    assert ds.classes == theirs.classes == ["ants", "bees"] and ds.targets == theirs.targets and len(ds) == 4
+    assert [np.asarray(ds[i][0]).tobytes() for i in range(4)] == [np.asarray(theirs[i][0]).tobytes() for i in range(4)]
+    # a layout given is read as given: the caller says the folders are classes
+    forced = H5ImageFolder(pack(root, tmp_path / "forced.h5", layout="imagefolder", progress=False))
+    assert forced.classes == ["train", "val"] and len(forced) == 10

@@ -144,8 +144,9 @@ def pack(
             (validation labels; for the training archive, class names only).
         split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train);
             for a folder layout, its split (VOC's image set, a YOLO export's split, an export zip's split
-            folder, checked against a zip's listing before anything is extracted). The mirror records it
-            (``colabfast info``).
+            folder, checked against a zip's listing before anything is extracted; for a tree of split
+            folders, :func:`colabfast.sources.split_folders`, the folder packed as an ImageFolder, as
+            ``open_dataset`` opens it). The mirror records it (``colabfast info``).
         year: for the VOC layouts, torchvision's ``year`` (``"2007"`` to ``"2012"``): which
             ``VOC<year>`` folder to pack where the tree holds several (found where torchvision finds
             it: ``VOCdevkit/VOC<year>``, for 2011 ``TrainVal/VOCdevkit/VOC2011``).
@@ -184,8 +185,10 @@ def pack(
         FileNotFoundError: ``src`` is missing or holds no images.
         LayoutError: a folder layout's annotations are malformed or unsafe (see its class), or it has no
             sample to pack (with ``on_error="skip"``: it says what was left out).
-        SplitRefused: (a ``PackRefused``) an export zip of several splits and no ``split``, or one it
-            lacks: the message lists its splits and the call to make. Nothing is extracted.
+        SplitRefused: (a ``PackRefused``) an export zip of several splits, or a folder of split folders
+            (``train/``, ``val/``: torchvision's ``ImageFolder`` would take them for classes; pass
+            ``layout="imagefolder"`` if they are), and no ``split`` or one it lacks: the message lists
+            its splits and the call to make. Nothing is extracted or written.
         PackRefused: (a ``ValueError``, and a :class:`PackError` with no ``failures``) bad arguments
             (``year=`` for a layout other than VOC's); ``dst`` is a folder, or (without ``overwrite``)
             a file that is not a mirror of ``src``; a layout that does not fit the archive. Nothing is
@@ -240,6 +243,8 @@ def pack(
     if streamed and shuffle:
         raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps the "
                          "archive's order (a loader's random sampler shuffles it)")
+    if not streamed and layout == "auto" and labels is None:
+        src, split = _split_of_tree(src, split)
     if not streamed and (labels is not None or split is not None):
         raise PackRefused("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's zip)")
     if streamed:
@@ -247,6 +252,26 @@ def pack(
                             overwrite=overwrite, layout=layout, labels=labels, split=split, seed=seed, retries=retries)
     return pack_folder(src, dst, options=options, workers=workers, on_error=on_error, progress=progress,
                        overwrite=overwrite, layout=layout, shuffle=shuffle, seed=seed, retries=retries)
+
+
+def _split_of_tree(src: Any, split: Optional[str]) -> tuple[Any, Optional[str]]:
+    """``src / split`` where ``src`` is a tree of split folders (:func:`colabfast.sources.split_folders`)
+    read as an ImageFolder; else ``src``, ``split`` as given (refused next unless None).
+
+    Raises:
+        SplitRefused: a tree of splits and ``split`` None or not one of them (torchvision's
+            ``ImageFolder`` would take the splits for classes): it lists them and the call to make.
+    """
+    from colabfast.sources import detect_layout, split_folders
+
+    if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src) or detect_layout(Path(src)) != "imagefolder":
+        return src, split
+    folders = split_folders(src)
+    if folders is None:
+        return src, split
+    if split not in folders:
+        raise SplitRefused(src, {name: f"{name}/" for name in folders}, split)
+    return Path(src) / split, None
 
 
 def _archive_of_layout(src: Any, layout: str) -> Optional[str]:
