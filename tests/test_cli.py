@@ -120,6 +120,31 @@ def test_stage_overwrite_flag_replaces_a_foreign_folder(tmp_path):
     assert_same_tree(src, tmp_path / "dst")
 
 
+def test_every_public_exception_class_is_a_colabfast_error_exported_at_the_top():
+    """Every exception class a module of the package defines under a public name derives from
+    colabfast.Error (``except colabfast.Error`` catches it, the CLI prints it as one line) and is
+    reachable as ``colabfast.<name>``: ImageSizeError was a bare ValueError, SplitRefused and
+    NothingToOpen only reachable through their modules."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import colabfast as cf
+
+    found = {}
+    for module in pkgutil.walk_packages(cf.__path__, "colabfast."):
+        mod = importlib.import_module(module.name)
+        for name, value in vars(mod).items():
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == mod.__name__ \
+                    and not name.startswith("_"):
+                found[name] = value
+    assert len(found) >= 20 and {"ImageSizeError", "SplitRefused", "NothingToOpen"} <= set(found)
+    for name, cls in found.items():
+        assert issubclass(cls, cf.Error), name
+        if name != "DriveSimError":  # the simulator's, a test tool
+            assert getattr(cf, name) is cls, name
+
+
 def test_every_colabfast_error_is_a_colabfast_error_and_one_line(monkeypatch, capsys):
     """Issue 16, item 7: one base, the old stdlib bases kept, and the CLI prints any of them as a line."""
     import colabfast as cf
