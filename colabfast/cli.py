@@ -57,7 +57,7 @@ def _info(args: argparse.Namespace) -> int:
     print(info(args.mirror))
     if args.verify:
         n = verify(args.mirror, progress=True)
-        print(f"  verified: the {n} stored images match their checksums")
+        print(f"  verified: the {n} samples match their checksums, their declared sizes and kinds")
     return 0
 
 
