@@ -12,6 +12,23 @@ from colabfast import env, mounttable
 from colabfast import standin as standin_module
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# Ultralytics, the oracle of the YOLO tests, installs packages it wants at run time unless told not to
+# (ultralytics/utils/__init__.py, YOLO_AUTOINSTALL), and looks online for fonts and weights.
+os.environ.setdefault("YOLO_AUTOINSTALL", "false")
+os.environ.setdefault("YOLO_OFFLINE", "true")
+
+
+@pytest.fixture(autouse=True)
+def _pil_image_open_restored():
+    """Importing Ultralytics replaces ``PIL.Image.open`` for the whole process
+    (``ultralytics/utils/patches.py``: a wrapper that, on a file Pillow cannot identify, installs and
+    registers pi-heif): put Pillow's own back after each test, so that a YOLO test never changes what
+    the tests after it see."""
+    from PIL import Image
+
+    before = Image.open
+    yield
+    Image.open = before
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -235,6 +235,30 @@ def test_yolo_label_without_image_is_ignored_and_listed(yolo, tmp_path):
     assert {"path": str(orphan), "error": ORPHAN} in cf.info(m).skipped
 
 
+def test_yolo_images_are_the_extensions_ultralytics_lists(yolo, tmp_path):
+    """Ultralytics lists a split's images by IMG_FORMATS: a .ppm that ImageFolder reads is not one (its
+    label file is then an orphan), a .heic is one that colabfast cannot decode (refused, not dropped)."""
+    from ultralytics.data.utils import IMG_FORMATS  # the oracle: Ultralytics' own list
+
+    assert yolo_module.IMG_FORMATS == set(IMG_FORMATS)
+    ppm = yolo / "images/train/e.ppm"
+    photo(30, 20, RNG).save(ppm)
+    write(yolo / "labels/train/e.txt", "0 0.5 0.5 0.2 0.2\n")
+    ds = Yolo(yolo, "train")
+    assert "images/train/e.ppm" not in ds.paths and len(ds) == 4
+    assert (str(ppm), "a .ppm image, not one of Ultralytics' IMG_FORMATS: ignored, as Ultralytics ignores it") \
+        in ds.skipped and (str(yolo / "labels/train/e.txt"), ORPHAN) in ds.skipped
+    heic = yolo / "images/train/f.heic"
+    heic.write_bytes(b"\0\0\0\x18ftypheic")
+    with pytest.raises(LayoutError, match=r"f\.heic: a \.heic image, which Ultralytics reads through OpenCV and "
+                       r"colabfast cannot decode\. convert it to JPEG or PNG"):
+        Yolo(yolo, "train")
+    skipping = Yolo(yolo, "train", on_error="skip")
+    assert len(skipping) == 4 and any(path == str(heic) for path, _ in skipping.skipped)
+    m = cf.pack(yolo, tmp_path / "y.h5", split="train", on_error="skip", progress=False)
+    assert len(cf.H5Dataset(m)) == 4 and any(s["path"] == str(heic) for s in cf.info(m).skipped)
+
+
 def test_yolo_duplicate_rows_removed_as_ultralytics(tmp_path):
     """np.unique(rows, axis=0, return_index=True), then rows[index]: the duplicates go, and the rows
     left come in np.unique's sorted order (class 0 before class 1), as Ultralytics leaves them."""

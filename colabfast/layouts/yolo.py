@@ -2,7 +2,11 @@
 
 The rules followed are Ultralytics' own (``ultralytics`` 8.4.190, dataset cache version 1.0.12):
 
-- images under ``images/<split>/`` (Roboflow's export: ``<split>/images/``), searched recursively;
+- images under ``images/<split>/`` (Roboflow's export: ``<split>/images/``), searched recursively,
+  those of an extension in ``IMG_FORMATS`` (``ultralytics/data/utils.py``; ``YOLODataset.get_img_files``
+  in ``ultralytics/data/base.py``): a ``.ppm`` or ``.pgm`` that torchvision's ImageFolder would read is
+  ignored (listed), and one Ultralytics reads through OpenCV that colabfast cannot decode (``.heic``,
+  ``.avif``, ``.jp2``, ``.dng``, ...) refused, as ``on_error`` says;
 - each image's label file found by ``img2label_paths`` (``ultralytics/data/utils.py``): the last
   ``/images/`` of its path replaced by ``/labels/`` and the extension by ``.txt``
   (``images/train/a.jpg`` -> ``labels/train/a.txt``); a label file of no image is never read
@@ -55,6 +59,9 @@ MAX_LABEL_BYTES = 16_000_000  # one image's label file; a real one is a few kB
 MAX_YAML_BYTES = 1_000_000
 FORMAT = "lines 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...' (Ultralytics' YOLO format)"
 ULTRALYTICS = "as Ultralytics' verify_image_label does"
+# IMG_FORMATS of ultralytics/data/utils.py (8.4.190): the extensions Ultralytics takes for images
+IMG_FORMATS = frozenset({"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "jp2", "heif", "heic",
+                         "avif"})
 
 
 def label_path(image: str) -> str:
@@ -124,7 +131,7 @@ class Yolo(Layout):
         self.split, prefix = _pick_split(self.root, files, split)
         yaml_file, classes = _read_classes(self.root, files, refused, retries)
         by_rel = {f.rel: f for f in files}
-        images = [f for f in files if f.rel.startswith(prefix) and is_image(f.rel)]
+        images = [f for f in files if f.rel.startswith(prefix) and _image(f.rel, self.root, on_error, self.skipped)]
         for rel in sorted(refused):
             if rel.startswith(prefix) and is_image(rel):
                 reject(refuse(self.root, rel, refused), on_error, self.skipped)
@@ -227,6 +234,27 @@ class Yolo(Layout):
         kind = "polygons" if self._points is not None else "objects"
         return f"yolo layout{split}, {len(self)} images, {len(self._labels)} {kind}"
 
+
+
+def _image(rel: str, root: Path, on_error: str, skipped: Skipped) -> bool:
+    """Whether the file ``rel`` is one of the split's images as Ultralytics lists them (an extension in
+    ``IMG_FORMATS``, not hidden) that colabfast decodes. An image torchvision reads and Ultralytics
+    does not (``.ppm``, ``.pgm``) is listed in ``skipped``; one Ultralytics reads and colabfast cannot
+    decode is refused as ``on_error`` says."""
+    name = rel.rsplit("/", 1)[-1]
+    extension = name.rpartition(".")[2].lower()
+    if "." not in name or any(part.startswith(".") for part in rel.split("/")):
+        return False
+    if extension not in IMG_FORMATS:
+        if is_image(rel):
+            skipped.add(str(root / rel), f"a .{extension} image, not one of Ultralytics' IMG_FORMATS: ignored, as "
+                        "Ultralytics ignores it")
+        return False
+    if not is_image(rel):
+        reject(LayoutError(root / rel, f"a .{extension} image, which Ultralytics reads through OpenCV and colabfast "
+                           "cannot decode", fix="convert it to JPEG or PNG"), on_error, skipped)
+        return False
+    return True
 
 def polygon_masks(segments: Sequence[Any], height: int, width: int) -> np.ndarray:
     """The masks of ``segments`` (a target's ``"segments"``: per object ``[[x, y], ...]`` in pixels)
