@@ -25,7 +25,7 @@ import time
 import warnings
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from colabfast import env
 from colabfast._fileio import PathLike, file_version, human_bytes, locked, partial_path, retry, state_name, unchanged
@@ -40,10 +40,16 @@ if TYPE_CHECKING:
 # not here: open_dataset starts copying a mirror before it needs them (issue 26's time to the first batch).
 
 __all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "default_mirrors", "mirror_name",  # noqa: F822 (DROP_INS: module __getattr__)
-           "drop_in", "NothingToOpen"]
+           "drop_in", "NothingToOpen", "OpenRefused", "default_dataset_mirrors"]
 
 class NothingToOpen(Error, FileNotFoundError):
     """:func:`open_dataset` was given an empty folder (or one of hidden files only)."""
+
+
+class OpenRefused(Error, TypeError):
+    """:func:`open_dataset` was given an object that is neither a path nor a Hugging Face dataset (a
+    torch ``Dataset``, say): the message names it and what to call instead. A ``TypeError``, as
+    ``os.fspath`` of it was before."""
 
 
 MIRRORS_FOLDER = "colabfast-mirrors"  # at the top of My Drive, or beside a source that is not on Drive
@@ -185,7 +191,31 @@ def default_mirrors(src: Path) -> Path:
     return src.parent / MIRRORS_FOLDER
 
 
-def mirror_name(src: Path, fingerprint: str, copy: int = 0) -> str:
+def default_dataset_mirrors() -> Path:
+    """Where mirrors of a Hugging Face dataset go by default (it has no folder to put them beside):
+    ``colabfast-mirrors`` at the top of My Drive when Drive is mounted (:func:`colabfast.env.drive_mounts`),
+    so the next runtime finds them, else in colabfast's local cache folder (:func:`colabfast.env.cache_dir`)."""
+    for mount in env.drive_mounts():
+        for name in ("MyDrive", "My Drive"):
+            if os.path.isdir(os.path.join(mount.mountpoint, name)):
+                return Path(mount.mountpoint) / name / MIRRORS_FOLDER
+    return env.cache_dir() / MIRRORS_FOLDER
+
+
+@dataclasses.dataclass
+class _InMemory:
+    """A dataset object :func:`open_dataset` packs (a Hugging Face ``Dataset``), where a path would be."""
+
+    dataset: Any  # what pack packs
+    name: str  # the start of its mirror's name (colabfast.hf.mirror_stem)
+    source: str  # what its mirror records as its source (colabfast.packing.dataset.describe_dataset)
+    described: str  # for the account and messages
+
+    def __str__(self) -> str:
+        return self.described
+
+
+def mirror_name(src: Union[Path, _InMemory], fingerprint: str, copy: int = 0) -> str:
     """``<name>-<first 12 hex digits of the fingerprint>.h5``: one name per source and options, so a
     changed source, or other options, never overwrites another mirror (``flowers.zip`` -> ``flowers-...``).
     ``copy`` k > 0 names the mirror packed beside k files that took the name but do not hold this
@@ -247,17 +277,18 @@ def _options_of(head: Header) -> tuple:
     return head.store, head.image_size, head.quality if head.image_size is not None else None
 
 
-def _older_mirrors(folder: Path, src: Path, keep: Path) -> list[_Mirror]:
+def _older_mirrors(folder: Path, src: Union[Path, _InMemory], keep: Path) -> list[_Mirror]:
     """Complete mirrors of ``src`` in ``folder`` other than ``keep`` (made from an earlier version of
     it, or with other options), by their name and the source they record."""
     stem = glob.escape(keep.name.rsplit("-", 1)[0])
+    recorded = src.source if isinstance(src, _InMemory) else str(src)
     found = []
     for path in sorted(folder.glob(f"{stem}-*.h5")):
         if path == keep:
             continue
         m = _look_at(path)
-        if m is not None and m.header is not None and (m.header.source == str(src)
-                                                       or m.header.source.startswith(f"{src}/")):
+        if m is not None and m.header is not None and (m.header.source == recorded
+                                                       or m.header.source.startswith(f"{recorded}/")):
             found.append(m)
     return found
 
@@ -313,7 +344,7 @@ def _seconds(t: float) -> str:
 
 
 def open_dataset(
-    path: PathLike,
+    path: Union[PathLike, Any],
     split: Optional[str] = None,
     *,
     transform: Optional[Callable] = None,
@@ -408,6 +439,14 @@ def open_dataset(
             mirror would land outside ``mirrors``), or a mirror is damaged.
         PackError, UnsafeArchiveError, StageError, DriveError: as the steps raise them.
     """
+    with contextlib.ExitStack() as stack:  # an IterableDataset's rows, read to local disk, go once packed
+        return _open(path, split, transform, target_transform, output, image_size, mirrors, to, progress,
+                     pack_options, stack)
+
+
+def _open(path: Any, split: Optional[str], transform: Optional[Callable], target_transform: Optional[Callable],
+          output: str, image_size: Any, mirrors: Optional[PathLike], to: str, progress: bool, pack_options: dict,
+          stack: contextlib.ExitStack) -> MirrorDataset:
     unknown = sorted(set(pack_options) - set(PACK_OPTIONS))
     if unknown:
         raise TypeError(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
@@ -416,13 +455,18 @@ def open_dataset(
         from colabfast.staging import StageRefused
 
         raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
+    steps: list[str] = []
+    if not isinstance(path, (str, os.PathLike)):  # a Hugging Face dataset, packed as pack packs it
+        rows, wanted = _dataset_wanted(path, split, image_size, mirrors, pack_options, progress, steps, stack)
+        mirror, check = _found_or_packed(rows, wanted, "dataset", None, image_size, progress, pack_options, steps)
+        return _staged_and_opened(rows, "dataset", None, mirror, check, None, image_size, to, progress, pack_options,
+                                  steps, transform, target_transform, output)
     src = Path(os.path.abspath(os.path.expanduser(path)))
     kind = what_is(src)
     # before anything is imported or listed with retries (an empty folder took 13 s to be refused)
     if kind == "folder" and (held := _empty(src)) is not None:
         raise NothingToOpen(f"nothing to open: {src} is an empty folder (it holds {held}): pass the folder that "
                             "holds the dataset")
-    steps: list[str] = []
     if kind == "mirror":
         given = [name for name, v in (("image_size", image_size), ("mirrors", mirrors)) if v is not None]
         if given or pack_options:
@@ -455,6 +499,16 @@ def open_dataset(
         finally:
             if early is not None:
                 early.stop()  # a no-op once the listing named what it staged (then it is taken below)
+    return _staged_and_opened(src, kind, split, mirror, check, early, image_size, to, progress, pack_options, steps,
+                              transform, target_transform, output)
+
+
+def _staged_and_opened(src: Union[Path, _InMemory], kind: str, split: Optional[str], mirror: Path,
+                       check: Optional[_Wanted], early: Optional[_Early], image_size: Any, to: str, progress: bool,
+                       pack_options: dict, steps: list[str], transform: Optional[Callable],
+                       target_transform: Optional[Callable], output: str) -> MirrorDataset:
+    """:func:`open_dataset`'s last steps: ``mirror`` (of ``src``: given, found or packed) staged,
+    checked, and opened as its drop-in dataset, whose ``account`` is ``steps``."""
     # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
     # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
     at = len(steps)
@@ -473,7 +527,7 @@ def open_dataset(
     if kind != "mirror" and _packs_split(kind, pack_options):
         split = None  # it chose what pack read
     dataset = drop_in(local, split, transform=transform, target_transform=target_transform, output=output)
-    steps.append(f"opened as {type(dataset).__name__}: {len(dataset):,} images"
+    steps.append(f"opened as {type(dataset).__name__}: {len(dataset):,} {'samples' if kind == 'dataset' else 'images'}"
                  + (f" in {len(dataset.classes)} classes" if getattr(dataset, "classes", None) else ""))
     dataset.account = "\n".join(steps)
     if progress:
@@ -498,7 +552,7 @@ class _Wanted:
     passed: list[Path] = dataclasses.field(default_factory=list)  # files at its names that are not it
 
 
-def _checked(mirror: Path, local: Path, src: Path, wanted: Optional[_Wanted]) -> str:
+def _checked(mirror: Path, local: Path, src: Union[Path, _InMemory], wanted: Optional[_Wanted]) -> str:
     """What was found at ``mirror`` (staged at ``local``), in words: the mirror given, or (with
     ``wanted``) the mirror of ``src`` that open_dataset looked for.
 
@@ -561,8 +615,8 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, folder:
 MAX_BESIDE = 10  # files at a mirror's names that are not it, before open_dataset gives up on that folder
 
 
-def _found_or_packed(src: Path, wanted: _Wanted, kind: str, split: Optional[str], image_size: Any, progress: bool,
-                     options: dict, steps: list[str], early: Optional[_Early] = None,
+def _found_or_packed(src: Union[Path, _InMemory], wanted: _Wanted, kind: str, split: Optional[str], image_size: Any,
+                     progress: bool, options: dict, steps: list[str], early: Optional[_Early] = None,
                      passed: Optional[list[Path]] = None) -> tuple[Path, Optional[_Wanted]]:
     """The mirror of ``src`` with these options in its mirrors folder, packed there now unless a file
     has its name; with that file, ``wanted`` (what :func:`_checked` checks once it is staged). Its name
@@ -599,8 +653,8 @@ def _found_or_packed(src: Path, wanted: _Wanted, kind: str, split: Optional[str]
         _check_writable(folder)
         start = time.perf_counter()
         try:
-            pack(src, dst, split=split if packs_split else None, image_size=image_size, progress=progress,
-                 **options)
+            pack(src.dataset if isinstance(src, _InMemory) else src, dst, split=split if packs_split else None,
+                 image_size=image_size, progress=progress, **options)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
                 try:
@@ -611,14 +665,84 @@ def _found_or_packed(src: Path, wanted: _Wanted, kind: str, split: Optional[str]
     made = _look_at(dst)
     assert made is not None and made.header is not None  # pack published it, complete
     where = f"beside {passed[-1].name}" if passed else f"no mirror of it with these options in {folder}:"
+    read = ("reading the dataset" if isinstance(src, _InMemory) else
+            f"reading the source straight from {'Drive' if env.drive_kind(src) is not None else 'where it is'}")
     steps.append(f"{where} packed {dst} in {_seconds(time.perf_counter() - start)} ({human_bytes(made.size)}), "
-                 f"reading the source straight from {'Drive' if env.drive_kind(src) is not None else 'where it is'}")
+                 f"{read}")
     for old in _older_mirrors(folder, src, dst):
-        if old.path not in passed:
+        if old.path in passed:
+            continue
+        if isinstance(src, _InMemory) and old.header is not None:  # a name says less than a path
+            steps.append(f"kept {old.path.name}, made {_created(old.header)} ({human_bytes(old.size)}): a mirror "
+                         "of another dataset of this name or split, or of an earlier version of this one")
+        else:
             steps.append(_beside(old, made.header))
     if env.drive_kind(folder) is not None:
         steps.append(_flushed(folder))
     return dst, None
+
+
+FOLDER_OPTIONS = ("layout", "labels", "year", "shuffle", "seed")  # pack's options that a dataset object refuses
+
+
+def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Optional[PathLike], options: dict,
+                    progress: bool, steps: list[str], stack: contextlib.ExitStack) -> tuple[_InMemory, _Wanted]:
+    """The Hugging Face dataset ``obj`` (the split ``split`` of a ``DatasetDict``; an ``IterableDataset``
+    read to local disk first, for as long as ``stack`` is open) and the mirror of it that
+    :func:`open_dataset` wants, found by its fingerprint.
+
+    Raises:
+        OpenRefused: ``obj`` is not a Hugging Face dataset. SplitRefused, PackRefused: see
+            :func:`colabfast.hf.pick_split`; a folder's pack option. FieldError: a first sample no mirror holds.
+    """
+    from colabfast.hf import hf_kind, materialized, mirror_stem, pick_split
+    from colabfast.packing import PackRefused, dataset_fingerprint
+    from colabfast.packing.common import Contents, _check_size, _options
+    from colabfast.packing.dataset import describe_dataset
+
+    kind = hf_kind(obj)
+    if kind is None:
+        raise OpenRefused(_not_openable(obj))
+    given = sorted(set(options) & set(FOLDER_OPTIONS))
+    if given:
+        raise PackRefused(f"{', '.join(given)}: pack options for a folder or an archive; a Hugging Face {kind} is "
+                          "packed as its rows are (its columns, in its order): leave them out")
+    dataset, split = pick_split(obj, split, kind)
+    if kind.startswith("Iterable"):
+        start = time.perf_counter()
+        dataset, n = stack.enter_context(materialized(dataset, env.work_dir() / "hf", progress))
+        steps.append(f"read the IterableDataset's {n:,} rows to local disk in {_seconds(time.perf_counter() - start)}"
+                     ": it has no fingerprint (datasets gives one to a Dataset only), so its rows are read on every "
+                     "call and its mirror is found by their SHA-256")
+    elif not isinstance(getattr(dataset, "_fingerprint", None), str):
+        raise OpenRefused(f"this {type(dataset).__name__} has no _fingerprint (datasets/arrow_dataset.py sets one on "
+                          "every Dataset): open_dataset cannot tell its mirror from a stale one. Pack it with "
+                          "colabfast.pack(dataset, path) and open that: colabfast.open_dataset(path)")
+    name = mirror_stem(dataset, split)
+    store, quality = options.get("store", "encoded"), options.get("quality", 90)
+    fingerprint = dataset_fingerprint(dataset, store=store, image_size=image_size, quality=quality)
+    columns = ", ".join(getattr(dataset, "column_names", None) or [])
+    src = _InMemory(dataset, name, describe_dataset(dataset),
+                    f"the Hugging Face dataset {name} ({len(dataset):,} rows: {columns}; fingerprint "
+                    f"{dataset._fingerprint[:16]})")
+    steps.append(f"{src}: its mirror is named by that and the options")
+    folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_dataset_mirrors()
+    return src, _Wanted(folder, fingerprint, Contents(_options(store, _check_size(image_size), quality),
+                                                      source=src.source, layout="dataset"))
+
+
+def _not_openable(obj: Any) -> str:
+    """Why open_dataset does not take ``obj`` (neither a path nor a Hugging Face dataset), and what to call."""
+    cls = type(obj)
+    what = f"a {cls.__module__}.{cls.__qualname__}"
+    if hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (list, tuple, dict)):
+        return (f"open_dataset got {what}, a map-style dataset: unlike a Hugging Face Dataset (whose _fingerprint "
+                "changes with its rows) it has no fingerprint that says whether its samples changed, so open_dataset "
+                "could not tell its mirror from a stale one. Pack it once with colabfast.pack(dataset, "
+                "'/content/drive/MyDrive/colabfast-mirrors/mine.h5') and open that mirror: "
+                "colabfast.open_dataset('/content/drive/MyDrive/colabfast-mirrors/mine.h5')")
+    return (f"open_dataset got {what}: it takes a path (str or os.PathLike: {ACCEPTS[len('open_dataset accepts '):]}) "
+            "or a Hugging Face datasets.Dataset, DatasetDict (with split=) or IterableDataset")
 
 
 def _folder_layout(src: Path, options: dict) -> str:
