@@ -61,7 +61,8 @@ def _rows(n: int = 7, seed: int = 0) -> dict:
 
 
 def _dataset(n: int = 7, seed: int = 0, name: str = "pets") -> datasets.Dataset:
-    return datasets.Dataset.from_dict(_rows(n, seed), features=FEATURES, info=datasets.DatasetInfo(dataset_name=name, features=FEATURES))
+    return datasets.Dataset.from_dict(_rows(n, seed), features=FEATURES,
+                                      info=datasets.DatasetInfo(dataset_name=name, features=FEATURES))
 
 
 def _same(got, want, where) -> None:
