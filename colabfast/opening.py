@@ -374,6 +374,28 @@ def open_dataset(
       layouts or options are its siblings, kept and named as such in the account; only a mirror of
       the same split, layout and options made from an earlier version of the source is named as one
       to delete.
+    - **A Hugging Face dataset**: a ``datasets.Dataset``, the split ``split`` of a ``DatasetDict``
+      (``split`` may be left out where it holds one), or an ``IterableDataset`` that ends (each
+      recognised by its class's module, ``datasets.arrow_dataset``, ``datasets.dataset_dict``,
+      ``datasets.iterable_dataset``: ``datasets`` is not imported to tell). It is packed as
+      :func:`colabfast.pack` packs it (its columns and types; images as the bytes it holds, see
+      :mod:`colabfast.hf`) into ``mirrors``, default :func:`default_dataset_mirrors` (My Drive's
+      ``colabfast-mirrors`` when Drive is mounted, else colabfast's cache folder), named
+      ``<info.dataset_name or info.builder_name>[-<split>]-<12 hex digits>.h5``
+      (:func:`colabfast.hf.mirror_stem`), and found again there by the fingerprint pack records,
+      which covers the dataset's own ``_fingerprint`` (set on every ``Dataset`` and changed by
+      every transform that changes its rows: ``datasets/arrow_dataset.py``, ``datasets/fingerprint.py``)
+      with its length, first sample's columns and the options. It opens as a
+      :class:`colabfast.H5Dataset` whose ``ds[i]`` equals ``dataset[i]``. An ``IterableDataset`` has
+      no ``_fingerprint`` (``datasets/iterable_dataset.py``), and nothing else says whether the
+      files or generator behind it still give the same rows, so its rows are read on every call, to
+      a temporary Arrow file on local disk (:func:`colabfast.hf.materialized`; deleted once the
+      mirror is found or packed), and the SHA-256 of that file is its fingerprint: it is packed
+      again only when its rows changed. Its values come back as its features declare them, as the
+      same rows read into a ``Dataset`` (a ``float32`` column's values rounded to float32, where
+      iterating an ``IterableDataset.from_generator`` gives the generator's own floats). A torch
+      ``Dataset`` (any other object) has no fingerprint that says its samples are unchanged, and is
+      refused: pack it with ``colabfast.pack(dataset, path)`` and open the mirror at ``path``.
 
     The source is packed straight from where it is, not staged to local disk first: on the Drive
     simulator (100 ms per open, 60 MB/s, 2 CPUs, photo-like 500x375 JPEGs) the two take the same time
@@ -394,9 +416,12 @@ def open_dataset(
     14:03 UTC (1.2 GB): ...; staged to RAM disk ... in 14 s``.
 
     Args:
-        path: a mirror file, a dataset folder, or an archive (see :data:`ACCEPTS`).
-        split: KITTI's ``"training"`` (default) or ``"testing"``; what pack reads of a VOC tree (the
-            image set), a YOLO export or an export zip (the split folder), or of Kaggle's ImageNet zip
+        path: a mirror file, a dataset folder, or an archive (see :data:`ACCEPTS`), as a ``str`` or
+            ``os.PathLike``; or a Hugging Face ``datasets.Dataset``, ``DatasetDict`` or
+            ``IterableDataset`` (or ``IterableDatasetDict``).
+        split: a ``DatasetDict``'s split (a ``Dataset``'s own split is accepted too); KITTI's
+            ``"training"`` (default) or ``"testing"``; what pack reads of a VOC tree (the image set), a
+            YOLO export or an export zip (the split folder), or of Kaggle's ImageNet zip
             (``"train"``, ``"val"``); of a folder whose folders are all splits (``train``, ``val``,
             ``valid``, ``test``: PyTorch's tutorial ``hymenoptera/{train,val}/<class>``, an unzipped
             Roboflow export) that no layout reads whole, the split folder opened as a folder of its own
@@ -405,19 +430,22 @@ def open_dataset(
             ``"tensor"`` uint8 [3, H, W], or ``"bytes"``; see :class:`colabfast.H5ImageFolder`).
         image_size: resize when packing, as :func:`colabfast.pack` (an int short side, or ``(H, W)``).
         mirrors: the folder holding mirrors (default: ``colabfast-mirrors`` at the top of My Drive
-            for a source on Drive, else beside the source; see :func:`default_mirrors`). Mirrors are
+            for a source on Drive, else beside the source; see :func:`default_mirrors`; for a Hugging
+            Face dataset :func:`default_dataset_mirrors`). Mirrors are
             named ``<source name>-<12 hex digits of the fingerprint>.h5`` (:func:`mirror_name`).
         to: where the mirror is staged: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`.
         progress: show pack's and stage's progress bars and print the account.
         **pack_options: :func:`colabfast.pack`'s ``layout``, ``labels``, ``year``, ``store``, ``quality``,
-            ``shuffle``, ``seed``, ``workers``, ``on_error``, ``retries``.
+            ``shuffle``, ``seed``, ``workers``, ``on_error``, ``retries`` (for a Hugging Face dataset:
+            ``quality``, ``workers``, ``on_error``, ``retries``; ``store`` only ``"encoded"``).
 
     Returns:
         The drop-in dataset for the mirror's layout (:data:`DROP_INS`): :class:`colabfast.H5ImageFolder`
         for ImageFolder trees, archives and folders of images (targets -1), :class:`colabfast.H5Kitti`
         for KITTI, :class:`colabfast.H5CocoDetection`, :class:`colabfast.H5VOCDetection` and
         :class:`colabfast.H5VOCSegmentation` for COCO and VOC, :class:`colabfast.H5Dataset` for YOLO
-        exports, image/mask folders, CSV tables and mirrors of any dataset; its ``account`` attribute
+        exports, image/mask folders, CSV tables, Hugging Face datasets and mirrors of any dataset; its
+        ``account`` attribute
         (str, one line per step) says what was done.
 
     Raises:
@@ -429,7 +457,14 @@ def open_dataset(
             an argument :func:`colabfast.pack` refuses. SplitRefused (a ``PackRefused``): a folder of split
             folders, or an export zip of several splits (checked against its listing: nothing is
             extracted), opened without ``split`` or with one it lacks; the message lists its splits and
-            the call to make.
+            the call to make; so is a ``DatasetDict`` of several splits without ``split``, or with
+            one it lacks (its splits with their rows, and ``open_dataset(dataset_dict, split=...)``).
+            PackRefused also: ``split`` given with a ``Dataset`` of another split; a folder's pack
+            option (``layout``, ``labels``, ``year``, ``shuffle``, ``seed``) or ``store="raw"`` with a
+            Hugging Face dataset.
+        OpenRefused: (a ``TypeError``) ``path`` is neither a path nor a Hugging Face dataset (a
+            torch ``Dataset``: the message says to ``colabfast.pack`` it and open the mirror).
+        FieldError: a Hugging Face dataset's first row that no mirror holds.
         StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
         TypeError: an option that is not pack's.
         OSError: the mirrors folder cannot be written (read-only or full Drive; the message says to
