@@ -386,7 +386,9 @@ def open_dataset(
       which covers the dataset's own ``_fingerprint`` (set on every ``Dataset`` and changed by
       every transform that changes its rows: ``datasets/arrow_dataset.py``, ``datasets/fingerprint.py``)
       with its length, first sample's columns and the options. It opens as a
-      :class:`colabfast.H5Dataset` whose ``ds[i]`` equals ``dataset[i]``. An ``IterableDataset`` has
+      :class:`colabfast.H5Dataset` whose ``ds[i]`` equals ``dataset[i]`` (for a dataset with no
+      format set: ``with_format("torch")``'s values are stored as pack stores tensors, a 0-d tensor
+      coming back of shape [1]). An ``IterableDataset`` has
       no ``_fingerprint`` (``datasets/iterable_dataset.py``), and nothing else says whether the
       files or generator behind it still give the same rows, so its rows are read on every call, to
       a temporary Arrow file on local disk (:func:`colabfast.hf.materialized`; deleted once the
@@ -428,7 +430,8 @@ def open_dataset(
             (its mirror kept in the tree's mirrors folder); None for other layouts.
         transform, target_transform, output: the drop-in dataset's (``output``: ``"pil"``,
             ``"tensor"`` uint8 [3, H, W], or ``"bytes"``; see :class:`colabfast.H5ImageFolder`).
-        image_size: resize when packing, as :func:`colabfast.pack` (an int short side, or ``(H, W)``).
+        image_size: resize when packing, as :func:`colabfast.pack` (an int short side, or ``(H, W)``);
+            not for a Hugging Face dataset, whose images are kept as ``dataset[i]`` gives them.
         mirrors: the folder holding mirrors (default: ``colabfast-mirrors`` at the top of My Drive
             for a source on Drive, else beside the source; see :func:`default_mirrors`; for a Hugging
             Face dataset :func:`default_dataset_mirrors`). Mirrors are
@@ -460,8 +463,8 @@ def open_dataset(
             the call to make; so is a ``DatasetDict`` of several splits without ``split``, or with
             one it lacks (its splits with their rows, and ``open_dataset(dataset_dict, split=...)``).
             PackRefused also: ``split`` given with a ``Dataset`` of another split; a folder's pack
-            option (``layout``, ``labels``, ``year``, ``shuffle``, ``seed``) or ``store="raw"`` with a
-            Hugging Face dataset.
+            option (``layout``, ``labels``, ``year``, ``shuffle``, ``seed``), ``image_size`` (its images
+            are kept as it holds them) or ``store="raw"`` with a Hugging Face dataset.
         OpenRefused: (a ``TypeError``) ``path`` is neither a path nor a Hugging Face dataset (a
             torch ``Dataset``: the message says to ``colabfast.pack`` it and open the mirror).
         FieldError: a Hugging Face dataset's first row that no mirror holds.
@@ -732,7 +735,7 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
     """
     from colabfast.hf import hf_kind, materialized, mirror_stem, pick_split
     from colabfast.packing import PackRefused, dataset_fingerprint
-    from colabfast.packing.common import Contents, _check_size, _options
+    from colabfast.packing.common import Contents, _options
     from colabfast.packing.dataset import describe_dataset
 
     kind = hf_kind(obj)
@@ -742,6 +745,10 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
     if given:
         raise PackRefused(f"{', '.join(given)}: pack options for a folder or an archive; a Hugging Face {kind} is "
                           "packed as its rows are (its columns, in its order): leave them out")
+    if image_size is not None:  # pack keeps a dataset's images as they are: it would only be recorded
+        raise PackRefused(f"image_size={image_size!r}: a Hugging Face {kind}'s images are packed as it holds them, "
+                          "so that the mirror's samples equal dataset[i]; resize them in the dataset first "
+                          "(dataset.map, or a transform), or leave image_size out")
     dataset, split = pick_split(obj, split, kind)
     if kind.startswith("Iterable"):
         start = time.perf_counter()
@@ -755,15 +762,15 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
                           "colabfast.pack(dataset, path) and open that: colabfast.open_dataset(path)")
     name = mirror_stem(dataset, split)
     store, quality = options.get("store", "encoded"), options.get("quality", 90)
-    fingerprint = dataset_fingerprint(dataset, store=store, image_size=image_size, quality=quality)
+    fingerprint = dataset_fingerprint(dataset, store=store, quality=quality)
     columns = ", ".join(getattr(dataset, "column_names", None) or [])
     src = _InMemory(dataset, name, describe_dataset(dataset),
                     f"the Hugging Face dataset {name} ({len(dataset):,} rows: {columns}; fingerprint "
                     f"{dataset._fingerprint[:16]})")
     steps.append(f"{src}: its mirror is named by that and the options")
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_dataset_mirrors()
-    return src, _Wanted(folder, fingerprint, Contents(_options(store, _check_size(image_size), quality),
-                                                      source=src.source, layout="dataset"))
+    return src, _Wanted(folder, fingerprint, Contents(_options(store, None, quality), source=src.source,
+                                                      layout="dataset"))
 
 
 def _not_openable(obj: Any) -> str:

@@ -220,6 +220,9 @@ def test_what_open_dataset_does_not_take_is_named_with_the_call_to_make(local):
         cf.open_dataset(hf, split="train", mirrors=local / "mirrors", progress=False)
     with pytest.raises(cf.PackRefused, match="layout, shuffle: pack options for a folder"):
         cf.open_dataset(hf, mirrors=local / "mirrors", layout="imagefolder", shuffle=True, progress=False)
+    with pytest.raises(cf.PackRefused, match="image_size=32: a Hugging Face Dataset's images are packed as it "
+                                             "holds them"):
+        cf.open_dataset(hf, mirrors=local / "mirrors", image_size=32, progress=False)
     with pytest.raises(cf.PackRefused, match="store='raw' is for folders"):
         cf.open_dataset(hf, mirrors=local / "mirrors", store="raw", progress=False)
     assert not (local / "mirrors").exists()
