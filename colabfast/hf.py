@@ -11,8 +11,8 @@ what ``dataset[i]`` gives, by ``datasets``' own rules (``datasets/features/image
   where the first row holds None the feature names the column's kind (``Value("string")`` str,
   integers and ``ClassLabel`` int, floats float, ``bool``, binary bytes, ``Image`` image).
 
-:func:`colabfast.open_dataset` takes these datasets too (:func:`hf_kind`, :func:`pick_split`,
-:func:`mirror_stem`, :func:`materialized`).
+:func:`colabfast.open_dataset` takes these datasets too (:func:`hf_kind`, :func:`mirror_stem`,
+:func:`materialized`).
 
 ``datasets`` stays optional: nothing here imports it unless a dataset of its is packed or opened.
 """
@@ -32,7 +32,7 @@ from PIL import Image, ImageOps
 
 from colabfast.layouts.base import ImageFile
 
-__all__ = ["packable", "none_kinds", "hf_kind", "pick_split", "mirror_stem", "materialized", "HF_KINDS"]
+__all__ = ["packable", "none_kinds", "hf_kind", "mirror_stem", "materialized", "HF_KINDS"]
 
 # The classes of ``datasets`` that open_dataset takes, by name (``datasets/arrow_dataset.py``,
 # ``datasets/iterable_dataset.py``, ``datasets/dataset_dict.py``): found by module name, not imported.
@@ -147,34 +147,6 @@ def hf_kind(obj: Any) -> Optional[str]:
     return None
 
 
-def pick_split(obj: Any, split: Optional[str], kind: str) -> tuple[Any, Optional[str]]:
-    """``(dataset, split)``: for a ``DatasetDict`` (or ``IterableDatasetDict``) its split ``split``, or
-    its only one when ``split`` is None; for a dataset itself, the dataset and its own split
-    (``dataset.split``, None for one made with ``from_dict``).
-
-    Raises:
-        SplitRefused: (a ``PackRefused``, a ``colabfast.Error``) a dict of several splits and no
-            ``split``, or a ``split`` it lacks: the message lists its splits and the call to make.
-        PackRefused: ``split`` given with a dataset of another split (or of none).
-    """
-    from colabfast.packing import PackRefused, SplitRefused
-
-    if kind.endswith("Dict"):
-        names = [str(name) for name in obj]
-        if split in names or (split is None and len(names) == 1):
-            chosen = split if split is not None else names[0]
-            return obj[chosen], chosen
-        found = {name: f"{obj[name].num_rows:,} rows" if getattr(obj[name], "num_rows", None) is not None
-                 else "rows not counted" for name in names}
-        raise SplitRefused(f"a {kind}", found, split, "open_dataset", expr="dataset_dict")
-    own = getattr(obj, "split", None)
-    own = str(own) if own is not None else None
-    if split is not None and split != own:
-        raise PackRefused(f"split={split!r}: this {kind} is one split already ({own or 'it records none'}); "
-                          f"split= picks one of a DatasetDict's. Leave split= out, or pass the DatasetDict")
-    return obj, own
-
-
 def mirror_stem(dataset: Any, split: Optional[str]) -> str:
     """A readable start of the name of the mirror of ``dataset``: its ``info.dataset_name`` (or
     ``builder_name``, e.g. ``"generator"``; else ``"hf-dataset"``) and ``split``, as letters, digits,
@@ -198,8 +170,12 @@ def materialized(iterable: Any, work: Path, progress: bool = True) -> Iterator[t
     give the same rows as before, so its content is what identifies it. ``progress``: show
     ``datasets``' progress bar while it reads.
     """
-    import datasets
-    from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    try:  # installed: the dataset is one of its
+        import datasets
+        from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    except ImportError as exc:
+        raise ImportError(f"{type(iterable).__module__} datasets need the datasets package: pip install "
+                          "datasets") from exc
 
     features = getattr(iterable, "features", None)
     rows = iterable.decode(False) if features is not None and hasattr(iterable, "decode") else iterable

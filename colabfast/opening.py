@@ -731,9 +731,9 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
 
     Raises:
         OpenRefused: ``obj`` is not a Hugging Face dataset. SplitRefused, PackRefused: see
-            :func:`colabfast.hf.pick_split`; a folder's pack option. FieldError: a first sample no mirror holds.
+            :func:`_pick_split`; a folder's pack option. FieldError: a first sample no mirror holds.
     """
-    from colabfast.hf import hf_kind, materialized, mirror_stem, pick_split
+    from colabfast.hf import hf_kind, materialized, mirror_stem
     from colabfast.packing import PackRefused, dataset_fingerprint
     from colabfast.packing.common import Contents, _options
     from colabfast.packing.dataset import describe_dataset
@@ -749,7 +749,7 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
         raise PackRefused(f"image_size={image_size!r}: a Hugging Face {kind}'s images are packed as it holds them, "
                           "so that the mirror's samples equal dataset[i]; resize them in the dataset first "
                           "(dataset.map, or a transform), or leave image_size out")
-    dataset, split = pick_split(obj, split, kind)
+    dataset, split = _pick_split(obj, split, kind)
     if kind.startswith("Iterable"):
         start = time.perf_counter()
         dataset, n = stack.enter_context(materialized(dataset, env.work_dir() / "hf", progress))
@@ -771,6 +771,34 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_dataset_mirrors()
     return src, _Wanted(folder, fingerprint, Contents(_options(store, None, quality), source=src.source,
                                                       layout="dataset"))
+
+
+def _pick_split(obj: Any, split: Optional[str], kind: str) -> tuple[Any, Optional[str]]:
+    """``(dataset, split)``: for a ``DatasetDict`` (or ``IterableDatasetDict``) its split ``split``, or
+    its only one when ``split`` is None; for a dataset itself, the dataset and its own split
+    (``dataset.split``, None for one made with ``from_dict``).
+
+    Raises:
+        SplitRefused: (a ``PackRefused``, a ``colabfast.Error``) a dict of several splits and no
+            ``split``, or a ``split`` it lacks: the message lists its splits and the call to make.
+        PackRefused: ``split`` given with a dataset of another split (or of none).
+    """
+    from colabfast.packing import PackRefused, SplitRefused
+
+    if kind.endswith("Dict"):
+        names = [str(name) for name in obj]
+        if split in names or (split is None and len(names) == 1):
+            chosen = split if split is not None else names[0]
+            return obj[chosen], chosen
+        found = {name: f"{obj[name].num_rows:,} rows" if getattr(obj[name], "num_rows", None) is not None
+                 else "rows not counted" for name in names}
+        raise SplitRefused(f"a {kind}", found, split, "open_dataset", expr="dataset_dict")
+    own = getattr(obj, "split", None)
+    own = str(own) if own is not None else None
+    if split is not None and split != own:
+        raise PackRefused(f"split={split!r}: this {kind} is one split already ({own or 'it records none'}); "
+                          f"split= picks one of a DatasetDict's. Leave split= out, or pass the DatasetDict")
+    return obj, own
 
 
 def _not_openable(obj: Any) -> str:
