@@ -792,7 +792,7 @@ def _pick_split(obj: Any, split: Optional[str], kind: str) -> tuple[Any, Optiona
             return obj[chosen], chosen
         found = {name: f"{obj[name].num_rows:,} rows" if getattr(obj[name], "num_rows", None) is not None
                  else "rows not counted" for name in names}
-        raise SplitRefused(f"a {kind}", found, split, "open_dataset", expr="dataset_dict")
+        raise SplitRefused(f"this {kind}", found, split, "open_dataset", expr="dataset_dict")
     own = getattr(obj, "split", None)
     own = str(own) if own is not None else None
     if split is not None and split != own:
