@@ -206,6 +206,7 @@ def test_what_open_dataset_does_not_take_is_named_with_the_call_to_make(local):
         def __getitem__(self, i):
             return i * i
 
+    assert cf.OpenRefused is OpenRefused  # exported at the top, as every colabfast error
     for obj in (Squares(), 42):
         with pytest.raises(OpenRefused) as caught:
             cf.open_dataset(obj, mirrors=local / "mirrors", progress=False)
