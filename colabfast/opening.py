@@ -46,12 +46,6 @@ class NothingToOpen(Error, FileNotFoundError):
     """:func:`open_dataset` was given an empty folder (or one of hidden files only)."""
 
 
-class OpenRefused(Error, TypeError):
-    """:func:`open_dataset` was given an object that is neither a path nor a Hugging Face dataset (a
-    torch ``Dataset``, say): the message names it and what to call instead. A ``TypeError``, as
-    ``os.fspath`` of it was before."""
-
-
 MIRRORS_FOLDER = "colabfast-mirrors"  # at the top of My Drive, or beside a source that is not on Drive
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # the first 8 bytes of an HDF5 file (pack writes no user block)
 ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a dataset folder (an ImageFolder tree "
@@ -189,6 +183,12 @@ def default_mirrors(src: Path) -> Path:
             if folder.name in ("Shareddrives", "Shared drives") and (folder.parent / "MyDrive").is_dir():
                 return folder.parent / "MyDrive" / MIRRORS_FOLDER
     return src.parent / MIRRORS_FOLDER
+
+
+class OpenRefused(Error, TypeError):
+    """:func:`open_dataset` was given an object that is neither a path nor a Hugging Face dataset (a
+    torch ``Dataset``, say): the message names it and what to call instead. A ``TypeError``, as
+    ``os.fspath`` of it was before."""
 
 
 def default_dataset_mirrors() -> Path:
