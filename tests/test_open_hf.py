@@ -158,6 +158,17 @@ def test_a_dataset_dict_of_several_splits_needs_split(local, split):
     assert not folder.exists()  # refused before anything was written
 
 
+def test_an_iterable_dataset_dict_needs_split_too(local):
+    rows = datasets.Dataset.from_dict({"n": [1, 2, 3]})
+    idd = datasets.IterableDatasetDict(train=rows.to_iterable_dataset(), test=rows.to_iterable_dataset())
+    with pytest.raises(cf.PackRefused, match=r"this IterableDatasetDict: several splits: 'test' \(rows not counted\), "
+                                             r"'train' \(rows not counted\)\. Pass split= one of them: "
+                                             r"open_dataset\(dataset_dict, split='train'\)"):
+        cf.open_dataset(idd, mirrors=local / "mirrors", progress=False)
+    ds = cf.open_dataset(idd, split="test", mirrors=local / "mirrors", workers=0, progress=False)
+    assert [ds[i] for i in range(len(ds))] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
 def test_an_iterable_dataset_is_read_each_time_and_found_by_its_rows(local, monkeypatch):
     """An IterableDataset has no fingerprint: its rows are read to local disk on every call, and their
     hash finds its mirror; other rows get another mirror."""
@@ -231,6 +242,10 @@ def test_what_open_dataset_does_not_take_is_named_with_the_call_to_make(local):
 
 def test_mirrors_of_a_dataset_go_to_my_drive_when_mounted_else_the_local_cache(local, monkeypatch):
     assert default_dataset_mirrors() == local / "cache" / MIRRORS_FOLDER
+    ds = cf.open_dataset(_dataset(3), workers=0, progress=False)  # no mirrors=: the cache, opened in place
+    assert [p.parent for p in (local / "cache" / MIRRORS_FOLDER).glob("pets-*.h5")] == [local / "cache" /
+                                                                                         MIRRORS_FOLDER]
+    assert "opened in place" in ds.account
     mount = local / "drive"
     (mount / "MyDrive").mkdir(parents=True)
     monkeypatch.setattr(env, "drive_mounts", lambda: [env.DriveMount(str(mount), "standin")])
