@@ -765,9 +765,9 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
     fingerprint = dataset_fingerprint(dataset, store=store, quality=quality)
     columns = ", ".join(getattr(dataset, "column_names", None) or [])
     src = _InMemory(dataset, name, describe_dataset(dataset),
-                    f"the Hugging Face dataset {name} ({len(dataset):,} rows: {columns}; fingerprint "
+                    f"the Hugging Face dataset {name} ({len(dataset):,} rows: {columns}; its fingerprint "
                     f"{dataset._fingerprint[:16]})")
-    steps.append(f"{src}: its mirror is named by that and the options")
+    steps.append(f"{src}: its mirror is found by that fingerprint, with the options")
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_dataset_mirrors()
     return src, _Wanted(folder, fingerprint, Contents(_options(store, None, quality), source=src.source,
                                                       layout="dataset"))
