@@ -194,8 +194,11 @@ class OpenRefused(Error, TypeError):
 def default_dataset_mirrors() -> Path:
     """Where mirrors of a Hugging Face dataset go by default (it has no folder to put them beside):
     ``colabfast-mirrors`` at the top of My Drive when Drive is mounted (:func:`colabfast.env.drive_mounts`),
-    so the next runtime finds them, else in colabfast's local cache folder (:func:`colabfast.env.cache_dir`)."""
-    for mount in env.drive_mounts():
+    so the next runtime finds them, else in colabfast's local cache folder (:func:`colabfast.env.cache_dir`).
+    Where several Drives are mounted, the one at Colab's ``/content/drive`` wins, then the others by
+    their mountpoints' order (never by chance: a second call must find the first call's mirror)."""
+    colab = os.path.join(env.COLAB_CONTENT, "drive")
+    for mount in sorted(env.drive_mounts(), key=lambda m: (m.mountpoint != colab, m.mountpoint)):
         for name in ("MyDrive", "My Drive"):
             if os.path.isdir(os.path.join(mount.mountpoint, name)):
                 return Path(mount.mountpoint) / name / MIRRORS_FOLDER

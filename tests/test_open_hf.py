@@ -250,6 +250,20 @@ def test_mirrors_of_a_dataset_go_to_my_drive_when_mounted_else_the_local_cache(l
     (mount / "MyDrive").mkdir(parents=True)
     monkeypatch.setattr(env, "drive_mounts", lambda: [env.DriveMount(str(mount), "standin")])
     assert default_dataset_mirrors() == mount / "MyDrive" / MIRRORS_FOLDER
+    # several Drives (another process's stand-in beside ours): Colab's /content/drive, else the first by
+    # mountpoint, whatever order they are listed in (it took the first listed, which changed between calls)
+    other = local / "a-drive"
+    (other / "MyDrive").mkdir(parents=True)
+    monkeypatch.setattr(env, "COLAB_CONTENT", str(local))  # so that local/drive plays /content/drive
+    for listed in ([mount, other], [other, mount]):
+        monkeypatch.setattr(env, "drive_mounts", lambda listed=listed: [env.DriveMount(str(m), "standin")
+                                                                        for m in listed])
+        assert default_dataset_mirrors() == mount / "MyDrive" / MIRRORS_FOLDER
+    monkeypatch.setattr(env, "COLAB_CONTENT", "/nowhere")
+    for listed in ([mount, other], [other, mount]):
+        monkeypatch.setattr(env, "drive_mounts", lambda listed=listed: [env.DriveMount(str(m), "standin")
+                                                                        for m in listed])
+        assert default_dataset_mirrors() == other / "MyDrive" / MIRRORS_FOLDER
 
 
 def test_importing_colabfast_does_not_import_datasets():
