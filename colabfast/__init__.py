@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "Error": "colabfast.errors",
+    "OpenRefused": "colabfast.opening",
     "mount": "colabfast.drive",
     "refresh_drive": "colabfast.drive",
     "flush_drive": "colabfast.drive",

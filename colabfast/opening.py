@@ -25,7 +25,7 @@ import time
 import warnings
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from colabfast import env
 from colabfast._fileio import PathLike, file_version, human_bytes, locked, partial_path, retry, state_name, unchanged
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 # not here: open_dataset starts copying a mirror before it needs them (issue 26's time to the first batch).
 
 __all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "default_mirrors", "mirror_name",  # noqa: F822 (DROP_INS: module __getattr__)
-           "drop_in", "NothingToOpen"]
+           "drop_in", "NothingToOpen", "OpenRefused", "default_dataset_mirrors"]
 
 class NothingToOpen(Error, FileNotFoundError):
     """:func:`open_dataset` was given an empty folder (or one of hidden files only)."""
@@ -185,7 +185,40 @@ def default_mirrors(src: Path) -> Path:
     return src.parent / MIRRORS_FOLDER
 
 
-def mirror_name(src: Path, fingerprint: str, copy: int = 0) -> str:
+class OpenRefused(Error, TypeError):
+    """:func:`open_dataset` was given an object that is neither a path nor a Hugging Face dataset (a
+    torch ``Dataset``, say): the message names it and what to call instead. A ``TypeError``, as
+    ``os.fspath`` of it was before."""
+
+
+def default_dataset_mirrors() -> Path:
+    """Where mirrors of a Hugging Face dataset go by default (it has no folder to put them beside):
+    ``colabfast-mirrors`` at the top of My Drive when Drive is mounted (:func:`colabfast.env.drive_mounts`),
+    so the next runtime finds them, else in colabfast's local cache folder (:func:`colabfast.env.cache_dir`).
+    Where several Drives are mounted, the one at Colab's ``/content/drive`` wins, then the others by
+    their mountpoints' order (never by chance: a second call must find the first call's mirror)."""
+    colab = os.path.join(env.COLAB_CONTENT, "drive")
+    for mount in sorted(env.drive_mounts(), key=lambda m: (m.mountpoint != colab, m.mountpoint)):
+        for name in ("MyDrive", "My Drive"):
+            if os.path.isdir(os.path.join(mount.mountpoint, name)):
+                return Path(mount.mountpoint) / name / MIRRORS_FOLDER
+    return env.cache_dir() / MIRRORS_FOLDER
+
+
+@dataclasses.dataclass
+class _InMemory:
+    """A dataset object :func:`open_dataset` packs (a Hugging Face ``Dataset``), where a path would be."""
+
+    dataset: Any  # what pack packs
+    name: str  # the start of its mirror's name (colabfast.hf.mirror_stem)
+    source: str  # what its mirror records as its source (colabfast.packing.dataset.describe_dataset)
+    described: str  # for the account and messages
+
+    def __str__(self) -> str:
+        return self.described
+
+
+def mirror_name(src: Union[Path, _InMemory], fingerprint: str, copy: int = 0) -> str:
     """``<name>-<first 12 hex digits of the fingerprint>.h5``: one name per source and options, so a
     changed source, or other options, never overwrites another mirror (``flowers.zip`` -> ``flowers-...``).
     ``copy`` k > 0 names the mirror packed beside k files that took the name but do not hold this
@@ -247,17 +280,18 @@ def _options_of(head: Header) -> tuple:
     return head.store, head.image_size, head.quality if head.image_size is not None else None
 
 
-def _older_mirrors(folder: Path, src: Path, keep: Path) -> list[_Mirror]:
+def _older_mirrors(folder: Path, src: Union[Path, _InMemory], keep: Path) -> list[_Mirror]:
     """Complete mirrors of ``src`` in ``folder`` other than ``keep`` (made from an earlier version of
     it, or with other options), by their name and the source they record."""
     stem = glob.escape(keep.name.rsplit("-", 1)[0])
+    recorded = src.source if isinstance(src, _InMemory) else str(src)
     found = []
     for path in sorted(folder.glob(f"{stem}-*.h5")):
         if path == keep:
             continue
         m = _look_at(path)
-        if m is not None and m.header is not None and (m.header.source == str(src)
-                                                       or m.header.source.startswith(f"{src}/")):
+        if m is not None and m.header is not None and (m.header.source == recorded
+                                                       or m.header.source.startswith(f"{recorded}/")):
             found.append(m)
     return found
 
@@ -313,7 +347,7 @@ def _seconds(t: float) -> str:
 
 
 def open_dataset(
-    path: PathLike,
+    path: Union[PathLike, Any],
     split: Optional[str] = None,
     *,
     transform: Optional[Callable] = None,
@@ -343,6 +377,30 @@ def open_dataset(
       layouts or options are its siblings, kept and named as such in the account; only a mirror of
       the same split, layout and options made from an earlier version of the source is named as one
       to delete.
+    - **A Hugging Face dataset**: a ``datasets.Dataset``, the split ``split`` of a ``DatasetDict``
+      (``split`` may be left out where it holds one), or an ``IterableDataset`` that ends (each
+      recognised by its class's module, ``datasets.arrow_dataset``, ``datasets.dataset_dict``,
+      ``datasets.iterable_dataset``: ``datasets`` is not imported to tell). It is packed as
+      :func:`colabfast.pack` packs it (its columns and types; images as the bytes it holds, see
+      :mod:`colabfast.hf`) into ``mirrors``, default :func:`default_dataset_mirrors` (My Drive's
+      ``colabfast-mirrors`` when Drive is mounted, else colabfast's cache folder), named
+      ``<info.dataset_name or info.builder_name>[-<split>]-<12 hex digits>.h5``
+      (:func:`colabfast.hf.mirror_stem`), and found again there by the fingerprint pack records,
+      which covers the dataset's own ``_fingerprint`` (set on every ``Dataset`` and changed by
+      every transform that changes its rows: ``datasets/arrow_dataset.py``, ``datasets/fingerprint.py``)
+      with its length, first sample's columns and the options. It opens as a
+      :class:`colabfast.H5Dataset` whose ``ds[i]`` equals ``dataset[i]`` (for a dataset with no
+      format set: ``with_format("torch")``'s values are stored as pack stores tensors, a 0-d tensor
+      coming back of shape [1]). An ``IterableDataset`` has
+      no ``_fingerprint`` (``datasets/iterable_dataset.py``), and nothing else says whether the
+      files or generator behind it still give the same rows, so its rows are read on every call, to
+      a temporary Arrow file on local disk (:func:`colabfast.hf.materialized`; deleted once the
+      mirror is found or packed), and the SHA-256 of that file is its fingerprint: it is packed
+      again only when its rows changed. Its values come back as its features declare them, as the
+      same rows read into a ``Dataset`` (a ``float32`` column's values rounded to float32, where
+      iterating an ``IterableDataset.from_generator`` gives the generator's own floats). A torch
+      ``Dataset`` (any other object) has no fingerprint that says its samples are unchanged, and is
+      refused: pack it with ``colabfast.pack(dataset, path)`` and open the mirror at ``path``.
 
     The source is packed straight from where it is, not staged to local disk first: on the Drive
     simulator (100 ms per open, 60 MB/s, 2 CPUs, photo-like 500x375 JPEGs) the two take the same time
@@ -363,30 +421,37 @@ def open_dataset(
     14:03 UTC (1.2 GB): ...; staged to RAM disk ... in 14 s``.
 
     Args:
-        path: a mirror file, a dataset folder, or an archive (see :data:`ACCEPTS`).
-        split: KITTI's ``"training"`` (default) or ``"testing"``; what pack reads of a VOC tree (the
-            image set), a YOLO export or an export zip (the split folder), or of Kaggle's ImageNet zip
+        path: a mirror file, a dataset folder, or an archive (see :data:`ACCEPTS`), as a ``str`` or
+            ``os.PathLike``; or a Hugging Face ``datasets.Dataset``, ``DatasetDict`` or
+            ``IterableDataset`` (or ``IterableDatasetDict``).
+        split: a ``DatasetDict``'s split (a ``Dataset``'s own split is accepted too); KITTI's
+            ``"training"`` (default) or ``"testing"``; what pack reads of a VOC tree (the image set), a
+            YOLO export or an export zip (the split folder), or of Kaggle's ImageNet zip
             (``"train"``, ``"val"``); of a folder whose folders are all splits (``train``, ``val``,
             ``valid``, ``test``: PyTorch's tutorial ``hymenoptera/{train,val}/<class>``, an unzipped
             Roboflow export) that no layout reads whole, the split folder opened as a folder of its own
             (its mirror kept in the tree's mirrors folder); None for other layouts.
         transform, target_transform, output: the drop-in dataset's (``output``: ``"pil"``,
             ``"tensor"`` uint8 [3, H, W], or ``"bytes"``; see :class:`colabfast.H5ImageFolder`).
-        image_size: resize when packing, as :func:`colabfast.pack` (an int short side, or ``(H, W)``).
+        image_size: resize when packing, as :func:`colabfast.pack` (an int short side, or ``(H, W)``);
+            not for a Hugging Face dataset, whose images are kept as ``dataset[i]`` gives them.
         mirrors: the folder holding mirrors (default: ``colabfast-mirrors`` at the top of My Drive
-            for a source on Drive, else beside the source; see :func:`default_mirrors`). Mirrors are
+            for a source on Drive, else beside the source; see :func:`default_mirrors`; for a Hugging
+            Face dataset :func:`default_dataset_mirrors`). Mirrors are
             named ``<source name>-<12 hex digits of the fingerprint>.h5`` (:func:`mirror_name`).
         to: where the mirror is staged: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`.
         progress: show pack's and stage's progress bars and print the account.
         **pack_options: :func:`colabfast.pack`'s ``layout``, ``labels``, ``year``, ``store``, ``quality``,
-            ``shuffle``, ``seed``, ``workers``, ``on_error``, ``retries``.
+            ``shuffle``, ``seed``, ``workers``, ``on_error``, ``retries`` (for a Hugging Face dataset:
+            ``quality``, ``workers``, ``on_error``, ``retries``; ``store`` only ``"encoded"``).
 
     Returns:
         The drop-in dataset for the mirror's layout (:data:`DROP_INS`): :class:`colabfast.H5ImageFolder`
         for ImageFolder trees, archives and folders of images (targets -1), :class:`colabfast.H5Kitti`
         for KITTI, :class:`colabfast.H5CocoDetection`, :class:`colabfast.H5VOCDetection` and
         :class:`colabfast.H5VOCSegmentation` for COCO and VOC, :class:`colabfast.H5Dataset` for YOLO
-        exports, image/mask folders, CSV tables and mirrors of any dataset; its ``account`` attribute
+        exports, image/mask folders, CSV tables, Hugging Face datasets and mirrors of any dataset; its
+        ``account`` attribute
         (str, one line per step) says what was done.
 
     Raises:
@@ -398,7 +463,14 @@ def open_dataset(
             an argument :func:`colabfast.pack` refuses. SplitRefused (a ``PackRefused``): a folder of split
             folders, or an export zip of several splits (checked against its listing: nothing is
             extracted), opened without ``split`` or with one it lacks; the message lists its splits and
-            the call to make.
+            the call to make; so is a ``DatasetDict`` of several splits without ``split``, or with
+            one it lacks (its splits with their rows, and ``open_dataset(dataset_dict, split=...)``).
+            PackRefused also: ``split`` given with a ``Dataset`` of another split; a folder's pack
+            option (``layout``, ``labels``, ``year``, ``shuffle``, ``seed``), ``image_size`` (its images
+            are kept as it holds them) or ``store="raw"`` with a Hugging Face dataset.
+        OpenRefused: (a ``TypeError``) ``path`` is neither a path nor a Hugging Face dataset (a
+            torch ``Dataset``: the message says to ``colabfast.pack`` it and open the mirror).
+        FieldError: a Hugging Face dataset's first row that no mirror holds.
         StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
         TypeError: an option that is not pack's.
         OSError: the mirrors folder cannot be written (read-only or full Drive; the message says to
@@ -408,6 +480,14 @@ def open_dataset(
             mirror would land outside ``mirrors``), or a mirror is damaged.
         PackError, UnsafeArchiveError, StageError, DriveError: as the steps raise them.
     """
+    with contextlib.ExitStack() as stack:  # an IterableDataset's rows, read to local disk, go once packed
+        return _open(path, split, transform, target_transform, output, image_size, mirrors, to, progress,
+                     pack_options, stack)
+
+
+def _open(path: Any, split: Optional[str], transform: Optional[Callable], target_transform: Optional[Callable],
+          output: str, image_size: Any, mirrors: Optional[PathLike], to: str, progress: bool, pack_options: dict,
+          stack: contextlib.ExitStack) -> MirrorDataset:
     unknown = sorted(set(pack_options) - set(PACK_OPTIONS))
     if unknown:
         raise TypeError(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
@@ -416,13 +496,18 @@ def open_dataset(
         from colabfast.staging import StageRefused
 
         raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
+    steps: list[str] = []
+    if not isinstance(path, (str, os.PathLike)):  # a Hugging Face dataset, packed as pack packs it
+        rows, wanted = _dataset_wanted(path, split, image_size, mirrors, pack_options, progress, steps, stack)
+        mirror, check = _found_or_packed(rows, wanted, "dataset", None, image_size, progress, pack_options, steps)
+        return _staged_and_opened(rows, "dataset", None, mirror, check, None, image_size, to, progress, pack_options,
+                                  steps, transform, target_transform, output)
     src = Path(os.path.abspath(os.path.expanduser(path)))
     kind = what_is(src)
     # before anything is imported or listed with retries (an empty folder took 13 s to be refused)
     if kind == "folder" and (held := _empty(src)) is not None:
         raise NothingToOpen(f"nothing to open: {src} is an empty folder (it holds {held}): pass the folder that "
                             "holds the dataset")
-    steps: list[str] = []
     if kind == "mirror":
         given = [name for name, v in (("image_size", image_size), ("mirrors", mirrors)) if v is not None]
         if given or pack_options:
@@ -455,6 +540,16 @@ def open_dataset(
         finally:
             if early is not None:
                 early.stop()  # a no-op once the listing named what it staged (then it is taken below)
+    return _staged_and_opened(src, kind, split, mirror, check, early, image_size, to, progress, pack_options, steps,
+                              transform, target_transform, output)
+
+
+def _staged_and_opened(src: Union[Path, _InMemory], kind: str, split: Optional[str], mirror: Path,
+                       check: Optional[_Wanted], early: Optional[_Early], image_size: Any, to: str, progress: bool,
+                       pack_options: dict, steps: list[str], transform: Optional[Callable],
+                       target_transform: Optional[Callable], output: str) -> MirrorDataset:
+    """:func:`open_dataset`'s last steps: ``mirror`` (of ``src``: given, found or packed) staged,
+    checked, and opened as its drop-in dataset, whose ``account`` is ``steps``."""
     # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
     # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
     at = len(steps)
@@ -473,7 +568,7 @@ def open_dataset(
     if kind != "mirror" and _packs_split(kind, pack_options):
         split = None  # it chose what pack read
     dataset = drop_in(local, split, transform=transform, target_transform=target_transform, output=output)
-    steps.append(f"opened as {type(dataset).__name__}: {len(dataset):,} images"
+    steps.append(f"opened as {type(dataset).__name__}: {len(dataset):,} {'samples' if kind == 'dataset' else 'images'}"
                  + (f" in {len(dataset.classes)} classes" if getattr(dataset, "classes", None) else ""))
     dataset.account = "\n".join(steps)
     if progress:
@@ -498,7 +593,7 @@ class _Wanted:
     passed: list[Path] = dataclasses.field(default_factory=list)  # files at its names that are not it
 
 
-def _checked(mirror: Path, local: Path, src: Path, wanted: Optional[_Wanted]) -> str:
+def _checked(mirror: Path, local: Path, src: Union[Path, _InMemory], wanted: Optional[_Wanted]) -> str:
     """What was found at ``mirror`` (staged at ``local``), in words: the mirror given, or (with
     ``wanted``) the mirror of ``src`` that open_dataset looked for.
 
@@ -561,8 +656,8 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, folder:
 MAX_BESIDE = 10  # files at a mirror's names that are not it, before open_dataset gives up on that folder
 
 
-def _found_or_packed(src: Path, wanted: _Wanted, kind: str, split: Optional[str], image_size: Any, progress: bool,
-                     options: dict, steps: list[str], early: Optional[_Early] = None,
+def _found_or_packed(src: Union[Path, _InMemory], wanted: _Wanted, kind: str, split: Optional[str], image_size: Any,
+                     progress: bool, options: dict, steps: list[str], early: Optional[_Early] = None,
                      passed: Optional[list[Path]] = None) -> tuple[Path, Optional[_Wanted]]:
     """The mirror of ``src`` with these options in its mirrors folder, packed there now unless a file
     has its name; with that file, ``wanted`` (what :func:`_checked` checks once it is staged). Its name
@@ -599,8 +694,8 @@ def _found_or_packed(src: Path, wanted: _Wanted, kind: str, split: Optional[str]
         _check_writable(folder)
         start = time.perf_counter()
         try:
-            pack(src, dst, split=split if packs_split else None, image_size=image_size, progress=progress,
-                 **options)
+            pack(src.dataset if isinstance(src, _InMemory) else src, dst, split=split if packs_split else None,
+                 image_size=image_size, progress=progress, **options)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
                 try:
@@ -611,14 +706,116 @@ def _found_or_packed(src: Path, wanted: _Wanted, kind: str, split: Optional[str]
     made = _look_at(dst)
     assert made is not None and made.header is not None  # pack published it, complete
     where = f"beside {passed[-1].name}" if passed else f"no mirror of it with these options in {folder}:"
+    read = ("reading the dataset" if isinstance(src, _InMemory) else
+            f"reading the source straight from {'Drive' if env.drive_kind(src) is not None else 'where it is'}")
     steps.append(f"{where} packed {dst} in {_seconds(time.perf_counter() - start)} ({human_bytes(made.size)}), "
-                 f"reading the source straight from {'Drive' if env.drive_kind(src) is not None else 'where it is'}")
+                 f"{read}")
     for old in _older_mirrors(folder, src, dst):
-        if old.path not in passed:
+        if old.path in passed:
+            continue
+        if isinstance(src, _InMemory) and old.header is not None:  # a name says less than a path
+            steps.append(f"kept {old.path.name}, made {_created(old.header)} ({human_bytes(old.size)}): a mirror "
+                         "of another dataset of this name or split, or of an earlier version of this one")
+        else:
             steps.append(_beside(old, made.header))
     if env.drive_kind(folder) is not None:
         steps.append(_flushed(folder))
     return dst, None
+
+
+FOLDER_OPTIONS = ("layout", "labels", "year", "shuffle", "seed")  # pack's options that a dataset object refuses
+
+
+def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Optional[PathLike], options: dict,
+                    progress: bool, steps: list[str], stack: contextlib.ExitStack) -> tuple[_InMemory, _Wanted]:
+    """The Hugging Face dataset ``obj`` (the split ``split`` of a ``DatasetDict``; an ``IterableDataset``
+    read to local disk first, for as long as ``stack`` is open) and the mirror of it that
+    :func:`open_dataset` wants, found by its fingerprint.
+
+    Raises:
+        OpenRefused: ``obj`` is not a Hugging Face dataset. SplitRefused, PackRefused: see
+            :func:`_pick_split`; a folder's pack option. FieldError: a first sample no mirror holds.
+    """
+    from colabfast.hf import hf_kind, materialized, mirror_stem
+    from colabfast.packing import PackRefused, dataset_fingerprint
+    from colabfast.packing.common import Contents, _options
+    from colabfast.packing.dataset import describe_dataset
+
+    kind = hf_kind(obj)
+    if kind is None:
+        raise OpenRefused(_not_openable(obj))
+    given = sorted(set(options) & set(FOLDER_OPTIONS))
+    if given:
+        raise PackRefused(f"{', '.join(given)}: pack options for a folder or an archive; a Hugging Face {kind} is "
+                          "packed as its rows are (its columns, in its order): leave them out")
+    if image_size is not None:  # pack keeps a dataset's images as they are: it would only be recorded
+        raise PackRefused(f"image_size={image_size!r}: a Hugging Face {kind}'s images are packed as it holds them, "
+                          "so that the mirror's samples equal dataset[i]; resize them in the dataset first "
+                          "(dataset.map, or a transform), or leave image_size out")
+    dataset, split = _pick_split(obj, split, kind)
+    if kind.startswith("Iterable"):
+        start = time.perf_counter()
+        dataset, n = stack.enter_context(materialized(dataset, env.work_dir() / "hf", progress))
+        steps.append(f"read the IterableDataset's {n:,} rows to local disk in {_seconds(time.perf_counter() - start)}"
+                     ": it has no fingerprint (datasets gives one to a Dataset only), so its rows are read on every "
+                     "call and its mirror is found by their SHA-256")
+    elif not isinstance(getattr(dataset, "_fingerprint", None), str):
+        raise OpenRefused(f"this {type(dataset).__name__} has no _fingerprint (datasets/arrow_dataset.py sets one on "
+                          "every Dataset): open_dataset cannot tell its mirror from a stale one. Pack it with "
+                          "colabfast.pack(dataset, path) and open that: colabfast.open_dataset(path)")
+    name = mirror_stem(dataset, split)
+    store, quality = options.get("store", "encoded"), options.get("quality", 90)
+    fingerprint = dataset_fingerprint(dataset, store=store, quality=quality)
+    columns = ", ".join(getattr(dataset, "column_names", None) or [])
+    src = _InMemory(dataset, name, describe_dataset(dataset),
+                    f"the Hugging Face dataset {name} ({len(dataset):,} rows: {columns}; its fingerprint "
+                    f"{dataset._fingerprint[:16]})")
+    steps.append(f"{src}: its mirror is found by that fingerprint, with the options")
+    folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_dataset_mirrors()
+    return src, _Wanted(folder, fingerprint, Contents(_options(store, None, quality), source=src.source,
+                                                      layout="dataset"))
+
+
+def _pick_split(obj: Any, split: Optional[str], kind: str) -> tuple[Any, Optional[str]]:
+    """``(dataset, split)``: for a ``DatasetDict`` (or ``IterableDatasetDict``) its split ``split``, or
+    its only one when ``split`` is None; for a dataset itself, the dataset and its own split
+    (``dataset.split``, None for one made with ``from_dict``).
+
+    Raises:
+        SplitRefused: (a ``PackRefused``, a ``colabfast.Error``) a dict of several splits and no
+            ``split``, or a ``split`` it lacks: the message lists its splits and the call to make.
+        PackRefused: ``split`` given with a dataset of another split (or of none).
+    """
+    from colabfast.packing import PackRefused, SplitRefused
+
+    if kind.endswith("Dict"):
+        names = [str(name) for name in obj]
+        if split in names or (split is None and len(names) == 1):
+            chosen = split if split is not None else names[0]
+            return obj[chosen], chosen
+        found = {name: f"{obj[name].num_rows:,} rows" if getattr(obj[name], "num_rows", None) is not None
+                 else "rows not counted" for name in names}
+        raise SplitRefused(f"this {kind}", found, split, "open_dataset", expr="dataset_dict")
+    own = getattr(obj, "split", None)
+    own = str(own) if own is not None else None
+    if split is not None and split != own:
+        raise PackRefused(f"split={split!r}: this {kind} is one split already ({own or 'it records none'}); "
+                          f"split= picks one of a DatasetDict's. Leave split= out, or pass the DatasetDict")
+    return obj, own
+
+
+def _not_openable(obj: Any) -> str:
+    """Why open_dataset does not take ``obj`` (neither a path nor a Hugging Face dataset), and what to call."""
+    cls = type(obj)
+    what = f"a {cls.__module__}.{cls.__qualname__}"
+    if hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (list, tuple, dict)):
+        return (f"open_dataset got {what}, a map-style dataset: unlike a Hugging Face Dataset (whose _fingerprint "
+                "changes with its rows) it has no fingerprint that says whether its samples changed, so open_dataset "
+                "could not tell its mirror from a stale one. Pack it once with colabfast.pack(dataset, "
+                "'/content/drive/MyDrive/colabfast-mirrors/mine.h5') and open that mirror: "
+                "colabfast.open_dataset('/content/drive/MyDrive/colabfast-mirrors/mine.h5')")
+    return (f"open_dataset got {what}: it takes a path (str or os.PathLike: {ACCEPTS[len('open_dataset accepts '):]}) "
+            "or a Hugging Face datasets.Dataset, DatasetDict (with split=) or IterableDataset")
 
 
 def _folder_layout(src: Path, options: dict) -> str:

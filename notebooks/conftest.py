@@ -58,6 +58,11 @@ TINY = {
         "COLABFAST_MAX_SIZE": "160",
         "COLABFAST_PRETRAINED": "0",  # no downloads in the tests
     },
+    "huggingface.ipynb": {  # its tiny dataset is built in memory: no hub in the tests
+        "COLABFAST_BATCH_SIZE": "8",
+        "COLABFAST_STEPS": "3",
+        "COLABFAST_IMAGE_SIZE": "32",
+    },
 }
 
 _workdir: Optional[Path] = None

@@ -47,7 +47,7 @@ from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
 
 __all__ = ["pack", "PackError", "PackRefused", "SplitRefused", "resized_size", "encode_image", "lock_path",
-           "source_fingerprint", "source_listing", "CHUNK"]
+           "source_fingerprint", "source_listing", "dataset_fingerprint", "CHUNK"]
 
 
 def pack(
@@ -408,3 +408,26 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
     return fingerprint, source.describe(), Contents(
         options, layout=source.layout, classes=source.classes,
         samples={s.name: (str(s.root), [_printable(f.rel) for f in s.files]) for s in source.splits})
+
+
+def dataset_fingerprint(dataset: Any, *, store: str = "encoded", image_size: Union[int, tuple[int, int], None] = None,
+                        quality: int = 90) -> str:
+    """The fingerprint :func:`pack` records in the mirror of the map-style ``dataset`` (a Hugging Face
+    ``datasets.Dataset`` included) with these options, from what the dataset says it holds (its
+    ``_fingerprint`` or ``fingerprint``, see :func:`colabfast.packing.dataset.identity`), its length
+    and its first sample's fields: reads ``dataset[0]``, nothing else. It ends in ``-anonymous`` for a
+    dataset that says nothing of its content (then no mirror is ever taken for its).
+
+    Raises:
+        PackRefused: options pack refuses for a dataset, or an empty dataset. FieldError: a first
+            sample no mirror holds.
+    """
+    from colabfast.hf import packable
+    from colabfast.packing.dataset import plan
+
+    if store != "encoded":
+        raise PackRefused("store='raw' is for folders of images; a mirror of a dataset stores its images "
+                         "encoded (PNG, or the JPEG files' own bytes)")
+    if not 1 <= quality <= 100:
+        raise PackRefused(f"quality must be 1..100, not {quality}")
+    return plan(packable(dataset), None, _options(store, _check_size(image_size), quality), "dataset")[2]

@@ -81,23 +81,26 @@ class SplitRefused(PackRefused):
     """A source of several splits (an export's ``train/``, ``valid/``, ``test/``; a tree of split
     folders) given no ``split=``, or one it lacks: the message lists its splits (``found``: name ->
     where it is) and the call to make (``call``: ``"pack"`` or ``"open_dataset"``), in the words a
-    YOLO export's splits are refused with (:mod:`colabfast.layouts.yolo`)."""
+    YOLO export's splits are refused with (:mod:`colabfast.layouts.yolo`). ``expr``: how the call names
+    the source, where it is not a path (``"dataset_dict"`` for a Hugging Face ``DatasetDict``)."""
 
-    def __init__(self, source: Any, found: dict[str, str], split: Optional[str], call: str = "pack"):
-        self.source, self.found, self.split = os.fspath(source), found, split
+    def __init__(self, source: Any, found: dict[str, str], split: Optional[str], call: str = "pack",
+                 expr: Optional[str] = None):
+        self.source, self.found, self.split, self.expr = os.fspath(source), found, split, expr
         listed = ", ".join(f"{name!r} ({where})" for name, where in sorted(found.items()))
         if split is not None:
             why = f"no split {split!r}: there are {listed}"
         else:
             why = f"{'several splits' if len(found) > 1 else 'one split'}: {listed}"
         first = "train" if "train" in found else sorted(found)[0]
-        make = (f"open_dataset({self.source!r}, split={first!r})" if call == "open_dataset" else
-                f"pack({self.source!r}, dst, split={first!r})")
+        named = expr if expr is not None else repr(self.source)
+        make = (f"open_dataset({named}, split={first!r})" if call == "open_dataset" else
+                f"pack({named}, dst, split={first!r})")
         super().__init__(f"{self.source}: {why}. Pass split= one of them: {make}")
 
     def to(self, call: str) -> SplitRefused:
         """The same refusal, naming the call ``call`` (``"open_dataset"``) to make."""
-        return SplitRefused(self.source, self.found, self.split, call)
+        return SplitRefused(self.source, self.found, self.split, call, self.expr)
 
 
 def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:

@@ -1,0 +1,272 @@
+"""colabfast.open_dataset of a Hugging Face dataset (issue 40, item 2): a ``datasets.Dataset``, a
+split of a ``DatasetDict`` and an ``IterableDataset`` that ends are packed once into the mirrors
+folder, found again by their fingerprint (an IterableDataset's: its rows' hash), and opened as an
+H5Dataset whose samples are the dataset's own ``dataset[i]``. No Drive: ``mirrors=`` a local folder."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import colabfast as cf
+import colabfast.packing
+from colabfast import env
+from colabfast.opening import MIRRORS_FOLDER, OpenRefused, default_dataset_mirrors
+
+datasets = pytest.importorskip("datasets")  # in the test extra (Colab has it): CI runs this
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def local(tmp_path, monkeypatch):
+    """This test's own cache and local disk; not in Colab; no Drive mount seen."""
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+    monkeypatch.setattr(env, "drive_mounts", lambda: [])
+    return tmp_path
+
+
+def _file(img: Image.Image, fmt: str) -> dict:
+    out = io.BytesIO()
+    img.save(out, fmt)
+    return {"bytes": out.getvalue(), "path": None}
+
+
+FEATURES = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog", "owl"]),
+                              "caption": datasets.Value("string"), "score": datasets.Value("float32")})
+
+
+def _rows(n: int = 7, seed: int = 0) -> dict:
+    """Images as datasets holds them: JPEG and PNG files (RGB and L) and a PIL image it encodes itself."""
+    rng = np.random.default_rng(seed)
+    images = []
+    for i in range(n):
+        img = Image.fromarray(rng.integers(0, 256, (9 + i, 13, 3), dtype=np.uint8))
+        images.append(img if i == 3 else _file(img.convert("L") if i == 2 else img, "JPEG" if i % 2 else "PNG"))
+    return {"image": images, "label": [i % 3 for i in range(n)], "caption": [f"photo {i} é" for i in range(n)],
+            "score": [i / 3 - 1 for i in range(n)]}
+
+
+def _dataset(n: int = 7, seed: int = 0, name: str = "pets") -> datasets.Dataset:
+    return datasets.Dataset.from_dict(_rows(n, seed), features=FEATURES,
+                                      info=datasets.DatasetInfo(dataset_name=name, features=FEATURES))
+
+
+def _same(got, want, where) -> None:
+    if isinstance(want, Image.Image):
+        assert isinstance(got, Image.Image), where
+        assert (got.mode, got.size, got.format) == (want.mode, want.size, want.format), where
+        assert got.tobytes() == want.tobytes(), where
+    else:
+        assert type(got) is type(want) and got == want, (where, got, want)
+
+
+def _same_samples(ds, rows: list[dict]) -> None:
+    assert isinstance(ds, cf.H5Dataset) and len(ds) == len(rows)
+    for i, want in enumerate(rows):
+        got = ds[i]
+        assert list(got) == list(want), i
+        for key in want:
+            _same(got[key], want[key], (i, key))
+
+
+def _mirrors(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.h5"))
+
+
+def _no_pack(monkeypatch) -> None:
+    """A second call must find the mirror: packing again fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("open_dataset packed again")
+
+    monkeypatch.setattr(colabfast.packing, "pack", refuse)
+
+
+def test_a_dataset_opens_as_its_own_samples_and_is_found_again(local, monkeypatch):
+    hf = _dataset()
+    folder = local / "mirrors"
+    ds = cf.open_dataset(hf, mirrors=folder, to="disk", workers=0, progress=False)
+    _same_samples(ds, [hf[i] for i in range(len(hf))])
+    assert {hf[i]["image"].format for i in range(len(hf))} >= {"PNG", "JPEG"}  # the files' formats came back
+    assert hf[2]["image"].mode == "L"
+    names = _mirrors(folder)
+    assert len(names) == 1 and names[0].startswith("pets-") and names[0].endswith(".h5")
+    assert "packed" in ds.account and hf._fingerprint[:16] in ds.account
+    assert cf.info(folder / names[0]).layout == "dataset"
+    before = os.stat(folder / names[0])
+
+    _no_pack(monkeypatch)
+    again = cf.open_dataset(hf, mirrors=folder, to="disk", workers=0, progress=False)
+    after = os.stat(folder / names[0])
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert _mirrors(folder) == names
+    assert "found a mirror of it made" in again.account and "packed" not in again.account
+    _same_samples(again, [hf[i] for i in range(len(hf))])
+
+
+def test_a_changed_dataset_gets_a_new_mirror_beside_the_old(local):
+    folder = local / "mirrors"
+    hf = _dataset()
+    cf.open_dataset(hf, mirrors=folder, workers=0, progress=False)
+    first = _mirrors(folder)
+    changed = hf.map(lambda row: {"caption": row["caption"].upper()})
+    assert changed._fingerprint != hf._fingerprint
+    ds = cf.open_dataset(changed, mirrors=folder, workers=0, progress=False)
+    names = _mirrors(folder)
+    assert len(names) == 2 and set(first) < set(names)
+    assert f"kept {first[0]}" in ds.account
+    _same_samples(ds, [changed[i] for i in range(len(changed))])
+    assert ds[0]["caption"] == "PHOTO 0 É"
+
+
+def test_a_dataset_dict_opens_the_split_asked_for(local):
+    folder = local / "mirrors"
+    dd = datasets.DatasetDict(train=_dataset(7, 0), test=_dataset(3, 1))
+    ds = cf.open_dataset(dd, split="test", mirrors=folder, workers=0, progress=False)
+    _same_samples(ds, [dd["test"][i] for i in range(3)])
+    assert [n.rsplit("-", 1)[0] for n in _mirrors(folder)] == ["pets-test"]
+
+    one = datasets.DatasetDict(validation=_dataset(2, 2))  # one split: no split= needed
+    _same_samples(cf.open_dataset(one, mirrors=folder, workers=0, progress=False), [one["validation"][i]
+                                                                                    for i in range(2)])
+
+
+@pytest.mark.parametrize("split", [None, "val"])
+def test_a_dataset_dict_of_several_splits_needs_split(local, split):
+    folder = local / "mirrors"
+    dd = datasets.DatasetDict(train=_dataset(7, 0), test=_dataset(3, 1))
+    with pytest.raises(cf.PackRefused) as caught:
+        cf.open_dataset(dd, split=split, mirrors=folder, workers=0, progress=False)
+    assert isinstance(caught.value, cf.Error)
+    message = str(caught.value)
+    assert "'test' (3 rows)" in message and "'train' (7 rows)" in message
+    assert "open_dataset(dataset_dict, split='train')" in message
+    assert (split is None) == ("several splits" in message) and (split is None or "no split 'val'" in message)
+    assert not folder.exists()  # refused before anything was written
+
+
+def test_an_iterable_dataset_dict_needs_split_too(local):
+    rows = datasets.Dataset.from_dict({"n": [1, 2, 3]})
+    idd = datasets.IterableDatasetDict(train=rows.to_iterable_dataset(), test=rows.to_iterable_dataset())
+    with pytest.raises(cf.PackRefused, match=r"this IterableDatasetDict: several splits: 'test' \(rows not counted\), "
+                                             r"'train' \(rows not counted\)\. Pass split= one of them: "
+                                             r"open_dataset\(dataset_dict, split='train'\)"):
+        cf.open_dataset(idd, mirrors=local / "mirrors", progress=False)
+    ds = cf.open_dataset(idd, split="test", mirrors=local / "mirrors", workers=0, progress=False)
+    assert [ds[i] for i in range(len(ds))] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_an_iterable_dataset_is_read_each_time_and_found_by_its_rows(local, monkeypatch):
+    """An IterableDataset has no fingerprint: its rows are read to local disk on every call, and their
+    hash finds its mirror; other rows get another mirror."""
+    folder = local / "mirrors"
+
+    def iterable(seed: int):
+        rows = _rows(5, seed)
+        rows["image"][3] = _file(rows["image"][3], "PNG")  # a generator yields what datasets holds: files
+
+        def gen():
+            for i in range(5):
+                yield {key: rows[key][i] for key in rows}
+
+        return datasets.IterableDataset.from_generator(gen, features=FEATURES)
+
+    source = iterable(0)
+    # An IterableDataset made from a generator yields the generator's values, not cast to its features
+    # (a float32 score is the Python float it was given); the mirror holds them as the features say,
+    # as the same rows read into a Dataset give them.
+    want = [{**row, "score": float(np.float32(row["score"]))} for row in source]
+    assert want != list(source)  # the score is what differs, and only it
+    ds = cf.open_dataset(source, mirrors=folder, workers=0, progress=False)
+    _same_samples(ds, want)
+    assert "no fingerprint" in ds.account and "packed" in ds.account
+    names = _mirrors(folder)
+    assert len(names) == 1 and names[0].startswith("generator-train-")
+    assert not any((env.work_dir() / "hf").iterdir())  # the rows read to local disk are gone
+
+    with monkeypatch.context() as m:  # the same rows from a new IterableDataset: found, not packed
+        _no_pack(m)
+        again = cf.open_dataset(iterable(0), mirrors=folder, workers=0, progress=False)
+    assert "found a mirror of it made" in again.account and _mirrors(folder) == names
+    _same_samples(again, want)
+
+    other = iterable(1)
+    ds = cf.open_dataset(other, mirrors=folder, workers=0, progress=False)
+    assert len(_mirrors(folder)) == 2
+    _same_samples(ds, [{**row, "score": float(np.float32(row["score"]))} for row in other])
+
+
+def test_what_open_dataset_does_not_take_is_named_with_the_call_to_make(local):
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return i * i
+
+    assert cf.OpenRefused is OpenRefused  # exported at the top, as every colabfast error
+    for obj in (Squares(), 42):
+        with pytest.raises(OpenRefused) as caught:
+            cf.open_dataset(obj, mirrors=local / "mirrors", progress=False)
+        assert isinstance(caught.value, cf.Error) and isinstance(caught.value, TypeError)
+    with pytest.raises(OpenRefused, match=r"Squares, a map-style dataset.*colabfast\.pack\(dataset, "):
+        cf.open_dataset(Squares(), progress=False)
+    with pytest.raises(OpenRefused, match="a builtins.int: it takes a path"):
+        cf.open_dataset(42, progress=False)
+
+    hf = _dataset(3)
+    with pytest.raises(cf.PackRefused, match="this Dataset is one split already"):
+        cf.open_dataset(hf, split="train", mirrors=local / "mirrors", progress=False)
+    with pytest.raises(cf.PackRefused, match="layout, shuffle: pack options for a folder"):
+        cf.open_dataset(hf, mirrors=local / "mirrors", layout="imagefolder", shuffle=True, progress=False)
+    with pytest.raises(cf.PackRefused, match="image_size=32: a Hugging Face Dataset's images are packed as it "
+                                             "holds them"):
+        cf.open_dataset(hf, mirrors=local / "mirrors", image_size=32, progress=False)
+    with pytest.raises(cf.PackRefused, match="store='raw' is for folders"):
+        cf.open_dataset(hf, mirrors=local / "mirrors", store="raw", progress=False)
+    assert not (local / "mirrors").exists()
+
+
+def test_mirrors_of_a_dataset_go_to_my_drive_when_mounted_else_the_local_cache(local, monkeypatch):
+    assert default_dataset_mirrors() == local / "cache" / MIRRORS_FOLDER
+    ds = cf.open_dataset(_dataset(3), workers=0, progress=False)  # no mirrors=: the cache, opened in place
+    assert [p.parent for p in (local / "cache" / MIRRORS_FOLDER).glob("pets-*.h5")] == [local / "cache" /
+                                                                                         MIRRORS_FOLDER]
+    assert "opened in place" in ds.account
+    mount = local / "drive"
+    (mount / "MyDrive").mkdir(parents=True)
+    monkeypatch.setattr(env, "drive_mounts", lambda: [env.DriveMount(str(mount), "standin")])
+    assert default_dataset_mirrors() == mount / "MyDrive" / MIRRORS_FOLDER
+    # several Drives (another process's stand-in beside ours): Colab's /content/drive, else the first by
+    # mountpoint, whatever order they are listed in (it took the first listed, which changed between calls)
+    other = local / "a-drive"
+    (other / "MyDrive").mkdir(parents=True)
+    monkeypatch.setattr(env, "COLAB_CONTENT", str(local))  # so that local/drive plays /content/drive
+    for listed in ([mount, other], [other, mount]):
+        monkeypatch.setattr(env, "drive_mounts", lambda listed=listed: [env.DriveMount(str(m), "standin")
+                                                                        for m in listed])
+        assert default_dataset_mirrors() == mount / "MyDrive" / MIRRORS_FOLDER
+    monkeypatch.setattr(env, "COLAB_CONTENT", "/nowhere")
+    for listed in ([mount, other], [other, mount]):
+        monkeypatch.setattr(env, "drive_mounts", lambda listed=listed: [env.DriveMount(str(m), "standin")
+                                                                        for m in listed])
+        assert default_dataset_mirrors() == other / "MyDrive" / MIRRORS_FOLDER
+
+
+def test_importing_colabfast_does_not_import_datasets():
+    code = ("import sys, colabfast, colabfast.opening, colabfast.hf, colabfast.packing; "
+            "colabfast.open_dataset; assert 'datasets' not in sys.modules, 'datasets imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
