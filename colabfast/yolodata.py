@@ -204,7 +204,8 @@ def _export(src: Path) -> _Export:
             raise ExportRefused(_no_yaml(src, found))
         return _export(names[found[0]])
     if kind != "archive" or archive_suffix(src) != ".zip":
-        raise ExportRefused(f"{src} is a {'mirror' if kind == 'mirror' else archive_suffix(src) + ' archive'}, not a "
+        what = "mirror" if kind == "mirror" else f"{archive_suffix(src)} archive"
+        raise ExportRefused(f"{src} is a {what}, not a "
                             f"YOLO export's folder, data.yaml or .zip: unzip it and call {CALL}('<folder>/data.yaml')")
     from colabfast.packing.unpacked import archive_layout
 
