@@ -68,11 +68,15 @@ class _Export:
 
         if self.members is not None:
             return yolo_splits(self.members)
+        from colabfast.sources import is_image
+
         found: dict[str, str] = {}
         with contextlib.suppress(OSError):
-            for p in sorted((self.src / "images").iterdir()):
-                if p.is_dir() and not p.name.startswith("."):
-                    found[p.name] = f"images/{p.name}/"
+            held = sorted((self.src / "images").iterdir())
+            if any(p.is_file() and is_image(p.name) for p in held):
+                found[""] = "images/"  # no split: all of images/
+            else:
+                found.update((p.name, f"images/{p.name}/") for p in held if p.is_dir() and not p.name.startswith("."))
             for p in sorted(self.src.iterdir()):
                 if p.is_dir() and (p / "images").is_dir() and p.name != "images":
                     found.setdefault(p.name, f"{p.name}/images/")
