@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import posixpath
@@ -351,29 +350,53 @@ def _write_tree(tree: Path, export: _Export, keys: dict[str, str], datasets: dic
     return count
 
 
+WRITERS = 8  # threads writing files: creating a file is a round trip to the kernel, overlapped
+
+
 def _write_split(tmp: Path, folder: str, ds: Any) -> int:
     """Write the mirror ``ds`` (an :class:`colabfast.H5Dataset` of layout yolo, ``output="bytes"``) as
-    ``images/<folder>/`` and ``labels/<folder>/`` under ``tmp``."""
+    ``images/<folder>/`` and ``labels/<folder>/`` under ``tmp``: the mirror read in order, the files
+    written by ``WRITERS`` threads."""
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from colabfast.mirror import MirrorError
 
     head = ds.reader.index.header
     source, split = head.source, head.split or ""
-    for k, path in enumerate(ds.source_paths):
-        rel = path[len(source) + 1:]
-        below = _below_split(rel, split)
-        if below is None or posixpath.normpath(below) != below or below.startswith(("../", "/")) or below == "..":
-            raise MirrorError(f"{ds.path} holds the image {rel!r}, not a file below the split's images folder: "
-                              "not a mirror colabfast wrote for a YOLO export")
-        data, target = ds[k]
-        raw = bytes(data.numpy())
+    made: set[str] = set()
+
+    def write(below: str, raw: bytes, target: dict, path: str) -> None:
         image = tmp / "images" / folder / below
-        image.parent.mkdir(parents=True, exist_ok=True)
         image.write_bytes(raw)
-        text = _label_text(raw, target)
-        if text:
-            label = tmp / "labels" / folder / (below.rsplit(".", 1)[0] + ".txt")  # img2label_paths' rule
-            label.parent.mkdir(parents=True, exist_ok=True)
-            label.write_text(text, "utf-8")
+        text = _label_text(raw, target, path)
+        if text:  # img2label_paths' rule: images/ -> labels/, the extension -> .txt
+            (tmp / "labels" / folder / (below.rsplit(".", 1)[0] + ".txt")).write_text(text, "utf-8")
+
+    pending: deque[Future] = deque()
+    with ThreadPoolExecutor(WRITERS, thread_name_prefix="colabfast-yolo-write") as pool:
+        try:
+            for k, path in enumerate(ds.source_paths):
+                rel = path[len(source) + 1:]
+                below = _below_split(rel, split)
+                if below is None or posixpath.normpath(below) != below or below.startswith(("../", "/")) \
+                        or below == "..":
+                    raise MirrorError(f"{ds.path} holds the image {rel!r}, not a file below the split's images "
+                                      "folder: not a mirror colabfast wrote for a YOLO export")
+                parent = posixpath.dirname(below)
+                if parent not in made:
+                    for top in ("images", "labels"):
+                        (tmp / top / folder / parent).mkdir(parents=True, exist_ok=True)
+                    made.add(parent)
+                data, target = ds[k]
+                pending.append(pool.submit(write, below, bytes(data.numpy()), target, path))
+                while len(pending) > 4 * WRITERS:
+                    pending.popleft().result()
+            while pending:
+                pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
     return len(ds)
 
 
@@ -389,19 +412,17 @@ def _below_split(rel: str, split: str) -> Optional[str]:
 LOW, HIGH = -0.01, 1.01
 
 
-def _label_text(image: bytes, target: dict) -> str:
+def _label_text(image: bytes, target: dict, where: str) -> str:
     """The YOLO label file of an image (its encoded bytes, upright) and its mirror's target: boxes
     ``x1 y1 x2 y2`` in pixels (or ``segments`` in pixels) normalised by the image's size; "" for none."""
     import numpy as np
-    from PIL import Image
 
-    from colabfast.encoding import oriented_size
+    from colabfast.layouts.yolo import _upright_size
 
     labels = target["labels"].tolist()
     if not labels:
         return ""
-    with Image.open(io.BytesIO(image)) as img:
-        width, height = oriented_size(img)
+    width, height = _upright_size(image, Path(where))  # from the header: a PNG is not decoded
     scale = np.array([width, height], np.float64)
     lines = []
     if "segments" in target:
