@@ -67,6 +67,7 @@ class _Export:
 
         if self.members is not None:
             return yolo_splits(self.members)
+        from colabfast.layouts._folder import first_file
         from colabfast.sources import is_image
 
         found: dict[str, str] = {}
@@ -79,7 +80,8 @@ class _Export:
             for p in sorted(self.src.iterdir()):
                 if p.is_dir() and (p / "images").is_dir() and p.name != "images":
                     found.setdefault(p.name, f"{p.name}/images/")
-        return found
+        # a split folder without an image is no split (the layout finds none there): a few listings each
+        return {name: where for name, where in found.items() if not name or first_file(self.src / where, is_image)}
 
 
 def ultralytics_data(
@@ -195,6 +197,9 @@ def _export(src: Path) -> _Export:
     if src.suffix.lower() in (".yaml", ".yml"):
         if not src.is_file():
             raise FileNotFoundError(f"nothing to read: {src} does not exist")
+        if not Path(os.path.realpath(src)).is_relative_to(os.path.realpath(src.parent)):
+            raise ExportRefused(f"{src} is a link to {os.path.realpath(src)}, outside the export's folder: pass the "
+                                f"export's own dataset YAML, {CALL}('<export folder>/data.yaml')")
         if src.stat().st_size > MAX_YAML_BYTES:
             raise ExportRefused(f"{src} has over {MAX_YAML_BYTES} bytes: not a dataset YAML")
         return _checked(_Export(src.parent, "folder", src.name, load_yaml(src.read_text("utf-8-sig"), src)))
@@ -301,7 +306,10 @@ def _split_of(export: _Export, key: str, value: Any, base: str, where: Path) -> 
     parts = rel.split("/")
     name = "" if parts == ["images"] else parts[1] if len(parts) == 2 and parts[0] == "images" else \
         parts[0] if len(parts) == 2 and parts[1] == "images" else None
-    if name is None or name not in there:
+    if name is not None and name not in there:
+        raise ExportRefused(f"{where}'s {key}: {value!r} names {rel}/, which holds no image (the export's splits: "
+                            f"{held}): fix the YAML, or call {CALL}({str(where)!r}, split=[...]) without {key!r}")
+    if name is None:
         raise ExportRefused(f"{where}'s {key}: {value!r} names {rel}/, not an images/<split> nor <split>/images "
                             f"folder of the export (it holds {held}); point {key}: at one of those")
     return name
@@ -330,7 +338,8 @@ def _write_tree(tree: Path, export: _Export, keys: dict[str, str], datasets: dic
     import yaml
 
     tmp = tree.with_name(f".{tree.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in tree.parent.glob(f".{tree.name}.partial-*"):  # a killed runtime's (this one holds the lock)
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         count = 0
         for name, ds in datasets.items():
