@@ -55,6 +55,7 @@ class _Export:
     yaml_rel: str
     doc: dict
     members: Optional[list[str]] = None  # an archive's file names, relative to the layout's root
+    _splits: Optional[dict[str, str]] = None
 
     def holds(self, rel: str) -> bool:
         if self.members is None:
@@ -62,7 +63,13 @@ class _Export:
         return rel == "." or any(m.startswith(rel + "/") for m in self.members)
 
     def splits(self) -> dict[str, str]:
-        """The export's splits, as :class:`colabfast.layouts.Yolo` finds them: name -> images folder."""
+        """The export's splits, as :class:`colabfast.layouts.Yolo` finds them: name -> images folder
+        (listed once)."""
+        if self._splits is None:
+            self._splits = self._listed_splits()
+        return self._splits
+
+    def _listed_splits(self) -> dict[str, str]:
         from colabfast.layouts.yolo import yolo_splits
 
         if self.members is not None:
@@ -323,9 +330,12 @@ def _fingerprint(mirror: Path) -> str:
 
 def _tree_path(export: _Export, keys: dict[str, str], datasets: dict[str, Any]) -> Path:
     """Where the tree of these mirrors and this YAML goes: one name per export version and options."""
+    import yaml
+
     from colabfast.archive import strip_archive_suffix
 
-    key = json.dumps({"writer": WRITER, "yaml": export.doc, "keys": keys,
+    doc = yaml.safe_dump(export.doc, sort_keys=False, allow_unicode=True)  # any keys (json sorts only str ones)
+    key = json.dumps({"writer": WRITER, "yaml": doc, "keys": keys,
                       "mirrors": {s: _fingerprint(ds.path) for s, ds in datasets.items()}}, sort_keys=True,
                      default=str)
     stem = strip_archive_suffix(export.src.name) if export.kind == "archive" else export.src.name
