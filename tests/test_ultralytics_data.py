@@ -335,3 +335,61 @@ def test_export_without_split_folders(local):
     assert (doc["train"], doc["val"]) == ("images/all", "images/all")
     assert len(list((local / "drive/mirrors").iterdir())) == 1  # one mirror for both keys
     assert same_as_ultralytics(root / "images", data.parent / "images/all") == 2
+
+
+@pytest.fixture
+def my_drive(local, monkeypatch):
+    """The stand-in Drive served by the Drive simulator at ``<tmp>/drive``; yields its MyDrive (written
+    directly behind it at ``<tmp>/standin/MyDrive``)."""
+    import subprocess
+
+    from colabfast import drive, drivesim, mounttable, standin
+
+    ok, why = drivesim.available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
+    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0")
+    yield drive.mount(local / "drive")
+    for mp in env.standin_mountpoints():
+        if mp.startswith(str(local)):
+            standin.unexpose(mp)
+    for m in reversed(mounttable.mounts()):
+        if m.mountpoint.startswith(str(local)):
+            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
+
+
+def in_new_runtime(path: Path, local: Path, runtime: str) -> tuple[str, Path]:
+    """``ultralytics_data(path)`` in a new process with its own cache and local disk (a new runtime, Drive
+    still mounted): what it printed, and the data.yaml it returned."""
+    import subprocess
+    import sys
+
+    (local / runtime / "tmp").mkdir(parents=True)
+    environ = dict(os.environ, COLABFAST_CACHE=str(local / runtime / "cache"), TMPDIR=str(local / runtime / "tmp"))
+    code = "import sys, colabfast as cf; print(cf.ultralytics_data(sys.argv[1], to='disk'))"
+    done = subprocess.run([sys.executable, "-c", code, str(path)], env=environ, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    return done.stdout, Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.fuse
+def test_on_drive_first_runtime_packs_next_runtime_only_stages(my_drive, local):
+    behind = export(local / "standin/MyDrive/things")  # written behind the mount, seen through it
+    exported = contents(behind)
+    data = cf.ultralytics_data(my_drive / "things/data.yaml", to="disk", progress=False)
+    mirrors = my_drive / "colabfast-mirrors"  # the default: the top of My Drive
+
+    def ours() -> dict:  # the export's mirrors (another process on this machine may use the same Drive)
+        return {name: st for name, st in tree(mirrors).items() if name.startswith("things-")}
+
+    packed = ours()
+    assert len(packed) == 2 and data.parent.is_relative_to(env.work_dir())
+    assert same_as_ultralytics(behind / "images/train", data.parent / "images/train") == 5
+    printed, again = in_new_runtime(my_drive / "things", local, "runtime2")
+    assert again.is_file() and again.is_relative_to(local / "runtime2/tmp")
+    assert "packed" not in printed and printed.count("found a mirror of it") == 2, printed
+    assert ours() == packed and contents(behind) == exported  # nothing written beside the export
+    assert contents(again.parent / "images") == contents(data.parent / "images")
+    assert contents(again.parent / "labels") == contents(data.parent / "labels")
