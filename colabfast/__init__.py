@@ -41,8 +41,6 @@ _EXPORTS = {
     "ArchiveReadError": "colabfast.archivesource",
     "UnsafeArchiveError": "colabfast.archive",
     "open_dataset": "colabfast.opening",
-    "ultralytics_data": "colabfast.yolodata",
-    "ExportRefused": "colabfast.yolodata",
     "H5ImageFolder": "colabfast.datasets",
     "H5Kitti": "colabfast.datasets",
     "H5Dataset": "colabfast.h5dataset",
@@ -58,6 +56,8 @@ _EXPORTS = {
     "CUDAPrefetcher": "colabfast.prefetch",
     "diagnose": "colabfast.diagnosis",
     "Report": "colabfast.diagnosis",
+    "ultralytics_data": "colabfast.yolodata",
+    "ExportRefused": "colabfast.yolodata",
 }
 
 __all__ = ["env", *_EXPORTS]

@@ -20,7 +20,8 @@ from colabfast.testing.data import encode, photo
 from colabfast.testing.layouts import with_orientation
 from colabfast.yolodata import COMPLETE, ExportRefused
 
-os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics must not try to download anything here
+os.environ.setdefault("YOLO_OFFLINE", "true")  # Ultralytics must not try to download anything here,
+os.environ.setdefault("YOLO_AUTOINSTALL", "false")  # nor install packages (ultralytics/utils/__init__.py)
 
 RNG = np.random.default_rng(0)
 CLASSES = 3
