@@ -7,8 +7,9 @@ RAM; ``archive``, ``tmpfs``) -> ``packing`` (HDF5 mirrors; ``mirror`` is the for
 layouts, ``archivesource`` archives read as one stream, ``imagenet`` ImageNet's labels) -> ``datasets``
 -> ``loading`` (feed the GPU; ``reader``, ``sampler``, ``collate``, ``prefetch``, ``gpudecode``,
 ``transforms``) -> ``diagnosis`` (are we data-bound?). ``opening`` (``open_dataset``) takes a source
-from Drive to a dataset in one call, through staging, packing and datasets. ``doctor`` (``colabfast
-doctor``) reads ``env`` and ``staging`` to advise where data should live.
+from Drive to a dataset in one call, through staging, packing and datasets; ``yolodata``
+(``ultralytics_data``) writes a YOLO export's mirrors out as a local tree Ultralytics trains from. ``doctor``
+(``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.
 """
@@ -63,6 +64,8 @@ _EXPORTS = {
     "CUDAPrefetcher": "colabfast.prefetch",
     "diagnose": "colabfast.diagnosis",
     "Report": "colabfast.diagnosis",
+    "ultralytics_data": "colabfast.yolodata",
+    "ExportRefused": "colabfast.yolodata",
 }
 
 __all__ = ["env", *_EXPORTS]

@@ -53,7 +53,7 @@ from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.sources import is_image
 
-__all__ = ["Yolo", "label_path", "polygon_masks", "yolo_splits"]
+__all__ = ["Yolo", "label_path", "load_yaml", "polygon_masks", "yolo_splits"]
 
 MAX_LABEL_BYTES = 16_000_000  # one image's label file; a real one is a few kB
 MAX_YAML_BYTES = 1_000_000
@@ -319,6 +319,22 @@ def _pick_split(root: Path, files: list[FileEntry], split: Optional[str]) -> tup
     return split, found[split]
 
 
+def load_yaml(text: str, path: Path) -> Any:
+    """The dataset YAML ``text`` (of the file at ``path``) parsed by ``yaml.safe_load``, as Ultralytics'
+    ``YAML.load`` does (``ultralytics/utils/__init__.py``): no tags that make Python objects.
+
+    Raises:
+        LayoutError: not valid YAML, or a tag ``safe_load`` refuses (e.g. ``!!python/object``), naming
+            the line.
+    """
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise LayoutError(path, f"not valid YAML ({getattr(exc, 'problem', exc)})",
+                          mark.line + 1 if mark is not None else None) from None
+
+
 def _read_classes(root: Path, files: list[FileEntry], refused: dict[str, str],
                   retries: int) -> tuple[FileEntry, list[str]]:
     """The YAML file naming the classes, and its names: ``data.yaml``, else the one ``*.yaml`` at
@@ -332,13 +348,7 @@ def _read_classes(root: Path, files: list[FileEntry], refused: dict[str, str],
         raise refuse(root, (bad_preferred or bad)[0], refused)
     found = []
     for entry in preferred or tops:
-        text = read_text(root, entry, retries, MAX_YAML_BYTES)
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise LayoutError(root / entry.rel, f"not valid YAML ({getattr(exc, 'problem', exc)})",
-                              mark.line + 1 if mark is not None else None) from None
+        doc = load_yaml(read_text(root, entry, retries, MAX_YAML_BYTES), root / entry.rel)
         if isinstance(doc, dict) and "names" in doc:
             found.append((entry, doc))
     if len(found) != 1:

@@ -1,0 +1,396 @@
+"""colabfast.ultralytics_data: a YOLO export (folder, data.yaml, zip) as a local YOLO tree that
+Ultralytics trains from, its labels checked with Ultralytics' own ``verify_image_label``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+import colabfast as cf
+from colabfast import env
+from colabfast.layouts import LayoutError
+from colabfast.testing.data import encode, photo
+from colabfast.testing.layouts import with_orientation
+from colabfast.yolodata import COMPLETE, ExportRefused
+
+os.environ.setdefault("YOLO_OFFLINE", "true")  # Ultralytics must not try to download anything here,
+os.environ.setdefault("YOLO_AUTOINSTALL", "false")  # nor install packages (ultralytics/utils/__init__.py)
+
+RNG = np.random.default_rng(0)
+CLASSES = 3
+
+
+@pytest.fixture
+def local(tmp_path, monkeypatch):
+    """This test's own cache and local disk (what a runtime loses when it ends); not in Colab."""
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+    return tmp_path
+
+
+def image(path: Path, width: int, height: int, fmt: str = "JPEG", orientation: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = encode(photo(width, height, RNG), fmt)
+    path.write_bytes(with_orientation(data, orientation) if orientation else data)
+    return path
+
+
+def text(path: Path, content: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    return path
+
+
+def export(root: Path) -> Path:
+    """An Ultralytics export: boxes, an EXIF-rotated JPEG (orientation 6: stored 60x30, upright 30x60),
+    a PNG, a background image, duplicate rows, a subfolder, an image Ultralytics drops (a class
+    outside names), and a val split."""
+    image(root / "images/train/a.jpg", 80, 40)
+    text(root / "labels/train/a.txt", "1 0.5 0.5 0.2 0.4\n0 0.25 0.75 0.5 0.5\n0 0.25 0.75 0.5 0.5\n")
+    image(root / "images/train/turned.jpg", 60, 30, orientation=6)
+    text(root / "labels/train/turned.txt", "2 0.25 0.5 0.2 0.4\n0 0.7 0.1 0.1 0.05\n")
+    image(root / "images/train/b.png", 48, 32, "PNG")
+    text(root / "labels/train/b.txt", "0 0.333333 0.1234567 0.0101 0.3\n")
+    image(root / "images/train/background.jpg", 32, 32)
+    image(root / "images/train/sub/d.jpg", 50, 70)
+    text(root / "labels/train/sub/d.txt", "2 -0.01 0.5 0.2 0.2\n1 0.5 1.01 0.5 0.02\n")
+    image(root / "images/train/dropped.jpg", 40, 40)
+    text(root / "labels/train/dropped.txt", "7 0.5 0.5 0.2 0.2\n")
+    image(root / "images/val/v.jpg", 64, 48)
+    text(root / "labels/val/v.txt", "0 0.5 0.5 0.9 0.9\n")
+    text(root / "data.yaml", "path: .\ntrain: images/train\nval: images/val\nnc: 3\nnames: [cat, dog, bird]\n")
+    return root
+
+
+def segments_export(root: Path) -> Path:
+    """Ultralytics' segment format (every object a polygon), one image EXIF-rotated."""
+    image(root / "images/train/a.jpg", 100, 50)
+    text(root / "labels/train/a.txt", "2 0.1 0.2 0.5 0.1 0.3 0.9\n0 0.5 0.5 0.9 0.5 0.9 0.9 0.5 0.9\n")
+    image(root / "images/train/turned.jpg", 60, 30, orientation=8)
+    text(root / "labels/train/turned.txt", "1 0.1 0.1 0.6 0.2 0.4 0.8 0.15 0.7\n")
+    image(root / "images/val/v.jpg", 40, 40)
+    text(root / "labels/val/v.txt", "0 0.2 0.2 0.8 0.2 0.8 0.8\n")
+    text(root / "data.yaml", "train: images/train\nval: images/val\nnames: {0: a, 1: b, 2: c}\n")
+    return root
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    """{relative path: (inode, mtime_ns)} of every file under ``root``."""
+    return {p.relative_to(root).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def contents(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def verified(image_path: Path, label_path: Path):
+    """What Ultralytics reads of an image and its label file: (labels [M, 5] or None, (h, w), segments)."""
+    from ultralytics.data.utils import verify_image_label
+
+    _, lb, shape, segments, *_ = verify_image_label((str(image_path), str(label_path), "", False, CLASSES, 0, 0,
+                                                     False))
+    return lb, shape, segments
+
+
+def label_of(image_path: Path) -> Path:
+    from ultralytics.data.utils import img2label_paths
+
+    return Path(img2label_paths([str(image_path)])[0])
+
+
+def same_as_ultralytics(src_images: Path, out_images: Path) -> int:
+    """Every image under ``src_images`` read by ``verify_image_label`` from the export and from the
+    written tree: dropped in both, or the same labels, size and polygons (to float32 rounding);
+    the image bytes the export's unless EXIF-turned (then the same upright pixels, by Ultralytics' imread).
+    The number of images compared."""
+    from ultralytics.utils.patches import imread
+
+    compared = 0
+    for src in sorted(p for p in src_images.rglob("*") if p.is_file()):
+        out = out_images / src.relative_to(src_images)
+        lb, shape, segments = verified(src, label_of(src))
+        if lb is None:  # Ultralytics drops it: so does the tree
+            assert not out.exists(), out
+            continue
+        got, got_shape, got_segments = verified(out, label_of(out))
+        assert got is not None and got_shape == shape, out
+        np.testing.assert_array_equal(got[:, 0], lb[:, 0])
+        np.testing.assert_allclose(got[:, 1:], lb[:, 1:], rtol=0, atol=5e-7)
+        assert len(got_segments) == len(segments)
+        for ours, theirs in zip(got_segments, segments):
+            np.testing.assert_allclose(ours, theirs, rtol=0, atol=5e-7)
+        with Image.open(src) as im:
+            turned = im.getexif().get(274, 1) != 1
+        if turned:
+            assert np.array_equal(imread(str(out)), imread(str(src))), out  # upright pixels, as Ultralytics reads
+        else:
+            assert out.read_bytes() == src.read_bytes(), out
+        compared += 1
+    return compared
+
+
+def test_labels_are_what_ultralytics_reads_from_the_export(local):
+    root = export(local / "drive/ds")
+    data = cf.ultralytics_data(root, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    out = data.parent
+    assert same_as_ultralytics(root / "images/train", out / "images/train") == 5
+    assert same_as_ultralytics(root / "images/val", out / "images/val") == 1
+    assert not (out / "images/train/dropped.jpg").exists() and (out / "images/train/turned.jpg").exists()
+    assert not (out / "labels/train/background.txt").exists()  # a background image: no label file
+    # the turned image is upright in the tree: 30 wide, 60 high, no EXIF orientation left to apply
+    with Image.open(out / "images/train/turned.jpg") as im:
+        assert im.size == (30, 60) and im.getexif().get(274, 1) == 1
+
+
+def test_polygons_are_what_ultralytics_reads_from_the_export(local):
+    root = segments_export(local / "drive/seg")
+    data = cf.ultralytics_data(root / "data.yaml", mirrors=local / "drive/mirrors", to="disk", progress=False)
+    assert same_as_ultralytics(root / "images/train", data.parent / "images/train") == 2
+    assert same_as_ultralytics(root / "images/val", data.parent / "images/val") == 1
+    first = (data.parent / "labels/train/a.txt").read_text().splitlines()
+    assert len(first) == 2 and all(len(line.split()) > 6 for line in first)  # still polygons
+
+
+def roboflow_zip(local: Path) -> Path:
+    """A Roboflow YOLO export zip: train/valid/test folders, ``../train/images`` paths, a roboflow block."""
+    root = local / "export"
+    for split, n in (("train", 3), ("valid", 1), ("test", 1)):
+        for k in range(n):
+            image(root / f"{split}/images/{split}{k}.jpg", 40, 30)
+            text(root / f"{split}/labels/{split}{k}.txt", f"{k % CLASSES} 0.5 0.5 0.25 0.5\n")
+    text(root / "data.yaml", "train: ../train/images\nval: ../valid/images\ntest: ../test/images\n\nnc: 3\n"
+         "names: ['a', 'b', 'c']\n\nroboflow:\n  workspace: me\n  project: things\n  version: 2\n"
+         "  license: CC BY 4.0\n  url: https://universe.roboflow.com/me/things/dataset/2\n")
+    archive = local / "drive/things.v2i.yolov8.zip"
+    archive.parent.mkdir(parents=True)
+    with zipfile.ZipFile(archive, "w") as z:
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                z.write(p, p.relative_to(root).as_posix())
+    return archive
+
+
+def test_yaml_keys_kept_and_paths_rewritten_to_local_disk(local):
+    archive = roboflow_zip(local)
+    original = yaml.safe_load(zipfile.ZipFile(archive).read("data.yaml"))
+    data = cf.ultralytics_data(archive, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    doc = yaml.safe_load(data.read_text())
+    assert Path(doc["path"]) == data.parent and data.parent.is_relative_to(env.work_dir())
+    assert {k: doc[k] for k in ("train", "val", "test")} == {"train": "images/train", "val": "images/valid",
+                                                             "test": "images/test"}
+    assert {k: v for k, v in doc.items() if k not in ("path", "train", "val", "test")} == \
+        {k: v for k, v in original.items() if k not in ("train", "val", "test")}  # names, nc, roboflow: kept
+    for key, n in (("train", 3), ("val", 1), ("test", 1)):
+        folder = Path(doc["path"]) / doc[key]
+        assert folder.is_dir() and len(list(folder.iterdir())) == n
+    written = [p for p in data.parent.rglob("*") if p.is_file()]
+    assert all(not os.path.islink(p) and p.resolve().is_relative_to(env.work_dir()) for p in written)
+    # split= keeps the YAML keys asked for
+    data = cf.ultralytics_data(archive, "train", mirrors=local / "drive/mirrors", to="disk", progress=False)
+    assert {k for k in yaml.safe_load(data.read_text()) if k in ("train", "val", "test")} == {"train"}
+
+
+def test_second_call_and_second_runtime_pack_nothing(local, monkeypatch):
+    import shutil
+
+    from colabfast import packing
+
+    root = export(local / "drive/ds")
+    mirrors = local / "drive/mirrors"
+    before_export = contents(local / "drive/ds")
+    data = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+    packed, written = tree(mirrors), tree(data.parent)
+    assert sorted(p.rsplit("-", 1)[0] for p in packed) == ["ds", "ds"]  # one mirror per split
+
+    def no_pack(*args, **kwargs):
+        raise AssertionError("packed again")
+
+    monkeypatch.setattr(packing, "pack", no_pack)
+    assert cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False) == data  # same runtime
+    assert tree(data.parent) == written and tree(mirrors) == packed  # nothing rewritten
+    shutil.rmtree(local / "tmp")  # a new runtime: local disk empty, the mirrors on Drive
+    (local / "tmp").mkdir()
+    again = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+    assert tree(mirrors) == packed and (again.parent / COMPLETE).is_file()
+    assert contents(again.parent).keys() == {**dict.fromkeys(written)}.keys()
+    assert contents(local / "drive/ds") == before_export  # nothing written into the export
+
+
+def assert_refused(call, local: Path, *words: str, error: type = ExportRefused) -> str:
+    drive_before = contents(local / "drive")
+    with pytest.raises(error) as info:
+        call()
+    message = str(info.value)
+    assert isinstance(info.value, cf.Error) and "\n" not in message, message
+    for word in words:
+        assert word in message, message
+    assert contents(local / "drive") == drive_before  # nothing written beside the export, no mirror
+    left = [p for p in (local / "tmp").rglob("*") if p.is_file()]
+    assert left == [], left  # nothing on local disk
+    return message
+
+
+def test_bad_inputs_are_refused_with_the_call_to_make(local):
+    root = export(local / "drive/ds")
+    image(local / "drive/other/images/x.jpg", 20, 20)
+    mirrors = local / "drive/mirrors"
+
+    def call(path, *args):
+        return lambda: cf.ultralytics_data(path, *args, mirrors=mirrors, to="disk", progress=False)
+
+    text(root / "data.yaml", "train: ../other/images\nval: images/val\nnames: [a, b, c]\n")
+    assert_refused(call(root), local, "outside the dataset folder", "train:")
+    text(root / "data.yaml", "train: /content/elsewhere/images/train\nval: images/val\nnames: [a, b, c]\n")
+    assert_refused(call(root), local, "outside the dataset folder")
+    text(root / "data.yaml", "train: images/train\nval: images/validation\nnames: [a, b, c]\n")
+    assert_refused(call(root / "data.yaml"), local, "val:", "does not hold", "ultralytics_data(")
+    (root / "images/empty").mkdir()
+    text(root / "data.yaml", "train: images/train\nval: images/empty\nnames: [a, b, c]\n")
+    assert_refused(call(root), local, "holds no image", "val:")
+    text(root / "data.yaml", "train: labels/train\nval: images/val\nnames: [a, b, c]\n")
+    assert_refused(call(root), local, "not an images/<split> nor <split>/images folder")
+    text(root / "data.yaml", "train: images/train\nnames: [a, b, c]\n")
+    assert_refused(call(root, "val"), local, "no val: split", "split=['train']")
+    os.symlink(local / "drive/other.yaml", root / "linked.yaml")
+    text(local / "drive/other.yaml", "train: images/train\nnames: [a, b, c]\n")
+    assert_refused(call(root / "linked.yaml"), local, "outside the export's folder")
+    (root / "linked.yaml").unlink()
+    (local / "drive/other.yaml").unlink()
+    text(root / "data.yaml", "train: images/train\nval: images/val\nnames: [a, b, c]\nkpt_shape: [17, 3]\n")
+    assert_refused(call(root), local, "pose")
+    text(root / "data.yaml", "train: [images/train, images/val]\nval: images/val\nnames: [a, b, c]\n")
+    assert_refused(call(root), local, "list")
+    text(root / "data.yaml", "names: !!python/object/apply:os.system [echo hi]\ntrain: images/train\n")
+    assert_refused(call(root), local, "not valid YAML", error=LayoutError)
+    coco = local / "drive/coco.zip"
+    with zipfile.ZipFile(coco, "w") as z:
+        z.writestr("train/_annotations.coco.json", '{"images": [], "annotations": [], "categories": []}')
+        z.writestr("train/a.jpg", encode(photo(8, 8, RNG)))
+    assert_refused(call(coco), local, "coco export", "open_dataset")
+    classify = local / "drive/flowers"
+    image(classify / "train/rose/1.jpg", 8, 8)
+    assert_refused(call(classify), local, "classification export", "open_dataset")
+
+
+def test_ultralytics_trains_one_epoch_from_the_local_tree(local, monkeypatch):
+    """The issue's "done when": YOLOv8n (from its YAML: no weights downloaded) trains one epoch on the
+    CPU at imgsz=64 from what ultralytics_data returns, every image it reads on local disk."""
+    from ultralytics import YOLO
+
+    root = local / "drive/ds"
+    for k in range(4):
+        image(root / f"images/train/{k}.jpg", 64, 48, orientation=6 if k == 0 else 0)
+        text(root / f"labels/train/{k}.txt", f"{k % CLASSES} 0.5 0.5 0.4 0.4\n")
+    for k in range(2):
+        image(root / f"images/val/{k}.jpg", 64, 48)
+        text(root / f"labels/val/{k}.txt", f"{k % CLASSES} 0.4 0.5 0.3 0.6\n")
+    text(root / "data.yaml", "train: images/train\nval: images/val\nnames: [a, b, c]\n")
+    data = cf.ultralytics_data(root, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    monkeypatch.chdir(local)
+    model = YOLO("yolov8n.yaml")
+    model.train(data=data, epochs=1, imgsz=64, batch=2, device="cpu", workers=0, plots=False, amp=False,
+                project=str(local / "runs"), name="one", exist_ok=True, verbose=False, seed=0)
+    trainer = model.trainer
+    im_files = trainer.train_loader.dataset.im_files
+    assert len(im_files) == 4 and all(Path(f).is_relative_to(data.parent) for f in im_files)
+    assert len(trainer.train_loader.dataset.labels) == 4
+    assert sum(len(lb["cls"]) for lb in trainer.train_loader.dataset.labels) == 4
+    assert trainer.epoch == 0 and (local / "runs/one/weights/last.pt").is_file()
+
+
+def test_writing_the_tree_never_imports_ultralytics(local):
+    """``import colabfast`` and ``ultralytics_data`` itself only write files: Ultralytics is for training."""
+    import subprocess
+    import sys
+
+    root = export(local / "drive/ds")
+    code = ("import sys, colabfast as cf; assert 'ultralytics' not in sys.modules; "
+            f"p = cf.ultralytics_data({str(root)!r}, mirrors={str(local / 'drive/mirrors')!r}, to='disk', "
+            "progress=False); assert p.is_file(); print(sorted(m for m in sys.modules if m.startswith('ultralytics')))")
+    environ = dict(os.environ, COLABFAST_CACHE=str(local / "cache"), TMPDIR=str(local / "tmp"))
+    done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_export_without_split_folders(local):
+    """images/ and labels/ alone, named by both train: and val:, as Ultralytics' small examples are."""
+    root = local / "drive/flat"
+    image(root / "images/a.jpg", 40, 20)
+    text(root / "labels/a.txt", "1 0.5 0.5 0.2 0.4\n")
+    image(root / "images/b.jpg", 20, 40)
+    text(root / "data.yaml", "train: images\nval: images\nnames: [a, b, c]\n")
+    data = cf.ultralytics_data(root, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    doc = yaml.safe_load(data.read_text())
+    assert (doc["train"], doc["val"]) == ("images/all", "images/all")
+    assert len(list((local / "drive/mirrors").iterdir())) == 1  # one mirror for both keys
+    assert same_as_ultralytics(root / "images", data.parent / "images/all") == 2
+
+
+@pytest.fixture
+def my_drive(local, monkeypatch):
+    """The stand-in Drive served by the Drive simulator at ``<tmp>/drive``; yields its MyDrive (written
+    directly behind it at ``<tmp>/standin/MyDrive``)."""
+    import subprocess
+
+    from colabfast import drive, drivesim, mounttable, standin
+
+    ok, why = drivesim.available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
+    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0")
+    yield drive.mount(local / "drive")
+    for mp in env.standin_mountpoints():
+        if mp.startswith(str(local)):
+            standin.unexpose(mp)
+    for m in reversed(mounttable.mounts()):
+        if m.mountpoint.startswith(str(local)):
+            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
+
+
+def in_new_runtime(path: Path, local: Path, runtime: str) -> tuple[str, Path]:
+    """``ultralytics_data(path)`` in a new process with its own cache and local disk (a new runtime, Drive
+    still mounted): what it printed, and the data.yaml it returned."""
+    import subprocess
+    import sys
+
+    (local / runtime / "tmp").mkdir(parents=True)
+    environ = dict(os.environ, COLABFAST_CACHE=str(local / runtime / "cache"), TMPDIR=str(local / runtime / "tmp"))
+    code = "import sys, colabfast as cf; print(cf.ultralytics_data(sys.argv[1], to='disk'))"
+    done = subprocess.run([sys.executable, "-c", code, str(path)], env=environ, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    return done.stdout, Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.fuse
+def test_on_drive_first_runtime_packs_next_runtime_only_stages(my_drive, local):
+    behind = export(local / "standin/MyDrive/things")  # written behind the mount, seen through it
+    exported = contents(behind)
+    data = cf.ultralytics_data(my_drive / "things/data.yaml", to="disk", progress=False)
+    mirrors = my_drive / "colabfast-mirrors"  # the default: the top of My Drive
+
+    def ours() -> dict:  # the export's mirrors (another process on this machine may use the same Drive)
+        return {name: st for name, st in tree(mirrors).items() if name.startswith("things-")}
+
+    packed = ours()
+    assert len(packed) == 2 and data.parent.is_relative_to(env.work_dir())
+    assert same_as_ultralytics(behind / "images/train", data.parent / "images/train") == 5
+    printed, again = in_new_runtime(my_drive / "things", local, "runtime2")
+    assert again.is_file() and again.is_relative_to(local / "runtime2/tmp")
+    assert "packed" not in printed and printed.count("found a mirror of it") == 2, printed
+    assert ours() == packed and contents(behind) == exported  # nothing written beside the export
+    assert contents(again.parent / "images") == contents(data.parent / "images")
+    assert contents(again.parent / "labels") == contents(data.parent / "labels")
