@@ -58,6 +58,14 @@ TINY = {
         "COLABFAST_MAX_SIZE": "160",
         "COLABFAST_PRETRAINED": "0",  # no downloads in the tests
     },
+    "yolo.ipynb": {  # YOLOv8n built from its YAML: no weights downloaded in the tests
+        "COLABFAST_MODEL": "yolov8n.yaml",
+        "COLABFAST_EPOCHS": "1",
+        "COLABFAST_IMAGE_SIZE": "64",
+        "COLABFAST_BATCH_SIZE": "4",
+        "YOLO_OFFLINE": "true",
+        "YOLO_AUTOINSTALL": "false",
+    },
     "huggingface.ipynb": {  # its tiny dataset is built in memory: no hub in the tests
         "COLABFAST_BATCH_SIZE": "8",
         "COLABFAST_STEPS": "3",

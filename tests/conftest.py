@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 
 import pytest
 
-from colabfast import env, mounttable
+from colabfast import drive, drivesim, env, mounttable
 from colabfast import standin as standin_module
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -124,3 +125,32 @@ def assert_flat_over_epochs_with_breaks(loader, period: int, epochs: int = 50) -
         allocated.append(torch.cuda.memory_allocated())
     assert threading.active_count() == threads
     assert max(allocated[5:]) <= allocated[4], allocated
+
+
+@pytest.fixture
+def local(tmp_path, monkeypatch):
+    """This test's own cache and local disk (what a runtime loses when it ends); not in Colab."""
+    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+    return tmp_path
+
+
+@pytest.fixture
+def my_drive(local, monkeypatch):
+    """The stand-in Drive served by the Drive simulator at ``<tmp>/drive``; yields its MyDrive (the
+    stand-in root's own MyDrive, written directly, is ``<tmp>/standin/MyDrive``)."""
+    ok, why = drivesim.available()
+    if not ok:
+        pytest.skip(f"FUSE is not available: {why}")
+    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
+    monkeypatch.setenv(standin_module.SIM_VAR, "open_ms=1,read_ms=0")
+    yield drive.mount(local / "drive")
+    for mp in env.standin_mountpoints():
+        if mp.startswith(str(local)):
+            standin_module.unexpose(mp)
+    for m in reversed(mounttable.mounts()):
+        if m.mountpoint.startswith(str(local)):
+            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)

@@ -142,7 +142,7 @@ def test_one_repository_url_everywhere_a_user_installs_from():
     slug = home.removeprefix("https://github.com/")
     readme = (root / "README.md").read_text(encoding="utf-8")
     assert f'pip install -q "git+{home}"' in readme and f"git clone {home}" in readme
-    for name in ("quickstart", "kitti", "imagenet", "detection", "huggingface"):
+    for name in ("quickstart", "kitti", "imagenet", "detection", "huggingface", "yolo"):
         cells = json.loads((root / "notebooks" / f"{name}.ipynb").read_text(encoding="utf-8"))["cells"]
         text = ["".join(c["source"]) for c in cells]
         assert f'pip install -q "git+{home}"' in text[1], name  # the first code cell

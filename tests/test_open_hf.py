@@ -9,7 +9,6 @@ import io
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def local(tmp_path, monkeypatch):
-    """This test's own cache and local disk; not in Colab; no Drive mount seen."""
-    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+def local(local, monkeypatch):
+    """conftest's ``local``, and no Drive mount seen."""
     monkeypatch.setattr(env, "drive_mounts", lambda: [])
-    return tmp_path
+    return local
 
 
 def _file(img: Image.Image, fmt: str) -> dict:

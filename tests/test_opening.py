@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -21,42 +20,13 @@ from PIL import Image
 from torchvision.datasets import ImageFolder, Kitti
 
 import colabfast as cf
-from colabfast import drive, drivesim, env, mounttable, standin
+from colabfast import drive, drivesim, env, standin
 from colabfast.datasets import H5ImageFolder, H5Kitti
 from colabfast.opening import MIRRORS_FOLDER, default_mirrors, mirror_name, open_dataset
 from colabfast.packing import source_fingerprint
 from colabfast.testing.data import make_imagefolder, make_kitti
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def local(tmp_path, monkeypatch):
-    """This test's own cache and local disk (what a runtime loses when it ends); not in Colab."""
-    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
-    return tmp_path
-
-
-@pytest.fixture
-def my_drive(local, monkeypatch):
-    """The stand-in Drive served by the Drive simulator at ``<tmp>/drive``; yields its MyDrive (the
-    stand-in root's own MyDrive, written directly, is ``<tmp>/standin/MyDrive``)."""
-    ok, why = drivesim.available()
-    if not ok:
-        pytest.skip(f"FUSE is not available: {why}")
-    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
-    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0")
-    yield drive.mount(local / "drive")
-    for mp in env.standin_mountpoints():
-        if mp.startswith(str(local)):
-            standin.unexpose(mp)
-    for m in reversed(mounttable.mounts()):
-        if m.mountpoint.startswith(str(local)):
-            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
 
 
 def flowers(my_drive: Path) -> Path:

@@ -4,7 +4,6 @@ Ultralytics trains from, its labels checked with Ultralytics' own ``verify_image
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -25,17 +24,6 @@ os.environ.setdefault("YOLO_AUTOINSTALL", "false")  # nor install packages (ultr
 
 RNG = np.random.default_rng(0)
 CLASSES = 3
-
-
-@pytest.fixture
-def local(tmp_path, monkeypatch):
-    """This test's own cache and local disk (what a runtime loses when it ends); not in Colab."""
-    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
-    return tmp_path
 
 
 def image(path: Path, width: int, height: int, fmt: str = "JPEG", orientation: int = 0) -> Path:
@@ -336,28 +324,6 @@ def test_export_without_split_folders(local):
     assert (doc["train"], doc["val"]) == ("images/all", "images/all")
     assert len(list((local / "drive/mirrors").iterdir())) == 1  # one mirror for both keys
     assert same_as_ultralytics(root / "images", data.parent / "images/all") == 2
-
-
-@pytest.fixture
-def my_drive(local, monkeypatch):
-    """The stand-in Drive served by the Drive simulator at ``<tmp>/drive``; yields its MyDrive (written
-    directly behind it at ``<tmp>/standin/MyDrive``)."""
-    import subprocess
-
-    from colabfast import drive, drivesim, mounttable, standin
-
-    ok, why = drivesim.available()
-    if not ok:
-        pytest.skip(f"FUSE is not available: {why}")
-    monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
-    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0")
-    yield drive.mount(local / "drive")
-    for mp in env.standin_mountpoints():
-        if mp.startswith(str(local)):
-            standin.unexpose(mp)
-    for m in reversed(mounttable.mounts()):
-        if m.mountpoint.startswith(str(local)):
-            subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
 
 
 def in_new_runtime(path: Path, local: Path, runtime: str) -> tuple[str, Path]:
