@@ -264,10 +264,10 @@ def _split_of_tree(src: Any, split: Optional[str]) -> tuple[Any, Optional[str]]:
     """
     from colabfast.sources import detect_layout, split_folders
 
-    if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src) or detect_layout(Path(src)) != "imagefolder":
+    if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
         return src, split
-    folders = split_folders(src)
-    if folders is None:
+    folders = split_folders(src)  # one listing; KITTI's tree is ruled out only where it matters
+    if folders is None or detect_layout(Path(src)) != "imagefolder":
         return src, split
     if split not in folders:
         raise SplitRefused(src, {name: f"{name}/" for name in folders}, split)
