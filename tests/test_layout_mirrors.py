@@ -686,18 +686,11 @@ def test_an_export_zip_packs_as_its_layout_and_is_found_without_extracting(tmp_p
     assert cf.info(packed).layout == "yolo" and len(cf.H5Dataset(packed)) == 4
 
 
-def test_open_dataset_opens_an_export_zip(tmp_path, monkeypatch):
-    import tempfile
-
+def test_open_dataset_opens_an_export_zip(local):
     import colabfast as cf
-    from colabfast import env
     from colabfast.testing.layouts import make_coco
 
-    monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "no-colab"))
+    tmp_path = local
     make_coco(tmp_path / "export" / "train", 4, size=(64, 48))
     archive = _zip_tree(tmp_path / "export", tmp_path / "export.zip")
     ds = cf.open_dataset(archive, "train", progress=False)
