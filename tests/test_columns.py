@@ -257,6 +257,30 @@ def test_resumes_from_finished_parts(tmp_path, monkeypatch):
     assert len(cf.H5Dataset(tmp_path / "r.h5")) == 7
 
 
+class Threads(torch.utils.data.Dataset):
+    """Each sample: the torch thread count its reader thread sees."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> dict:
+        return {"threads": torch.get_num_threads(), "sum": int(torch.ones(64).sum())}
+
+
+def test_pack_workers_run_torch_on_one_core_as_dataloader_workers_do(tmp_path):
+    # the packing process set torch's thread count (colabfast's reader threads do): a forked worker's reader
+    # threads then raced to rebuild torch's thread pool and failed ("Invalid thread pool!") about one pack in three
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cf.pack(Threads(), tmp_path / "t.h5", workers=2, progress=False)
+    finally:
+        torch.set_num_threads(before)
+    ds = cf.H5Dataset(tmp_path / "t.h5")
+    assert [ds[i]["threads"] for i in range(len(ds))] == [1] * 16
+    assert {ds[i]["sum"] for i in range(len(ds))} == {64}
+
+
 def test_loader_batches_a_mirror_of_columns(odd_mirror):
     ds = cf.H5Dataset(odd_mirror, output="tensor", transforms=lambda x, t: (x[:, :8, :8], t["labels"]))
     batches = list(cf.DataLoader(ds, batch_size=3, num_workers=2))

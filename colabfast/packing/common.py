@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import stat
+import sys
 import warnings
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
@@ -306,7 +307,16 @@ def _worker_start(parent: int) -> None:
     stops the pool instead (:func:`_stopping`). Forked workers hold both ends of their work queue's
     pipe, so they never see it close when the packing process dies (a killed notebook kernel) and
     would wait forever; Linux can signal them instead (prctl PR_SET_PDEATHSIG).
+
+    A forked worker runs torch ops on one core, as torch's DataLoader workers do
+    (``torch.set_num_threads(1)`` in ``torch/utils/data/_utils/worker.py``), set here before any of its
+    threads runs one: torch rebuilds its thread pool in a forked child on the first call that asks
+    for it, unguarded, so reader threads racing to that first call once failed with ``pool INTERNAL
+    ASSERT FAILED ... Invalid thread pool!`` (``caffe2/utils/threadpool/pthreadpool-cpp.cc``) where the
+    packing process had set torch's thread count.
     """
+    if "torch" in sys.modules:  # a pack of folders never needs it imported
+        sys.modules["torch"].set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
