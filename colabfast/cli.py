@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from colabfast.errors import Error
 
@@ -145,10 +145,26 @@ def _drivesim(args: argparse.Namespace) -> int:
     return cli(args)
 
 
-# pack --layout: a folder's layouts, colabfast.layouts.LAYOUTS, then colabfast.archivesource.LAYOUTS
-# (spelled out here so that `colabfast --help` does not import numpy; tests/test_cli.py checks they agree).
-_PACK_LAYOUTS = ["auto", "imagefolder", "kitti", "files", "coco", "voc-detection", "voc-segmentation", "yolo",
-                 "segmentation", "csv", "imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val"]
+class _LayoutChoices:
+    """``--layout``'s choices: ``auto``, the registered layouts (:mod:`colabfast.layouts.registry`), then
+    the archive layouts (:data:`colabfast.archivesource.LAYOUTS`). Looked up when argparse checks a
+    value or prints a command's usage, so that ``colabfast --help`` imports neither the layouts nor
+    numpy."""
+
+    def _names(self) -> list[str]:
+        from colabfast.archivesource import LAYOUTS as ARCHIVE_LAYOUTS
+        from colabfast.layouts import REGISTRY
+
+        return ["auto", *REGISTRY, *(name for name in ARCHIVE_LAYOUTS if name not in REGISTRY)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+
+_PACK_LAYOUTS = _LayoutChoices()
 
 
 class _Version(argparse.Action):

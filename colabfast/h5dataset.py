@@ -30,7 +30,7 @@ from colabfast.datasets import MirrorDataset, MirrorReader, compact, undecodable
 from colabfast.errors import Error
 from colabfast.gpudecode import check_encoded, decode_cpu
 from colabfast.mirror import (
-    COLUMN_LAYOUTS,
+    IMAGE_LAYOUTS,
     NO_IMAGES,
     Header,
     MirrorError,
@@ -116,13 +116,13 @@ class H5Dataset(MirrorDataset):
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
         layout = read_h5(path, lambda f: Header.read(f, path)).layout
-        if self.layouts and layout not in self.layouts or not self.layouts and layout not in COLUMN_LAYOUTS:
+        if self.layouts and layout not in self.layouts or not self.layouts and layout in IMAGE_LAYOUTS:
             wanted = "of " + " or ".join(map(repr, self.layouts)) if self.layouts else "a mirror of columns"
             raise MirrorError(f"{path} is a mirror of layout {layout!r}, not {wanted}: open it with "
                               f"colabfast.{_reads(layout)} (or colabfast.open_dataset, which picks the class a "
                               "mirror's layout needs)")
         head, n, values, marks = load_columns(path)
-        assert head.columns is not None  # its layout is one of COLUMN_LAYOUTS: Header.read checked it has columns
+        assert head.columns is not None  # its layout is not an image mirror's: Header.read checked it has columns
         self.fields = [col.Field.from_spec(s) for s in head.columns["fields"]]
         self.template: dict = head.columns["template"]
         images = [k for k, f in enumerate(self.fields) if f.kind in col.IMAGE_KINDS]
@@ -523,9 +523,9 @@ class H5VOCSegmentation(_VOCDropIn, datasets.VOCSegmentation):
 
 
 def _reads(layout: str) -> str:
-    """The class that reads a mirror of ``layout``, as ``colabfast.opening.DROP_INS`` has it (which
-    imports this module: named here from the drop-ins' own ``layouts``)."""
-    for cls in (H5CocoDetection, H5VOCDetection, H5VOCSegmentation):
-        if layout in cls.layouts:
-            return cls.__name__
-    return {"imagefolder": "H5ImageFolder", "files": "H5ImageFolder", "kitti": "H5Kitti"}.get(layout, "H5Dataset")
+    """The name of the class that reads a mirror of ``layout``: its registered layout's ``drop_in``
+    (:mod:`colabfast.layouts.registry`), ``H5Dataset`` for a layout not registered."""
+    from colabfast.layouts import REGISTRY
+
+    drop_in = REGISTRY[layout].drop_in if layout in REGISTRY else "H5Dataset"
+    return drop_in if isinstance(drop_in, str) else drop_in.__name__

@@ -112,8 +112,10 @@ COLUMNS_VERSION = 3  # what pack writes for a mirror of columns (any dataset, th
 NULLS_VERSION = 4  # a mirror of columns with None values (a nulls array): colabfast before it refuses it, rather
 # than return each None's placeholder (0, "", a 1x1 image); a mirror without them stays version 3, which it reads
 READ_VERSIONS = (1, 2, 3, 4)
-COLUMN_LAYOUTS = ("dataset", "coco", "voc-detection", "voc-segmentation", "yolo", "segmentation", "csv")
-LAYOUTS = ("imagefolder", "kitti", "files", *COLUMN_LAYOUTS)
+# An image mirror's layouts (format version 2); a mirror of columns records its layout's registered name
+# (colabfast.layouts.registry), which the format only asks to be a name: the registry opens it.
+IMAGE_LAYOUTS = ("imagefolder", "kitti", "files")
+LAYOUT_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}\Z")
 STORES = ("encoded", "raw")
 KITTI_SPLITS = ("training", "testing")
 KITTI_CALIB_KEYS = ("P0", "P1", "P2", "P3", "R0_rect", "Tr_velo_to_cam", "Tr_imu_to_velo")
@@ -479,7 +481,7 @@ class Header:
     ``split``) is absent from the file where its field is None.
     """
 
-    layout: str  # one of LAYOUTS
+    layout: str  # one of IMAGE_LAYOUTS, or for a mirror of columns its layout's registered name
     store: str  # one of STORES
     classes: Optional[list[str]]  # in class index order; None where the layout has no classes
     image_size: Any  # None, int (short side) or [H, W]
@@ -560,8 +562,9 @@ class Header:
         if version >= 2 and _int(attrs, "header_crc32", path) != header_crc32(attrs):
             raise _bad(path, "its root attributes do not match their checksum (header_crc32)")
         layout, store = _text(attrs, "layout", path), _text(attrs, "store", path)
-        if layout not in LAYOUTS:
-            raise _bad(path, f"unknown layout {layout!r} (this colabfast knows {', '.join(LAYOUTS)})")
+        if layout is None or not LAYOUT_NAME.match(layout):
+            raise _bad(path, f"layout {(layout or '')[:80]!r} is not a layout's name (lowercase letters, digits "
+                             "and '-')")
         if store not in STORES:
             raise MirrorError(f"{path} stores images as {store!r}, which this colabfast does not know (it knows "
                               f"{', '.join(STORES)}). A newer colabfast may have written it: upgrade, or pack it "
@@ -574,9 +577,11 @@ class Header:
         columns = _json(attrs, "columns", path, lambda v: True)
         if columns is not None and (problem := spec_problem(columns)) is not None:
             raise _bad(path, problem)  # names the column
-        if (columns is not None) != (layout in COLUMN_LAYOUTS) or (columns is not None and version < COLUMNS_VERSION):
-            raise _bad(path, f"a {layout} mirror of format version {version} " + (
-                "without" if columns is None else "with") + " a columns attribute")
+        if columns is None and layout not in IMAGE_LAYOUTS:
+            raise _bad(path, f"unknown layout {layout!r} for an image mirror (its layout is one of "
+                             f"{', '.join(IMAGE_LAYOUTS)}), and no columns attribute")
+        if columns is not None and (layout in IMAGE_LAYOUTS or version < COLUMNS_VERSION):
+            raise _bad(path, f"a {layout} mirror of format version {version} with a columns attribute")
         return Header(
             layout=layout, store=store, classes=_json(attrs, "classes", path, lambda v: v is None or _str_list(v)),
             image_size=_json(attrs, "image_size", path, _image_size), quality=quality,

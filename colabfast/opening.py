@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import functools
 import glob
 import os
 import stat
@@ -58,55 +57,18 @@ ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a datase
 PACK_OPTIONS = ("layout", "labels", "year", "store", "quality", "shuffle", "seed", "workers", "on_error", "retries")
 
 
-def _one_split(split: Optional[str], layout: str) -> dict:
-    from colabfast.mirror import KITTI_SPLITS
-    from colabfast.packing import PackRefused
+def _drop_ins() -> dict[str, tuple[type[MirrorDataset], Callable[[Optional[str]], dict]]]:
+    """The layout a mirror records -> the dataset that reads it, and the function that makes its
+    arguments from ``split``: each registered layout's ``drop_in`` and ``split_args``
+    (:mod:`colabfast.layouts.registry`), and :class:`colabfast.H5Dataset` for a mirror of any dataset."""
+    from colabfast.layouts import REGISTRY
+    from colabfast.layouts.registry import ANY_DATASET, drop_in_of
 
-    if split is not None:
-        raise PackRefused(f"split={split!r}: a mirror of the {layout} layout has one set of samples; split= "
-                         f"picks KITTI's {' or '.join(KITTI_SPLITS)}, or the part of Kaggle's ImageNet zip to pack")
-    return {}
-
-
-def _packed_split(split: Optional[str], layout: str) -> dict:
-    """A folder layout's ``split`` (VOC's image set, a YOLO export's split) chose what pack read."""
-    return {}
-
-
-def _kitti_split(split: Optional[str], layout: str) -> dict:
-    from colabfast.mirror import KITTI_SPLITS
-    from colabfast.packing import PackRefused
-
-    if split not in (None, *KITTI_SPLITS):
-        raise PackRefused(f"split={split!r}: a KITTI mirror holds {' and '.join(KITTI_SPLITS)} (default training)")
-    return {"train": split != "testing"}
-
-
-# The layout a mirror records -> the dataset that reads it, and what ``split`` becomes for it. A layout
-# that colabfast learns to pack adds its line here. A "files" mirror (a folder of images, no classes)
-# reads as an ImageFolder whose targets are -1 (or the labels given to pack): no torchvision class
-# reads a flat folder, and H5ImageFolder's items are what DataLoader pipelines expect.
-@functools.cache  # one table for the process: DROP_INS is it, not a copy
-def _drop_ins() -> dict[str, tuple[type[MirrorDataset], Callable[[Optional[str], str], dict]]]:
-    from colabfast.datasets import H5ImageFolder, H5Kitti
-    from colabfast.h5dataset import H5CocoDetection, H5Dataset, H5VOCDetection, H5VOCSegmentation
-
-    return {
-        "imagefolder": (H5ImageFolder, _one_split),
-        "files": (H5ImageFolder, _one_split),
-        "kitti": (H5Kitti, _kitti_split),
-        "coco": (H5CocoDetection, _one_split),
-        "voc-detection": (H5VOCDetection, _packed_split),
-        "voc-segmentation": (H5VOCSegmentation, _packed_split),
-        "yolo": (H5Dataset, _packed_split),
-        "segmentation": (H5Dataset, _one_split),
-        "csv": (H5Dataset, _one_split),
-        "dataset": (H5Dataset, _one_split),
-    }
+    return {name: drop_in_of(name) for name in (*REGISTRY, ANY_DATASET)}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "DROP_INS":  # made when asked for: its classes import h5py and torchvision
+    if name == "DROP_INS":  # made when asked for (its classes import h5py and torchvision), from the registry
         return _drop_ins()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -235,11 +197,17 @@ def drop_in(mirror: PathLike, split: Optional[str] = None, **kwargs: Any) -> Mir
         MirrorError: not a mirror this colabfast reads. PackRefused (a ``ValueError``): a ``split`` the
             layout lacks.
     """
-    from colabfast.mirror import header, read_h5
+    from colabfast.layouts.registry import drop_in_of
+    from colabfast.mirror import MirrorError, header, read_h5
 
     layout = read_h5(mirror, lambda f: header(f, mirror).layout)
-    cls, split_args = _drop_ins()[layout]
-    return cls(mirror, **split_args(split, layout), **kwargs)
+    try:
+        cls, split_args = drop_in_of(layout)
+    except KeyError:
+        raise MirrorError(f"{mirror} is a mirror of layout {layout!r}, which this process has not registered "
+                          "(colabfast.layouts.register): import the module that registers it, or upgrade "
+                          "colabfast if a newer one wrote the mirror") from None
+    return cls(mirror, **split_args(split), **kwargs)
 
 
 @dataclasses.dataclass
@@ -632,10 +600,11 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, folder:
 
     packs_split = _packs_split(kind, options)
     if kind == "folder" and not packs_split:  # a wrong split is named now, not after packing
+        from colabfast.layouts import REGISTRY
+
         layout = _folder_layout(src, options)
-        drop_ins = _drop_ins()
-        if layout in drop_ins:
-            drop_ins[layout][1](split, layout)
+        if layout in REGISTRY:
+            REGISTRY[layout].split_args(split)
     start = time.perf_counter()
     fingerprint_options = {k: v for k, v in options.items()
                            if k in ("layout", "labels", "year", "store", "quality", "shuffle", "seed", "retries",
@@ -856,7 +825,10 @@ def _packs_split(kind: str, options: dict) -> bool:
     """Whether ``split`` chooses what pack reads (an archive's part, VOC's image set, a YOLO export's
     split), rather than a split of the mirror (KITTI's); ``options["layout"]`` a folder's layout, as
     :func:`_folder_layout` gives it."""
-    return kind == "archive" or options.get("layout") in ("voc-detection", "voc-segmentation", "yolo")
+    from colabfast.layouts import LAYOUTS
+
+    layout = options.get("layout")
+    return kind == "archive" or layout in LAYOUTS and LAYOUTS[layout].packs_split
 
 
 def _contents(folder: Path) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Mapping, Optional, Sequence, Union
 
 from colabfast._fileio import FileEntry, PathLike
 from colabfast.errors import Error
@@ -86,6 +86,9 @@ class Layout:
     """
 
     name: ClassVar[str]
+    drop_in: ClassVar[Union[str, type]] = "H5Dataset"  # the class its mirrors open as (a name: colabfast.<name>)
+    packs_split: ClassVar[bool] = False  # split= picks what is packed (VOC's image set, a YOLO split)
+    labels_suffixes: ClassVar[tuple[str, ...]] = ()  # a labels= file that names this layout for "auto"
     root: Path
     paths: list[str]
     files: list[FileEntry]
@@ -103,6 +106,38 @@ class Layout:
     def detect(root: Path) -> bool:
         """True if ``root`` looks like this layout (cheap: a few listings, no parsing)."""
         raise NotImplementedError
+
+    @staticmethod
+    def detect_names(parts: Sequence[Sequence[str]]) -> bool:
+        """True if an archive whose files are ``parts`` (each member's path split at ``/``; folders left
+        out) holds this layout: how ``layout="auto"`` tells a zip's layout from its central directory,
+        reading no member. Default: never (the layout is then packed from a zip only when named)."""
+        return False
+
+    @staticmethod
+    def worth_asking(top: Mapping[str, bool]) -> bool:
+        """Whether :meth:`detect` is worth calling on a folder whose top level holds ``top`` (entry
+        name -> is a folder; hidden entries left out): ``layout="auto"`` lists a folder once and asks
+        only the layouts this lets through, as on Drive each probe of a path is a round trip (asking
+        every layout about an ImageFolder tree of 10 classes took 0.7 s on the simulator). Default:
+        always."""
+        return True
+
+    @classmethod
+    def split_args(cls, split: Optional[str]) -> dict:
+        """The drop-in's arguments for ``open_dataset(..., split=split)`` of a mirror of this layout:
+        none. A layout that ``packs_split`` packed the split asked for; any other holds one set of
+        samples, so a ``split`` is refused.
+
+        Raises:
+            PackRefused: (a ``ValueError``) a ``split`` for a layout without splits."""
+        if split is not None and not cls.packs_split:
+            from colabfast.packing.common import PackRefused
+
+            raise PackRefused(f"split={split!r}: a mirror of the {cls.name} layout has one set of samples; "
+                              "split= picks KITTI's training or testing, a split a layout packs (VOC's image "
+                              "set, a YOLO export's split), or the part of Kaggle's ImageNet zip to pack")
+        return {}
 
     def describe(self) -> str:
         return f"{self.name} layout, {len(self)} images"

@@ -9,7 +9,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from colabfast._fileio import FileEntry, PathLike, read_regular, retry
 from colabfast.layouts._untrusted import (
@@ -24,6 +24,7 @@ from colabfast.layouts._untrusted import (
     stat_files,
 )
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.registry import register
 
 __all__ = ["Coco", "ROBOFLOW_JSON"]
 
@@ -31,6 +32,7 @@ ROBOFLOW_JSON = "_annotations.coco.json"  # Roboflow's COCO export: one per spli
 BOX_SLACK = 1.0  # pixels a box may pass its image's edge by (rounding in real exports, COCO's own included)
 
 
+@register
 class Coco(Layout):
     """A COCO detection folder as a map-style dataset, in ``torchvision.datasets.CocoDetection``'s order.
 
@@ -80,6 +82,8 @@ class Coco(Layout):
     """
 
     name = "coco"
+    drop_in = "H5CocoDetection"
+    labels_suffixes = (".json",)
 
     def __init__(self, root: PathLike, labels: Optional[PathLike] = None, *, on_error: str = "raise",
                  retries: int = 5):
@@ -178,6 +182,14 @@ class Coco(Layout):
         data = retry(lambda: read_regular(self.root / rel), self.retries)
         return {"image": ImageFile(data, rel), "id": self.ids[index], "target": self.targets[index],
                 "coco": {"image": self.entries[index]}}
+
+    @staticmethod
+    def worth_asking(top: Mapping[str, bool]) -> bool:
+        return ROBOFLOW_JSON in top
+
+    @staticmethod
+    def detect_names(parts: Sequence[Sequence[str]]) -> bool:
+        return any(p[-1] == ROBOFLOW_JSON for p in parts)
 
     @staticmethod
     def detect(root: Path) -> bool:

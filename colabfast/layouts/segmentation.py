@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from colabfast._fileio import FileEntry, PathLike
 from colabfast.layouts._folder import (
@@ -20,6 +20,7 @@ from colabfast.layouts._folder import (
 )
 from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.registry import register
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
 __all__ = ["Segmentation"]
@@ -27,6 +28,7 @@ __all__ = ["Segmentation"]
 MASK_FOLDERS = ("masks", "labels")  # the first present is used
 
 
+@register
 class Segmentation(Layout):
     """A folder of images and their masks as a map-style dataset.
 
@@ -118,6 +120,15 @@ class Segmentation(Layout):
             raise LayoutError(self.root / mask, f"the mask is {mask_size[0]}x{mask_size[1]} pixels, its image "
                               f"{image} is {image_size_[0]}x{image_size_[1]}", fix="a mask has its image's size")
         return ImageFile(image_data, image), ImageFile(mask_data, mask, kind="mask")
+
+    @staticmethod
+    def worth_asking(top: Mapping[str, bool]) -> bool:
+        return any(top.get(name) for name in ("images", "train", "valid", "val", "test"))
+
+    @staticmethod
+    def detect_names(parts: Sequence[Sequence[str]]) -> bool:
+        """True if the archive holds files under an ``images`` folder and under a ``masks`` folder."""
+        return any("images" in p[:-1] for p in parts) and any("masks" in p[:-1] for p in parts)
 
     @staticmethod
     def detect(root: Path) -> bool:

@@ -27,12 +27,13 @@ import itertools
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Union
 
 from colabfast._fileio import FileEntry, PathLike, human_bytes, retry
 from colabfast.layouts._folder import check_on_error, first_file, list_files, read_file, reject, stem
 from colabfast.layouts._untrusted import Skipped, read_limited
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.registry import register
 from colabfast.sources import IMG_EXTENSIONS, is_image
 
 __all__ = ["Csv", "PATH_COLUMNS", "MAX_TABLE_BYTES"]
@@ -45,6 +46,7 @@ SNIFF_LINES = 20  # the lines the delimiter is found from
 Label = Union[int, float]
 
 
+@register
 class Csv(Layout):
     """Images under ``root`` labelled by a CSV table, as a map-style dataset (rules: the module's docstring).
 
@@ -72,6 +74,7 @@ class Csv(Layout):
     """
 
     name = "csv"
+    labels_suffixes = (".csv",)
 
     def __init__(self, root: PathLike, labels: Optional[PathLike] = None, *, on_error: str = "raise",
                  retries: int = 5):
@@ -216,6 +219,10 @@ class Csv(Layout):
         guessed = f" (guessed: {'; '.join(self.guesses)})" if self.guesses else ""
         column = "column" if len(self.info["columns"]) == 1 else "columns"
         return f"{super().describe()}, labels from {self.table.name}, {column} {columns}{guessed}"
+
+    @staticmethod
+    def worth_asking(top: Mapping[str, bool]) -> bool:
+        return any(name.lower().endswith(".csv") and not is_dir for name, is_dir in top.items())
 
     @staticmethod
     def detect(root: Path) -> bool:

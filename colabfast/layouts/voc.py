@@ -17,7 +17,7 @@ import collections
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Mapping, Sequence, Union
 from xml.etree.ElementTree import Element, ParseError
 
 import defusedxml
@@ -35,6 +35,7 @@ from colabfast.layouts._untrusted import (
     stat_files,
 )
 from colabfast.layouts.base import ImageFile, Layout, LayoutError, LayoutFileNotFoundError, LayoutNotFoundError
+from colabfast.layouts.registry import register
 
 __all__ = ["VOCDetection", "VOCSegmentation", "parse_voc_xml"]
 
@@ -121,6 +122,20 @@ class _VOCBase(Layout):
     def _read(self, rel: str) -> bytes:
         return retry(lambda: read_regular(self.root / rel), self.retries)
 
+    packs_split = True  # the image set packed
+
+    @staticmethod
+    def worth_asking(top: Mapping[str, bool]) -> bool:
+        return any(top.get(name) for name in ("VOCdevkit", "ImageSets", "TrainVal")) or any(
+            name.startswith("VOC") and is_dir for name, is_dir in top.items())
+
+    @classmethod
+    def detect_names(cls, parts: Sequence[Sequence[str]]) -> bool:
+        """True if a member is under ``ImageSets/<Main or Segmentation>`` (detection: and one under
+        ``Annotations``)."""
+        return any("ImageSets" in p and cls._SPLITS_DIR in p for p in parts) and (
+            cls._SPLITS_DIR != "Main" or any("Annotations" in p for p in parts))
+
     @classmethod
     def detect(cls, root: Path) -> bool:
         """True if ``root`` is (or holds) a ``VOCdevkit/VOC20xx`` tree with ``ImageSets/<Main or Segmentation>``."""
@@ -130,6 +145,7 @@ class _VOCBase(Layout):
         return f"{self.name} layout (VOC{self.info['year']}, {self.info['split']}), {len(self)} images"
 
 
+@register
 class VOCDetection(_VOCBase):
     """Pascal VOC detection (see :class:`_VOCBase` for the arguments): ``ImageSets/Main/<split>.txt``.
 
@@ -145,6 +161,7 @@ class VOCDetection(_VOCBase):
     """
 
     name = "voc-detection"
+    drop_in = "H5VOCDetection"
     _SPLITS_DIR, _TARGET_DIR, _TARGET_EXT = "Main", "Annotations", ".xml"
 
     def _parse(self, kept: list[tuple[str, int]], targets: dict[str, str], problems: Problems) -> list[tuple[str, int]]:
@@ -170,6 +187,7 @@ class VOCDetection(_VOCBase):
         return {"image": ImageFile(self._read(rel), rel), "target": self.parsed[index]}
 
 
+@register
 class VOCSegmentation(_VOCBase):
     """Pascal VOC segmentation (see :class:`_VOCBase` for the arguments): ``ImageSets/Segmentation/<split>.txt``.
 
@@ -179,6 +197,7 @@ class VOCSegmentation(_VOCBase):
     """
 
     name = "voc-segmentation"
+    drop_in = "H5VOCSegmentation"
     _SPLITS_DIR, _TARGET_DIR, _TARGET_EXT = "Segmentation", "SegmentationClass", ".png"
 
     def __getitem__(self, index: int) -> dict[str, Any]:

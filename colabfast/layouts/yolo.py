@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import io
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import yaml
@@ -51,6 +51,7 @@ from colabfast.layouts._folder import (
 )
 from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.registry import register
 from colabfast.sources import is_image
 
 __all__ = ["Yolo", "label_path", "load_yaml", "polygon_masks", "yolo_splits"]
@@ -71,6 +72,7 @@ def label_path(image: str) -> str:
     return path.rsplit(".", 1)[0][1:] + ".txt"
 
 
+@register
 class Yolo(Layout):
     """An Ultralytics (or Roboflow YOLO export) detection or segmentation folder as a map-style
     dataset, read as Ultralytics 8.4.190 reads it (see the module's docstring for its functions).
@@ -121,6 +123,7 @@ class Yolo(Layout):
     """
 
     name = "yolo"
+    packs_split = True  # the export's split packed
 
     def __init__(self, root: PathLike, split: Optional[str] = None, *, on_error: str = "raise",
                  strict: bool = False, retries: int = 5):
@@ -213,6 +216,15 @@ class Yolo(Layout):
             size = np.array([width, height], np.float32)  # float32, as Ultralytics' Instances.denormalize
             target["segments"] = [(self._points[p:q] * size).tolist() for p, q in zip(ends[:-1], ends[1:])]
         return ImageFile(data, rel, orient=True), target
+
+    @staticmethod
+    def worth_asking(top: Mapping[str, bool]) -> bool:
+        return any(top.get(name) for name in ("images", "train", "valid", "val", "test"))
+
+    @staticmethod
+    def detect_names(parts: Sequence[Sequence[str]]) -> bool:
+        """True if the archive holds a ``data.yaml`` (or ``.yml``) and files under a ``labels`` folder."""
+        return any(p[-1] in ("data.yaml", "data.yml") for p in parts) and any("labels" in p[:-1] for p in parts)
 
     @staticmethod
     def detect(root: Path) -> bool:

@@ -306,34 +306,27 @@ def _is_dataset(src: Any) -> bool:
 
 
 def column_layout(src: Any, layout: str, labels: Optional[PathLike] = None) -> Optional[str]:
-    """The :mod:`colabfast.layouts` layout ``src`` is packed as (given, or detected for ``"auto"``), or None."""
+    """The layout of :data:`colabfast.layouts.LAYOUTS` ``src`` is packed as (given, or detected for
+    ``"auto"``: the first registered layout whose ``labels_suffixes`` end ``labels``, else whose
+    ``detect`` says so of the folder, asking only those its one listing makes worth asking), or None."""
     from colabfast.layouts import LAYOUTS
 
     if layout in LAYOUTS:
         return layout
     if layout != "auto" or not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
         return None
-    if labels is not None and str(labels).lower().endswith((".json", ".csv")):
-        return "coco" if str(labels).lower().endswith(".json") else "csv"
+    if labels is not None:
+        named = next((name for name, cls in LAYOUTS.items()
+                      if cls.labels_suffixes and str(labels).lower().endswith(cls.labels_suffixes)), None)
+        if named is not None:
+            return named
     root = Path(os.path.abspath(src))
-    # One listing of the folder says which layouts are worth asking (on Drive each probe of a path is a
-    # round trip: asking every layout about an ImageFolder tree of 10 classes took 0.7 s on the simulator).
     try:
         with os.scandir(root) as entries:
             top = {e.name: e.is_dir() for e in entries if not e.name.startswith(".")}
     except OSError:
         return None
-    asked = []
-    if "_annotations.coco.json" in top:
-        asked.append("coco")
-    if any(top.get(name) for name in ("VOCdevkit", "ImageSets", "TrainVal")) or any(n.startswith("VOC") and d
-                                                                          for n, d in top.items()):
-        asked += ["voc-detection", "voc-segmentation"]
-    if any(top.get(name) for name in ("images", "train", "valid", "val", "test")):
-        asked += ["yolo", "segmentation"]
-    if any(n.lower().endswith(".csv") and not d for n, d in top.items()):
-        asked.append("csv")
-    return next((name for name in asked if LAYOUTS[name].detect(root)), None)
+    return next((name for name, cls in LAYOUTS.items() if cls.worth_asking(top) and cls.detect(root)), None)
 
 
 def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optional[str], on_error: str,

@@ -43,17 +43,7 @@ def archive_layout(path: PathLike, layout: str) -> Optional[str]:
     except (OSError, zipfile.BadZipFile):
         return None  # packing it as an archive stream says what is wrong
     parts = [n.split("/") for n in names]
-    if any(p[-1] == "_annotations.coco.json" for p in parts):
-        return "coco"
-    if any("ImageSets" in p and "Main" in p for p in parts) and any("Annotations" in p for p in parts):
-        return "voc-detection"
-    if any("ImageSets" in p and "Segmentation" in p for p in parts):
-        return "voc-segmentation"
-    if any(p[-1] in ("data.yaml", "data.yml") for p in parts) and any("labels" in p[:-1] for p in parts):
-        return "yolo"
-    if any("images" in p[:-1] for p in parts) and any("masks" in p[:-1] for p in parts):
-        return "segmentation"
-    return None
+    return next((name for name, cls in LAYOUTS.items() if cls.detect_names(parts)), None)
 
 
 def check_split(path: PathLike, layout: str, labels: Optional[PathLike], split: Optional[str]) -> None:
@@ -173,7 +163,7 @@ def _open(folder: Path, layout: str, labels: Optional[PathLike], split: Optional
     kwargs: dict[str, Any] = {"on_error": on_error, "retries": retries}
     if year is not None:
         kwargs["year"] = year
-    if layout in ("voc-detection", "voc-segmentation", "yolo"):
+    if LAYOUTS[layout].packs_split:
         if split is not None:
             kwargs["split"] = split
     elif split is not None:  # an export's split folder (its only folder: then the one at the top)

@@ -1,0 +1,119 @@
+"""The layout registry (issue 38 item 1): a layout is one class registered from its own module, and
+pack, open_dataset, the mirror's drop-in and the command's --layout take it from there."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import colabfast as cf
+from colabfast import cli
+from colabfast.layouts import REGISTRY, ImageFile, Layout, register, unregister
+from colabfast.layouts.base import FileEntry
+from colabfast.opening import drop_in
+
+
+class H5Tiles(cf.H5Dataset):
+    """The toy layout's own drop-in."""
+
+    layouts = ("tiles",)
+
+
+class Tiles(Layout):
+    """A toy layout: ``tiles/<label>-<n>.png``, the label the file name's first part."""
+
+    name = "tiles"
+    drop_in = H5Tiles
+
+    def __init__(self, root, *, on_error: str = "raise", retries: int = 5):
+        self.root = Path(root)
+        names = sorted(os.listdir(self.root / "tiles"))
+        self.paths = [f"tiles/{n}" for n in names]
+        self.files = [FileEntry(p, (st := os.stat(self.root / p)).st_size, st.st_mtime_ns) for p in self.paths]
+        self.skipped, self.info = [], {}
+
+    def __getitem__(self, i: int):
+        rel = self.paths[i]
+        return ImageFile((self.root / rel).read_bytes(), rel), int(rel.split("/")[1].split("-")[0])
+
+    @staticmethod
+    def worth_asking(top) -> bool:
+        return bool(top.get("tiles"))
+
+    @staticmethod
+    def detect(root: Path) -> bool:
+        return (root / "tiles").is_dir()
+
+
+@pytest.fixture
+def tiles(tmp_path):
+    register(Tiles)
+    root = tmp_path / "toy"
+    (root / "tiles").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for k in range(5):
+        Image.fromarray(rng.integers(0, 256, (8 + k, 10, 3), dtype=np.uint8)).save(root / "tiles" / f"{k % 2}-{k}.png")
+    yield root
+    unregister("tiles")
+
+
+def test_a_layout_registered_from_a_test_module_packs_and_opens(tiles, tmp_path):
+    mirror = cf.pack(tiles, tmp_path / "toy.h5", workers=0, progress=False)  # layout="auto" detects it
+    assert cf.info(mirror).layout == "tiles"
+    opened = cf.open_dataset(tiles, mirrors=tmp_path / "mirrors", progress=False)
+    assert type(opened) is H5Tiles
+    assert type(drop_in(mirror)) is H5Tiles
+    ref = Tiles(tiles)
+    for ds in (opened, cf.H5Dataset(mirror)):
+        assert len(ds) == 5
+        for i in range(5):
+            image, label = ds[i]
+            expected = np.asarray(Image.open(tiles / ref.paths[i]))
+            assert label == ref[i][1] and np.array_equal(np.asarray(image), expected)
+    assert "tiles" in cli._PACK_LAYOUTS and list(cli._PACK_LAYOUTS).count("tiles") == 1
+
+
+def test_a_split_is_refused_for_a_layout_without_splits(tiles, tmp_path):
+    cf.pack(tiles, tmp_path / "toy.h5", workers=0, progress=False)
+    with pytest.raises(cf.PackRefused, match="split='val': a mirror of the tiles layout has one set of samples"):
+        drop_in(tmp_path / "toy.h5", split="val")
+
+
+def test_a_mirror_of_a_layout_this_process_has_not_registered_is_named(tiles, tmp_path):
+    mirror = cf.pack(tiles, tmp_path / "toy.h5", workers=0, progress=False)
+    unregister("tiles")
+    try:
+        with pytest.raises(cf.MirrorError, match="layout 'tiles', which this process has not registered"):
+            drop_in(mirror)
+        assert "tiles" not in cli._PACK_LAYOUTS
+    finally:
+        register(Tiles)
+
+
+def test_the_command_offers_the_registered_layouts_and_the_archives():
+    from colabfast.archivesource import LAYOUTS as ARCHIVES
+
+    assert list(cli._PACK_LAYOUTS) == ["auto", *REGISTRY, *(a for a in ARCHIVES if a not in REGISTRY)]
+    assert {"imagefolder", "kitti", "files", "coco", "voc-detection", "yolo", "csv"} <= set(cli._PACK_LAYOUTS)
+
+
+@pytest.mark.parametrize("name, error, match", [
+    ("Tiles", ValueError, "lowercase letters"),
+    ("auto", ValueError, "not one of auto"),
+    ("dataset", ValueError, "not one of auto"),
+    ("coco", ValueError, "layout 'coco' is registered already"),
+])
+def test_register_refuses_a_bad_or_taken_name(name, error, match):
+    bad = type("Bad", (Layout,), {"name": name})
+    with pytest.raises(error, match=match):
+        register(bad)
+    assert REGISTRY.get(name) is not bad
+
+
+def test_register_takes_layout_classes_only():
+    with pytest.raises(TypeError, match="subclass of colabfast.layouts.Layout"):
+        register(object)  # type: ignore[arg-type]
