@@ -32,8 +32,8 @@ from typing import Callable, Collection, Iterator, NamedTuple, Optional, Union
 import numpy as np
 
 from colabfast._fileio import ReadaheadFile, retry
-from colabfast.archive import _decompressed, archive_suffix, open_tar, quoted, safe_relpath
-from colabfast.errors import Error
+from colabfast.archive import _decompressed, archive_suffix, open_tar, safe_relpath
+from colabfast.errors import ArchiveReadError
 from colabfast.imagenet import KAGGLE_SYNSETS, KAGGLE_VAL_SOLUTION, ImageNetLabels, read_devkit, read_kaggle_labels
 from colabfast.sources import is_image
 
@@ -42,23 +42,6 @@ __all__ = ["ArchiveReadError", "ArchiveSource", "Position"]
 MAX_IMAGE = 256 << 20  # bytes: a bigger member is reported as unreadable, never read into memory
 KAGGLE_DATA = "ILSVRC/Data/CLS-LOC/"
 LAYOUTS = ("imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val", "imagefolder")
-
-
-class ArchiveReadError(Error, ValueError):
-    """The archive ends early or is corrupt at a member; what was packed before it is kept.
-
-    Attributes:
-        archive: the archive's path.
-        member: the member being read (``outer.tar/inner.JPEG`` inside a per-class tar).
-    """
-
-    def __init__(self, archive: Union[str, os.PathLike], member: str, why: str):
-        self.archive, self.member = str(archive), member
-        super().__init__(
-            f"{archive}: cannot read member {quoted(member)}: {why}. The archive is truncated or corrupt (an "
-            "interrupted upload or download?). The images packed before it are kept: put the complete archive "
-            "at the same path and run pack() again to continue from there."
-        )
 
 
 def _refused(message: str) -> ValueError:

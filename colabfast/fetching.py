@@ -22,7 +22,7 @@ from typing import Optional
 from colabfast import env
 from colabfast._fileio import PathLike, locked, read_json, state_name, unchanged, write_json_atomic
 from colabfast.archive import ARCHIVE_SUFFIXES, archive_suffix, strip_archive_suffix
-from colabfast.errors import Error
+from colabfast.errors import FetchError
 
 __all__ = ["FetchError", "DriveLink", "fetch", "parse_link"]
 
@@ -33,21 +33,6 @@ _ID = re.compile(r"[-\w]{10,}")
 _FILE_PATH = re.compile(r"/file(?:/u/\d+)?/d/([-\w]{10,})")
 _DOC_PATH = re.compile(r"/(?:document|spreadsheets|presentation)(?:/u/\d+)?/d/([-\w]{10,})")
 _FOLDER_PATH = re.compile(r"/drive(?:/u/\d+)?(?:/mobile)?/folders/([-\w]{10,})")
-
-
-class FetchError(Error, RuntimeError):
-    """A download from Google Drive failed.
-
-    Attributes:
-        reason: ``"permission"`` (not shared as "Anyone with the link"), ``"not_found"`` (no such file,
-            or deleted), ``"quota"`` (Drive's download quota for the file is used up: "too many
-            users"), ``"folder_limit"`` (gdown 5.x cannot list over 50 files per folder),
-            ``"network"``, ``"hash"`` (the download does not match ``hash``) or ``"failed"``.
-    """
-
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from colabfast import env
 from colabfast._fileio import PathLike, file_version, human_bytes, locked, partial_path, retry, state_name, unchanged
 from colabfast.archive import archive_suffix, strip_archive_suffix
 from colabfast.env import MIRRORS_FOLDER  # re-exported: the folder open_dataset keeps mirrors in
-from colabfast.errors import Error
+from colabfast.errors import Error, NothingToOpen, OpenRefused
 
 if TYPE_CHECKING:
     from colabfast.datasets import MirrorDataset
@@ -42,10 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "default_mirrors", "mirror_name",  # noqa: F822 (DROP_INS: module __getattr__)
            "drop_in", "NothingToOpen", "OpenRefused", "default_dataset_mirrors"]
-
-class NothingToOpen(Error, FileNotFoundError):
-    """:func:`open_dataset` was given an empty folder (or one of hidden files only)."""
-
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # the first 8 bytes of an HDF5 file (pack writes no user block)
 ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a dataset folder (an ImageFolder tree "
@@ -183,12 +179,6 @@ def default_mirrors(src: Path) -> Path:
             if folder.name in ("Shareddrives", "Shared drives") and (folder.parent / "MyDrive").is_dir():
                 return folder.parent / "MyDrive" / MIRRORS_FOLDER
     return src.parent / MIRRORS_FOLDER
-
-
-class OpenRefused(Error, TypeError):
-    """:func:`open_dataset` was given an object that is neither a path nor a Hugging Face dataset (a
-    torch ``Dataset``, say): the message names it and what to call instead. A ``TypeError``, as
-    ``os.fspath`` of it was before."""
 
 
 def default_dataset_mirrors() -> Path:

@@ -14,35 +14,13 @@ here, registered in :data:`colabfast.layouts.LAYOUTS`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Sequence
 
-from colabfast._fileio import FileEntry, PathLike
-from colabfast.errors import Error
+from colabfast._fileio import FileEntry
+from colabfast.errors import LayoutError, LayoutFileNotFoundError, LayoutNotFoundError
 
 __all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError"]
-
-
-class LayoutError(Error, ValueError):
-    """An annotation file (or the folder's layout) is malformed: the message names the file, the line
-    where there is one, what is wrong and the fix."""
-
-    def __init__(self, path: PathLike, why: str, line: Optional[int] = None, fix: str = ""):
-        self.path, self.line, self.why = os.fspath(path), line, why
-        where = f"{self.path}, line {line}" if line is not None else self.path
-        super().__init__(f"{where}: {why}" + (f". {fix}" if fix else ""))
-
-
-class LayoutFileNotFoundError(LayoutError, FileNotFoundError):
-    """A file the layout reads by name (an annotation file, an image set list) is missing: also a
-    ``FileNotFoundError``, as torchvision's datasets raise for it (``CocoDetection``'s ``annFile``,
-    ``VOCDetection``'s image set file, from ``open``)."""
-
-
-class LayoutNotFoundError(LayoutError, RuntimeError):
-    """The folder holds no tree of the layout (no ``VOCdevkit/VOC<year>``): also a ``RuntimeError``, as
-    torchvision's ``VOCDetection`` raises ("Dataset not found or corrupted")."""
 
 
 @dataclasses.dataclass(frozen=True)
