@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Optional
 
 from colabfast._fileio import ReadaheadFile, human_bytes, partial_name, unchanged, write_all
-from colabfast.errors import UnsafeArchiveError, quoted
+from colabfast.errors import NotEnoughSpace, UnsafeArchiveError, quoted
 
 __all__ = ["UnsafeArchiveError", "extract", "archive_suffix", "extracted_size"]
 
@@ -501,7 +501,7 @@ class _Extraction:
         self._since_check = 0
 
     def _no_space(self, rel: str, nbytes: int) -> None:
-        raise OSError(errno.ENOSPC, f"{self.archive} does not fit in {self.dst}: entry {quoted(rel)} needs "
+        raise NotEnoughSpace(errno.ENOSPC, f"{self.archive} does not fit in {self.dst}: entry {quoted(rel)} needs "
                                     f"{human_bytes(nbytes)} more, {human_bytes(max(self._free, 0))} is free and "
                                     f"{human_bytes(self.margin)} is kept spare ({human_bytes(self.extracted)} "
                                     f"extracted so far). The archive expands beyond the free space (a "

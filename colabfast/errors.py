@@ -251,9 +251,10 @@ class SplitRefused(PackRefused):
 
 
 class SourceNotFound(Error, FileNotFoundError):
-    """pack found no source to read: the folder or archive does not exist, or holds no images (no class
-    folders, no KITTI tree, no annotation file, no folder of the split it was told to read); the message
-    names what is missing and the fix. A ``FileNotFoundError``, as it always was."""
+    """stage, pack or :func:`ultralytics_data` found no source to read: the folder or archive does not
+    exist, or holds no images (no class folders, no KITTI tree, no annotation file, no folder of the
+    split it was told to read, no devkit in ``labels=``); the message names what is missing and the
+    fix. A ``FileNotFoundError``, as it always was."""
 
 
 class SourceNotAFolder(Error, NotADirectoryError):

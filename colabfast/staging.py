@@ -52,7 +52,7 @@ from colabfast._fileio import (
     write_json_atomic,
 )
 from colabfast.archive import archive_suffix, extract, extracted_size, links_under, strip_archive_suffix
-from colabfast.errors import StageError, StageRefused
+from colabfast.errors import NotEnoughSpace, SourceNotFound, StageError, StageRefused
 
 __all__ = ["stage", "StageError", "StageRefused", "check_space", "default_destination", "Destination"]
 
@@ -301,7 +301,7 @@ def _check_reserved(src: Path, reserved: list[str]) -> None:
 
 def _not_found(path: Path) -> FileNotFoundError:
     hint = " Is Drive mounted? Call colabfast.mount() first." if "/drive/" in str(path) else ""
-    exc = FileNotFoundError(f"nothing to stage: {path} does not exist.{hint}")
+    exc = SourceNotFound(f"nothing to stage: {path} does not exist.{hint}")
     exc.errno = errno.ENOENT  # set after: OSError(errno, msg, path) would print the path twice
     return exc
 
@@ -401,18 +401,18 @@ def check_space(nbytes: int, dst: Path, src: Path, *, folder: bool = False) -> N
                       f"drop the cache and run stage() again.", stacklevel=4)
     elif need > free:
         why = f" (2 x {human_bytes(nbytes)}: Drive caches what it reads)" if same_disk else ""
-        raise OSError(errno.ENOSPC, f"not enough free space on {_mountpoint(dst)}: need {human_bytes(need)}"
-                      f"{why}, have {human_bytes(free)}. Free some space, stage a subset, or pack the "
-                      f"data into a smaller mirror (colabfast.pack with image_size=...).")
+        raise NotEnoughSpace(errno.ENOSPC, f"not enough free space on {_mountpoint(dst)}: need {human_bytes(need)}"
+                             f"{why}, have {human_bytes(free)}. Free some space, stage a subset, or pack the "
+                             f"data into a smaller mirror (colabfast.pack with image_size=...).")
     if env.is_ram(dst):
         spare = env.ram_available() - env.ram_headroom()
         if nbytes > spare:
-            raise OSError(errno.ENOSPC, f"{human_bytes(nbytes)} will not fit in RAM at {dst}: "
-                          f"{human_bytes(env.ram_available())} free, of which colabfast keeps "
-                          f"{human_bytes(env.ram_headroom())} for training. Stage to disk (to='disk').")
+            raise NotEnoughSpace(errno.ENOSPC, f"{human_bytes(nbytes)} will not fit in RAM at {dst}: "
+                                 f"{human_bytes(env.ram_available())} free, of which colabfast keeps "
+                                 f"{human_bytes(env.ram_headroom())} for training. Stage to disk (to='disk').")
     if drive_cache and not same_disk and nbytes > env.disk_free(cache_dir):
-        raise OSError(errno.ENOSPC, f"not enough free space for Drive's cache on {_mountpoint(cache_dir)}: "
-                      f"need {human_bytes(nbytes)}, have {human_bytes(env.disk_free(cache_dir))}.")
+        raise NotEnoughSpace(errno.ENOSPC, f"not enough free space for Drive's cache on {_mountpoint(cache_dir)}: "
+                             f"need {human_bytes(nbytes)}, have {human_bytes(env.disk_free(cache_dir))}.")
 
 
 def _same_filesystem(a: Path, b: Path) -> bool:
@@ -772,8 +772,8 @@ class _Copier:
                     with contextlib.suppress(OSError):
                         os.unlink(big.tmp)
         if full:
-            raise OSError(errno.ENOSPC, f"the destination filled up while staging ({desc}); nothing incomplete "
-                          "was kept: free space and run stage() again to copy the rest")
+            raise NotEnoughSpace(errno.ENOSPC, f"the destination filled up while staging ({desc}); nothing incomplete "
+                                 "was kept: free space and run stage() again to copy the rest")
         return failures
 
     def _next_task(self) -> Optional[tuple[FileEntry, Callable[[], bool]]]:

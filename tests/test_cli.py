@@ -136,7 +136,7 @@ def test_every_public_exception_class_is_a_colabfast_error_exported_at_the_top()
     found = {}
     for module in pkgutil.walk_packages(cf.__path__, "colabfast."):
         mod = importlib.import_module(module.name)
-        for name, value in vars(mod).items():
+        for value in vars(mod).values():
             if inspect.isclass(value) and issubclass(value, BaseException) \
                     and value.__module__.startswith("colabfast.") and not value.__name__.startswith("_"):
                 assert value.__module__ == "colabfast.errors", f"{value.__module__}.{value.__name__}"
