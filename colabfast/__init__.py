@@ -21,7 +21,7 @@ import importlib.util
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module it is imported from (every error is defined in colabfast.errors)
 _EXPORTS = {
     "Error": "colabfast.errors",
     "OpenRefused": "colabfast.opening",
@@ -31,15 +31,19 @@ _EXPORTS = {
     "DriveError": "colabfast.drive",
     "fetch": "colabfast.fetching",
     "FetchError": "colabfast.fetching",
+    "FetchRefused": "colabfast.errors",
     "stage": "colabfast.staging",
     "StageError": "colabfast.staging",
     "StageRefused": "colabfast.staging",
+    "NotEnoughSpace": "colabfast.errors",
     "ramdisk": "colabfast.tmpfs",
     "RamDisk": "colabfast.tmpfs",
     "pack": "colabfast.packing",
     "PackError": "colabfast.packing",
     "PackRefused": "colabfast.packing",
     "SplitRefused": "colabfast.packing",
+    "SourceNotFound": "colabfast.errors",
+    "SourceNotAFolder": "colabfast.errors",
     "ArchiveReadError": "colabfast.archivesource",
     "UnsafeArchiveError": "colabfast.archive",
     "open_dataset": "colabfast.opening",

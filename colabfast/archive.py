@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Optional
 
 from colabfast._fileio import ReadaheadFile, human_bytes, partial_name, unchanged, write_all
-from colabfast.errors import Error
+from colabfast.errors import NotEnoughSpace, UnsafeArchiveError, quoted
 
 __all__ = ["UnsafeArchiveError", "extract", "archive_suffix", "extracted_size"]
 
@@ -53,32 +53,11 @@ LINK_HOPS = 40  # links followed while resolving one link target (Linux's own li
 MAX_NAME = 4096  # bytes in an entry's name or link target (Linux's PATH_MAX)
 MAX_HEADER = 1 << 20  # bytes in one tar header record (pax, GNU long name), checked before it is read
 MAX_HEADERS = 8  # header records before one member (a pax header, a long name and a long link need 3)
-QUOTED = 200  # characters of a name quoted in an error message
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-_UNSAFE_FIX = ("The archive is unsafe (or was made with absolute paths); nothing outside the destination "
-               "was written. Re-create it with relative paths inside one folder.")
 _LINK_FIX = ("Datasets do not need links, so colabfast refuses them by default; nothing outside the "
              "destination was written. If you trust this archive, pass allow_links=True: links that "
              "stay inside the destination are then extracted.")
-
-
-class UnsafeArchiveError(Error, ValueError):
-    """An archive entry would land outside the destination, is a link, or is a device file.
-
-    Attributes:
-        archive: the archive's path.
-        member: the offending entry's name.
-    """
-
-    def __init__(self, archive: os.PathLike | str, member: str, why: str, fix: str = _UNSAFE_FIX):
-        self.archive, self.member = str(archive), member
-        super().__init__(f"refusing to extract {archive}: entry {quoted(member)} {why}. {fix}")
-
-
-def quoted(name: str) -> str:
-    """``name`` quoted for a message, cut to :data:`QUOTED` characters: a hostile name may be megabytes."""
-    return repr(name if len(name) <= QUOTED else name[:QUOTED] + "...")
 
 
 def archive_suffix(path: os.PathLike | str) -> Optional[str]:
@@ -522,7 +501,7 @@ class _Extraction:
         self._since_check = 0
 
     def _no_space(self, rel: str, nbytes: int) -> None:
-        raise OSError(errno.ENOSPC, f"{self.archive} does not fit in {self.dst}: entry {quoted(rel)} needs "
+        raise NotEnoughSpace(errno.ENOSPC, f"{self.archive} does not fit in {self.dst}: entry {quoted(rel)} needs "
                                     f"{human_bytes(nbytes)} more, {human_bytes(max(self._free, 0))} is free and "
                                     f"{human_bytes(self.margin)} is kept spare ({human_bytes(self.extracted)} "
                                     f"extracted so far). The archive expands beyond the free space (a "

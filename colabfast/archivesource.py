@@ -32,8 +32,8 @@ from typing import Callable, Collection, Iterator, NamedTuple, Optional, Union
 import numpy as np
 
 from colabfast._fileio import ReadaheadFile, retry
-from colabfast.archive import _decompressed, archive_suffix, open_tar, quoted, safe_relpath
-from colabfast.errors import Error
+from colabfast.archive import _decompressed, archive_suffix, open_tar, safe_relpath
+from colabfast.errors import ArchiveReadError, PackRefused, SourceNotFound
 from colabfast.imagenet import KAGGLE_SYNSETS, KAGGLE_VAL_SOLUTION, ImageNetLabels, read_devkit, read_kaggle_labels
 from colabfast.sources import is_image
 
@@ -42,32 +42,6 @@ __all__ = ["ArchiveReadError", "ArchiveSource", "Position"]
 MAX_IMAGE = 256 << 20  # bytes: a bigger member is reported as unreadable, never read into memory
 KAGGLE_DATA = "ILSVRC/Data/CLS-LOC/"
 LAYOUTS = ("imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val", "imagefolder")
-
-
-class ArchiveReadError(Error, ValueError):
-    """The archive ends early or is corrupt at a member; what was packed before it is kept.
-
-    Attributes:
-        archive: the archive's path.
-        member: the member being read (``outer.tar/inner.JPEG`` inside a per-class tar).
-    """
-
-    def __init__(self, archive: Union[str, os.PathLike], member: str, why: str):
-        self.archive, self.member = str(archive), member
-        super().__init__(
-            f"{archive}: cannot read member {quoted(member)}: {why}. The archive is truncated or corrupt (an "
-            "interrupted upload or download?). The images packed before it are kept: put the complete archive "
-            "at the same path and run pack() again to continue from there."
-        )
-
-
-def _refused(message: str) -> ValueError:
-    """pack's refusal of a layout, split or labels that do not fit the archive: a
-    :class:`colabfast.packing.PackRefused` (imported when raised: :mod:`colabfast.packing` imports this
-    module)."""
-    from colabfast.packing.common import PackRefused
-
-    return PackRefused(message)
 
 
 class Position(NamedTuple):
@@ -103,7 +77,7 @@ class ArchiveSource:
                  labels: Union[str, os.PathLike, None] = None, retries: int = 5):
         self.path = Path(os.path.abspath(path))
         if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path} is not a file")
+            raise SourceNotFound(f"{self.path} is not a file")
         self.retries = retries
         self.is_zip = archive_suffix(self.path) == ".zip"
         self.labels: Optional[ImageNetLabels] = read_devkit(labels) if labels is not None else None
@@ -114,7 +88,7 @@ class ArchiveSource:
         else:
             self.layout = self._inspect_tar(layout)
         if self.layout == "imagenet-val" and self.labels is None:
-            raise _refused(f"{self.path} is ImageNet's validation archive: its labels are in the devkit; "
+            raise PackRefused(f"{self.path} is ImageNet's validation archive: its labels are in the devkit; "
                              "pass labels='.../ILSVRC2012_devkit_t12.tar.gz'")
 
     # --- looking at the archive -----------------------------------------------------------------
@@ -129,7 +103,7 @@ class ArchiveSource:
 
     def _inspect_tar(self, layout: str) -> str:
         if layout in ("kaggle-train", "kaggle-val"):
-            raise _refused(f"layout {layout!r} is Kaggle's zip; {self.path} is a tar")
+            raise PackRefused(f"layout {layout!r} is Kaggle's zip; {self.path} is a tar")
         if layout != "auto":
             return layout
         with self._open_plain() as f, _decompressed(f) as stream:
@@ -139,7 +113,7 @@ class ArchiveSource:
             except (tarfile.TarError, EOFError, zlib.error) as exc:
                 raise ArchiveReadError(self.path, "(the first member)", f"{type(exc).__name__}: {exc}") from exc
         if first is None:
-            raise FileNotFoundError(f"{self.path} holds no files")
+            raise SourceNotFound(f"{self.path} holds no files")
         if first.name.endswith(".tar"):
             return "imagenet-train"
         return "imagenet-val" if self.labels is not None else "imagefolder"
@@ -159,26 +133,26 @@ class ArchiveSource:
                 if layout == "auto":
                     layout = f"kaggle-{split or 'train'}" if kaggle else "imagefolder"
                 elif split is not None and layout != f"kaggle-{split}":
-                    raise _refused(f"split={split!r} only applies to Kaggle's zip")
+                    raise PackRefused(f"split={split!r} only applies to Kaggle's zip")
                 if layout.startswith("kaggle-"):
                     if not kaggle:
-                        raise FileNotFoundError(f"{self.path} is not Kaggle's ImageNet zip: no {KAGGLE_SYNSETS}")
+                        raise SourceNotFound(f"{self.path} is not Kaggle's ImageNet zip: no {KAGGLE_SYNSETS}")
                     solution = None
                     if layout == "kaggle-val":
                         if KAGGLE_VAL_SOLUTION not in names:
-                            raise FileNotFoundError(f"{self.path} has no {KAGGLE_VAL_SOLUTION}: no validation labels")
+                            raise SourceNotFound(f"{self.path} has no {KAGGLE_VAL_SOLUTION}: no validation labels")
                         solution = zf.read(KAGGLE_VAL_SOLUTION).decode("utf-8")
                     self.labels = read_kaggle_labels(zf.read(KAGGLE_SYNSETS).decode("utf-8"), solution,
                                                      f"{self.path} ({KAGGLE_SYNSETS}"
                                                      + (f", {KAGGLE_VAL_SOLUTION})" if solution else ")"))
                     self._prefix = KAGGLE_DATA + layout.split("-")[1] + "/"
         if layout not in ("imagefolder", "kaggle-train", "kaggle-val"):
-            raise _refused(f"layout {layout!r} is for a tar; {self.path} is a zip")
+            raise PackRefused(f"layout {layout!r} is for a tar; {self.path} is a zip")
         wanted = [i for i in infos if not i.is_dir() and i.filename.startswith(self._prefix) and is_image(i.filename)]
         wanted.sort(key=lambda i: i.header_offset)  # file order: one forward pass
         wanted = _last_copies(self.path, wanted)
         if not wanted:
-            raise FileNotFoundError(f"no images under {self._prefix or 'the top'} of {self.path}")
+            raise SourceNotFound(f"no images under {self._prefix or 'the top'} of {self.path}")
         self._zip_members = wanted
         return layout
 
@@ -329,7 +303,7 @@ class ArchiveSource:
 
     def _samples(self, names: list[str]) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
         if not names:
-            raise FileNotFoundError(f"no images in {self.path}")
+            raise SourceNotFound(f"no images in {self.path}")
         if self.layout in ("imagenet-val", "kaggle-val"):
             assert self.labels is not None
             rels = [f"{w}/{posixpath.basename(n)}" for w, n in zip(self.labels.val_targets(names), names)]
@@ -337,8 +311,8 @@ class ArchiveSource:
             rels = _strip_common_folders(names)
             if any("/" not in r for r in rels):
                 bad = next(r for r in rels if "/" not in r)
-                raise FileNotFoundError(f"{self.path}: {bad!r} is not in a class folder: an ImageFolder archive "
-                                        "holds <class>/<image> (for ImageNet's validation tar pass labels=devkit)")
+                raise SourceNotFound(f"{self.path}: {bad!r} is not in a class folder: an ImageFolder archive "
+                                     "holds <class>/<image> (for ImageNet's validation tar pass labels=devkit)")
         else:
             rels = list(names)
         classes = sorted({r.split("/", 1)[0] for r in rels})

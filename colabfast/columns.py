@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from colabfast.errors import Error
+from colabfast.errors import FieldError
 
 __all__ = ["FieldError", "Field", "Template", "flatten", "unflatten", "KINDS", "MAX_JSON_BYTES", "MAX_DEPTH",
            "MAX_TEMPLATE_DEPTH", "RETURNS", "spec_problem"]
@@ -83,11 +83,6 @@ ENCODINGS = ("png", "jpeg")  # what ``fields`` may ask of an image field (JPEG l
 MAX_TEMPLATE_DEPTH = 8  # tuples and dicts nested as fields: what valid_spec reads back
 MAX_DEPTH = 64  # lists, tuples and dicts nested in one sample: far inside Python's recursion limit, so that
 # json.dumps when packing and json.loads when reading (in any thread's stack) never raise RecursionError
-
-
-class FieldError(Error, ValueError):
-    """A sample does not fit the columns the earlier samples made (or holds a value no column can
-    hold): the message names the sample's index, the field and the fix."""
 
 
 @dataclasses.dataclass

@@ -35,6 +35,7 @@ from torchvision.datasets import ImageFolder, Kitti, VisionDataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 from colabfast._fileio import PathLike, human_bytes, is_transient, pread_retrying, retry
+from colabfast.errors import NotEnoughSpace
 from colabfast.gpudecode import ImageSizeError, check_encoded, decode_cpu, decode_pil
 from colabfast.mirror import Header, Index, MirrorError, file_version, load_index, read_h5, read_paths, runs
 
@@ -262,9 +263,9 @@ class MirrorReader:
         nbytes = int(self.offsets[-1])
         free = _shm_free()
         if nbytes > free:
-            raise OSError(errno.ENOSPC, f"in_memory=True needs {human_bytes(nbytes)} of shared memory (/dev/shm) for "
-                              f"{self.path}, which has {human_bytes(free)} free. Stage the mirror to a RAM "
-                              f"disk instead (colabfast.stage(path, to='ram')): reading it is as fast.")
+            raise NotEnoughSpace(errno.ENOSPC, f"in_memory=True needs {human_bytes(nbytes)} of shared memory "
+                              f"(/dev/shm) for {self.path}, which has {human_bytes(free)} free. Stage the mirror to a "
+                              f"RAM disk instead (colabfast.stage(path, to='ram')): reading it is as fast.")
         blob = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
         step = 64 << 20
         for start in range(0, nbytes, step):

@@ -59,7 +59,7 @@ from typing import IO, Any, Callable, ClassVar, Iterator, Optional, Union
 
 from colabfast import mounttable
 from colabfast._fileio import PathLike, python_child
-from colabfast.errors import Error
+from colabfast.errors import DriveSimError
 
 __all__ = ["DriveSim", "DriveSimParams", "DriveSimError", "available", "serve", "main"]
 
@@ -81,10 +81,6 @@ START_TIMEOUT = 30.0  # seconds to wait for the server to mount (a loaded 2-core
 REPLY_TIMEOUT = 30.0  # seconds to wait for an answer on the control channel
 PARENT_POLL = 0.2  # seconds between checks that the parent process is alive
 ORPHAN_GRACE = 2.0  # seconds a server left alone waits for open files to close before it quits
-
-
-class DriveSimError(Error, RuntimeError):
-    """The simulator could not start, stop or answer (FUSE unusable, mount failed, server died)."""
 
 
 def _param(default: Any, text: str, metavar: Optional[str] = None, *, kind: Callable[[str], Any] = float,

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from colabfast.errors import Error
+from colabfast.errors import FeedProcessError
 
 __all__ = ["FeedProcess", "FeedProcessError"]
 
@@ -147,10 +147,6 @@ def _view(memory: torch.Tensor, where: _Tensor) -> torch.Tensor:
 
 
 # --- the training process's side --------------------------------------------------------------------
-
-
-class FeedProcessError(Error, RuntimeError):
-    """The feed subprocess ended without a word (killed, out of memory, a crash in native code)."""
 
 
 class FeedProcess:

@@ -22,7 +22,7 @@ from typing import Optional
 from colabfast import env
 from colabfast._fileio import PathLike, locked, read_json, state_name, unchanged, write_json_atomic
 from colabfast.archive import ARCHIVE_SUFFIXES, archive_suffix, strip_archive_suffix
-from colabfast.errors import Error
+from colabfast.errors import FetchError, FetchRefused
 
 __all__ = ["FetchError", "DriveLink", "fetch", "parse_link"]
 
@@ -33,21 +33,6 @@ _ID = re.compile(r"[-\w]{10,}")
 _FILE_PATH = re.compile(r"/file(?:/u/\d+)?/d/([-\w]{10,})")
 _DOC_PATH = re.compile(r"/(?:document|spreadsheets|presentation)(?:/u/\d+)?/d/([-\w]{10,})")
 _FOLDER_PATH = re.compile(r"/drive(?:/u/\d+)?(?:/mobile)?/folders/([-\w]{10,})")
-
-
-class FetchError(Error, RuntimeError):
-    """A download from Google Drive failed.
-
-    Attributes:
-        reason: ``"permission"`` (not shared as "Anyone with the link"), ``"not_found"`` (no such file,
-            or deleted), ``"quota"`` (Drive's download quota for the file is used up: "too many
-            users"), ``"folder_limit"`` (gdown 5.x cannot list over 50 files per folder),
-            ``"network"``, ``"hash"`` (the download does not match ``hash``) or ``"failed"``.
-    """
-
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +72,7 @@ def parse_link(url_or_id: str) -> DriveLink:
         ids = urllib.parse.parse_qs(parsed.query).get("id", [])
         if len(ids) == 1 and _ID.fullmatch(ids[0]):
             return DriveLink(ids[0], folder=parsed.path.rstrip("/") == "/embeddedfolderview")
-    raise ValueError(
+    raise FetchRefused(
         f"not a Google Drive link or file id: {url_or_id!r}; use the share link "
         f"(https://drive.google.com/file/d/<id>/view) or the id in it"
     )
@@ -136,7 +121,7 @@ def fetch(
     link = parse_link(url_or_id)
     want = _parse_hash(hash) if hash is not None else None
     if link.folder and (want or extract):
-        raise ValueError(f"{url_or_id} is a Drive folder: hash= and extract=True apply to one file")
+        raise FetchRefused(f"{url_or_id} is a Drive folder: hash= and extract=True apply to one file")
     folder, name = _destination(dst, link)
     folder.mkdir(parents=True, exist_ok=True)
     state = env.cache_dir() / "fetch-state" / state_name(folder)
@@ -153,7 +138,7 @@ def fetch(
         write_json_atomic(state / f"{link.id}.json", dataclasses.asdict(record))
     if extract:
         if archive_suffix(path) is None:
-            raise ValueError(
+            raise FetchRefused(
                 f"extract=True, but {path} is not an archive ({', '.join(ARCHIVE_SUFFIXES)}); it was downloaded "
                 f"and kept"
             )
@@ -199,10 +184,10 @@ def _parse_hash(hash: str) -> tuple:
     algo, _, hexdigest = hash.partition(":")
     algo, hexdigest = algo.strip().lower(), hexdigest.strip().lower()
     if algo not in hashlib.algorithms_guaranteed:
-        raise ValueError(f"hash={hash!r}: write it as 'md5:<hex>' or 'sha256:<hex>' (any hashlib algorithm)")
+        raise FetchRefused(f"hash={hash!r}: write it as 'md5:<hex>' or 'sha256:<hex>' (any hashlib algorithm)")
     size = hashlib.new(algo).digest_size
     if not size or not re.fullmatch(f"[0-9a-f]{{{2 * size}}}", hexdigest):
-        raise ValueError(f"hash={hash!r}: a {algo} digest is {2 * size} hex digits")
+        raise FetchRefused(f"hash={hash!r}: a {algo} digest is {2 * size} hex digits")
     return algo, hexdigest
 
 

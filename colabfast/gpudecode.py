@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from colabfast.errors import Error
+from colabfast.errors import ImageSizeError
 
 __all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "check_pixels", "decode_batch", "decode_cpu",
            "decode_pil", "encoded_size", "is_encoded", "is_jpeg"]
@@ -44,11 +44,6 @@ _MAGICS = (JPEG_MAGIC, b"\x89PNG", b"GIF8", b"RIFF")
 
 
 Size = Union[Sequence[int], np.ndarray]  # (H, W)
-
-
-class ImageSizeError(Error, ValueError):
-    """An image's header declares more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``, or a size other
-    than the one it was expected to have (a mirror's ``image_shapes``). A ``ValueError``, as it always was."""
 
 
 @dataclasses.dataclass

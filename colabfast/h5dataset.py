@@ -27,7 +27,7 @@ from torchvision import datasets
 from colabfast import columns as col
 from colabfast._fileio import PathLike
 from colabfast.datasets import MirrorDataset, MirrorReader, compact, undecodable
-from colabfast.errors import Error
+from colabfast.errors import IndexTypeError
 from colabfast.gpudecode import check_encoded, decode_cpu
 from colabfast.mirror import (
     IMAGE_LAYOUTS,
@@ -381,12 +381,6 @@ class _PairOf(H5Dataset):
     def images(self) -> list[str]:
         """Source image paths, in dataset order (as torchvision's ``images``)."""
         return self.source_paths
-
-
-class IndexTypeError(Error, TypeError, AttributeError):
-    """``dataset[i]`` of a VOC drop-in with an ``i`` that is not an int (a slice): a ``TypeError``, and an
-    ``AttributeError`` as torchvision's ``VOCDetection`` and ``VOCSegmentation`` raise for it (their
-    ``__getitem__`` hands ``self.images[index]``, a list, to ``PIL.Image.open``)."""
 
 
 class H5CocoDetection(_PairOf, datasets.CocoDetection):

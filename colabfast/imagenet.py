@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from colabfast._fileio import PathLike, open_regular, read_regular
+from colabfast.errors import PackRefused, SourceNotFound
 
 __all__ = ["ImageNetLabels", "read_devkit", "read_kaggle_labels"]
 
@@ -58,12 +59,12 @@ class ImageNetLabels:
         if self.val_by_stem is not None:
             missing = [n for n in names if os.path.splitext(os.path.basename(n))[0] not in self.val_by_stem]
             if missing:
-                raise ValueError(f"{self.origin} has no label for {len(missing)} validation images, e.g. {missing[0]}")
+                raise PackRefused(f"{self.origin} has no label for {len(missing)} validation images, e.g. {missing[0]}")
             return [self.val_by_stem[os.path.splitext(os.path.basename(n))[0]] for n in names]
         assert self.val_wnids is not None
         if len(names) != len(self.val_wnids):
-            raise ValueError(f"{self.origin} labels {len(self.val_wnids)} validation images, the archive holds "
-                             f"{len(names)}: is it the validation archive of the same release?")
+            raise PackRefused(f"{self.origin} labels {len(self.val_wnids)} validation images, the archive holds "
+                              f"{len(names)}: is it the validation archive of the same release?")
         rank = {n: i for i, n in enumerate(sorted(names))}
         return [self.val_wnids[rank[n]] for n in names]
 
@@ -102,8 +103,8 @@ def _devkit_members(path: Path) -> tuple[bytes, bytes]:
                     found[want] = f.read()
     missing = [w for w in (DEVKIT_META, DEVKIT_VAL_TRUTH) if w not in found]
     if missing:
-        raise FileNotFoundError(f"{path} is not ImageNet's devkit: it has no {' or '.join(missing)} "
-                                "(expected ILSVRC2012_devkit_t12.tar.gz)")
+        raise SourceNotFound(f"{path} is not ImageNet's devkit: it has no {' or '.join(missing)} "
+                             "(expected ILSVRC2012_devkit_t12.tar.gz)")
     return found[DEVKIT_META], found[DEVKIT_VAL_TRUTH]
 
 

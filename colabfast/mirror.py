@@ -104,7 +104,7 @@ import h5py
 import numpy as np
 
 from colabfast._fileio import TRANSIENT_ERRNOS, PathLike, backoff, file_version, human_bytes, lagging, python_child
-from colabfast.errors import Error
+from colabfast.errors import MirrorError
 
 FORMAT = "colabfast-mirror"
 FORMAT_VERSION = 2  # what pack writes for imagefolder, kitti and files (unchanged since: older colabfast reads them)
@@ -140,10 +140,6 @@ T = TypeVar("T")
 __all__ = ["MirrorError", "MirrorInfo", "Index", "Stored", "info", "verify", "load_index", "load_columns",
            "check_columns", "read_paths", "read_order", "open_h5", "read_h5", "vet", "trust", "write_array", "Header",
            "header", "header_crc32", "attrs_crc32", "file_version", "runs"]
-
-
-class MirrorError(Error, ValueError):
-    """A file is not a complete colabfast mirror that this version can read; the message says why."""
 
 
 def _bad(path: PathLike, what: str) -> MirrorError:

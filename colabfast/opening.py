@@ -30,7 +30,7 @@ from colabfast import env
 from colabfast._fileio import PathLike, file_version, human_bytes, locked, partial_path, retry, state_name, unchanged
 from colabfast.archive import archive_suffix, strip_archive_suffix
 from colabfast.env import MIRRORS_FOLDER  # re-exported: the folder open_dataset keeps mirrors in
-from colabfast.errors import Error
+from colabfast.errors import Error, NothingToOpen, OpenRefused, SourceNotFound
 
 if TYPE_CHECKING:
     from colabfast.datasets import MirrorDataset
@@ -41,10 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["open_dataset", "DROP_INS", "MIRRORS_FOLDER", "ACCEPTS", "what_is", "default_mirrors", "mirror_name",  # noqa: F822 (DROP_INS: module __getattr__)
            "drop_in", "NothingToOpen", "OpenRefused", "default_dataset_mirrors"]
-
-class NothingToOpen(Error, FileNotFoundError):
-    """:func:`open_dataset` was given an empty folder (or one of hidden files only)."""
-
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # the first 8 bytes of an HDF5 file (pack writes no user block)
 ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a dataset folder (an ImageFolder tree "
@@ -85,7 +81,7 @@ def what_is(path: Path) -> str:
         st = retry(lambda: os.stat(path), 5)  # Drive may be briefly disconnected
     except FileNotFoundError:
         hint = " Is Drive mounted? Call colabfast.mount() first." if "/drive/" in str(path) else ""
-        raise FileNotFoundError(f"nothing to open: {path} does not exist.{hint}") from None
+        raise NothingToOpen(f"nothing to open: {path} does not exist.{hint}") from None
     if stat.S_ISDIR(st.st_mode):
         return "folder"
     if stat.S_ISREG(st.st_mode) and archive_suffix(path):
@@ -145,12 +141,6 @@ def default_mirrors(src: Path) -> Path:
             if folder.name in ("Shareddrives", "Shared drives") and (folder.parent / "MyDrive").is_dir():
                 return folder.parent / "MyDrive" / MIRRORS_FOLDER
     return src.parent / MIRRORS_FOLDER
-
-
-class OpenRefused(Error, TypeError):
-    """:func:`open_dataset` was given an object that is neither a path nor a Hugging Face dataset (a
-    torch ``Dataset``, say): the message names it and what to call instead. A ``TypeError``, as
-    ``os.fspath`` of it was before."""
 
 
 def default_dataset_mirrors() -> Path:
@@ -458,8 +448,8 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
           stack: contextlib.ExitStack) -> MirrorDataset:
     unknown = sorted(set(pack_options) - set(PACK_OPTIONS))
     if unknown:
-        raise TypeError(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
-                        f"{', '.join(PACK_OPTIONS)}")
+        raise OpenRefused(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
+                          f"{', '.join(PACK_OPTIONS)}")
     if to not in ("auto", "disk", "ram"):
         from colabfast.staging import StageRefused
 
@@ -615,9 +605,9 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, folder:
     except SplitRefused as exc:
         raise exc.to("open_dataset") from None
     except FileNotFoundError as exc:
-        if isinstance(exc, Error):  # a layout's missing file (a COCO JSON), named with its fix already
+        if isinstance(exc, Error) and not isinstance(exc, SourceNotFound):  # a layout's missing file (a COCO JSON)
             raise
-        raise FileNotFoundError(f"{exc}. {src} holds {_contents(src)}. {ACCEPTS}.") from exc
+        raise NothingToOpen(f"{exc}. {src} holds {_contents(src)}. {ACCEPTS}.") from exc
     steps.append(f"listed {src} in {_seconds(time.perf_counter() - start)}: {described}")
     return _Wanted(folder, fingerprint, contents)
 

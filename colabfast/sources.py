@@ -22,6 +22,7 @@ import numpy as np
 
 from colabfast._fileio import FileEntry, PathLike, read_regular, retry, scan_tree
 from colabfast.env import MIRRORS_FOLDER
+from colabfast.errors import LayoutError, PackRefused, SourceNotAFolder, SourceNotFound
 from colabfast.mirror import KITTI_CALIB_KEYS, KITTI_SPLITS
 
 __all__ = ["Source", "Split", "KittiObjects", "detect_layout", "split_folders", "SPLIT_FOLDERS", "read_source",
@@ -148,20 +149,20 @@ def read_source(
     """
     if not isinstance(src, (str, os.PathLike)):
         if layout not in ("auto", "files"):
-            raise ValueError(f"a list of files can only be packed with layout='files', not {layout!r}")
+            raise PackRefused(f"a list of files can only be packed with layout='files', not {layout!r}")
         return _files_from_list(list(src))
     root = Path(os.path.abspath(src))
     if not root.is_dir():
         if root.exists():
-            raise NotADirectoryError(f"{root} is a file, not a dataset folder or an archive: pack reads a folder, "
-                                     f"a .zip, .tar, .tar.gz, .tgz, .tar.bz2 or .tar.xz archive, or a list of files")
-        raise FileNotFoundError(f"{root} does not exist: check the path (on Drive: /content/drive/MyDrive/...)")
+            raise SourceNotAFolder(f"{root} is a file, not a dataset folder or an archive: pack reads a folder, "
+                                   f"a .zip, .tar, .tar.gz, .tgz, .tar.bz2 or .tar.xz archive, or a list of files")
+        raise SourceNotFound(f"{root} does not exist: check the path (on Drive: /content/drive/MyDrive/...)")
     if layout == "auto":
         layout = detect_layout(root)
     if layout == "kitti":
         return _kitti(root, workers)
     if layout not in ("imagefolder", "files"):
-        raise ValueError(f"layout must be 'auto', 'imagefolder', 'kitti' or 'files', not {layout!r}")
+        raise PackRefused(f"layout must be 'auto', 'imagefolder', 'kitti' or 'files', not {layout!r}")
     errors: dict[str, OSError] = {}
     files, dirs = scan_tree(root, workers, unreadable=errors, revisit=True)
     unreadable = {rel: exc for rel, exc in errors.items() if not _hidden_part(rel)}  # hidden: left out anyway
@@ -170,7 +171,7 @@ def read_source(
     else:
         images = [f for f in files if is_image(f.rel)]
         if not images:
-            raise FileNotFoundError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {root}")
+            raise SourceNotFound(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {root}")
         source = Source("files", root, [Split("", root, images, targets=np.full(len(images), -1, np.int64))])
     source.hidden = _hidden(root, files, dirs, layout == "imagefolder")
     source.unreadable = [(str(root / rel), f"folder cannot be listed ({exc.strerror or exc}): its images are unknown")
@@ -222,7 +223,7 @@ def _imagefolder(root: Path, files: list[FileEntry], dirs: list[str], unreadable
     # file names.
     classes = sorted(d for d in [*dirs, *unreadable] if "/" not in d and not d.startswith("."))
     if not classes:
-        raise FileNotFoundError(f"no class folders in {root}: the imagefolder layout is root/<class>/<image>")
+        raise SourceNotFound(f"no class folders in {root}: the imagefolder layout is root/<class>/<image>")
     index = {c: i for i, c in enumerate(classes)}
     keyed = []
     for f in files:
@@ -234,15 +235,15 @@ def _imagefolder(root: Path, files: list[FileEntry], dirs: list[str], unreadable
     found = {key[0] for key, _ in keyed}
     empty = [c for c in classes if index[c] not in found and c not in unreadable]
     if empty:
-        raise FileNotFoundError(f"no images in the class folders {', '.join(empty)} under {root} "
-                                f"(image extensions: {', '.join(IMG_EXTENSIONS)})")
+        raise SourceNotFound(f"no images in the class folders {', '.join(empty)} under {root} "
+                             f"(image extensions: {', '.join(IMG_EXTENSIONS)})")
     targets = np.array([key[0] for key, _ in keyed], dtype=np.int64)
     return Source("imagefolder", root, [Split("", root, [f for _, f in keyed], targets=targets)], classes)
 
 
 def _files_from_list(items: list) -> Source:
     if not items:
-        raise FileNotFoundError("pack() was given an empty list of files")
+        raise SourceNotFound("pack() was given an empty list of files")
     pairs = [item if isinstance(item, tuple) else (item, None) for item in items]
     paths = [Path(os.path.abspath(p)) for p, _ in pairs]
     root = Path(os.path.commonpath([str(p.parent) for p in paths]))
@@ -260,15 +261,15 @@ def _files_from_list(items: list) -> Source:
     elif all(isinstance(label, (int, np.integer)) for label in labels):
         targets = np.array(labels, dtype=np.int64)
     else:
-        raise ValueError("labels must be all ints, all strings, or absent")
+        raise PackRefused("labels must be all ints, all strings, or absent")
     return Source("files", root, [Split("", root, files, targets=targets)], classes)
 
 
 def _kitti(root: Path, workers: int) -> Source:
     base = _kitti_root(root)
     if base is None:
-        raise FileNotFoundError(f"no KITTI layout under {root}: expected training/image_2 (and label_2) "
-                                "or testing/image_2, as in data_object_image_2.zip")
+        raise SourceNotFound(f"no KITTI layout under {root}: expected training/image_2 (and label_2) "
+                             "or testing/image_2, as in data_object_image_2.zip")
     splits, hidden = [], []
     for name in KITTI_SPLITS:
         image_dir = base / name / "image_2"
@@ -285,8 +286,8 @@ def _kitti(root: Path, workers: int) -> Source:
                 texts = _read_texts(pool, base / name / "label_2", stems)
                 missing = [s for s, t in zip(stems, texts) if t is None]
                 if missing:
-                    raise FileNotFoundError(f"{len(missing)} training images have no label file in "
-                                            f"{base / name / 'label_2'}, e.g. {missing[0]}.txt")
+                    raise SourceNotFound(f"{len(missing)} training images have no label file in "
+                                         f"{base / name / 'label_2'}, e.g. {missing[0]}.txt")
                 split.objects = _parse_labels(texts, stems, base / name / "label_2")
             calib_texts = _read_texts(pool, base / name / "calib", stems)
         if any(t is not None for t in calib_texts):
@@ -315,8 +316,8 @@ def _parse_labels(texts: list[Optional[str]], stems: list[str], folder: Path) ->
             if not line:
                 continue  # torchvision would fail on a blank line; there is nothing in it to keep
             if len(line) < 15:
-                raise ValueError(f"{folder / (stem + '.txt')}: a KITTI label line has 15 fields, "
-                                 f"this one has {len(line)}: {' '.join(line)!r}")
+                raise LayoutError(folder / (stem + ".txt"), f"a KITTI label line has 15 fields, "
+                                  f"this one has {len(line)}: {' '.join(line)!r}")
             rows.append(line)
         offsets.append(len(rows))
 

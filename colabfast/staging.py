@@ -52,7 +52,7 @@ from colabfast._fileio import (
     write_json_atomic,
 )
 from colabfast.archive import archive_suffix, extract, extracted_size, links_under, strip_archive_suffix
-from colabfast.errors import Error
+from colabfast.errors import NotEnoughSpace, SourceNotFound, StageError, StageRefused
 
 __all__ = ["stage", "StageError", "StageRefused", "check_space", "default_destination", "Destination"]
 
@@ -64,46 +64,6 @@ CHUNK = 1 << 20  # bytes per read() when copying a file
 BIG_FILE = 64 << 20  # files at least this large are copied as parallel ranges
 RANGE = 16 << 20  # bytes per range of a big file
 RAM_FRACTION = 0.5  # to="auto" stages to RAM (in Colab) when the data takes at most this share of spare RAM
-
-
-class StageError(Error, OSError):
-    """Some files could not be staged; the others are staged and stay.
-
-    Attributes:
-        failures: source path (relative to the staged root) -> the exception that stopped it.
-        dst: where the successful files are.
-    """
-
-    def __init__(self, src: Path, dst: Path, failures: dict[str, BaseException], total: int):
-        self.failures, self.dst = failures, dst
-        shown = sorted(failures.items())[:20]
-        lines = "".join(f"\n  {rel}: {_describe(exc)}" for rel, exc in shown)
-        more = f"\n  ... and {len(failures) - len(shown)} more" if len(failures) > len(shown) else ""
-        what = "files or folders" if any(rel.endswith("/") for rel in failures) else "files"
-        from colabfast.drive import failure_advice
-
-        advice = failure_advice(src, list(failures.values()))
-        super().__init__(
-            errno.EIO,
-            f"{len(failures)} of {total} {what} could not be staged from {src} to {dst}:{lines}{more}\n"
-            f"The other files are staged and stay; "
-            + (f"{advice} A re-run copies only the missing ones." if advice else
-               "run stage() again to retry only the missing ones."),
-        )
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-class StageRefused(Error, ValueError):
-    """stage refused its arguments, its source or its destination before writing anything; the message
-    names what and the fix. A ``ValueError``, as these refusals always were."""
-
-
-def _describe(exc: BaseException) -> str:
-    attempts = getattr(exc, "attempts", 1)
-    folder = " (a folder: nothing under it was staged)" if getattr(exc, "folder", False) else ""
-    return f"{exc}{folder}" + (f" (after {attempts} attempts)" if attempts > 1 else "")
 
 
 def stage(
@@ -341,7 +301,7 @@ def _check_reserved(src: Path, reserved: list[str]) -> None:
 
 def _not_found(path: Path) -> FileNotFoundError:
     hint = " Is Drive mounted? Call colabfast.mount() first." if "/drive/" in str(path) else ""
-    exc = FileNotFoundError(f"nothing to stage: {path} does not exist.{hint}")
+    exc = SourceNotFound(f"nothing to stage: {path} does not exist.{hint}")
     exc.errno = errno.ENOENT  # set after: OSError(errno, msg, path) would print the path twice
     return exc
 
@@ -441,18 +401,18 @@ def check_space(nbytes: int, dst: Path, src: Path, *, folder: bool = False) -> N
                       f"drop the cache and run stage() again.", stacklevel=4)
     elif need > free:
         why = f" (2 x {human_bytes(nbytes)}: Drive caches what it reads)" if same_disk else ""
-        raise OSError(errno.ENOSPC, f"not enough free space on {_mountpoint(dst)}: need {human_bytes(need)}"
-                      f"{why}, have {human_bytes(free)}. Free some space, stage a subset, or pack the "
-                      f"data into a smaller mirror (colabfast.pack with image_size=...).")
+        raise NotEnoughSpace(errno.ENOSPC, f"not enough free space on {_mountpoint(dst)}: need {human_bytes(need)}"
+                             f"{why}, have {human_bytes(free)}. Free some space, stage a subset, or pack the "
+                             f"data into a smaller mirror (colabfast.pack with image_size=...).")
     if env.is_ram(dst):
         spare = env.ram_available() - env.ram_headroom()
         if nbytes > spare:
-            raise OSError(errno.ENOSPC, f"{human_bytes(nbytes)} will not fit in RAM at {dst}: "
-                          f"{human_bytes(env.ram_available())} free, of which colabfast keeps "
-                          f"{human_bytes(env.ram_headroom())} for training. Stage to disk (to='disk').")
+            raise NotEnoughSpace(errno.ENOSPC, f"{human_bytes(nbytes)} will not fit in RAM at {dst}: "
+                                 f"{human_bytes(env.ram_available())} free, of which colabfast keeps "
+                                 f"{human_bytes(env.ram_headroom())} for training. Stage to disk (to='disk').")
     if drive_cache and not same_disk and nbytes > env.disk_free(cache_dir):
-        raise OSError(errno.ENOSPC, f"not enough free space for Drive's cache on {_mountpoint(cache_dir)}: "
-                      f"need {human_bytes(nbytes)}, have {human_bytes(env.disk_free(cache_dir))}.")
+        raise NotEnoughSpace(errno.ENOSPC, f"not enough free space for Drive's cache on {_mountpoint(cache_dir)}: "
+                             f"need {human_bytes(nbytes)}, have {human_bytes(env.disk_free(cache_dir))}.")
 
 
 def _same_filesystem(a: Path, b: Path) -> bool:
@@ -685,7 +645,10 @@ def _stage_tree(
     write_json_atomic(record_path, _new_manifest(source, not failures, sha256=hashes.digests or None))
     hashes.close(folded=True)
     if failures:
-        raise StageError(src, dst, failures, len(todo) + len(unreadable or {}))
+        from colabfast.drive import failure_advice
+
+        raise StageError(src, dst, failures, len(todo) + len(unreadable or {}),
+                         failure_advice(src, list(failures.values())))
 
 
 def _remove_partials(root: Optional[Path], targets: list[Path]) -> None:
@@ -809,8 +772,8 @@ class _Copier:
                     with contextlib.suppress(OSError):
                         os.unlink(big.tmp)
         if full:
-            raise OSError(errno.ENOSPC, f"the destination filled up while staging ({desc}); nothing incomplete "
-                          "was kept: free space and run stage() again to copy the rest")
+            raise NotEnoughSpace(errno.ENOSPC, f"the destination filled up while staging ({desc}); nothing incomplete "
+                                 "was kept: free space and run stage() again to copy the rest")
         return failures
 
     def _next_task(self) -> Optional[tuple[FileEntry, Callable[[], bool]]]:

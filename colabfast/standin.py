@@ -27,7 +27,7 @@ from typing import Optional
 
 from colabfast import mounttable
 from colabfast._fileio import PathLike
-from colabfast.errors import Error
+from colabfast.errors import DriveError
 from colabfast.mounttable import Mount
 
 __all__ = ["DriveError", "DEFAULT_MOUNTPOINT", "SIM_VAR", "REGISTRY", "LINKS", "root",
@@ -47,13 +47,6 @@ LINKS = {"MyDrive": "MyDrive", "Shareddrives": "Shareddrives", "My Drive": "MyDr
 
 # Drive simulators started by this process, by real mountpoint; each stops with the process.
 _SIMS: dict = {}
-
-
-class DriveError(Error, RuntimeError):
-    """Mounting, refreshing or flushing Drive failed; the message names the path and the next step.
-
-    Defined here, where the stand-in raises it too, and exported as ``colabfast.DriveError`` and
-    ``colabfast.drive.DriveError``."""
 
 
 # --- the folder and its registry ----------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 
 from colabfast import env, mounttable
 from colabfast._fileio import PathLike, human_bytes
+from colabfast.errors import NotEnoughSpace, StageRefused
 
 __all__ = ["RamDisk", "ramdisk", "release_ramdisk", "ramdisk_path", "default_path"]
 
@@ -29,7 +30,7 @@ def parse_size(size: Union[int, str]) -> int:
         return size
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", str(size).lower())
     if not m:
-        raise ValueError(f"cannot read {size!r} as a size: use bytes or a string like '8G' or '512M'")
+        raise StageRefused(f"cannot read {size!r} as a size: use bytes or a string like '8G' or '512M'")
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
@@ -104,8 +105,8 @@ def release_ramdisk(path: Optional[PathLike] = None) -> bool:
     if os.path.ismount(target) and env.is_ram(target):
         m = mounttable.mount_of(target)
         if m is None or m.source != MOUNT_SOURCE:
-            raise ValueError(f"{target} is a RAM disk colabfast did not mount ({m.source if m else '?'}): "
-                             f"left alone")
+            raise StageRefused(f"{target} is a RAM disk colabfast did not mount ({m.source if m else '?'}): "
+                               f"left alone")
         done = subprocess.run(["umount", str(target)], capture_output=True, text=True)
         if done.returncode != 0:
             raise OSError(errno.EBUSY, f"cannot release the RAM disk at {target}: {done.stderr.strip()}. Close "
@@ -151,7 +152,7 @@ def ramdisk(size: Union[int, str, None] = None, path: Optional[PathLike] = None)
     spare = env.ram_available() - env.ram_headroom()
     nbytes = spare if size is None else parse_size(size)
     if nbytes <= 0 or nbytes > spare:
-        raise ValueError(
+        raise StageRefused(
             f"a {human_bytes(nbytes)} RAM disk would starve this machine: {human_bytes(env.ram_available())} "
             f"of RAM is free and colabfast keeps {human_bytes(env.ram_headroom())} of it for training, so "
             f"at most {human_bytes(max(spare, 0))} can go to a RAM disk. Ask for less, or stage to disk."
@@ -163,7 +164,7 @@ def ramdisk(size: Union[int, str, None] = None, path: Optional[PathLike] = None)
             _mount_tmpfs(target, nbytes, remount=True)
         return RamDisk(target)
     if target.is_dir() and any(target.iterdir()):
-        raise ValueError(f"cannot mount a RAM disk at {target}: the folder is not empty. Pass another path.")
+        raise StageRefused(f"cannot mount a RAM disk at {target}: the folder is not empty. Pass another path.")
     try:
         if not env.can_mount():
             raise PermissionError("mounting a tmpfs needs root with CAP_SYS_ADMIN")
@@ -185,7 +186,7 @@ def _shm_fallback(nbytes: int, reason: str) -> Path:
     """``/dev/shm/colabfast``; ``nbytes`` is the size asked for (0: none; stage checks its own need)."""
     free = env.disk_free("/dev/shm")
     if nbytes > free:
-        raise OSError(errno.ENOSPC, f"cannot mount a tmpfs ({reason}), and /dev/shm, the fallback, has "
+        raise NotEnoughSpace(errno.ENOSPC, f"cannot mount a tmpfs ({reason}), and /dev/shm, the fallback, has "
                                     f"{human_bytes(free)} free, less than the {human_bytes(nbytes)} asked for")
     warnings.warn(f"cannot mount a tmpfs ({reason}); using {SHM_FALLBACK} ({human_bytes(free)} free) instead",
                   stacklevel=3)

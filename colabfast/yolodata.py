@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence, Union
 
 from colabfast import env
 from colabfast._fileio import PathLike, locked
-from colabfast.errors import Error
+from colabfast.errors import ExportRefused, SourceNotFound
 
 __all__ = ["ultralytics_data", "ExportRefused", "SPLIT_KEYS", "TREE_FOLDER", "COMPLETE"]
 
@@ -36,12 +36,6 @@ COMPLETE = ".colabfast-complete"  # the marker file of a tree written whole
 WRITER = 1  # the version of what is written: a change makes new trees, not reuses old ones
 YAML_NAMES = ("data.yaml", "data.yml")
 CALL = "colabfast.ultralytics_data"
-
-
-class ExportRefused(Error, ValueError):
-    """:func:`ultralytics_data` was given something it does not turn into a local YOLO tree (a YAML
-    naming folders outside the dataset or a split the export lacks, an archive of another layout, a
-    pose or classification export): the message names what was found and the call to make."""
 
 
 @dataclasses.dataclass
@@ -203,7 +197,7 @@ def _export(src: Path) -> _Export:
 
     if src.suffix.lower() in (".yaml", ".yml"):
         if not src.is_file():
-            raise FileNotFoundError(f"nothing to read: {src} does not exist")
+            raise SourceNotFound(f"nothing to read: {src} does not exist")
         if not Path(os.path.realpath(src)).is_relative_to(os.path.realpath(src.parent)):
             raise ExportRefused(f"{src} is a link to {os.path.realpath(src)}, outside the export's folder: pass the "
                                 f"export's own dataset YAML, {CALL}('<export folder>/data.yaml')")

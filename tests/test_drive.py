@@ -300,7 +300,7 @@ def test_failures_on_drivefs_are_named_from_its_log(drivefs, tmp_path):
     assert "colabfast.mount(force_remount=True)" in drive.failure_advice(tmp_path, [gone])
     from colabfast.staging import StageError
 
-    err = StageError(Path(inside), tmp_path / "dst", {"a.jpg": gone}, 3)
+    err = StageError(Path(inside), tmp_path / "dst", {"a.jpg": gone}, 3, drive.failure_advice(Path(inside), [gone]))
     assert "force_remount=True" in str(err) and "run stage() again" not in str(err)
 
 

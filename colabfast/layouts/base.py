@@ -14,35 +14,13 @@ here, registered in :data:`colabfast.layouts.LAYOUTS`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Optional, Sequence, Union
 
-from colabfast._fileio import FileEntry, PathLike
-from colabfast.errors import Error
+from colabfast._fileio import FileEntry
+from colabfast.errors import LayoutError, LayoutFileNotFoundError, LayoutNotFoundError, PackRefused
 
 __all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError"]
-
-
-class LayoutError(Error, ValueError):
-    """An annotation file (or the folder's layout) is malformed: the message names the file, the line
-    where there is one, what is wrong and the fix."""
-
-    def __init__(self, path: PathLike, why: str, line: Optional[int] = None, fix: str = ""):
-        self.path, self.line, self.why = os.fspath(path), line, why
-        where = f"{self.path}, line {line}" if line is not None else self.path
-        super().__init__(f"{where}: {why}" + (f". {fix}" if fix else ""))
-
-
-class LayoutFileNotFoundError(LayoutError, FileNotFoundError):
-    """A file the layout reads by name (an annotation file, an image set list) is missing: also a
-    ``FileNotFoundError``, as torchvision's datasets raise for it (``CocoDetection``'s ``annFile``,
-    ``VOCDetection``'s image set file, from ``open``)."""
-
-
-class LayoutNotFoundError(LayoutError, RuntimeError):
-    """The folder holds no tree of the layout (no ``VOCdevkit/VOC<year>``): also a ``RuntimeError``, as
-    torchvision's ``VOCDetection`` raises ("Dataset not found or corrupted")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +110,6 @@ class Layout:
         Raises:
             PackRefused: (a ``ValueError``) a ``split`` for a layout without splits."""
         if split is not None and not cls.packs_split:
-            from colabfast.packing.common import PackRefused
-
             raise PackRefused(f"split={split!r}: a mirror of the {cls.name} layout has one set of samples; "
                               "split= picks KITTI's training or testing, a split a layout packs (VOC's image "
                               "set, a YOLO export's split), or the part of Kaggle's ImageNet zip to pack")

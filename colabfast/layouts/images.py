@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Optional, Union
 
+from colabfast.errors import PackRefused
+
 __all__ = ["ImageLayout", "ImageFolderLayout", "FilesLayout", "KittiLayout", "KITTI_SPLITS"]
 
 KITTI_SPLITS = ("training", "testing")
@@ -28,8 +30,6 @@ class ImageLayout:
         Raises:
             PackRefused: (a ``ValueError``) any ``split``."""
         if split is not None:
-            from colabfast.packing.common import PackRefused
-
             raise PackRefused(f"split={split!r}: a mirror of the {cls.name} layout has one set of samples; "
                               f"split= picks KITTI's {' or '.join(KITTI_SPLITS)}, a split a layout packs (VOC's "
                               "image set, a YOLO export's split), or the part of Kaggle's ImageNet zip to pack")
@@ -64,7 +64,5 @@ class KittiLayout(ImageLayout):
         Raises:
             PackRefused: (a ``ValueError``) another ``split``."""
         if split not in (None, *KITTI_SPLITS):
-            from colabfast.packing.common import PackRefused
-
             raise PackRefused(f"split={split!r}: a KITTI mirror holds {' and '.join(KITTI_SPLITS)} (default training)")
         return {"train": split != "testing"}

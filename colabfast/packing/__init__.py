@@ -28,6 +28,7 @@ from colabfast import env
 from colabfast._fileio import PathLike
 from colabfast.archive import archive_suffix
 from colabfast.encoding import encode_image, resized_size
+from colabfast.errors import SourceNotFound
 from colabfast.mirror import STORES
 from colabfast.packing.archives import _listing as _archive_listing
 from colabfast.packing.archives import pack_archive
@@ -238,8 +239,8 @@ def pack(
     path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
     streamed = archive_suffix(path) is not None and not os.path.isdir(path)
     if streamed and not os.path.isfile(path):
-        raise FileNotFoundError(f"no archive at {os.path.abspath(path)}: check the path (on Drive: "
-                                "/content/drive/MyDrive/...)")
+        raise SourceNotFound(f"no archive at {os.path.abspath(path)}: check the path (on Drive: "
+                             "/content/drive/MyDrive/...)")
     if streamed and shuffle:
         raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps the "
                          "archive's order (a loader's random sampler shuffles it)")
@@ -334,7 +335,7 @@ def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optio
     from colabfast.layouts import LAYOUTS
 
     if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
-        raise FileNotFoundError(f"layout {layout!r} reads a folder, and {src!r} is not one")
+        raise SourceNotFound(f"layout {layout!r} reads a folder, and {src!r} is not one")
     kwargs: dict[str, Any] = {"on_error": on_error, "retries": retries}
     if labels is not None:
         kwargs["labels"] = labels

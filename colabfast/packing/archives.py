@@ -28,6 +28,7 @@ from colabfast import env
 from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path
 from colabfast.archive import archive_suffix
 from colabfast.archivesource import ArchiveSource, Position
+from colabfast.errors import NotEnoughSpace
 from colabfast.mirror import MirrorError, trust
 from colabfast.packing.common import (
     _check_same_source,
@@ -111,7 +112,7 @@ def _preflight_archive(path: Path, work: Path, store: str, image_size, reused: i
     need = max(int(1.02 * size + 64e6) - reused, 0)
     if store == "encoded" and image_size is None and need > free:
         less = f", less the {human_bytes(reused)} of parts an earlier run left" if reused else ""
-        raise OSError(errno.ENOSPC, f"not enough free space on {work.parent} to pack {path}: need "
+        raise NotEnoughSpace(errno.ENOSPC, f"not enough free space on {work.parent} to pack {path}: need "
                                     f"{human_bytes(need)} ({human_bytes(size)} of images for the mirror, and a "
                                     f"margin{less}), have {human_bytes(free)}. Pack a resized mirror "
                                     "(image_size=...): only the mirror is written locally, never the archive.")

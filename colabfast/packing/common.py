@@ -29,7 +29,7 @@ import numpy as np
 
 from colabfast import env
 from colabfast._fileio import FileEntry, partial_path, state_name
-from colabfast.errors import Error
+from colabfast.errors import PackError, PackRefused, SplitRefused
 from colabfast.mirror import (
     Header,
     MirrorError,
@@ -48,60 +48,6 @@ __all__ = ["CHUNK", "PackError", "PackRefused", "SplitRefused", "Contents", "dif
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 COPY_CHUNK = 8 << 20  # bytes per write when copying a built mirror onto Drive
 STOP_WAIT = 10.0  # seconds to wait for a stopped pool's manager thread
-
-
-class PackError(Error, ValueError):
-    """Source images (or folders) could not be read or decoded; nothing final was written.
-
-    Attributes:
-        failures: ``(path, error message)`` for every bad file.
-    """
-
-    def __init__(self, failures: list[tuple[str, str]]):
-        self.failures = failures
-        shown = "".join(f"\n  {p}: {e}" for p, e in failures[:20])
-        more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
-        super().__init__(
-            f"{len(failures)} source files or folders cannot be read:{shown}{more}\n"
-            "Nothing was written to the destination. Fix or delete them and run pack() again "
-            "(the images already processed are kept and reused), or pass on_error='skip' to leave them out."
-        )
-
-
-class PackRefused(PackError):
-    """pack (or :func:`colabfast.open_dataset`, which packs) refused an argument or its destination
-    before reading a sample or writing anything; the message names what and the fix. A ``ValueError``
-    (through :class:`PackError`), as these refusals always were; ``failures`` is empty."""
-
-    def __init__(self, message: str):
-        self.failures = []
-        ValueError.__init__(self, message)
-
-
-class SplitRefused(PackRefused):
-    """A source of several splits (an export's ``train/``, ``valid/``, ``test/``; a tree of split
-    folders) given no ``split=``, or one it lacks: the message lists its splits (``found``: name ->
-    where it is) and the call to make (``call``: ``"pack"`` or ``"open_dataset"``), in the words a
-    YOLO export's splits are refused with (:mod:`colabfast.layouts.yolo`). ``expr``: how the call names
-    the source, where it is not a path (``"dataset_dict"`` for a Hugging Face ``DatasetDict``)."""
-
-    def __init__(self, source: Any, found: dict[str, str], split: Optional[str], call: str = "pack",
-                 expr: Optional[str] = None):
-        self.source, self.found, self.split, self.expr = os.fspath(source), found, split, expr
-        listed = ", ".join(f"{name!r} ({where})" for name, where in sorted(found.items()))
-        if split is not None:
-            why = f"no split {split!r}: there are {listed}"
-        else:
-            why = f"{'several splits' if len(found) > 1 else 'one split'}: {listed}"
-        first = "train" if "train" in found else sorted(found)[0]
-        named = expr if expr is not None else repr(self.source)
-        make = (f"open_dataset({named}, split={first!r})" if call == "open_dataset" else
-                f"pack({named}, dst, split={first!r})")
-        super().__init__(f"{self.source}: {why}. Pass split= one of them: {make}")
-
-    def to(self, call: str) -> SplitRefused:
-        """The same refusal, naming the call ``call`` (``"open_dataset"``) to make."""
-        return SplitRefused(self.source, self.found, self.split, call, self.expr)
 
 
 def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:

@@ -35,6 +35,7 @@ from colabfast import env
 from colabfast._fileio import PathLike, human_bytes, locked, open_regular, partial_path, retry, write_all
 from colabfast.archivesource import ArchiveSource
 from colabfast.encoding import encode_image
+from colabfast.errors import NotEnoughSpace
 from colabfast.mirror import Header, MirrorError, check, open_h5, trust, write_array
 from colabfast.packing.common import (
     PackError,
@@ -142,7 +143,7 @@ def _preflight(source: Source, work: Path, store: str, image_size, reused: int =
     free = env.disk_free(work)
     if output > free:
         less = f", less the {human_bytes(reused)} of parts an earlier run left" if reused else ""
-        raise OSError(errno.ENOSPC, f"not enough free space on {work.parent} to pack {source.root}: "
+        raise NotEnoughSpace(errno.ENOSPC, f"not enough free space on {work.parent} to pack {source.root}: "
                           f"need {human_bytes(output)} "
                           f"({human_bytes(src_bytes)} of images for the mirror, and a margin{less}), have "
                           f"{human_bytes(free)}. Free space, or pack a resized mirror (image_size=...).")
@@ -366,7 +367,7 @@ def _assemble(build: Path, work: Path, source: Source, orders: dict[str, np.ndar
     else:
         need = 1.02 * total
     if need > free:
-        raise OSError(errno.ENOSPC, f"not enough free space on {build.parent} to build the mirror: need "
+        raise NotEnoughSpace(errno.ENOSPC, f"not enough free space on {build.parent} to build the mirror: need "
                                     f"{human_bytes(need)}, have {human_bytes(free)}")
     moves = _lay_out(build, source, orders, parts, head)
     _plan_moves(work, head.fingerprint or "", moves)

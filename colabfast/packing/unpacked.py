@@ -22,6 +22,7 @@ from typing import Any, Optional
 from colabfast import env
 from colabfast._fileio import PathLike, retry
 from colabfast.archive import archive_suffix, extract
+from colabfast.errors import SourceNotFound
 from colabfast.packing.common import PackRefused, SplitRefused
 
 __all__ = ["archive_layout", "check_split", "pack_unpacked", "unpacked_fingerprint"]
@@ -173,14 +174,14 @@ def _open(folder: Path, layout: str, labels: Optional[PathLike], split: Optional
             held = {p.name: f"{p.name}/" for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
             if held:
                 raise SplitRefused(archive, held, split)
-            raise FileNotFoundError(f"{archive} holds no folder {split!r} (split=) at its top, and no folder at all")
+            raise SourceNotFound(f"{archive} holds no folder {split!r} (split=) at its top, and no folder at all")
     elif layout == "coco" and labels is None and not (root / "_annotations.coco.json").is_file():
         splits = {p.name: f"{p.name}/" for p in root.iterdir() if (p / "_annotations.coco.json").is_file()}
         if len(splits) > 1:
             raise SplitRefused(archive, splits, split)
         if not splits:
-            raise FileNotFoundError(f"{archive} holds no _annotations.coco.json: pass labels= the annotation JSON "
-                                    "inside it")
+            raise SourceNotFound(f"{archive} holds no _annotations.coco.json: pass labels= the annotation JSON "
+                                 "inside it")
         root = root / next(iter(splits))
     if labels is not None:
         inside = Path(os.path.normpath(os.fspath(labels)))

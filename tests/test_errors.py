@@ -1,0 +1,83 @@
+"""colabfast.errors (issue 38, item 4): every refusal a user can hit in stage, pack, open_dataset,
+fetch and ramdisk is a colabfast.Error, and still the builtin it was (``except ValueError`` and
+friends catch what they caught), with the same message."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import colabfast as cf
+from colabfast import sources, staging, tmpfs
+
+
+def _folders(root: Path) -> None:
+    (root / "empty").mkdir()
+    (root / "file.txt").write_text("not a dataset")
+    (root / "imgs" / "cat").mkdir(parents=True)
+    Image.new("RGB", (4, 4)).save(root / "imgs" / "cat" / "0.png")
+
+
+REFUSALS = [
+    # (name, call, the colabfast class, the builtin it always was, words of the message)
+    ("pack: no such folder", lambda t: cf.pack(t / "missing", t / "m.h5", progress=False),
+     cf.SourceNotFound, FileNotFoundError, "does not exist"),
+    ("pack: no such archive", lambda t: cf.pack(t / "missing.zip", t / "m.h5", progress=False),
+     cf.SourceNotFound, FileNotFoundError, "no archive at"),
+    ("pack: a folder of no images", lambda t: cf.pack(t / "empty", t / "m.h5", progress=False),
+     cf.SourceNotFound, FileNotFoundError, "no image files"),
+    ("pack: an empty list", lambda t: cf.pack([], t / "m.h5", progress=False),
+     cf.SourceNotFound, FileNotFoundError, "empty list of files"),
+    ("pack: a file that is no dataset", lambda t: cf.pack(t / "file.txt", t / "m.h5", progress=False),
+     cf.SourceNotAFolder, NotADirectoryError, "not a dataset folder"),
+    ("pack: a list with a folder layout",
+     lambda t: cf.pack([t / "imgs" / "cat" / "0.png"], t / "m.h5", layout="imagefolder", progress=False),
+     cf.PackRefused, ValueError, "layout='files'"),
+    ("pack: a KITTI label line of 3 fields", lambda t: sources._parse_labels(["Car 0 0"], ["000000"], t),
+     cf.LayoutError, ValueError, "15 fields"),
+    ("open_dataset: no such path", lambda t: cf.open_dataset(t / "missing", progress=False),
+     cf.NothingToOpen, FileNotFoundError, "does not exist"),
+    ("open_dataset: a pack option it does not take", lambda t: cf.open_dataset(t / "imgs", bogus=1),
+     cf.OpenRefused, TypeError, "unexpected keyword arguments bogus"),
+    ("stage: no such source", lambda t: cf.stage(t / "missing", t / "dst", progress=False),
+     cf.SourceNotFound, FileNotFoundError, "nothing to stage"),
+    ("stage: no room", lambda t: staging.check_space(1 << 60, t, t),
+     cf.NotEnoughSpace, OSError, "not enough free space"),
+    ("ramdisk: an unreadable size", lambda t: tmpfs.parse_size("lots"),
+     cf.StageRefused, ValueError, "as a size"),
+    ("ramdisk: more than the RAM", lambda t: cf.ramdisk(1 << 60, t / "ram"),
+     cf.StageRefused, ValueError, "would starve this machine"),
+    ("fetch: not a Drive link", lambda t: cf.fetch("not a link at all", t / "dl"),
+     cf.FetchRefused, ValueError, "not a Google Drive link"),
+    ("fetch: a malformed hash", lambda t: cf.fetch("1AbCdEfGhIjKlMnOpQrStUvWxYz012345", t / "dl", hash="nope"),
+     cf.FetchRefused, ValueError, "md5:<hex>"),
+]
+
+
+@pytest.mark.parametrize("call, cls, builtin, words", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_refusals_are_colabfast_errors_and_still_their_builtin(local, call, cls, builtin, words):
+    """Each of these was a bare builtin (FileNotFoundError, ValueError, TypeError, OSError): ``except
+    colabfast.Error`` missed it and only the CLI's catch-all printed it as a line."""
+    _folders(local)
+    with pytest.raises(builtin, match=words) as info:
+        call(local)
+    assert isinstance(info.value, cf.Error) and type(info.value) is cls, type(info.value)
+    assert type(info.value).__module__ == "colabfast.errors"
+    if builtin is OSError:
+        assert info.value.errno == errno.ENOSPC
+
+
+def test_errors_module_imports_nothing_of_colabfast():
+    """Any module may import colabfast.errors: it imports none of colabfast's (no import circle)."""
+    import ast
+
+    import colabfast.errors
+
+    tree = ast.parse(Path(colabfast.errors.__file__).read_text())
+    imported = [n.module if isinstance(n, ast.ImportFrom) else a.name
+                for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in (n.names if isinstance(n, ast.Import) else [None])]
+    assert not [m for m in imported if m and m.split(".")[0] == "colabfast"], imported
