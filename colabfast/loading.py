@@ -466,10 +466,12 @@ class DataLoader(torch.utils.data.DataLoader):
     - ``collate_fn``: :func:`colabfast.collate.collate` (uint8 images, batched channels-last for the
       GPU; contiguous on the CPU unless ``memory_format=torch.channels_last``).
 
+    ``dataset``, ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler``, ``num_workers``, ``collate_fn``,
+    ``pin_memory``, ``drop_last``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``generator``,
+    ``prefetch_factor``, ``persistent_workers`` and ``**kwargs`` are ``torch.utils.data.DataLoader``'s (defaults
+    above).
+
     Args:
-        dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
-            drop_last, timeout, worker_init_fn, multiprocessing_context, generator, prefetch_factor,
-            persistent_workers, **kwargs: as ``torch.utils.data.DataLoader`` (defaults above).
         device: where batches arrive: ``"auto"`` (CUDA if torch sees a GPU, else CPU), ``"cpu"``,
             ``"cuda"``, ``"cuda:1"`` or a ``torch.device``. On CUDA, batches are converted ahead by a feeder
             thread on a side stream (:class:`~colabfast.prefetch.CUDAPrefetcher`) and every tensor arrives there.
