@@ -522,7 +522,7 @@ class MirrorDataset(VisionDataset):
 
     def _stored(self, positions: Sequence[int]) -> list[torch.Tensor]:
         views = self.reader.views(positions)
-        if self.verify:  # zlib.crc32 of every image read: its cost is measured in the README's format section
+        if self.verify:  # zlib.crc32 of every image read; its cost: benchmarks/README.md, "Checking images..."
             self.reader.index.check_samples(positions, [v.numpy() for v in views])
         return views
 
@@ -623,9 +623,10 @@ class H5ImageFolder(MirrorDataset, ImageFolder):
             ``colabfast.DataLoader(decode="gpu")``).
         in_memory: load the image data into shared RAM once (see :class:`MirrorReader`).
         verify: check every image read against its CRC-32 (format version 2) and raise
-            MirrorError naming a sample that differs. Off by default: +10 us per 224 px JPEG
-            (3.5% of decoding it), and raw pixels read at 22k instead of 189k img/s (measured
-            here; see the README's format section). ``colabfast info --verify`` checks all at once.
+            MirrorError naming a sample that differs. Off by default: cheap beside decoding a JPEG,
+            costly for raw pixels, whose bytes are then read instead of viewed (measured in
+            benchmarks/README.md, "Checking images as they are read"; the checksums:
+            docs/mirror-format.md). ``colabfast info --verify`` checks all at once.
 
     Raises:
         FileNotFoundError, MirrorError: ``path`` is not a complete mirror this version reads, it

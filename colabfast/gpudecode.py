@@ -281,9 +281,9 @@ def decode_cpu(
 
     JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` with the settings of
     ``torchvision.io.decode_image`` and PIL (accurate IDCT, fancy upsampling), so the pixels are the
-    same (tested), straight into ``out`` when given, with the GIL released for the decode. On the
-    development machine (one core, photo-like JPEGs) it decoded 1.2-1.4x as many 256 px images per
-    second as ``torchvision.io.decode_image`` and 1.1-1.2x at 500x375. JPEGs that libjpeg decodes
+    same (tested), straight into ``out`` when given, with the GIL released for the decode, and faster
+    than ``torchvision.io.decode_image`` (benchmarks/README.md, "Batch reader vs worker processes and
+    FFCV"). JPEGs that libjpeg decodes
     only with a warning (e.g. extraneous bytes before a marker) go to ``torchvision.io.decode_jpeg``.
     Other formats (PNG, GIF, WebP) are decoded by PIL (:func:`decode_pil`; a KITTI PNG decodes about
     as fast as by torchvision, whose libpng binding crashes the process on corrupt data).

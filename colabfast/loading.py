@@ -466,10 +466,12 @@ class DataLoader(torch.utils.data.DataLoader):
     - ``collate_fn``: :func:`colabfast.collate.collate` (uint8 images, batched channels-last for the
       GPU; contiguous on the CPU unless ``memory_format=torch.channels_last``).
 
+    ``dataset``, ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler``, ``num_workers``, ``collate_fn``,
+    ``pin_memory``, ``drop_last``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``generator``,
+    ``prefetch_factor``, ``persistent_workers`` and ``**kwargs`` are ``torch.utils.data.DataLoader``'s (defaults
+    above).
+
     Args:
-        dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
-            drop_last, timeout, worker_init_fn, multiprocessing_context, generator, prefetch_factor,
-            persistent_workers, **kwargs: as ``torch.utils.data.DataLoader`` (defaults above).
         device: where batches arrive: ``"auto"`` (CUDA if torch sees a GPU, else CPU), ``"cpu"``,
             ``"cuda"``, ``"cuda:1"`` or a ``torch.device``. On CUDA, batches are converted ahead by a feeder
             thread on a side stream (:class:`~colabfast.prefetch.CUDAPrefetcher`) and every tensor arrives there.
@@ -485,9 +487,10 @@ class DataLoader(torch.utils.data.DataLoader):
             the main process (other formats in the workers, on the CPU); needs a CUDA ``device``.
             ``"cpu"``: in the workers. A mirror's files (``H5ImageFolder(output="bytes")`` left to the
             defaults) are read by the feeder thread itself, one ``pread`` per run of stored samples
-            into pinned memory just before nvJPEG: with reader threads or worker processes beside the
-            feeder and the training thread, ResNet-50 on an H100 pinned to 2 CPUs ran at 0.56-0.78 of
-            the data-on-GPU ceiling, reading in the feeder at 0.79-0.87 (benchmarks/README.md).
+            into pinned memory just before nvJPEG: on an H100 pinned to 2 CPUs ResNet-50 came closer
+            to the data-on-GPU ceiling this way than with reader threads or worker processes beside
+            the feeder and the training thread (benchmarks/README.md, "GPU feed on an H100 (2 CPUs)",
+            "Who reads the files for nvJPEG").
             ``"auto"``: ``"gpu"`` when the dataset yields bytes
             (``dataset.output == "bytes"``) and batches go to CUDA, ``"cpu"`` when they stay on the
             CPU. Decoded images are RGB uint8 ``[3, H, W]``. An undecodable file raises ``ValueError``
@@ -505,7 +508,8 @@ class DataLoader(torch.utils.data.DataLoader):
             ``torch.manual_seed`` before the loop repeats a run; one built with ``generator=`` is left alone.
         feed_depth: on CUDA, converted batches the feeder thread queues ahead of the training loop
             (:class:`~colabfast.prefetch.Feeder`, default 3): GPU memory for that many batches stays
-            allocated; 2-4 measured within noise of each other on an H100 (benchmarks/README.md).
+            allocated; depths 2-4 measured within noise of each other on an H100 (benchmarks/README.md,
+            "GPU feed on an H100 (2 CPUs)").
 
         draft: where the reader threads fuse a per-sample crop with decoding (see below), decode a
             JPEG at 1/2, 1/4 or 1/8 scale when the crop is shrunk at least twice that much

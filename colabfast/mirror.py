@@ -1,85 +1,14 @@
 """The HDF5 mirror format: what :func:`colabfast.pack` writes and the datasets read, and its checks.
 
-A mirror is one HDF5 file holding a whole image dataset, so Drive serves one big file instead of
-thousands of small ones. Format version 2, all datasets contiguous and unfiltered (so readers can
-``pread`` them at a fixed file offset), no variable-length types, no links, no pickle::
-
-    /                        attrs: format="colabfast-mirror", format_version=2, layout
-                             ("imagefolder" | "kitti" | "files"), store ("encoded" | "raw"),
-                             image_size, quality, shuffled, seed, classes, skipped (JSON),
-                             source, created, colabfast_version, fingerprint, (packed from
-                             an archive) labels and class_names (JSON), header_crc32, and
-                             complete=1, written last (all read and written by :class:`Header`)
-    <split>/                 "" (the root group) for imagefolder/files; "training", "testing" for kitti
-        images               uint8 [total bytes]: every image back to back (encoded file bytes, or
-                             raw pixels in HWC order)
-        image_offsets        int64 [N + 1]: image i is images[image_offsets[i]:image_offsets[i + 1]]
-        image_shapes         int32 [N, 3]: (H, W, 3) of each decoded image (an encoded image's
-                             header must say the same)
-        image_crc32          uint32 [N]: zlib.crc32 of each stored image (version 2)
-        paths, path_offsets  uint8 [bytes], int64 [N + 1]: each sample's source path (UTF-8),
-                             relative to the source folder
-        order                int64 [N]: each stored sample's index in the source's own order
-                             (torchvision's; not rising when packed with shuffle=True or from an
-                             archive): dataset index i is the stored sample of the i-th smallest order
-        targets              int64 [N]: class index (imagefolder; files: label or -1)
-        objects/...          kitti training only: per-object columns, sample i owns rows
-                             object_offsets[i]:object_offsets[i + 1] (int64 [N + 1]):
-                             type (uint8 code into the JSON attr ``names``), truncated (f64),
-                             occluded (int64), alpha (f64), bbox (f64 [M, 4]), dimensions
-                             (f64 [M, 3]), location (f64 [M, 3]), rotation_y (f64)
-        calib/<key>          kitti: float64 [N, k] for P0..P3, R0_rect, Tr_velo_to_cam,
-                             Tr_imu_to_velo (NaN where a sample has no calib file)
-
-Version 3, a **mirror of columns**, holds any map-style dataset's samples (``pack(dataset)``, and the
-folder layouts of :mod:`colabfast.layouts`: coco, voc-detection, voc-segmentation, yolo,
-segmentation, csv; layout ``"dataset"`` for yours), one column per field of a sample (the kinds
-are :mod:`colabfast.columns`'), with version 2's guarantees (contiguous, unfiltered, checksummed, no
-variable-length types, no pickle)::
-
-    /                        attrs: as above (store "encoded"), format_version=3, and
-                             columns (JSON: {"template": how the fields make a sample,
-                             "fields": [{"name", "kind", "as", "dtype", "shape", "meta"}]}),
-                             layout_info (JSON: what a layout's drop-in needs, e.g. COCO's
-                             categories)
-        order, paths, path_offsets   as above: N samples
-        columns/<k>/         field k, by kind:
-            images, image_offsets, image_shapes, image_crc32
-                             image, mask: encoded files (JPEG, PNG) as a sample table's,
-                             (H, W, C) with C 1..4
-            values           int (int64 [N]), float (float64 [N]), bool (uint8 [N]),
-                             ndarray (dtype [N, *shape])
-            data, offsets    str, bytes, json (uint8 [bytes], int64 [N + 1]: UTF-8, at most
-                             16 MiB of JSON per sample)
-            values, offsets  ragged: rows dtype [M, *shape], int64 [N + 1] (sample i's rows
-                             values[offsets[i]:offsets[i + 1]]); with meta "ndim", values
-                             flat and ``shapes`` int64 [N, ndim] each sample's shape
-
-Imagefolder, KITTI and files mirrors are still written as version 2 (their format did not
-change), so an older colabfast reads them.
-
-Version 2 adds the checksums: every dataset but ``images`` carries an attribute ``crc32`` (zlib's
-CRC-32 of its bytes, then of its other attributes as sorted JSON), ``header_crc32`` covers the root
-attributes but ``complete``, and ``image_crc32`` each stored image. The index is checked at open;
-the images by ``colabfast info --verify`` and the datasets' ``verify=True``. Version 1 (no
-checksums) is still read.
-
-Encoded images are JPEG (RGB or grayscale, as found) or RGB PNG: any other source file (CMYK JPEG,
-palette/RGBA/16-bit PNG, BMP, a PNG named .JPEG, ...) is stored as the lossless PNG of
-``PIL.Image.open(f).convert("RGB")``, so every decoder returns exactly PIL's pixels.
-
-Mirrors come from strangers (a shared Drive folder), so nothing in one is trusted: before the first
-open in a process, an isolated child process (``python -I``: nothing imported from the current
-folder) walks the file's HDF5 metadata with a time limit (libhdf5 can crash or loop on corrupt
-metadata) and bounds every attribute by the sample count (1 MiB each; ``classes``, ``class_names``
-and ``skipped`` 1 MiB + 4 KiB per sample), and every array is checked against the file's size and
-the sample count before it is read (``image_offsets`` holds at most one sample per 67 bytes of
-encoded data, the smallest PNG, or per 3 of raw pixels; ``paths`` at most 4096 bytes per sample).
-An encoded image's header must give its declared ``image_shapes`` entry, within
-``PIL.Image.MAX_IMAGE_PIXELS``, before it is decoded or memory is allocated for it, on every path
-(:func:`colabfast.gpudecode.check_encoded`); PNGs are decoded by PIL, never by torchvision's libpng
-binding, which crashes the process on corrupt data. Any problem is one :class:`MirrorError` naming
-the file (and the sample).
+A mirror is one HDF5 file holding a whole dataset, so Drive serves one big file instead of thousands
+of small ones: version 2, a sample table (imagefolder, kitti, files), and versions 3 and 4, a mirror
+of columns (any dataset, the layouts of :mod:`colabfast.layouts`; 4 where a column holds None), every
+dataset contiguous, unfiltered and checksummed. The format is specified once, in
+``docs/mirror-format.md`` (the groups, datasets and attributes of each version, the checksums, and
+what is checked before a mirror from a stranger is trusted); this module is its implementation:
+:class:`Header` reads and writes the root attributes, :func:`load_columns` a mirror of columns,
+:func:`colabfast.gpudecode.check_encoded` an encoded image's header. Any problem is one
+:class:`MirrorError` naming the file (and the sample).
 """
 
 from __future__ import annotations

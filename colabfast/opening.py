@@ -361,12 +361,9 @@ def open_dataset(
       refused: pack it with ``colabfast.pack(dataset, path)`` and open the mirror at ``path``.
 
     The source is packed straight from where it is, not staged to local disk first: on the Drive
-    simulator (100 ms per open, 60 MB/s, 2 CPUs, photo-like 500x375 JPEGs) the two take the same time
-    for 2000 images (108 MB: 9.8 s straight, 9.7 s staging then packing, medians of 2), staging first
-    is 0.3-0.5 s ahead for 300-500 images (2.6 vs 2.3 s, 3.1 vs 2.6 s), and it needs local disk for a
-    copy of the source (twice its size, with DriveFS's cache) besides the mirror, which a 150 GB
-    ImageNet folder does not fit: ``taskset -c 0,1 python benchmarks/pack_from_drive.py --images 2000
-    --classes 20``.
+    simulator the two take about the same time (benchmarks/README.md, "Packing straight from Drive, or
+    staging first"), and staging needs local disk for a copy of the source (twice its size, with
+    DriveFS's cache) besides the mirror, which a 150 GB ImageNet folder does not fit.
 
     Staging follows :func:`colabfast.stage`'s rule: RAM disk in Colab when the mirror takes at most
     half the RAM colabfast may use, else local disk; a mirror already on local disk or RAM is opened

@@ -314,11 +314,10 @@ class Feeder:
     consumer waits on that event (its stream waits for this batch's work only, never for the whole
     side stream) and ``record_stream``-s every CUDA tensor it receives, so memory freed by the consumer
     is not reused while its kernels still read it. The host-side work (nvJPEG calls, the per-image
-    Python of a torchvision transform, launching kernels) thus leaves the training thread: on an H100
-    pinned to 2 CPUs, ResNet-50 fed with nvJPEG and torchvision's per-image transforms went from 0.45
-    to 0.56-0.79 of the data-on-GPU ceiling, and to 0.72-0.80 with :mod:`colabfast.transforms`;
-    0.82 once the feeder also read the mirror's files itself (``colabfast bench gpu``,
-    benchmarks/README.md). NVIDIA DALI and FFCV hand batches over
+    Python of a torchvision transform, launching kernels) thus leaves the training thread, which on an
+    H100 pinned to 2 CPUs brought ResNet-50 fed with nvJPEG much closer to the data-on-GPU ceiling, with
+    torchvision's per-image transforms and more so with :mod:`colabfast.transforms` (``colabfast bench
+    gpu``: benchmarks/README.md, "GPU feed on an H100 (2 CPUs)"). NVIDIA DALI and FFCV hand batches over
     the same way, with an event per batch.
 
     Behaviour:

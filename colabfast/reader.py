@@ -83,8 +83,8 @@ def fused_for(dataset: Any, *, transform: Optional[Callable], decode: str,
     transforms of its own and a loader ``transform`` that fuses; likewise for an
     :class:`~colabfast.H5Dataset` of ``(image, target)`` pairs (:meth:`~colabfast.H5Dataset.batchable`)
     and a loader ``transform`` that fuses. Anything else runs in worker processes, where torchvision's
-    per-call Python does not hold the GIL of the process that trains (measured in threads: 0.6-0.9x
-    the worker processes, ``benchmarks/README.md``).
+    per-call Python does not hold the GIL of the process that trains (in threads it ran slower than
+    the worker processes: benchmarks/README.md, "CPU augmentation in the reader threads").
     """
     inner = through_subsets(dataset)[0]
     if decode == "gpu" or getattr(inner, "output", None) != "tensor":

@@ -1,8 +1,8 @@
 """Shuffle an h5 mirror in blocks of consecutive items: :class:`BlockShuffleSampler`.
 
 A random permutation reads a file at random offsets, and cold random reads are slow: through the Drive
-simulator a block-shuffled epoch of a mirror reads 1.69x (bytes) to 1.85x (tensors) faster than a
-random one (``colabfast bench coldreads``, benchmarks/results/bench.md). Shuffling whole blocks of consecutive
+simulator a block-shuffled epoch of a mirror reads cold faster than a random one (``colabfast bench
+coldreads``: benchmarks/README.md, "The latest full run, summarised"). Shuffling whole blocks of consecutive
 indices, and the items inside each block, keeps most of the randomness while the reads of one block
 land close together in the file and close together in time. The same idea as FFCV's quasi-random
 order and WebDataset's shard shuffle; typed like MosaicML Streaming's ``shuffle/`` functions.

@@ -156,10 +156,9 @@ def stage(
         StageError: some files (or sub-folders that cannot be listed) failed after their retries,
             or kept changing while copied; it lists them. The others stay staged.
         colabfast.archive.UnsafeArchiveError: a hostile archive.
-        tarfile.TarError, zipfile.BadZipFile, EOFError: a corrupt or truncated archive.
-
-        An archive that fails leaves nothing at ``dst`` or beside it, except after an interrupt or
-        a read error, when its partial extraction stays for a re-run to resume.
+        tarfile.TarError, zipfile.BadZipFile, EOFError: a corrupt or truncated archive. An archive
+            that fails leaves nothing at ``dst`` or beside it, except after an interrupt or a read
+            error, when its partial extraction stays for a re-run to resume.
     """
     if verify not in ("size", "sha256"):
         raise StageRefused(f"verify must be 'size' or 'sha256', not {verify!r}")

@@ -3,8 +3,9 @@
 
 torchvision's transforms take one image at a time: on a GPU each image costs several kernel launches
 and a few hundred microseconds of Python, so a batch of 128 spends more time on the host than the GPU
-spends on the pixels: 38-48 ms per batch for ``v2.RandomResizedCrop(224)`` + flip on an H100, against
-1.8-3.4 ms for this module's batched version and 7 ms for nvJPEG's decode (benchmarks/README.md).
+spends on the pixels: ``v2.RandomResizedCrop(224)`` + flip take several times nvJPEG's decode of the
+batch, this module's batched version a fraction of it (per batch on an H100: benchmarks/README.md,
+"GPU feed on an H100 (2 CPUs)").
 These transforms take a whole batch (a list of ragged uint8 ``[C, H, W]`` images, as nvJPEG decodes
 them, or a stacked ``[B, C, H, W]`` tensor) and do their work in a number of kernel launches that
 does not grow with the batch:

@@ -11,8 +11,8 @@ Where a layout's images are kept as their files are (JPEGs, 8-bit RGB PNGs), the
 from the listing before any is read, so every image's place in the mirror is too: the mirror's
 ``images`` array is allocated first, and the workers write each part's images straight to their
 place (:class:`_Direct`); assembling then writes only the indexes. Writing the images once instead
-of twice, with a read between (part file, then mirror), took ``colabfast bench detection``'s pack of
-2000 photos from 0.68 to 0.82 of the decode bound on 2 CPUs (``benchmarks/README.md``). Where a
+of twice, with a read between (part file, then mirror), took ``colabfast bench detection``'s pack
+closer to the decode bound (benchmarks/README.md, "A COCO detection dataset", ``pack_rate.py``). Where a
 size differs from the file's (an image re-encoded, a file changed, a sample skipped), the mirror is
 assembled again from the parts and from what was written, as without it.
 """
