@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import errno
 import glob
+import inspect
 import os
 import stat
 import threading
@@ -49,8 +50,17 @@ ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a datase
            "images with one CSV table of labels (or Kaggle's train.csv beside train/), a folder of split folders "
            "(train/, val/, ...) with split=, or a folder of images), or an archive of an ImageFolder tree or "
            "ImageNet's (.zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)")
-# pack()'s options that open_dataset passes on; src, dst, split, image_size and progress are its own
-PACK_OPTIONS = ("layout", "labels", "year", "store", "quality", "shuffle", "seed", "workers", "on_error", "retries")
+# pack()'s arguments that are open_dataset's own (split, image_size, progress) or that it decides (src, dst;
+# fields and overwrite: a mirror open_dataset packs is of the source as it is, at a name no other file takes)
+OWN_ARGUMENTS = ("src", "dst", "split", "image_size", "progress", "fields", "overwrite")
+
+
+def _pack_options() -> tuple[str, ...]:
+    """pack()'s keyword options that open_dataset passes on: every one in pack's signature but
+    :data:`OWN_ARGUMENTS`."""
+    from colabfast.packing import pack
+
+    return tuple(name for name in inspect.signature(pack).parameters if name not in OWN_ARGUMENTS)
 
 
 def _drop_ins() -> dict[str, tuple[type[MirrorDataset], Callable[[Optional[str]], dict]]]:
@@ -64,6 +74,8 @@ def _drop_ins() -> dict[str, tuple[type[MirrorDataset], Callable[[Optional[str]]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "PACK_OPTIONS":  # from pack's signature, which imports the packing modules
+        return _pack_options()
     if name == "DROP_INS":  # made when asked for (its classes import h5py and torchvision), from the registry
         return _drop_ins()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -443,10 +455,10 @@ def open_dataset(
 def _open(path: Any, split: Optional[str], transform: Optional[Callable], target_transform: Optional[Callable],
           output: str, image_size: Any, mirrors: Optional[PathLike], to: str, progress: bool, pack_options: dict,
           stack: contextlib.ExitStack) -> MirrorDataset:
-    unknown = sorted(set(pack_options) - set(PACK_OPTIONS))
+    unknown = sorted(set(pack_options) - set(_pack_options()))
     if unknown:
         raise OpenRefused(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
-                          f"{', '.join(PACK_OPTIONS)}")
+                          f"{', '.join(_pack_options())}")
     if to not in ("auto", "disk", "ram"):
         from colabfast.staging import StageRefused
 
@@ -593,9 +605,8 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, folder:
         if layout in REGISTRY:
             REGISTRY[layout].split_args(split)
     start = time.perf_counter()
-    fingerprint_options = {k: v for k, v in options.items()
-                           if k in ("layout", "labels", "year", "store", "quality", "shuffle", "seed", "retries",
-                                    "on_error")}
+    listing = inspect.signature(source_listing).parameters  # the options a mirror's fingerprint depends on
+    fingerprint_options = {k: v for k, v in options.items() if k in listing and k not in ("split", "image_size")}
     try:
         fingerprint, described, contents = source_listing(src, split=split if packs_split else None,
                                                           image_size=image_size, **fingerprint_options)

@@ -117,3 +117,18 @@ def test_register_refuses_a_bad_or_taken_name(name, error, match):
 def test_register_takes_layout_classes_only():
     with pytest.raises(TypeError, match="subclass of colabfast.layouts.Layout"):
         register(object)  # type: ignore[arg-type]
+
+
+def test_the_options_open_dataset_and_the_command_pass_on_are_packs():
+    """pack's options are read from its signature, not copied: open_dataset takes each one but its
+    own arguments, and `colabfast pack` has a flag for each."""
+    import inspect
+
+    from colabfast import opening
+    from colabfast.packing import pack
+
+    signature = set(inspect.signature(pack).parameters)
+    assert set(opening.PACK_OPTIONS) == signature - set(opening.OWN_ARGUMENTS)
+    flags = {a.dest for a in cli.build_parser()._subparsers._group_actions[0].choices["pack"]._actions}
+    assert signature - {"fields", "on_error", "progress"} <= flags  # on_error: --skip-errors; progress: --quiet
+    assert {"skip_errors", "quiet"} <= flags
