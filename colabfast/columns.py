@@ -64,6 +64,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from colabfast.encoding import ImageFile
 from colabfast.errors import FieldError
 
 __all__ = ["FieldError", "Field", "Template", "flatten", "unflatten", "KINDS", "MAX_JSON_BYTES", "MAX_DEPTH",
@@ -137,8 +138,6 @@ def _describe(value: Any) -> str:
 def classify(value: Any, name: str, requested: Optional[str] = None) -> Field:
     """The column a first sample's value ``value`` at field ``name`` makes (``requested``: the
     caller's ``fields`` entry: a kind, or ``"jpeg"``/``"png"`` for an image)."""
-    from colabfast.layouts.base import ImageFile
-
     if requested in ENCODINGS:
         field = classify(value, name)
         if field.kind not in IMAGE_KINDS:
@@ -335,8 +334,6 @@ def encode(value: Any, field: Field, index: int, image_options: dict) -> Any:
         FieldError: the value does not fit the field's kind.
         Exception: what PIL raises for an image file it cannot read (the caller reports it).
     """
-    from colabfast.layouts.base import ImageFile
-
     kind, name = field.kind, field.name
     if value is None and kind in NULLABLE:
         return (NULL_IMAGE, (1, 1, 1), False) if kind in IMAGE_KINDS else {"str": b"", "bytes": b""}.get(kind, 0)

@@ -3,13 +3,32 @@ files and for layouts' images), and torchvision's ``Resize`` size rule (:func:`r
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from typing import Optional, Sequence, Union
 
 import simplejpeg
 from PIL import Image
 
-__all__ = ["encode_image", "resized_size", "exact_everywhere", "exif_orientation", "oriented_size"]
+__all__ = ["ImageFile", "encode_image", "resized_size", "exact_everywhere", "exif_orientation", "oriented_size"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFile:
+    """An image or mask file's bytes, as a layout returns them: the mirror stores them as
+    ``pack`` stores an ImageFolder's files (``kind="image"``: the pixels of
+    ``PIL.Image.open(f).convert("RGB")``, kept as the file's bytes where every decoder gives those
+    pixels), or losslessly in the file's own mode (``kind="mask"``: a palette PNG stays ``"P"`` with
+    its palette, class ids stay exact). ``orient``: the image is read upright, its EXIF orientation
+    applied after the RGB conversion (as Ultralytics reads images): a file with an orientation is stored
+    as its upright pixels, see :func:`colabfast.encoding.encode_image`."""
+
+    data: bytes
+    path: str  # relative to the layout's root, for messages
+    kind: str = "image"  # "image" or "mask"
+    keep: bool = False  # an image kept in its own mode (as PIL opens the file), not converted to RGB
+    orient: bool = False  # apply the file's EXIF orientation (kind "image", not keep)
+
 
 # EXIF orientation (tag 274) -> the transpose that makes the image upright, as ``PIL.ImageOps.exif_transpose``
 # and OpenCV's decoders apply it (1: upright already; 5 to 8 swap width and height).

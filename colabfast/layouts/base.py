@@ -13,31 +13,14 @@ here, registered in :data:`colabfast.layouts.LAYOUTS`.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Optional, Sequence, Union
 
 from colabfast._fileio import FileEntry
+from colabfast.encoding import ImageFile
 from colabfast.errors import LayoutError, LayoutFileNotFoundError, LayoutNotFoundError, PackRefused
 
 __all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError"]
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageFile:
-    """An image or mask file's bytes, as a layout returns them: the mirror stores them as
-    ``pack`` stores an ImageFolder's files (``kind="image"``: the pixels of
-    ``PIL.Image.open(f).convert("RGB")``, kept as the file's bytes where every decoder gives those
-    pixels), or losslessly in the file's own mode (``kind="mask"``: a palette PNG stays ``"P"`` with
-    its palette, class ids stay exact). ``orient``: the image is read upright, its EXIF orientation
-    applied after the RGB conversion (as Ultralytics reads images): a file with an orientation is stored
-    as its upright pixels, see :func:`colabfast.encoding.encode_image`."""
-
-    data: bytes
-    path: str  # relative to the layout's root, for messages
-    kind: str = "image"  # "image" or "mask"
-    keep: bool = False  # an image kept in its own mode (as PIL opens the file), not converted to RGB
-    orient: bool = False  # apply the file's EXIF orientation (kind "image", not keep)
 
 
 class Layout:
