@@ -455,7 +455,7 @@ def open_dataset(
 def _open(path: Any, split: Optional[str], transform: Optional[Callable], target_transform: Optional[Callable],
           output: str, image_size: Any, mirrors: Optional[PathLike], to: str, progress: bool, pack_options: dict,
           stack: contextlib.ExitStack) -> MirrorDataset:
-    unknown = sorted(set(pack_options) - set(_pack_options()))
+    unknown = sorted(set(pack_options) - set(_pack_options())) if pack_options else []  # (imports packing)
     if unknown:
         raise OpenRefused(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
                           f"{', '.join(_pack_options())}")
@@ -501,6 +501,12 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
                     early = _Early.start(src, folder, to, progress)
                     layout = _folder_layout(src, pack_options)
                 pack_options = {**pack_options, "layout": layout}
+            elif kind == "archive":  # an export of a registered layout: its zip's names read once, here
+                from colabfast.packing import resolve
+
+                resolved = resolve(src, pack_options.get("layout", "auto"), pack_options.get("labels"))
+                if resolved.columns:
+                    pack_options = {**pack_options, "layout": resolved.layout}
             wanted = _listed(src, kind, split, image_size, folder, pack_options, steps)
             mirror, check = _found_or_packed(src, wanted, kind, split, image_size, progress, pack_options, steps,
                                              early)
@@ -786,12 +792,13 @@ def _not_openable(obj: Any) -> str:
 
 
 def _folder_layout(src: Path, options: dict) -> str:
-    """The layout pack reads the folder ``src`` as (given, or detected: a few listings)."""
-    from colabfast.packing import column_layout
+    """The layout pack reads the folder ``src`` as (given, or detected: a few listings), decided here
+    once (:func:`colabfast.packing.resolve`) and handed to listing and packing by name."""
+    from colabfast.packing import resolve
     from colabfast.sources import detect_layout
 
-    layout = options.get("layout", "auto")
-    return column_layout(src, layout, options.get("labels")) or (detect_layout(src) if layout == "auto" else layout)
+    layout = resolve(src, options.get("layout", "auto"), options.get("labels")).layout
+    return detect_layout(src) if layout == "auto" else layout
 
 
 def _split_folder(src: Path, split: Optional[str], layout: str, options: dict, steps: list[str]) -> Optional[Path]:

@@ -132,3 +132,34 @@ def test_the_options_open_dataset_and_the_command_pass_on_are_packs():
     flags = {a.dest for a in cli.build_parser()._subparsers._group_actions[0].choices["pack"]._actions}
     assert signature - {"fields", "on_error", "progress"} <= flags  # on_error: --skip-errors; progress: --quiet
     assert {"skip_errors", "quiet"} <= flags
+
+
+def test_resolve_decides_the_kind_and_the_registered_layout_once(tiles, tmp_path):
+    import shutil
+
+    from colabfast.packing import resolve
+
+    assert (resolve(tiles).kind, resolve(tiles).layout, resolve(tiles).columns) == ("folder", "tiles", True)
+    zipped = shutil.make_archive(str(tmp_path / "export"), "zip", tiles.parent, tiles.name)
+    assert (resolve(zipped).kind, resolve(zipped).layout) == ("archive", "auto")  # no member names say tiles
+    plain = tmp_path / "plain"
+    (plain / "cats").mkdir(parents=True)
+    r = resolve(plain)
+    assert (r.kind, r.layout, r.columns, r.streamed) == ("folder", "auto", False, False)
+    assert resolve(Tiles(tiles)).kind == "dataset" and resolve(Tiles(tiles)).columns
+    assert resolve([str(tiles / "tiles" / "0-0.png")], "files").kind == "files"
+    assert resolve(r) is r
+
+
+def test_resolve_reads_a_zip_of_a_registered_layout_from_its_names(tmp_path):
+    import zipfile
+
+    from colabfast.packing import resolve
+
+    path = tmp_path / "voc.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("VOCdevkit/VOC2012/ImageSets/Segmentation/train.txt", "a\n")
+        z.writestr("VOCdevkit/VOC2012/JPEGImages/a.jpg", b"")
+    r = resolve(path)
+    assert (r.kind, r.layout, r.columns, r.streamed) == ("archive", "voc-segmentation", True, False)
+    assert resolve(path, "imagenet-train").streamed

@@ -1,8 +1,9 @@
 """Pack a dataset of many small image files, or any map-style dataset, into one HDF5 mirror: :func:`pack`.
 
 One big file is what Drive serves well (tens of MB/s) and what a DataLoader reads fastest. The
-format is described in :mod:`colabfast.mirror`. :func:`pack` checks its arguments, decides what
-kind of source it was given, and hands it to that kind's module, one module a kind:
+format is described in :mod:`colabfast.mirror`. :func:`pack` checks its arguments, takes what kind
+of source it was given and which registered layout reads it from :func:`~colabfast.packing.resolve.resolve`
+(decided once, from one listing), and hands it to that kind's module, one module a kind:
 
 - :mod:`~colabfast.packing.folders`: a folder of images (ImageFolder, KITTI) or a list of files;
 - :mod:`~colabfast.packing.archives`: a tar or zip archive, read as one stream;
@@ -26,7 +27,6 @@ from typing import Any, Optional, Union
 
 from colabfast import env
 from colabfast._fileio import PathLike
-from colabfast.archive import archive_suffix
 from colabfast.encoding import encode_image, resized_size
 from colabfast.errors import SourceNotFound
 from colabfast.mirror import STORES
@@ -46,9 +46,11 @@ from colabfast.packing.common import (
 from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
+from colabfast.packing.resolve import Resolved, column_layout, resolve
 
 __all__ = ["pack", "PackError", "PackRefused", "SplitRefused", "resized_size", "encode_image", "lock_path",
-           "source_fingerprint", "source_listing", "dataset_fingerprint", "CHUNK"]
+           "source_fingerprint", "source_listing", "dataset_fingerprint", "CHUNK", "Resolved", "resolve",
+           "column_layout"]
 
 
 def pack(
@@ -198,10 +200,11 @@ def pack(
     """
     if store not in STORES:
         raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")
-    folder_layout = column_layout(src, layout, labels)
-    packed_archive = _archive_of_layout(src, layout)
+    resolved = resolve(src, layout, labels)
+    src, layout = resolved.src, resolved.layout
+    folder_layout, packed_archive = _read_as_layout(resolved)
     voc_year = _voc_year(year, folder_layout or packed_archive)
-    if folder_layout is not None or packed_archive is not None or _is_dataset(src):
+    if folder_layout is not None or packed_archive is not None or resolved.kind == "dataset":
         if on_error not in ("raise", "skip"):
             raise PackRefused(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if not 1 <= quality <= 100:
@@ -237,7 +240,7 @@ def pack(
     workers = env.cpu_count() if workers is None else workers
     options = _options(store, image_size, quality)
     path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
-    streamed = archive_suffix(path) is not None and not os.path.isdir(path)
+    streamed = resolved.streamed
     if streamed and not os.path.isfile(path):
         raise SourceNotFound(f"no archive at {os.path.abspath(path)}: check the path (on Drive: "
                              "/content/drive/MyDrive/...)")
@@ -275,14 +278,14 @@ def _split_of_tree(src: Any, split: Optional[str]) -> tuple[Any, Optional[str]]:
     return Path(src) / split, None
 
 
-def _archive_of_layout(src: Any, layout: str) -> Optional[str]:
-    """The :mod:`colabfast.layouts` layout of an archive file ``src`` (see
-    :func:`colabfast.packing.unpacked.archive_layout`), or None."""
-    if not isinstance(src, (str, os.PathLike)) or archive_suffix(os.fspath(src)) is None or not os.path.isfile(src):
-        return None
-    from colabfast.packing.unpacked import archive_layout
-
-    return archive_layout(src, layout)
+def _read_as_layout(resolved: Resolved) -> tuple[Optional[str], Optional[str]]:
+    """``(folder_layout, packed_archive)``: the registered layout a folder is read as, or the one an
+    archive file is extracted and read as; None each where the source is not that."""
+    if not resolved.columns or resolved.kind == "dataset":
+        return None, None
+    if resolved.kind == "archive" and os.path.isfile(resolved.src):
+        return None, resolved.layout
+    return resolved.layout, None  # a folder, or a path that is none (reading it as the layout names that)
 
 
 def _voc_year(year: Union[str, int, None], layout: Optional[str]) -> Optional[str]:
@@ -298,36 +301,6 @@ def _voc_year(year: Union[str, int, None], layout: Optional[str]) -> Optional[st
                           f"{'layout ' + repr(layout) if layout else 'no VOC layout'}: leave year= out, or pass "
                           "layout='voc-detection' or 'voc-segmentation'")
     return str(year)
-
-
-def _is_dataset(src: Any) -> bool:
-    """A map-style dataset (not a path, not a list of paths for layout "files")."""
-    return (not isinstance(src, (str, os.PathLike, list, tuple)) and hasattr(src, "__getitem__")
-            and hasattr(src, "__len__"))
-
-
-def column_layout(src: Any, layout: str, labels: Optional[PathLike] = None) -> Optional[str]:
-    """The layout of :data:`colabfast.layouts.LAYOUTS` ``src`` is packed as (given, or detected for
-    ``"auto"``: the first registered layout whose ``labels_suffixes`` end ``labels``, else whose
-    ``detect`` says so of the folder, asking only those its one listing makes worth asking), or None."""
-    from colabfast.layouts import LAYOUTS
-
-    if layout in LAYOUTS:
-        return layout
-    if layout != "auto" or not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
-        return None
-    if labels is not None:
-        named = next((name for name, cls in LAYOUTS.items()
-                      if cls.labels_suffixes and str(labels).lower().endswith(cls.labels_suffixes)), None)
-        if named is not None:
-            return named
-    root = Path(os.path.abspath(src))
-    try:
-        with os.scandir(root) as entries:
-            top = {e.name: e.is_dir() for e in entries if not e.name.startswith(".")}
-    except OSError:
-        return None
-    return next((name for name, cls in LAYOUTS.items() if cls.worth_asking(top) and cls.detect(root)), None)
 
 
 def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optional[str], on_error: str,
@@ -376,9 +349,11 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
     (:class:`~colabfast.packing.common.Contents`: its samples' paths, its layout, options and classes),
     from the same listing: what a mirror found by that fingerprint is checked against
     (:func:`~colabfast.packing.common.differs`). Raises what :func:`pack` raises for the same source."""
-    streamed = archive_suffix(os.fspath(src)) is not None and not os.path.isdir(src)
+    resolved = resolve(src, layout, labels)
+    streamed, layout = resolved.streamed, resolved.layout
+    folder_layout, packed_archive = _read_as_layout(resolved)
     options = _options(store, _check_size(image_size), quality)
-    if (packed_archive := _archive_of_layout(src, layout)) is not None:
+    if packed_archive is not None:
         from colabfast.packing.unpacked import check_split, unpacked_fingerprint
 
         check_split(src, packed_archive, labels, split)
@@ -386,7 +361,6 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
                                      _voc_year(year, packed_archive)),
                 f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB",
                 Contents(options, layout=packed_archive))
-    folder_layout = None if streamed else column_layout(src, layout, labels)
     voc_year = _voc_year(year, folder_layout)
     if folder_layout is not None:
         from colabfast.packing.dataset import plan
