@@ -133,6 +133,9 @@ class BatchReader:
             (needs CUDA).
         fused: a per-sample transform run on each image as it is decoded (see :func:`fused_for`), drawing
             from the generator given to :meth:`read`; the images are then its outputs.
+        index_map: with ``dataset`` the mirror itself, what the indices given are mapped through first
+            (int64, as :func:`colabfast.datasets.through_subsets` finds it for a ``Subset``), so a caller
+            that walked the Subsets already need not hand them over again.
 
     Raises (while iterating):
         MirrorError: an image cannot be decoded, a read ends early (the file was truncated), or with
@@ -149,8 +152,9 @@ class BatchReader:
         channels_last: bool = False,
         pin_memory: bool = False,
         fused: Optional[FusedTransform] = None,
+        index_map: Optional[np.ndarray] = None,
     ) -> None:
-        self.dataset, self._map = through_subsets(dataset)
+        self.dataset, self._map = (dataset, index_map) if index_map is not None else through_subsets(dataset)
         self.fused = fused
         self.threads = max(0, threads)
         self.prefetch = 0 if not self.threads else max(1, prefetch if prefetch is not None else 2 * self.threads)
@@ -264,10 +268,12 @@ class BatchReader:
         else:
             targets = collate_value([self.dataset.target_at(p) for p in positions], (1,), self._per_sample)
         if self.dataset.output == "bytes":
-            return [self._read_bytes(positions, indices), targets]
-        if self.fused is not None:
-            return [self._read_fused(positions, generator, draws, out), targets]
-        return [self._read_images(positions, out), targets]
+            images = self._read_bytes(positions, indices)
+        elif self.fused is not None:
+            images = self._read_fused(positions, generator, draws, out)
+        else:
+            images = self._read_images(positions, out)
+        return [images, targets]
 
     # --- reading ---------------------------------------------------------------------------------
 
