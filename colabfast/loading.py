@@ -7,7 +7,8 @@ a side CUDA stream in a feeder thread (:mod:`colabfast.prefetch`), decoding JPEG
 (:mod:`colabfast.gpudecode`), with the uint8 collate of :mod:`colabfast.collate`. Every choice is made
 by :func:`plan`, a pure function, from the dataset's facts (:func:`dataset_facts`, found once), and
 kept as ``loader.plan``, listed in ``loader.choices`` and ``repr(loader)``; nothing overrides an
-argument the caller passed.
+argument the caller passed. ``loader.stage_times()`` says where the loader's time goes (read,
+decode+transform, collate, copy to the GPU, the training loop's wait: :mod:`colabfast.stages`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset
 from torchvision.datasets.vision import StandardTransform
 
-from colabfast import datasets, env, reader, threadworkers, transforms
+from colabfast import datasets, env, reader, stages, threadworkers, transforms
 from colabfast.augment import FusedTransform
 from colabfast.collate import collate
 from colabfast.datasets import unwrap
@@ -34,6 +35,7 @@ from colabfast.feedprocess import FeedProcess
 from colabfast.gpudecode import Encoded, decode_cpu, is_encoded, is_jpeg
 from colabfast.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize, cuda_device
 from colabfast.sampler import BlockShuffleSampler
+from colabfast.stages import StageClock, StageTime
 
 __all__ = ["DataLoader", "plan", "Plan", "BlockPlan", "ReaderPlan", "DatasetFacts"]
 
@@ -55,8 +57,10 @@ class _Prepared(Dataset):
     """
 
     def __init__(self, dataset: Dataset, *, keep_jpeg: bool, transform: Optional[Callable], decode: bool = True,
-                 views: bool = False) -> None:
+                 views: bool = False, clock: Optional[StageClock] = None) -> None:
         self.dataset, self.keep_jpeg, self.transform = dataset, keep_jpeg, transform
+        # the dataset's __getitem__ as "read", decoding and transforming here as "decode+transform"
+        self.clock = clock if clock is not None else StageClock()
         self.decode = decode  # False: samples pass as they are (the wrapper is there for `views` only)
         # True where the loader's collate copies every image it batches: a mirror may then hand its
         # images over as views of its read buffer (MirrorDataset.items), saving a copy per image.
@@ -66,10 +70,18 @@ class _Prepared(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: Any) -> Any:
+        t = stages.now()
         sample = self.dataset[index]
-        return sample if not self.decode and self.transform is None else self._prepare(index, sample)
+        t1 = stages.now()
+        self.clock.add(stages.READ, t1 - t)
+        if not self.decode and self.transform is None:
+            return sample
+        sample = self._prepare(index, sample)
+        self.clock.add(stages.DECODE, stages.now() - t1)
+        return sample
 
     def __getitems__(self, indices: list) -> list:
+        t = stages.now()
         # Keep the wrapped dataset's batched reads (a mirror reads runs of consecutive samples at once).
         if self.views and isinstance(self.dataset, datasets.MirrorDataset):
             samples = self.dataset.items(indices, views=True)
@@ -77,9 +89,13 @@ class _Prepared(Dataset):
             samples = getitems(indices)
         else:
             samples = [self.dataset[i] for i in indices]
+        t1 = stages.now()
+        self.clock.add(stages.READ, t1 - t, len(indices))
         if not self.decode and self.transform is None:
             return samples
-        return [self._prepare(i, s) for i, s in zip(indices, samples)]
+        samples = [self._prepare(i, s) for i, s in zip(indices, samples)]
+        self.clock.add(stages.DECODE, stages.now() - t1, len(indices))
+        return samples
 
     def _prepare(self, index: Any, sample: Any) -> Any:
         image = sample[0] if isinstance(sample, (tuple, list)) else sample
@@ -99,7 +115,7 @@ class _Prepared(Dataset):
         return type(sample)([image, *sample[1:]]) if type(sample) in (tuple, list) else [image, *sample[1:]]
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "dataset":  # not during unpickling, before `dataset` is set
+        if name.startswith("__") or name in ("dataset", "clock"):  # not during unpickling, before they are set
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
@@ -637,14 +653,16 @@ class DataLoader(torch.utils.data.DataLoader):
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
             # torch's Dataset declares no __len__; a mirror (a map-style dataset) has one
             sampler, shuffle = BlockShuffleSampler(cast(Sized, dataset), p.sampler.block_size, seed=seed), None
+        clock = StageClock()  # where this process's threads add the time each stage takes (stage_times)
         super().__init__(
-            _prepared(dataset, p, transform),
+            _prepared(dataset, p, transform, clock),
             batch_size,
             shuffle,
             sampler,
             batch_sampler,
             p.num_workers,
-            p.collate_fn,
+            _TimedCollate(clock, p.collate_fn) if isinstance(p.collate_fn, functools.partial) and p.layout is not None
+            else p.collate_fn,
             p.pin_memory,
             drop_last,
             timeout,
@@ -657,6 +675,7 @@ class DataLoader(torch.utils.data.DataLoader):
             **kwargs,
         )
         self.plan = p
+        self._clock = clock
         self.device = p.device
         self.normalize = Normalize(dtype, mean, std, memory_format)
         self.transform, self.feed_depth = transform, feed_depth
@@ -690,7 +709,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if p.reader is not None:
             self._reader = reader.BatchReader(p.facts.inner, threads=p.reader.threads, prefetch=p.reader.prefetch,
                                               pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last,
-                                              fused=p.reader.fused, index_map=p.facts.mapping)
+                                              fused=p.reader.fused, index_map=p.facts.mapping, clock=clock)
         if self._reader is not None and self._reader.fused is not None:  # random draws: dealt out as to workers
             self._threads = threadworkers.ThreadWorkers(self._reader.read, workers=self._reader.threads,
                                                         prefetch=self._reader.prefetch,
@@ -698,7 +717,8 @@ class DataLoader(torch.utils.data.DataLoader):
                                                         split=self._reader.split)
         # On CUDA each epoch's batches are converted by a feeder thread on the loader's one side stream,
         # made here and never per epoch (timm#2781).
-        self._feeding = Feeding(self._convert, torch.cuda.Stream(device=p.device), feed_depth) if cuda else None
+        self._feeding = Feeding(_TimedConvert(self._convert, clock), torch.cuda.Stream(device=p.device),
+                                feed_depth) if cuda else None
 
     def _batches(self, batch_indices: Optional[Iterable] = None, base_seed: Optional[int] = None) -> Iterator:
         """The epoch's host batches, before converting: of ``batch_indices`` (default: the loader's batch
@@ -723,7 +743,7 @@ class DataLoader(torch.utils.data.DataLoader):
     # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
     def __iter__(self) -> Iterator:  # type: ignore[override]
         if "_recipe" in vars(self):
-            return self._from_process()
+            return self._waited(self._from_process())
         if self._feeding is not None:
             # first: the last epoch's feeder thread may still be drawing from the transform's generator
             self._feeding.stop()
@@ -733,8 +753,45 @@ class DataLoader(torch.utils.data.DataLoader):
             # only for colabfast.transforms' random steps.
             transforms.reseed(self.transform, self.generator)
         if self._feeding is None:
-            return map(self._convert, self._batches())
-        return self._feeding.start(self._batches)
+            return self._waited(map(self._convert, self._batches()))
+        return self._waited(self._feeding.start(self._batches))
+
+    def _waited(self, batches: Iterator) -> Iterator:
+        """``batches``, timing the training loop's wait in ``next()`` for each (stage ``"wait"``)."""
+        add, now, wait = self._clock.add, stages.now, stages.WAIT
+        try:
+            while True:
+                start = now()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                add(wait, now() - start)
+                yield batch
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def stage_times(self) -> dict[str, StageTime]:
+        """The time this loader's work took so far, per stage: name -> :class:`~colabfast.stages.StageTime`
+        (``count`` items, ``seconds`` of wall time summed over the threads that did it), in pipeline order,
+        only the stages that ran:
+
+        - ``"read"``: reading samples (a mirror's ``pread``; where torch's fetcher reads in this process
+          for the loader to decode, the dataset's ``__getitem__``); counted in samples.
+        - ``"decode+transform"``: decoding images and per-sample transforms; samples.
+        - ``"collate"``: making batches of samples; samples.
+        - ``"copy"``: on CUDA, the feeder thread's copies to the GPU and the GPU work it starts (nvJPEG,
+          normalising, a GPU transform); batches.
+        - ``"wait"``: the training loop waiting for the next batch; batches.
+
+        Work in other processes (torch's worker processes; ``feed="process"``) is not counted: there only
+        ``"wait"`` (and ``"copy"``) show. Two ``perf_counter_ns`` calls per stage per batch (per sample
+        where torch's fetcher reads), added per thread without locks (:mod:`colabfast.stages`).
+        :func:`colabfast.diagnose` names the stage that takes longest.
+        """
+        return self._clock.times()
 
     def _from_process(self) -> Iterator:
         """The epoch from the feed subprocess (started on the first epoch, and again after one died),
@@ -783,7 +840,7 @@ class DataLoader(torch.utils.data.DataLoader):
         return "\n".join(lines)
 
 
-def _prepared(dataset: Any, p: Plan, transform: Optional[Callable]) -> Any:
+def _prepared(dataset: Any, p: Plan, transform: Optional[Callable], clock: StageClock) -> Any:
     """The dataset torch's workers read: the caller's, or wrapped (:class:`_Prepared`) to decode and
     transform its images there, or to hand a mirror's images to the collate as views of its read
     buffer (the collate copies every image it batches). A reader reads the caller's dataset itself."""
@@ -792,11 +849,46 @@ def _prepared(dataset: Any, p: Plan, transform: Optional[Callable]) -> Any:
         return dataset
     if p.decode in ("cpu", "gpu") or (transform is not None and not cuda):
         return _Prepared(dataset, keep_jpeg=p.decode == "gpu", transform=None if cuda else transform,
-                         views=p.layout is not None and p.num_workers > 0)
+                         views=p.layout is not None and p.num_workers > 0, clock=clock)
     if p.layout is not None and p.num_workers > 0 and p.facts.mapping is None and \
             isinstance(p.facts.inner, datasets.MirrorDataset):
-        return _Prepared(dataset, keep_jpeg=False, transform=None, decode=False, views=True)
+        return _Prepared(dataset, keep_jpeg=False, transform=None, decode=False, views=True, clock=clock)
     return dataset
+
+
+class _TimedCollate(functools.partial):
+    """The plan's collate (a ``functools.partial`` of :func:`colabfast.collate.collate`, its ``keywords``
+    as they were), adding the time each call takes to the loader's clock (stage ``"collate"``)."""
+
+    clock: StageClock
+
+    def __new__(cls, clock: StageClock, collate_fn: functools.partial) -> _TimedCollate:
+        self = super().__new__(cls, collate_fn.func, *collate_fn.args, **collate_fn.keywords)
+        self.clock = clock
+        return self
+
+    def __reduce__(self) -> Any:  # to worker processes: with a clock of their own (StageClock.__reduce__)
+        return _TimedCollate, (self.clock, functools.partial(self.func, *self.args, **self.keywords))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = stages.now()
+        batch = super().__call__(*args, **kwargs)
+        self.clock.add(stages.COLLATE, stages.now() - start, len(args[0]) if args else 0)
+        return batch
+
+
+class _TimedConvert:
+    """The loader's :class:`~colabfast.prefetch.BatchConverter` as the CUDA feeder calls it, timed
+    (stage ``"copy"``)."""
+
+    def __init__(self, convert: Callable[[Any], Any], clock: StageClock) -> None:
+        self.convert, self.clock = convert, clock
+
+    def __call__(self, batch: Any) -> Any:
+        start = stages.now()
+        out = self.convert(batch)
+        self.clock.add(stages.COPY, stages.now() - start)
+        return out
 
 
 def _where_transform_runs(transform: Callable, cuda: bool, threads: bool = False) -> str:

@@ -4,6 +4,7 @@ tested in test_collate.py; the datasets here are samples.py's."""
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -491,3 +492,37 @@ def test_more_workers_than_cpus_is_explained_and_warned_once(monkeypatch, mirror
     assert len(ours) == 1 and why in str(ours[0].message)
     assert DataLoader(ds, 2, device="cpu", num_workers=2).choices["num_workers"][1] == "set by caller"
 
+
+def test_stage_times_account_for_the_work_done(mirror):
+    """Issue 38, item 6: the reader threads time reading, decoding and transforming, and making each
+    batch, counted in samples; the training loop's waits in batches; no "copy" stage on the CPU."""
+    from colabfast.datasets import H5ImageFolder
+
+    for transform in (None, v2.RandomResizedCrop(8)):
+        loader = DataLoader(H5ImageFolder(mirror, output="tensor"), 3, device="cpu", transform=transform)
+        assert loader.plan.reader is not None and loader.stage_times() == {}
+        for _epoch in range(2):
+            assert sum(len(y) for _, y in loader) == 8
+        times = loader.stage_times()
+        assert list(times) == ["read", "decode+transform", "collate", "wait"], times
+        assert [t.count for t in times.values()] == [16, 16, 16, 6]  # samples, samples, samples, batches
+        assert all(t.seconds > 0 for t in times.values())
+
+
+def test_a_slow_transform_makes_decode_and_transform_the_slowest_stage():
+    def slow(image):
+        time.sleep(0.005)
+        return image
+
+    loader = DataLoader(Images(8), 4, num_workers=0, device="cpu", transform=slow)
+    assert sum(len(y) for _, y in loader) == 8
+    times = loader.stage_times()
+    assert [(name, t.count) for name, t in times.items()] == [("read", 8), ("decode+transform", 8), ("collate", 8),
+                                                             ("wait", 2)]
+    assert times["decode+transform"].seconds >= 8 * 0.005  # the sleeps, all accounted for
+    assert max(("read", "decode+transform", "collate"), key=lambda n: times[n].seconds) == "decode+transform"
+    from colabfast.diagnosis import diagnose
+
+    report = diagnose(loader, lambda batch: None, steps=3, warmup=1, verbose=False)
+    assert report.verdict == "data-bound" and report.slowest_stage()[0] == "decode+transform"
+    assert "decode+transform takes" in report.headline() and report.stages["decode+transform"].count == 12
