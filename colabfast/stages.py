@@ -52,8 +52,10 @@ class StageClock:
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._slots: list[list[int]] = []  # every thread's [count, ns] * len(STAGES), kept after it ends
-        self._lock = threading.Lock()  # taken once per thread, when it first adds
+        # each live thread's [count, ns] * len(STAGES); those of threads that ended, summed in _ended
+        self._slots: list[tuple[threading.Thread, list[int]]] = []
+        self._ended = [0] * (2 * len(STAGES))
+        self._lock = threading.Lock()  # taken once per thread, when it first adds, and to read
 
     def __reduce__(self) -> Any:  # pickled to a worker process: a clock of its own there
         return (StageClock, ())
@@ -64,8 +66,19 @@ class StageClock:
         except AttributeError:
             slots = self._local.slots = [0] * (2 * len(STAGES))
             with self._lock:
-                self._slots.append(slots)
+                self._fold()  # reader threads come and go each epoch: what ended is kept as a sum
+                self._slots.append((threading.current_thread(), slots))
             return slots
+
+    def _fold(self) -> None:
+        """Move the counts of threads that ended (they add nothing more) into ``_ended``; under the lock."""
+        live = []
+        for thread, slots in self._slots:
+            if thread.is_alive():
+                live.append((thread, slots))
+            else:
+                self._ended = [a + b for a, b in zip(self._ended, slots)]
+        self._slots = live
 
     def add(self, stage: int, ns: int, count: int = 1) -> None:
         """Add ``ns`` nanoseconds and ``count`` items to ``stage`` (an index of :data:`STAGES`) in this thread."""
@@ -86,7 +99,8 @@ class StageClock:
     def times(self) -> dict[str, StageTime]:
         """Every stage that ran so far, in pipeline order: name -> :class:`StageTime`."""
         with self._lock:
-            slots = list(self._slots)
+            self._fold()
+            slots = [self._ended, *(s for _, s in self._slots)]
         totals = [sum(s[k] for s in slots) for k in range(2 * len(STAGES))]
         return {name: StageTime(totals[2 * i], totals[2 * i + 1] / 1e9)
                 for i, name in enumerate(STAGES) if totals[2 * i]}
