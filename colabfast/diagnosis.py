@@ -22,6 +22,7 @@ from colabfast import env
 from colabfast.datasets import unwrap
 from colabfast.gpudecode import EncodedImages
 from colabfast.prefetch import tensors
+from colabfast.stages import StageTime, since
 
 __all__ = ["Report", "diagnose"]
 
@@ -30,6 +31,7 @@ DATA_BOUND = 0.20  # data-bound when at least this share of each step waits for 
 # mirror), which `colabfast bench gpu` measures as its "data wait %" column.
 COMPUTE_BOUND = 0.05
 NVML_INTERVAL = 0.2  # seconds between GPU utilisation samples
+WORK_STAGES = ("read", "decode+transform", "collate", "copy")  # the loader's own (colabfast.stages), not "wait"
 
 
 @dataclasses.dataclass
@@ -51,6 +53,9 @@ class Report:
         data_path: where the dataset reads from, if found (its ``root``, ``path``, first sample...).
         storage: ``"Google Drive"``, ``"FUSE"``, ``"RAM"``, ``"local disk"``, or None if unknown.
         data_times, step_times: the per-step measurements.
+        stages: the loader's time per stage over the measured steps (the loader alone without
+            ``step``), as ``colabfast.DataLoader.stage_times()`` reports it; None for a loader that keeps
+            none (torch's).
     """
 
     verdict: str
@@ -67,12 +72,27 @@ class Report:
     storage: Optional[str]
     data_times: list[float] = dataclasses.field(repr=False)
     step_times: list[float] = dataclasses.field(repr=False)
+    stages: Optional[dict[str, StageTime]] = None
+
+    def slowest_stage(self) -> Optional[tuple[str, float]]:
+        """The stage of the loader's own work (``"read"``, ``"decode+transform"``, ``"collate"``,
+        ``"copy"``) that took longest, and its share of their time; None where none was timed."""
+        work = {name: t.seconds for name, t in (self.stages or {}).items() if name in WORK_STAGES}
+        total = sum(work.values())
+        if total <= 0:
+            return None
+        name = max(work, key=work.__getitem__)
+        return name, work[name] / total
 
     def headline(self) -> str:
-        """One line: the verdict with its number."""
+        """One line: the verdict with its number, and the loader's slowest stage where data waits."""
+        slowest = self.slowest_stage()
         if self.data_fraction is None:
-            return f"loader only: {self.loader_images_per_s:,.0f} images/s"
+            stage = f"; {slowest[0]} takes {slowest[1]:.0%} of the loader's time" if slowest else ""
+            return f"loader only: {self.loader_images_per_s:,.0f} images/s{stage}"
         share = f"{self.data_fraction:.0%} of each step waits for data"
+        if slowest is not None and self.verdict in ("data-bound", "partly data-bound"):
+            share += f"; {slowest[0]} takes {slowest[1]:.0%} of the loader's time"
         return f"{self.verdict}: {share}."
 
     def __str__(self) -> str:
@@ -91,6 +111,9 @@ class Report:
             lines.append(f"  GPU utilisation: {self.gpu_utilization:.0f}% (NVML)")
         if self.host_syncs_per_step is not None:
             lines.append(f"  host syncs in step(): {self.host_syncs_per_step:.1f} per step")
+        if self.stages:
+            lines.append("  loader stages: " + ", ".join(f"{name} {t.seconds:.3g} s ({t.count})"
+                                                        for name, t in self.stages.items()))
         if self.data_path is not None:
             lines.append(f"  data: {self.data_path} ({self.storage or 'unknown storage'})")
         return "\n".join(lines)
@@ -134,12 +157,15 @@ def diagnose(
     step_times: list[float] = []
     gpu_util = syncs = None
     images_per_s = None
+    clock = _stage_clock(loader)
+    stages = None
     if step is not None:
         sampler = _Utilization() if env.gpu() is not None else None
-        data_times, step_times, images, syncs = _time_steps(loader, step, steps, warmup, sampler)
+        data_times, step_times, images, syncs, stages = _time_steps(loader, step, steps, warmup, sampler, clock)
         gpu_util = sampler.mean() if sampler is not None else None
         images_per_s = images / (sum(data_times) + sum(step_times))
-    loader_rate = _loader_rate(loader, steps, warmup)
+    loader_rate, alone = _loader_rate(loader, steps, warmup, clock)
+    stages = stages if step is not None else alone
 
     dataset = _dataset(loader)
     path = _data_path(dataset)
@@ -166,6 +192,7 @@ def diagnose(
         storage=storage,
         data_times=data_times,
         step_times=step_times,
+        stages=stages,
     )
     if verbose:
         print(report)
@@ -190,16 +217,27 @@ def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
+def _stage_clock(loader: Any) -> Optional[Callable[[], dict[str, StageTime]]]:
+    """The loader's ``stage_times`` (``colabfast.DataLoader``'s), also inside a wrapper, or None."""
+    while loader is not None and not callable(getattr(loader, "stage_times", None)):
+        loader = getattr(loader, "loader", None)  # CUDAPrefetcher, timm's PrefetchLoader
+    return None if loader is None else loader.stage_times
+
+
 def _time_steps(
-    loader: Iterable, step: Callable[[Any], Any], steps: int, warmup: int, utilization: Optional[_Utilization]
-) -> tuple[list[float], list[float], int, Optional[float]]:
+    loader: Iterable, step: Callable[[Any], Any], steps: int, warmup: int, utilization: Optional[_Utilization],
+    clock: Optional[Callable[[], dict[str, StageTime]]] = None,
+) -> tuple[list[float], list[float], int, Optional[float], Optional[dict[str, StageTime]]]:
     data_times, step_times, images, sync_count = [], [], 0, 0
     check_syncs = torch.cuda.is_available()
     batches = _batches(loader)
+    before = None
     try:
         for i in range(warmup + steps):
             if i == warmup and utilization is not None:
                 utilization.start()
+            if i == warmup and clock is not None:
+                before = clock()
             t0 = time.perf_counter()
             batch = next(batches)
             t1 = time.perf_counter()
@@ -216,27 +254,33 @@ def _time_steps(
                 data_times.append(t1 - t0)
                 step_times.append(t2 - t1)
                 images += _batch_len(batch)
+        stages = since(clock(), before) if clock is not None else None
     finally:
         batches.close()
         if utilization is not None:
             utilization.stop()
-    return data_times, step_times, images, (sync_count / steps if check_syncs else None)
+    return data_times, step_times, images, (sync_count / steps if check_syncs else None), stages
 
 
-def _loader_rate(loader: Iterable, steps: int, warmup: int) -> float:
+def _loader_rate(loader: Iterable, steps: int, warmup: int,
+                 clock: Optional[Callable[[], dict[str, StageTime]]] = None
+                 ) -> tuple[float, Optional[dict[str, StageTime]]]:
+    """The loader's images/s alone, and its time per stage meanwhile (None without a ``clock``)."""
     batches = _batches(loader)
     for _ in range(warmup):
         next(batches)
     if _cuda_in_use():
         torch.cuda.synchronize()
+    before = clock() if clock is not None else None
     images, t0 = 0, time.perf_counter()
     for _ in range(steps):
         images += _batch_len(next(batches))
     if _cuda_in_use():
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    stages = since(clock(), before) if clock is not None else None
     batches.close()
-    return images / elapsed if elapsed > 0 else float("inf")
+    return images / elapsed if elapsed > 0 else float("inf"), stages
 
 
 def _batch_len(batch: Any) -> int:

@@ -5,8 +5,10 @@ for the machine (workers, pinned memory, persistent workers, prefetch depth, a b
 for h5 mirrors), batches images as uint8, and, on a GPU, copies and normalises them ahead on
 a side CUDA stream in a feeder thread (:mod:`colabfast.prefetch`), decoding JPEG bytes with nvJPEG
 (:mod:`colabfast.gpudecode`), with the uint8 collate of :mod:`colabfast.collate`. Every choice is made
-by :func:`plan`, a pure function, and listed in ``loader.choices`` and ``repr(loader)``; nothing
-overrides an argument the caller passed.
+by :func:`plan`, a pure function, from the dataset's facts (:func:`dataset_facts`, found once), and
+kept as ``loader.plan``, listed in ``loader.choices`` and ``repr(loader)``; nothing overrides an
+argument the caller passed. ``loader.stage_times()`` says where the loader's time goes (read,
+decode+transform, collate, copy to the GPU, the training loop's wait: :mod:`colabfast.stages`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import operator
 import warnings
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sized, Union, cast
 
+import numpy as np
 import torch
 import torch.utils.data
-from torch.utils.data import Dataset, IterableDataset, Subset
+from torch.utils.data import Dataset, IterableDataset
 from torchvision.datasets.vision import StandardTransform
 
-from colabfast import datasets, env, reader, threadworkers, transforms
+from colabfast import datasets, env, reader, stages, threadworkers, transforms
 from colabfast.augment import FusedTransform
 from colabfast.collate import collate
 from colabfast.datasets import unwrap
@@ -32,8 +35,9 @@ from colabfast.feedprocess import FeedProcess
 from colabfast.gpudecode import Encoded, decode_cpu, is_encoded, is_jpeg
 from colabfast.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize, cuda_device
 from colabfast.sampler import BlockShuffleSampler
+from colabfast.stages import StageClock, StageTime
 
-__all__ = ["DataLoader", "plan", "Plan", "BlockPlan", "ReaderPlan"]
+__all__ = ["DataLoader", "plan", "Plan", "BlockPlan", "ReaderPlan", "DatasetFacts"]
 
 PREFETCH_FACTOR = 4
 # Batches each reader thread reads ahead: 2 threads x 2 = 4 batches (benchmarks/README.md, loader/reader).
@@ -53,8 +57,10 @@ class _Prepared(Dataset):
     """
 
     def __init__(self, dataset: Dataset, *, keep_jpeg: bool, transform: Optional[Callable], decode: bool = True,
-                 views: bool = False) -> None:
+                 views: bool = False, clock: Optional[StageClock] = None) -> None:
         self.dataset, self.keep_jpeg, self.transform = dataset, keep_jpeg, transform
+        # the dataset's __getitem__ as "read", decoding and transforming here as "decode+transform"
+        self.clock = clock if clock is not None else StageClock()
         self.decode = decode  # False: samples pass as they are (the wrapper is there for `views` only)
         # True where the loader's collate copies every image it batches: a mirror may then hand its
         # images over as views of its read buffer (MirrorDataset.items), saving a copy per image.
@@ -64,10 +70,18 @@ class _Prepared(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: Any) -> Any:
+        t = stages.now()
         sample = self.dataset[index]
-        return sample if not self.decode and self.transform is None else self._prepare(index, sample)
+        t1 = stages.now()
+        self.clock.add(stages.READ, t1 - t)
+        if not self.decode and self.transform is None:
+            return sample
+        sample = self._prepare(index, sample)
+        self.clock.add(stages.DECODE, stages.now() - t1)
+        return sample
 
     def __getitems__(self, indices: list) -> list:
+        t = stages.now()
         # Keep the wrapped dataset's batched reads (a mirror reads runs of consecutive samples at once).
         if self.views and isinstance(self.dataset, datasets.MirrorDataset):
             samples = self.dataset.items(indices, views=True)
@@ -75,9 +89,13 @@ class _Prepared(Dataset):
             samples = getitems(indices)
         else:
             samples = [self.dataset[i] for i in indices]
+        t1 = stages.now()
+        self.clock.add(stages.READ, t1 - t, len(indices))
         if not self.decode and self.transform is None:
             return samples
-        return [self._prepare(i, s) for i, s in zip(indices, samples)]
+        samples = [self._prepare(i, s) for i, s in zip(indices, samples)]
+        self.clock.add(stages.DECODE, stages.now() - t1, len(indices))
+        return samples
 
     def _prepare(self, index: Any, sample: Any) -> Any:
         image = sample[0] if isinstance(sample, (tuple, list)) else sample
@@ -97,7 +115,7 @@ class _Prepared(Dataset):
         return type(sample)([image, *sample[1:]]) if type(sample) in (tuple, list) else [image, *sample[1:]]
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "dataset":  # not during unpickling, before `dataset` is set
+        if name.startswith("__") or name in ("dataset", "clock"):  # not during unpickling, before they are set
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
@@ -117,6 +135,66 @@ def find_attr(dataset: Any, name: str, default: Any = None) -> Any:
 def is_mirror(dataset: Any) -> bool:
     """True for a colabfast h5 mirror (``dataset.is_mirror``), also inside a ``Subset``."""
     return bool(find_attr(dataset, "is_mirror", False))
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetFacts:
+    """What :func:`plan` needs to know about a dataset, found once by :func:`dataset_facts`.
+
+    Attributes:
+        dataset: the dataset as given.
+        inner: the dataset under every ``torch.utils.data.Subset`` (``random_split`` makes them);
+            ``dataset`` itself without one.
+        mapping: int64, the indices of ``dataset`` mapped onto ``inner``'s (negative ones counted from
+            the end), or None without a Subset.
+        iterable: an ``IterableDataset``.
+        output: ``dataset.output`` (``"tensor"``, ``"bytes"``, ``"pil"``), looked up through wrappers
+            (:func:`colabfast.datasets.unwrap`); None where no dataset says.
+        mirror: an h5 mirror (``is_mirror``, looked up so too).
+        shuffled: a mirror packed in shuffled order (``shuffled``, looked up so too).
+        own_transforms: ``inner`` has a ``transform``, ``target_transform`` or ``transforms`` of its own.
+        per_sample: what the collate keeps per sample (``inner.per_sample()``: a mirror of columns' ragged
+            and JSON fields; see :func:`colabfast.collate.collate`).
+        from_main: the dataset, a dataset it wraps, or ``inner``'s own transform is defined in
+            ``__main__`` (a notebook), which spawned processes cannot import.
+    """
+
+    dataset: Any = dataclasses.field(repr=False)
+    inner: Any = dataclasses.field(repr=False)
+    mapping: Optional[np.ndarray] = dataclasses.field(repr=False, compare=False)
+    iterable: bool
+    output: Optional[str]
+    mirror: bool
+    shuffled: bool
+    own_transforms: bool
+    per_sample: frozenset
+    from_main: bool
+
+    @property
+    def pil_mirror(self) -> bool:
+        """A mirror dataset (under any Subsets) giving PIL images that nothing of its own makes tensors:
+        ``output="pil"`` and no ``transform`` (nor joint ``transforms`` beyond torchvision's wrapper)."""
+        inner = self.inner
+        return (isinstance(inner, datasets.MirrorDataset) and inner.output == "pil" and inner.transform is None
+                and (inner.transforms is None or isinstance(inner.transforms, StandardTransform)))
+
+
+def dataset_facts(dataset: Any) -> DatasetFacts:
+    """The :class:`DatasetFacts` of ``dataset``: its Subsets walked once
+    (:func:`colabfast.datasets.through_subsets`), its attributes read once.
+
+    Raises:
+        IndexError: a Subset's index is outside the dataset it wraps (as indexing it would).
+    """
+    inner, mapping = datasets.through_subsets(dataset)
+    iterable = isinstance(dataset, IterableDataset)
+    own = any(getattr(inner, name, None) is not None for name in ("transform", "target_transform", "transforms"))
+    per_sample = inner.per_sample() if callable(getattr(inner, "per_sample", None)) else frozenset()
+    return DatasetFacts(dataset=dataset, inner=inner, mapping=mapping, iterable=iterable,
+                        output=find_attr(dataset, "output"), mirror=is_mirror(dataset),
+                        shuffled=bool(find_attr(dataset, "shuffled", False)), own_transforms=own,
+                        per_sample=frozenset(per_sample),
+                        from_main=_from_main(dataset, getattr(inner, "transform", None)))
 
 
 # --- the DataLoader ----------------------------------------------------------------------------------
@@ -175,6 +253,7 @@ class Plan:
         feed: where the reader and the converting run: ``"thread"`` (threads of this process) or
             ``"process"`` (one subprocess with those threads inside, :mod:`colabfast.feedprocess`).
         reasons: decision name -> why, for every field above.
+        facts: what the plan was made from (:class:`DatasetFacts`); the loader builds from them too.
     """
 
     device: torch.device
@@ -188,6 +267,7 @@ class Plan:
     layout: Optional[torch.memory_format]
     collate_fn: Optional[Callable]
     reasons: dict[str, str]
+    facts: DatasetFacts = dataclasses.field(repr=False, compare=False)
     feed: str = "thread"
 
     def choices(self) -> dict[str, tuple[Any, str]]:
@@ -241,8 +321,9 @@ def plan(
             ``"process"``, or ``"process"`` where no batch reader applies or the dataset or a
             transform comes from ``__main__``.
         RuntimeError: a CUDA ``device`` without a GPU.
-        IndexError: a ``Subset`` of a mirror holds an index outside the mirror.
+        IndexError: a ``Subset`` holds an index outside the dataset it wraps (:func:`dataset_facts`).
     """
+    facts = dataset_facts(dataset)  # everything below asks these, not the dataset
     reasons: dict[str, str] = {}
 
     def choose(name: str, given: Any, default: Any, why: str) -> Any:
@@ -252,16 +333,15 @@ def plan(
     target = _resolve_device(device)
     cuda = target.type == "cuda"
     reasons["device"] = ("torch sees a GPU" if cuda else "torch sees no GPU") if device == "auto" else "set by caller"
-    iterable = isinstance(dataset, IterableDataset)
+    iterable = facts.iterable
     batching = batch_size is not None or batch_sampler is not None
-    decode, reasons["decode"] = _choose_decode(decode, dataset, cuda, batching)
+    decode, reasons["decode"] = _choose_decode(decode, facts, cuda, batching)
     layout: Optional[torch.memory_format] = None
     collate_with = collate_fn
     if collate_fn is None and batching:
-        _check_batchable(dataset, per_image_transform=transform is not None and not cuda)
+        _check_batchable(facts, per_image_transform=transform is not None and not cuda)
         layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
-        per_sample = _per_sample(dataset)
-        extra: dict[str, Any] = {"per_sample": per_sample} if per_sample else {}
+        extra: dict[str, Any] = {"per_sample": facts.per_sample} if facts.per_sample else {}
         collate_with = functools.partial(collate, memory_format=layout, **extra)
         reasons["collate_fn"] = f"uint8 images batched {_layout_name(layout)}"
     else:
@@ -274,9 +354,9 @@ def plan(
     fits = False
     if readable:
         cpu_transform = None if cuda else transform
-        fits, why_reader = reader.applies(dataset, transform_on_cpu=cpu_transform is not None, decode=decode)
-        if not fits and _transformed(dataset, cpu_transform):
-            fused, why_reader = reader.fused_for(dataset, transform=cpu_transform, decode=decode, draft=draft)
+        fits, why_reader = reader.applies(facts.inner, transform_on_cpu=cpu_transform is not None, decode=decode)
+        if not fits and (cpu_transform is not None or facts.own_transforms):
+            fused, why_reader = reader.fused_for(facts.inner, transform=cpu_transform, decode=decode, draft=draft)
             fits = fused is not None
     if not wants_workers and readable:
         reasons["reader"] = why_reader
@@ -311,7 +391,7 @@ def plan(
                                              + (" (persistent_workers=True does not apply)" if persistent_workers
                                                 else ""))
     else:
-        workers = choose("num_workers", num_workers, *_default_workers(dataset, iterable, multiprocessing_context,
+        workers = choose("num_workers", num_workers, *_default_workers(facts, multiprocessing_context,
                                                                        collate_fn, worker_init_fn, transform))
         if num_workers is not None and num_workers > env.cpu_count():
             reasons["num_workers"] = _too_many_workers(num_workers, fits)
@@ -321,14 +401,14 @@ def plan(
                         f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers")
     pin = choose("pin_memory", pin_memory, cuda,
                  "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
-    order, reasons["sampler"] = _choose_sampler(dataset, sampler, batch_sampler, shuffle, batch_size, iterable)
-    where, reasons["feed"] = _choose_feed(feed, batch_reader, reasons["reader"], dataset, transform)
+    order, reasons["sampler"] = _choose_sampler(facts, sampler, batch_sampler, shuffle, batch_size)
+    where, reasons["feed"] = _choose_feed(feed, batch_reader, reasons["reader"], facts, transform)
     return Plan(device=target, decode=decode, reader=batch_reader, num_workers=workers, persistent_workers=persistent,
                 prefetch_factor=factor, pin_memory=pin, sampler=order, layout=layout, collate_fn=collate_with,
-                reasons=reasons, feed=where)
+                reasons=reasons, feed=where, facts=facts)
 
 
-def _choose_feed(feed: str, batch_reader: Optional[ReaderPlan], why_not: str, dataset: Any,
+def _choose_feed(feed: str, batch_reader: Optional[ReaderPlan], why_not: str, facts: DatasetFacts,
                  transform: Optional[Callable]) -> tuple[str, str]:
     if feed not in ("auto", "thread", "process"):
         raise ValueError(f"feed must be 'auto', 'thread' or 'process', got {feed!r}")
@@ -339,7 +419,7 @@ def _choose_feed(feed: str, batch_reader: Optional[ReaderPlan], why_not: str, da
             raise ValueError(f"feed='process' runs the loader's batch reader in a subprocess, and no batch reader "
                              f"applies here ({why_not}); use feed='thread'")
         return "thread", "no batch reader to move to a subprocess"
-    if _from_main(dataset, transform, getattr(datasets.through_subsets(dataset)[0], "transform", None)):
+    if facts.from_main or _from_main(None, transform):
         if feed == "process":
             raise ValueError("feed='process' starts a subprocess by spawn, which cannot import what a notebook "
                              "(__main__) defines: move the dataset class or transform into a module, or use "
@@ -365,41 +445,34 @@ def _too_many_workers(num_workers: int, reader_fits: bool) -> str:
 _WARNED: set[int] = set()  # num_workers values warned about in this process
 
 
-def _transformed(dataset: Any, cpu_transform: Optional[Callable]) -> bool:
-    """True where a sample of ``dataset`` goes through a transform on the CPU (its own or the loader's)."""
-    inner = datasets.through_subsets(dataset)[0]
-    return cpu_transform is not None or any(getattr(inner, name, None) is not None
-                                            for name in ("transform", "target_transform", "transforms"))
-
-
-def _choose_decode(decode: str, dataset: Any, cuda: bool, batching: bool) -> tuple[str, str]:
+def _choose_decode(decode: str, facts: DatasetFacts, cuda: bool, batching: bool) -> tuple[str, str]:
     if decode not in ("auto", "cpu", "gpu"):
         raise ValueError(f"decode must be 'auto', 'cpu' or 'gpu', got {decode!r}")
     if decode == "gpu" and not (cuda and batching):
         raise ValueError("decode='gpu' needs a CUDA device and batching (a batch_size or batch_sampler)")
     if decode != "auto":
         return decode, "set by caller"
-    if find_attr(dataset, "output") != "bytes":
+    if facts.output != "bytes":
         return "auto", "images arrive decoded (dataset.output is not 'bytes')"
     if cuda and batching:
         return "gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches"
     return "cpu", "dataset yields bytes, batches stay on the CPU: decoded in the workers"
 
 
-def _default_workers(dataset: Any, iterable: bool, context: Any, *functions: Any) -> tuple[int, str]:
+def _default_workers(facts: DatasetFacts, context: Any, *functions: Any) -> tuple[int, str]:
     """The worker processes for a caller who asked for none, and why."""
-    if iterable:
+    if facts.iterable:
         return 0, "IterableDataset: every worker would replay the stream"
-    if context is None and _spawned() and _from_main(dataset, *functions):
+    if context is None and _spawned() and (facts.from_main or _from_main(None, *functions)):
         return 0, "workers are spawned here and cannot import what a notebook (__main__) defines"
     cpus = env.cpu_count()
     return cpus, f"{cpus} CPUs (colabfast.env.cpu_count())"
 
 
-def _choose_sampler(dataset: Any, sampler: Any, batch_sampler: Any, shuffle: Optional[bool],
-                    batch_size: Optional[int], iterable: bool) -> tuple[Any, str]:
-    if sampler is None and batch_sampler is None and shuffle and not iterable and is_mirror(dataset):
-        if find_attr(dataset, "shuffled", False):
+def _choose_sampler(facts: DatasetFacts, sampler: Any, batch_sampler: Any, shuffle: Optional[bool],
+                    batch_size: Optional[int]) -> tuple[Any, str]:
+    if sampler is None and batch_sampler is None and shuffle and not facts.iterable and facts.mirror:
+        if facts.shuffled:
             block, why = MAX_BLOCK_SIZE, "a mirror packed in shuffled order: blocks mix classes"
         elif not batch_size:
             block, why = MAX_BLOCK_SIZE, "no batches to mix"
@@ -413,26 +486,14 @@ def _choose_sampler(dataset: Any, sampler: Any, batch_sampler: Any, shuffle: Opt
     return ("RandomSampler" if shuffle else "SequentialSampler"), "torch's default"
 
 
-def _per_sample(dataset: Any) -> frozenset:
-    """What the collate keeps per sample for ``dataset`` (a mirror of columns says: its ragged and JSON
-    fields; see :func:`colabfast.collate.collate`)."""
-    inner = datasets.through_subsets(dataset)[0]
-    return inner.per_sample() if callable(getattr(inner, "per_sample", None)) else frozenset()
-
-
-def _check_batchable(dataset: Any, *, per_image_transform: bool) -> None:
+def _check_batchable(facts: DatasetFacts, *, per_image_transform: bool) -> None:
     """Refuse, before any worker starts, a mirror dataset whose PIL images would reach the collate:
     ``output="pil"`` (the default, as torchvision's) with no transform of its own, nor a
     ``DataLoader(transform=...)`` run per image before batching, to make them tensors. torch's own
     error comes later, from a worker, and names neither the dataset nor the fix."""
-    mirror = dataset
-    while isinstance(mirror, Subset):
-        mirror = mirror.dataset
-    if not isinstance(mirror, datasets.MirrorDataset) or mirror.output != "pil" or per_image_transform:
+    if not facts.pil_mirror or per_image_transform:  # its own transform (or H5Kitti's joint ones) may make tensors
         return
-    if mirror.transform is not None or not (mirror.transforms is None or isinstance(mirror.transforms,
-                                                                                      StandardTransform)):
-        return  # its own transform (or H5Kitti's joint transforms) may make tensors
+    mirror = facts.inner
     raise ValueError(
         f"{type(mirror).__name__}({str(mirror.path)!r}) gives PIL images (output='pil', the default, as "
         f"torchvision's) and a batch cannot hold them: pass output='tensor' (uint8 [3, H, W] tensors) or "
@@ -447,7 +508,8 @@ class DataLoader(torch.utils.data.DataLoader):
     Takes every ``torch.utils.data.DataLoader`` argument, positionally in the same order too, with the
     same meaning; version-specific ones (``in_order``, ``pin_memory_device``) pass through
     ``**kwargs``. Arguments left unset get tuned values, recorded with the reason in
-    ``loader.choices`` (name -> ``(value, why)``) and shown by ``repr(loader)``:
+    ``loader.choices`` (name -> ``(value, why)``) and shown by ``repr(loader)``; ``loader.plan`` is the
+    :class:`Plan` they come from, its decisions as typed fields:
 
     - ``num_workers``: the CPUs this process may use (:func:`colabfast.env.cpu_count`; 2 on Colab),
       or 0 for an ``IterableDataset`` (each worker would replay the whole stream), and 0 where workers
@@ -595,14 +657,16 @@ class DataLoader(torch.utils.data.DataLoader):
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
             # torch's Dataset declares no __len__; a mirror (a map-style dataset) has one
             sampler, shuffle = BlockShuffleSampler(cast(Sized, dataset), p.sampler.block_size, seed=seed), None
+        clock = StageClock()  # where this process's threads add the time each stage takes (stage_times)
         super().__init__(
-            _prepared(dataset, p, transform),
+            _prepared(dataset, p, transform, clock),
             batch_size,
             shuffle,
             sampler,
             batch_sampler,
             p.num_workers,
-            p.collate_fn,
+            _TimedCollate(clock, p.collate_fn) if isinstance(p.collate_fn, functools.partial) and p.layout is not None
+            else p.collate_fn,
             p.pin_memory,
             drop_last,
             timeout,
@@ -614,6 +678,8 @@ class DataLoader(torch.utils.data.DataLoader):
             persistent_workers=p.persistent_workers,
             **kwargs,
         )
+        self.plan = p
+        self._clock = clock
         self.device = p.device
         self.normalize = Normalize(dtype, mean, std, memory_format)
         self.transform, self.feed_depth = transform, feed_depth
@@ -645,9 +711,9 @@ class DataLoader(torch.utils.data.DataLoader):
             self._seeded = False
             return
         if p.reader is not None:
-            self._reader = reader.BatchReader(dataset, threads=p.reader.threads, prefetch=p.reader.prefetch,
+            self._reader = reader.BatchReader(p.facts.inner, threads=p.reader.threads, prefetch=p.reader.prefetch,
                                               pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last,
-                                              fused=p.reader.fused)
+                                              fused=p.reader.fused, index_map=p.facts.mapping, clock=clock)
         if self._reader is not None and self._reader.fused is not None:  # random draws: dealt out as to workers
             self._threads = threadworkers.ThreadWorkers(self._reader.read, workers=self._reader.threads,
                                                         prefetch=self._reader.prefetch,
@@ -655,7 +721,8 @@ class DataLoader(torch.utils.data.DataLoader):
                                                         split=self._reader.split)
         # On CUDA each epoch's batches are converted by a feeder thread on the loader's one side stream,
         # made here and never per epoch (timm#2781).
-        self._feeding = Feeding(self._convert, torch.cuda.Stream(device=p.device), feed_depth) if cuda else None
+        self._feeding = Feeding(_TimedConvert(self._convert, clock), torch.cuda.Stream(device=p.device),
+                                feed_depth) if cuda else None
 
     def _batches(self, batch_indices: Optional[Iterable] = None, base_seed: Optional[int] = None) -> Iterator:
         """The epoch's host batches, before converting: of ``batch_indices`` (default: the loader's batch
@@ -680,7 +747,7 @@ class DataLoader(torch.utils.data.DataLoader):
     # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
     def __iter__(self) -> Iterator:  # type: ignore[override]
         if "_recipe" in vars(self):
-            return self._from_process()
+            return self._waited(self._from_process())
         if self._feeding is not None:
             # first: the last epoch's feeder thread may still be drawing from the transform's generator
             self._feeding.stop()
@@ -690,8 +757,45 @@ class DataLoader(torch.utils.data.DataLoader):
             # only for colabfast.transforms' random steps.
             transforms.reseed(self.transform, self.generator)
         if self._feeding is None:
-            return map(self._convert, self._batches())
-        return self._feeding.start(self._batches)
+            return self._waited(map(self._convert, self._batches()))
+        return self._waited(self._feeding.start(self._batches))
+
+    def _waited(self, batches: Iterator) -> Iterator:
+        """``batches``, timing the training loop's wait in ``next()`` for each (stage ``"wait"``)."""
+        add, now, wait = self._clock.add, stages.now, stages.WAIT
+        try:
+            while True:
+                start = now()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                add(wait, now() - start)
+                yield batch
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def stage_times(self) -> dict[str, StageTime]:
+        """The time this loader's work took so far, per stage: name -> :class:`~colabfast.stages.StageTime`
+        (``count`` items, ``seconds`` of wall time summed over the threads that did it), in pipeline order,
+        only the stages that ran:
+
+        - ``"read"``: reading samples (a mirror's ``pread``; where torch's fetcher reads in this process
+          for the loader to decode, the dataset's ``__getitem__``); counted in samples.
+        - ``"decode+transform"``: decoding images and per-sample transforms; samples.
+        - ``"collate"``: making batches of samples; samples.
+        - ``"copy"``: on CUDA, the feeder thread's copies to the GPU and the GPU work it starts (nvJPEG,
+          normalising, a GPU transform); batches.
+        - ``"wait"``: the training loop waiting for the next batch; batches.
+
+        Work in other processes (torch's worker processes; ``feed="process"``) is not counted: there only
+        ``"wait"`` (and ``"copy"``) show. Two ``perf_counter_ns`` calls per stage per batch (per sample
+        where torch's fetcher reads), added per thread without locks (:mod:`colabfast.stages`).
+        :func:`colabfast.diagnose` names the stage that takes longest.
+        """
+        return self._clock.times()
 
     def _from_process(self) -> Iterator:
         """The epoch from the feed subprocess (started on the first epoch, and again after one died),
@@ -740,7 +844,7 @@ class DataLoader(torch.utils.data.DataLoader):
         return "\n".join(lines)
 
 
-def _prepared(dataset: Any, p: Plan, transform: Optional[Callable]) -> Any:
+def _prepared(dataset: Any, p: Plan, transform: Optional[Callable], clock: StageClock) -> Any:
     """The dataset torch's workers read: the caller's, or wrapped (:class:`_Prepared`) to decode and
     transform its images there, or to hand a mirror's images to the collate as views of its read
     buffer (the collate copies every image it batches). A reader reads the caller's dataset itself."""
@@ -749,10 +853,46 @@ def _prepared(dataset: Any, p: Plan, transform: Optional[Callable]) -> Any:
         return dataset
     if p.decode in ("cpu", "gpu") or (transform is not None and not cuda):
         return _Prepared(dataset, keep_jpeg=p.decode == "gpu", transform=None if cuda else transform,
-                         views=p.layout is not None and p.num_workers > 0)
-    if p.layout is not None and p.num_workers > 0 and isinstance(dataset, datasets.MirrorDataset):
-        return _Prepared(dataset, keep_jpeg=False, transform=None, decode=False, views=True)
+                         views=p.layout is not None and p.num_workers > 0, clock=clock)
+    if p.layout is not None and p.num_workers > 0 and p.facts.mapping is None and \
+            isinstance(p.facts.inner, datasets.MirrorDataset):
+        return _Prepared(dataset, keep_jpeg=False, transform=None, decode=False, views=True, clock=clock)
     return dataset
+
+
+class _TimedCollate(functools.partial):
+    """The plan's collate (a ``functools.partial`` of :func:`colabfast.collate.collate`, its ``keywords``
+    as they were), adding the time each call takes to the loader's clock (stage ``"collate"``)."""
+
+    clock: StageClock
+
+    def __new__(cls, clock: StageClock, collate_fn: functools.partial) -> _TimedCollate:
+        self = super().__new__(cls, collate_fn.func, *collate_fn.args, **collate_fn.keywords)
+        self.clock = clock
+        return self
+
+    def __reduce__(self) -> Any:  # to worker processes: with a clock of their own (StageClock.__reduce__)
+        return _TimedCollate, (self.clock, functools.partial(self.func, *self.args, **self.keywords))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = stages.now()
+        batch = super().__call__(*args, **kwargs)
+        self.clock.add(stages.COLLATE, stages.now() - start, len(args[0]) if args else 0)
+        return batch
+
+
+class _TimedConvert:
+    """The loader's :class:`~colabfast.prefetch.BatchConverter` as the CUDA feeder calls it, timed
+    (stage ``"copy"``)."""
+
+    def __init__(self, convert: Callable[[Any], Any], clock: StageClock) -> None:
+        self.convert, self.clock = convert, clock
+
+    def __call__(self, batch: Any) -> Any:
+        start = stages.now()
+        out = self.convert(batch)
+        self.clock.add(stages.COPY, stages.now() - start)
+        return out
 
 
 def _where_transform_runs(transform: Callable, cuda: bool, threads: bool = False) -> str:

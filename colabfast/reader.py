@@ -38,6 +38,7 @@ from colabfast.gpudecode import JPEG_MAGIC, EncodedImages, check_encoded, check_
 from colabfast.h5dataset import H5Dataset
 from colabfast.mirror import MirrorError, runs
 from colabfast.prefetch import ImageList
+from colabfast.stages import COLLATE, DECODE, READ, StageClock, now
 from colabfast.threadworkers import Joined, in_order
 
 __all__ = ["BatchReader", "applies", "fused_for"]
@@ -133,6 +134,11 @@ class BatchReader:
             (needs CUDA).
         fused: a per-sample transform run on each image as it is decoded (see :func:`fused_for`), drawing
             from the generator given to :meth:`read`; the images are then its outputs.
+        index_map: with ``dataset`` the mirror itself, what the indices given are mapped through first
+            (int64, as :func:`colabfast.datasets.through_subsets` finds it for a ``Subset``), so a caller
+            that walked the Subsets already need not hand them over again.
+        clock: where the time each thread spends reading, decoding and transforming, and making the
+            batch is added (:mod:`colabfast.stages`; default: a clock of its own, ``reader.clock``).
 
     Raises (while iterating):
         MirrorError: an image cannot be decoded, a read ends early (the file was truncated), or with
@@ -149,8 +155,11 @@ class BatchReader:
         channels_last: bool = False,
         pin_memory: bool = False,
         fused: Optional[FusedTransform] = None,
+        index_map: Optional[np.ndarray] = None,
+        clock: Optional[StageClock] = None,
     ) -> None:
-        self.dataset, self._map = through_subsets(dataset)
+        self.clock = clock if clock is not None else StageClock()
+        self.dataset, self._map = (dataset, index_map) if index_map is not None else through_subsets(dataset)
         self.fused = fused
         self.threads = max(0, threads)
         self.prefetch = 0 if not self.threads else max(1, prefetch if prefetch is not None else 2 * self.threads)
@@ -226,7 +235,15 @@ class BatchReader:
         return self._empty((len(shapes), h, w, channels) if self.channels_last else (len(shapes), channels, h, w))
 
     def _join(self, batch: Optional[torch.Tensor], pieces: list[list]) -> list:
-        """One batch of :meth:`split`'s pieces, as :meth:`read` makes it whole."""
+        """One batch of :meth:`split`'s pieces, as :meth:`read` makes it whole (collate time, no samples:
+        the pieces counted theirs)."""
+        start = now()
+        try:
+            return self._joined(batch, pieces)
+        finally:
+            self.clock.add(COLLATE, now() - start, 0)
+
+    def _joined(self, batch: Optional[torch.Tensor], pieces: list[list]) -> list:
         images = [p[0] for p in pieces]
         targets = torch.cat([p[1] for p in pieces])
         if all(isinstance(x, torch.Tensor) for x in images) and len({x.shape[1:] for x in images}) == 1:
@@ -259,15 +276,22 @@ class BatchReader:
         indices = [int(i) for i in mapped]  # the mirror's
         positions = self.dataset.positions_of(indices)  # where they are stored: all reads go by these
         self._within_limit(positions)  # memory is allocated by the declared sizes before any header is read
+        clock = self.clock
+        start, mark = now(), clock.mark()  # what is not read, decoded or transformed below: collate
         if self._targets is not None:
             targets = self._targets[positions]
         else:
             targets = collate_value([self.dataset.target_at(p) for p in positions], (1,), self._per_sample)
         if self.dataset.output == "bytes":
-            return [self._read_bytes(positions, indices), targets]
-        if self.fused is not None:
-            return [self._read_fused(positions, generator, draws, out), targets]
-        return [self._read_images(positions, out), targets]
+            t = now()
+            images = self._read_bytes(positions, indices)
+            clock.add(READ, now() - t, len(positions))
+        elif self.fused is not None:
+            images = self._read_fused(positions, generator, draws, out)
+        else:
+            images = self._read_images(positions, out)
+        clock.add_rest(COLLATE, start, mark, len(positions))
+        return [images, targets]
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -319,15 +343,29 @@ class BatchReader:
             shape = (len(indices), h, w, c)
             hwc = self._empty(shape) if self.channels_last else self._memory.empty(shape)
             per = h * w * c
+            t = now()
             self._read_runs(indices, hwc.view(-1), range(0, (len(indices) + 1) * per, per))
             if self.dataset.verify:
                 reader.index.check_samples(indices, [image.numpy() for image in hwc.view(len(indices), -1)])
+            self.clock.add(READ, now() - t, len(indices))
             if self.channels_last:
                 return hwc.permute(0, 3, 1, 2)
             out = self._empty((len(indices), c, h, w))
             np.copyto(out.numpy(), hwc.numpy().transpose(0, 3, 1, 2))  # numpy's transposing copy: 3.7x torch's
             return out
+        t = now()
         stored = self.dataset._stored(indices)  # one read per run; verified there when asked
+        t1 = now()
+        self.clock.add(READ, t1 - t, len(indices))
+        try:
+            return self._decoded(indices, stored, shapes, same, given)
+        finally:
+            self.clock.add(DECODE, now() - t1, len(indices))
+
+    def _decoded(self, indices: list[int], stored: list[torch.Tensor], shapes: np.ndarray, same: bool,
+                 given: Optional[torch.Tensor]) -> Any:
+        """:meth:`_read_images` once the ``stored`` samples at positions ``indices`` are read."""
+        reader = self.dataset.reader
         for i, data in zip(indices, stored):  # sizes from the headers before allocating by the declared ones
             if reader.store == "encoded":
                 self._check(i, data)
@@ -369,9 +407,12 @@ class BatchReader:
             c, (h, w) = channels.pop(), size
             out = self._alloc((len(indices), h, w, c) if self.channels_last else (len(indices), c, h, w), given)
             slots = out.numpy().transpose(0, 3, 1, 2) if self.channels_last else out.numpy()  # [B, C, H, W] views
+            clock, t = self.clock, now()
             rows = self._crop_rows(indices, draws) if raw else None
             if rows is not None:  # raw: only the rows each crop covers were read, one image after the other
                 memory, starts, shapes, draws = rows
+                t1 = now()
+                clock.add(READ, t1 - t, len(indices))
                 if len(set(map(tuple, shapes))) == 1 and not any(flipped for _, flipped in draws):
                     centre = fused.centre_box(shapes[0])
                     if centre is not None:  # one centre crop: the whole batch in one copy
@@ -379,10 +420,13 @@ class BatchReader:
                         h, w, c = (int(v) for v in shapes[0])
                         np.copyto(slots, memory[: len(indices) * h * w * c].reshape(len(indices), h, w, c)
                                   [:, :th, left : left + tw].transpose(0, 3, 1, 2))
+                        clock.add(DECODE, now() - t1, len(indices))
                         return out.permute(0, 3, 1, 2) if self.channels_last else out
             else:
                 memory, starts = self.dataset._spans(indices, lambda n: scratch("read", (n,)))
                 shapes = reader.shapes[indices].tolist()  # Python ints: no numpy scalar per image below
+                t1 = now()
+                clock.add(READ, t1 - t, len(indices))
             offsets = reader.offsets
             sizes = ([h * w * c for h, w, c in shapes] if raw else
                      (offsets[np.add(indices, 1)] - offsets[indices]).tolist())  # bytes
@@ -392,13 +436,19 @@ class BatchReader:
                     fused.make_into(memory[start : start + n], shapes[k], raw, i, box, flipped, slots[k : k + 1])
                 except ValueError as exc:
                     raise undecodable(reader, i, exc) from exc
+            clock.add(DECODE, now() - t1, len(indices))
             return out.permute(0, 3, 1, 2) if self.channels_last else out
         images = []
-        for k, (i, data) in enumerate(zip(indices, self.dataset._stored(indices))):  # one read per run
+        t = now()
+        stored = self.dataset._stored(indices)  # one read per run
+        t1 = now()
+        self.clock.add(READ, t1 - t, len(indices))
+        for k, (i, data) in enumerate(zip(indices, stored)):
             try:
                 images.append(fused.make(data, reader.shapes[i], raw, i, *draws[k]))
             except ValueError as exc:
                 raise undecodable(reader, i, exc) from exc
+        self.clock.add(DECODE, now() - t1, len(indices))
         first = images[0][0]
         if any(x.shape != first.shape for x, _ in images):
             return ImageList([_flipped(x, dims).contiguous() for x, dims in images])

@@ -137,3 +137,25 @@ def test_cuda_work_counts_as_step_time_and_item_is_flagged():
     assert report.verdict == "compute-bound" and report.step_time > 0.05, (report.data_time, report.step_time)
     assert report.host_syncs_per_step is not None and report.host_syncs_per_step >= 1
     assert any("host syncs" in a for a in report.advice)
+
+
+def test_the_slowest_stage_of_the_loader_is_named_where_data_waits():
+    """Issue 38, item 6: from colabfast.DataLoader.stage_times(), the loader's own stages ("wait" is the
+    training loop's, not one of them)."""
+    from colabfast.stages import StageTime
+
+    def report(verdict, fraction, stages):
+        return Report(verdict=verdict, advice=[], steps=4, data_time=0.01, step_time=0.01, data_fraction=fraction,
+                      images_per_s=1.0, loader_images_per_s=1.0, gpu_utilization=None, host_syncs_per_step=None,
+                      data_path=None, storage=None, data_times=[], step_times=[], stages=stages)
+
+    stages = {"read": StageTime(64, 0.2), "decode+transform": StageTime(64, 0.71), "collate": StageTime(64, 0.09),
+              "wait": StageTime(4, 5.0)}
+    bound = report("data-bound", 0.5, stages)
+    assert bound.slowest_stage() == ("decode+transform", pytest.approx(0.71))
+    assert bound.headline() == "data-bound: 50% of each step waits for data; decode+transform takes 71% of the " \
+                               "loader's time."
+    assert "loader stages: read 0.2 s (64), decode+transform 0.71 s (64)" in str(bound)
+    assert "takes" not in report("compute-bound", 0.01, stages).headline()
+    assert report("data-bound", 0.5, None).slowest_stage() is None
+    assert report("data-bound", 0.5, {"wait": StageTime(4, 1.0)}).slowest_stage() is None

@@ -75,8 +75,7 @@ def test_a_process_feed_gives_the_thread_feeds_batches_and_survives_a_break(mirr
                              generator=torch.Generator().manual_seed(5))
 
     threads, process = loader("thread"), loader("process")
-    assert process.choices["feed"] == ("process", "set by caller")
-    assert threads.choices["feed"] == ("thread", "set by caller")
+    assert process.plan.feed == "process" and threads.plan.feed == "thread"
     _assert_same(_epochs(threads, 2), _epochs(process, 2))  # the same draws, epoch after epoch
     feed = process._process
     assert feed is not None and feed.alive

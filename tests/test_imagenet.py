@@ -401,7 +401,7 @@ def test_an_archive_out_of_order_is_read_in_imagefolders_order(tmp_path):
     expected = torch.stack([torch.from_numpy(np.array(ds[i][0])).permute(2, 0, 1) for i in range(4)])
     for workers in (None, 1):  # None: the loader's reader threads
         loader = cf.DataLoader(mirror, 4, num_workers=workers, device="cpu")
-        assert (loader._reader is not None) == (workers is None)
+        assert (loader.plan.reader is not None) == (workers is None)
         ((images, targets),) = list(loader)
         assert targets.tolist() == [0, 0, 1, 1] and torch.equal(images, expected)
         subset = torch.utils.data.Subset(mirror, [3, 0, 2])

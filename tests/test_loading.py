@@ -4,6 +4,7 @@ tested in test_collate.py; the datasets here are samples.py's."""
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -77,13 +78,12 @@ def test_defaults_fill_only_what_is_unset(monkeypatch):
     monkeypatch.setattr(loading.env, "cpu_count", lambda: 3)
     dl = DataLoader(Images(), 4, device="cpu")
     assert (dl.num_workers, dl.persistent_workers, dl.prefetch_factor, dl.pin_memory) == (3, True, 4, False)
-    assert dl.choices["num_workers"] == (3, "3 CPUs (colabfast.env.cpu_count())")
+    assert dl.plan.num_workers == 3 and dl.plan.prefetch_factor == 4
     assert isinstance(dl, tud.DataLoader) and len(dl) == 3
-    text = repr(dl)
-    assert "num_workers" in text and "3 CPUs" in text and "prefetch_factor" in text
+    text = repr(dl)  # every decision, with its reason
+    assert all(name in text and why in text for name, (_, why) in dl.choices.items())
     mine = DataLoader(Images(), 4, num_workers=1, persistent_workers=False, prefetch_factor=2, pin_memory=False)
     assert (mine.num_workers, mine.persistent_workers, mine.prefetch_factor, mine.pin_memory) == (1, False, 2, False)
-    assert all(mine.choices[k][1] == "set by caller" for k in ("num_workers", "persistent_workers", "prefetch_factor"))
     none = DataLoader(Images(), 4, num_workers=0)
     assert (none.persistent_workers, none.prefetch_factor) == (False, None)
 
@@ -120,7 +120,7 @@ def test_iterable_dataset_gets_no_workers():
             return iter([hwc_image(4, 4, i) for i in range(5)])
 
     dl = DataLoader(Stream(), 2)
-    assert dl.num_workers == 0 and "IterableDataset" in dl.choices["num_workers"][1]
+    assert dl.num_workers == 0 and dl.plan.facts.iterable
     assert [b.shape[0] for b in dl] == [2, 2, 1]
 
 
@@ -132,7 +132,7 @@ def test_no_default_workers_when_spawned_workers_cannot_import_a_notebook_datase
     assert DataLoader(NotebookImages(), 2).num_workers > 0  # fork (Linux): workers inherit __main__
     monkeypatch.setattr(torch.multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
     spawned = DataLoader(NotebookImages(), 2)
-    assert spawned.num_workers == 0 and "__main__" in spawned.choices["num_workers"][1]
+    assert spawned.num_workers == 0 and spawned.plan.facts.from_main
     assert DataLoader(Subset(NotebookImages(), [0, 1]), 2).num_workers == 0
     assert DataLoader(Images(), 2).num_workers > 0
 
@@ -152,7 +152,7 @@ def test_a_shuffled_mirror_gets_a_block_shuffle_sampler_seeded_by_torch():
     torch.manual_seed(0)
     dl = DataLoader(mirror, 64, shuffle=True, num_workers=0)
     assert isinstance(dl.sampler, BlockShuffleSampler) and dl.sampler.block_size == 4
-    assert "h5 mirror" in dl.choices["sampler"][1]
+    assert dl.plan.sampler == loading.BlockPlan(4)
     torch.manual_seed(0)
     again = DataLoader(mirror, 64, shuffle=True, num_workers=0)
     assert list(dl.sampler) == list(again.sampler)
@@ -333,25 +333,72 @@ def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch, mirro
     assert set(p.reasons) == set(p.choices())
     dl = DataLoader(Images(), 4, device="cpu", memory_format=torch.channels_last)
     assert list(dl.choices)[:10] == list(p.choices()) and all(dl.choices[k] == v for k, v in p.choices().items())
-    assert dl.choices["collate_fn"] == ("colabfast.collate.collate", "uint8 images batched channels-last")
+    assert dl.choices["collate_fn"][0] == "colabfast.collate.collate" and dl.plan.layout == torch.channels_last
     assert dl.collate_fn.keywords == {"memory_format": torch.channels_last}
     assert all(isinstance(why, str) for _, why in dl.choices.values())
     unbatched = loading.plan(Images(), batch_size=None, device="cpu", num_workers=0)
     assert unbatched.layout is None and unbatched.collate_fn is None
-    assert unbatched.choices()["collate_fn"] == ("default_convert", "torch's default without batching")
+    assert unbatched.choices()["collate_fn"][0] == "default_convert"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # planning needs no GPU, only its index
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     cuda = loading.plan(Images(output="bytes"), batch_size=4)
     assert cuda.device == torch.device("cuda", 0) and cuda.layout == torch.channels_last and cuda.pin_memory
-    assert cuda.choices()["decode"] == ("gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches")
-    assert cuda.reasons["collate_fn"] == "uint8 images batched channels-last"
+    assert cuda.decode == "gpu" and cuda.layout == torch.channels_last
     # A mirror's files for nvJPEG: read by the feeder thread itself into pinned memory, no reader threads
     from colabfast.datasets import H5ImageFolder
 
     gpu = loading.plan(H5ImageFolder(mirror, output="bytes"), batch_size=4)
     assert gpu.decode == "gpu" and gpu.pin_memory and gpu.num_workers == 0
     assert (gpu.reader.threads, gpu.reader.prefetch, gpu.prefetch_factor) == (0, 0, None)
-    assert str(gpu.choices()["reader"][0]) == "in the feeder thread" and "pinned" in gpu.reasons["reader"]
+    assert str(gpu.choices()["reader"][0]) == "in the feeder thread"
+
+
+def test_the_datasets_facts_are_found_once_through_any_subsets(mirror, monkeypatch):
+    """Issue 38, item 3: plan() walks the Subsets once (dataset_facts) and every decision reads the facts."""
+    from colabfast.datasets import H5ImageFolder
+
+    ds = H5ImageFolder(mirror, output="bytes")
+    nested = Subset(Subset(ds, [7, 6, 5, -1, 0]), [3, 0, 4])
+    facts = loading.dataset_facts(nested)
+    assert facts.inner is ds and facts.dataset is nested and facts.mapping.tolist() == [7, 7, 0]
+    assert (facts.output, facts.mirror, facts.iterable, facts.own_transforms) == ("bytes", True, False, False)
+    assert loading.dataset_facts(ds).mapping is None
+    walked = []
+    through = loading.datasets.through_subsets
+    monkeypatch.setattr(loading.datasets, "through_subsets", lambda d: walked.append(d) or through(d))
+    p = loading.plan(nested, batch_size=2, shuffle=True, device="cpu")
+    assert walked == [nested]  # once, for every decision
+    assert p.facts == facts and p.decode == "cpu" and p.sampler == loading.BlockPlan(1)
+    with pytest.raises(IndexError, match="outside its dataset"):
+        loading.dataset_facts(Subset(ds, [len(ds)]))
+
+
+def test_the_loader_does_what_its_plan_says(mirror, monkeypatch):
+    """The plan's reader is what makes the batches: its threads read (fused: the thread workers' threads);
+    without one, torch's fetcher reads the dataset in the worker processes or, with none, here."""
+    import threading
+
+    from colabfast import reader
+    from colabfast.datasets import H5ImageFolder
+
+    names: list[str] = []
+    read = reader.BatchReader.read
+
+    def spy(self, indices, *args, **kwargs):
+        names.append(threading.current_thread().name)
+        return read(self, indices, *args, **kwargs)
+
+    monkeypatch.setattr(reader.BatchReader, "read", spy)
+    for transform, prefix in ((None, "colabfast-reader"), (v2.RandomResizedCrop(8), "colabfast-worker-")):
+        loader = DataLoader(H5ImageFolder(mirror, output="tensor"), 2, device="cpu", transform=transform)
+        assert loader.plan.reader is not None and (loader.plan.reader.fused is not None) == (transform is not None)
+        names.clear()
+        assert sum(len(y) for _, y in loader) == 8
+        assert names and all(n.startswith(prefix) for n in names), names
+    plain = DataLoader(H5ImageFolder(mirror, output="tensor"), 2, device="cpu", num_workers=0)
+    assert plain.plan.reader is None and plain.plan.num_workers == 0
+    names.clear()
+    assert sum(len(y) for _, y in plain) == 8 and names == []
 
 
 def test_a_pil_mirror_is_refused_before_iterating_with_the_fix(mirror, monkeypatch):
@@ -444,3 +491,38 @@ def test_more_workers_than_cpus_is_explained_and_warned_once(monkeypatch, mirror
     ours = [w for w in caught if str(w.message).startswith("colabfast.DataLoader")]
     assert len(ours) == 1 and why in str(ours[0].message)
     assert DataLoader(ds, 2, device="cpu", num_workers=2).choices["num_workers"][1] == "set by caller"
+
+
+def test_stage_times_account_for_the_work_done(mirror):
+    """Issue 38, item 6: the reader threads time reading, decoding and transforming, and making each
+    batch, counted in samples; the training loop's waits in batches; no "copy" stage on the CPU."""
+    from colabfast.datasets import H5ImageFolder
+
+    for transform in (None, v2.RandomResizedCrop(8)):
+        loader = DataLoader(H5ImageFolder(mirror, output="tensor"), 3, device="cpu", transform=transform)
+        assert loader.plan.reader is not None and loader.stage_times() == {}
+        for _epoch in range(2):
+            assert sum(len(y) for _, y in loader) == 8
+        times = loader.stage_times()
+        assert list(times) == ["read", "decode+transform", "collate", "wait"], times
+        assert [t.count for t in times.values()] == [16, 16, 16, 6]  # samples, samples, samples, batches
+        assert all(t.seconds > 0 for t in times.values())
+
+
+def test_a_slow_transform_makes_decode_and_transform_the_slowest_stage():
+    def slow(image):
+        time.sleep(0.005)
+        return image
+
+    loader = DataLoader(Images(8), 4, num_workers=0, device="cpu", transform=slow)
+    assert sum(len(y) for _, y in loader) == 8
+    times = loader.stage_times()
+    assert [(name, t.count) for name, t in times.items()] == [("read", 8), ("decode+transform", 8), ("collate", 8),
+                                                             ("wait", 2)]
+    assert times["decode+transform"].seconds >= 8 * 0.005  # the sleeps, all accounted for
+    assert max(("read", "decode+transform", "collate"), key=lambda n: times[n].seconds) == "decode+transform"
+    from colabfast.diagnosis import diagnose
+
+    report = diagnose(loader, lambda batch: None, steps=3, warmup=1, verbose=False)
+    assert report.verdict == "data-bound" and report.slowest_stage()[0] == "decode+transform"
+    assert "decode+transform takes" in report.headline() and report.stages["decode+transform"].count == 12

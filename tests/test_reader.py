@@ -67,8 +67,8 @@ def test_threads_give_the_worker_paths_batches(mirrors, name, drop_last):
     kw = dict(batch_size=8, shuffle=True, drop_last=drop_last, device="cpu")
     threaded = cf.DataLoader(ds, generator=torch.Generator().manual_seed(5), **kw)
     workers = cf.DataLoader(ds, generator=torch.Generator().manual_seed(5), num_workers=2, **kw)
-    assert threaded._reader is not None and workers._reader is None
-    assert threaded.choices["num_workers"][0] == 0 and "threads" in repr(threaded)
+    assert threaded.plan.reader is not None and workers.plan.reader is None
+    assert threaded.plan.num_workers == 0 and str(threaded.plan.reader) in repr(threaded)
     a, b = _epoch(threaded), _epoch(workers)
     assert len(a) == len(b) == len(threaded)
     for x, y in zip(a, b):
@@ -88,7 +88,7 @@ def test_a_subset_of_a_mirror_is_read_by_threads_as_the_workers_read_it(mirrors,
         kw = dict(batch_size=4, shuffle=True, device="cpu")
         threaded = cf.DataLoader(subset, generator=torch.Generator().manual_seed(2), **kw)
         workers = cf.DataLoader(subset, generator=torch.Generator().manual_seed(2), num_workers=1, **kw)
-        assert threaded._reader is not None and "threads in this process" in threaded.choices["reader"][1]
+        assert threaded.plan.reader is not None and threaded.plan.reader.threads > 0
         a, b = _epoch(threaded), _epoch(workers)
         assert len(a) == len(b) == len(threaded)
         for x, y in zip(a, b):
@@ -107,7 +107,7 @@ def test_in_memory_replicas_and_layout(mirrors, memory_format):
         threaded = cf.DataLoader(ds, 6, sampler=samplers[0], device="cpu", memory_format=memory_format)
         workers = cf.DataLoader(plain, 6, sampler=samplers[1], num_workers=1, device="cpu",
                                 memory_format=memory_format)
-        assert threaded._reader is not None
+        assert threaded.plan.reader is not None
         a, b = _epoch(threaded), _epoch(workers)
         assert len(a) == len(b) > 0
         for x, y in zip(a, b):
@@ -187,11 +187,11 @@ def test_bytes_batches_equal_the_collated_worker_batches(mirrors):
 def test_where_the_reader_does_not_apply_the_loader_says_why(mirrors):
     ds = H5ImageFolder(mirrors["raw"], output="tensor", transform=lambda x: x)
     loader = cf.DataLoader(ds, 4, device="cpu")
-    assert loader._reader is None and "transforms run per sample" in loader.choices["reader"][1]
+    assert loader.plan.reader is None and loader.plan.num_workers > 0 and loader.plan.facts.own_transforms
     pil = reader.applies(H5ImageFolder(mirrors["raw"]), transform_on_cpu=False, decode="auto")
     assert pil == (False, "worker processes: output='pil' makes PIL images per sample")  # the loader refuses it
     given = cf.DataLoader(H5ImageFolder(mirrors["raw"], output="tensor"), 4, num_workers=1, device="cpu")
-    assert given._reader is None and given.num_workers == 1  # the caller's choice stands
+    assert given.plan.reader is None and given.num_workers == 1  # the caller's choice stands
 
 
 def test_torch_worker_options_with_the_reader(mirrors):
@@ -200,15 +200,13 @@ def test_torch_worker_options_with_the_reader(mirrors):
     read-ahead per thread. worker_init_fn or multiprocessing_context ask for worker processes."""
     ds = H5ImageFolder(mirrors["raw"], output="tensor")
     loader = cf.DataLoader(ds, 4, device="cpu", prefetch_factor=3, persistent_workers=True)
-    assert loader._reader is not None and loader._reader.prefetch == 3 * loader._reader.threads
-    assert loader.choices["prefetch_factor"] == (3, "set by caller")
-    persistent, why = loader.choices["persistent_workers"]
-    assert persistent is False and "does not apply" in why
+    assert loader.plan.reader is not None and loader.plan.reader.prefetch == 3 * loader.plan.reader.threads
+    assert loader.plan.prefetch_factor == 3 and loader.plan.persistent_workers is False
+    assert loader.prefetch_factor is None and loader.persistent_workers is False  # torch's: no workers
     assert sum(len(t) for _, t in _epoch(loader)) == len(ds)
     for asks in ({"worker_init_fn": _noop}, {"multiprocessing_context": "fork"}):
         workers = cf.DataLoader(ds, 4, device="cpu", **asks)
-        assert workers._reader is None and workers.num_workers > 0, asks
-        assert "the caller chose workers" in workers.choices["reader"][1]
+        assert workers.plan.reader is None and workers.num_workers > 0, asks
 
 
 def _noop(worker_id):
@@ -229,7 +227,7 @@ def test_verify_catches_a_flipped_byte_in_the_reader(mirrors, tmp_path):
             f.seek(where)
             f.write(bytes([byte[0] ^ 0x40]))
         loader = cf.DataLoader(H5ImageFolder(bad, output="tensor", verify=True), 8, device="cpu")
-        assert loader._reader is not None
+        assert loader.plan.reader is not None
         with pytest.raises(MirrorError, match="sample 5"):
             _epoch(loader)
 
@@ -362,7 +360,7 @@ def test_crops_read_from_a_flaky_drive_are_retried_and_read_runs_whole(tmp_path,
         sim.set(eio_read=0.2)
         for kwargs in ({"shuffle": True}, {"sampler": BlockShuffleSampler(ds, block_size=8, seed=1)}):
             loader = cf.DataLoader(ds, 8, device="cpu", **kwargs)
-            assert loader._reader is not None and loader._reader.fused is not None
+            assert loader.plan.reader is not None and loader.plan.reader.fused is not None
             images = torch.cat([b[0] for b in loader])
             assert torch.equal(images[torch.argsort(torch.tensor(_order(ds, images, expected)))], expected)
         assert sim.stats()["eio"] > 0
@@ -422,14 +420,14 @@ def test_plan_is_pure_and_is_what_the_loader_does(mirrors):
     p = plan(ds, batch_size=8, shuffle=True, device="cpu")
     assert torch.equal(state, torch.random.get_rng_state())  # no random number drawn
     assert isinstance(p.reader, ReaderPlan) and p.num_workers == 0
-    assert "reader threads" in p.reasons["num_workers"]
     assert p.sampler == BlockPlan(1)  # 8 // 16 blocks, at least 1
     assert p.prefetch_factor == 2 and p.reader.prefetch == 2 * p.reader.threads
     given = plan(ds, batch_size=8, num_workers=2, device="cpu")
-    assert (given.num_workers, given.reasons["num_workers"]) == (2, "set by caller") and given.reader is None
+    assert given.num_workers == 2 and given.reader is None
     assert given.choices()["reader"][0] == "none"
     assert given.persistent_workers is True and given.prefetch_factor == 4
     loader = cf.DataLoader(ds, 8, shuffle=True, device="cpu")
+    assert loader.plan.choices() == p.choices()  # the loader builds from the same plan
     for name in ("num_workers", "pin_memory", "prefetch_factor", "decode", "collate_fn", "device"):
         assert loader.choices[name] == p.choices()[name], name
     assert isinstance(loader.sampler, BlockShuffleSampler) and loader.sampler.block_size == 1

@@ -62,10 +62,9 @@ def test_threads_give_the_worker_processes_batches_sample_for_sample(mirrors, na
                              transform=None if where == "dataset" else CROP_FLIP, **kwargs)
 
     threads = loader()
-    assert threads._threads is not None and threads.num_workers == 0
-    assert "drawing as worker processes would" in threads.choices["reader"][1]
+    assert threads.plan.reader.fused is not None and threads.num_workers == 0
     workers = loader(num_workers=2)
-    assert workers._threads is None and workers.num_workers == 2
+    assert workers.plan.reader is None and workers.num_workers == 2
     (a, after_a), (b, after_b) = _run(loader), _run(lambda: loader(num_workers=2))
     _assert_same(a, b)
     assert torch.equal(after_a, after_b)  # both drew their base seed from it, and nothing else
@@ -81,7 +80,7 @@ def test_without_persistent_workers_each_epoch_draws_a_new_base_seed_as_torch_do
     _assert_same(a, b)
     assert torch.equal(after_a, after_b)
     assert not torch.equal(a[0][0][0], a[1][0][0])  # epochs differ (same order, new crops)
-    assert "new base seed each epoch" in loader().choices["persistent_workers"][1]
+    assert loader().plan.reader.fused is not None
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
@@ -91,7 +90,7 @@ def test_a_subset_and_a_generator_give_the_same_batches_as_workers(mirrors, memo
         return cf.DataLoader(ds, batch_size=3, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(5),
                              memory_format=memory_format, **kwargs)
 
-    assert loader()._threads is not None
+    assert loader().plan.reader.fused is not None
     _assert_same(_run(loader)[0], _run(lambda: loader(num_workers=2))[0])
 
 
@@ -125,11 +124,10 @@ def test_what_does_not_fuse_stays_in_worker_processes_and_the_loader_says_why(mi
     for label, (transform, target_transform) in cases.items():
         ds = cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=transform, target_transform=target_transform)
         loader = cf.DataLoader(ds, batch_size=4, device="cpu")
-        assert loader._threads is None and loader.num_workers == 2, label
-        assert loader.choices["reader"][1].startswith("worker processes"), label
+        assert loader.plan.reader is None and loader.num_workers == 2, label
     both = cf.DataLoader(cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=CROP_FLIP), 4, device="cpu",
                          transform=CROP_FLIP)
-    assert both._threads is None and "the dataset's and the loader's" in both.choices["reader"][1]
+    assert both.plan.reader is None and both.num_workers == 2
     shown = repr(cf.DataLoader(cf.H5ImageFolder(mirrors["raw"], output="tensor", transform=CROP_FLIP), 4,
                                device="cpu"))
     assert "2 threads, per-sample transforms fused" in shown or "1 threads, per-sample transforms fused" in shown
@@ -146,7 +144,7 @@ def test_an_undecodable_image_names_its_sample_from_a_reader_thread(mirrors, tmp
         f.seek(reader.data_offset + start + 3)
         f.write(b"\x00" * (end - start - 3))
     loader = cf.DataLoader(cf.H5ImageFolder(bad, output="tensor", transform=CROP_FLIP), batch_size=4, device="cpu")
-    assert loader._threads is not None
+    assert loader.plan.reader.fused is not None
     with pytest.raises(MirrorError, match="sample 7"):
         for _ in loader:
             pass
@@ -210,7 +208,7 @@ def test_a_mirror_of_pairs_with_the_loaders_transform_gives_the_workers_batches(
         ds = cf.H5Dataset(m, output="tensor")
         return cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", transform=CROP_FLIP, **kwargs)
 
-    assert loader()._threads is not None
+    assert loader().plan.reader.fused is not None
     _assert_same(_run(loader)[0], _run(lambda: loader(num_workers=2))[0])
 
 
@@ -234,7 +232,7 @@ def test_each_epochs_first_batch_is_made_by_every_thread_and_is_the_same_batch(m
     monkeypatch.setattr(threadworkers, "_OPENMP", False)  # the spy's threads are counted, not torch's
     monkeypatch.setattr(reader.BatchReader, "read", spy)
     one = loader()
-    assert one._reader is not None and one._reader.threads == 2
+    assert one.plan.reader is not None and one.plan.reader.threads == 2
     a, _ = _run(loader, epochs=2)
     pieces = [m for m in made if m[1] == 3]
     assert len(pieces) == 4  # two pieces, each epoch
@@ -288,7 +286,7 @@ def test_centre_crops_of_a_raw_mirror_give_the_worker_processes_batches(tmp_path
             ds = cf.H5ImageFolder(mirror, output="tensor", transform=tf, in_memory=in_memory)
             return cf.DataLoader(ds, batch_size=8, shuffle=True, device="cpu", memory_format=memory_format, **kwargs)
 
-        assert loader()._threads is not None
+        assert loader().plan.reader.fused is not None
         ranges.clear()
         (a, after_a), (b, after_b) = _run(loader), _run(lambda: loader(num_workers=2))
         _assert_same(a, b)
