@@ -56,11 +56,11 @@ OWN_ARGUMENTS = ("src", "dst", "split", "image_size", "progress", "fields", "ove
 
 
 def _pack_options() -> tuple[str, ...]:
-    """pack()'s keyword options that open_dataset passes on: every one in pack's signature but
-    :data:`OWN_ARGUMENTS`."""
-    from colabfast.packing import pack
+    """pack()'s keyword options that open_dataset passes on: every one in pack's signature
+    (:data:`colabfast.packing.PACK_PARAMETERS`) but :data:`OWN_ARGUMENTS`."""
+    from colabfast.packing import PACK_PARAMETERS
 
-    return tuple(name for name in inspect.signature(pack).parameters if name not in OWN_ARGUMENTS)
+    return tuple(name for name in PACK_PARAMETERS if name not in OWN_ARGUMENTS)
 
 
 def _drop_ins() -> dict[str, tuple[type[MirrorDataset], Callable[[Optional[str]], dict]]]:

@@ -21,6 +21,7 @@ branch in :func:`pack`.
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -49,8 +50,8 @@ from colabfast.packing.folders import pack_folder
 from colabfast.packing.resolve import Resolved, column_layout, resolve
 
 __all__ = ["pack", "PackError", "PackRefused", "SplitRefused", "resized_size", "encode_image", "lock_path",
-           "source_fingerprint", "source_listing", "dataset_fingerprint", "CHUNK", "Resolved", "resolve",
-           "column_layout"]
+           "source_fingerprint", "source_listing", "dataset_fingerprint", "CHUNK", "PACK_PARAMETERS", "Resolved",
+           "resolve", "column_layout"]
 
 
 def pack(
@@ -256,6 +257,9 @@ def pack(
                             overwrite=overwrite, layout=layout, labels=labels, split=split, seed=seed, retries=retries)
     return pack_folder(src, dst, options=options, workers=workers, on_error=on_error, progress=progress,
                        overwrite=overwrite, layout=layout, shuffle=shuffle, seed=seed, retries=retries)
+
+
+PACK_PARAMETERS = tuple(inspect.signature(pack).parameters)  # pack's arguments, for those that pass them on
 
 
 def _split_of_tree(src: Any, split: Optional[str]) -> tuple[Any, Optional[str]]:
