@@ -90,7 +90,12 @@ def encode_image(data: bytes, store: str, image_size, quality: int,
     upright pixels are stored as lossless PNG (raw, or JPEG at ``quality`` when resized, as any other).
 
     Decodes each file (so truncated and corrupt files fail here, not in training) with
-    ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images. A file
+    ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images
+    (``pil_loader`` in ``torchvision/datasets/folder.py``). A multi-frame file is so its first frame:
+    an animated GIF or WebP, a multi-page TIFF are stored as that frame (PNG; never their own bytes,
+    which ``torchvision.io.decode_gif`` would give as every frame); an animated PNG whose first frame is
+    8-bit RGB keeps its bytes, whose IDAT image is the one PIL, libpng and ``torchvision.io.decode_png``
+    read, and colabfast's readers decode it with PIL (tests/test_multiframe_images.py). A file
     kept as it is (an RGB or grey JPEG, an 8-bit RGB PNG, no resizing) is only checked: PIL opens it
     (its header, PIL's verdict on the format and mode), and a JPEG is decoded at 1/8 scale
     (libjpeg-turbo's DCT scaling), which decodes all of its entropy-coded data, where truncation and

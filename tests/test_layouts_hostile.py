@@ -18,9 +18,9 @@ from colabfast.layouts import Coco, Csv, LayoutError, Segmentation, Yolo
 MB = 1 << 20
 
 
-def image(path: Path, color=(0, 0, 0)) -> Path:
+def image(path: Path, color=(0, 0, 0), size: tuple[int, int] = (8, 8)) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", (8, 8), color).save(path)
+    Image.new("RGB", size, color).save(path)
     return path
 
 
@@ -114,7 +114,7 @@ def test_csv_table_of_one_huge_line_refused_before_csv_splits_it(tmp_path):
 def yolo_tree(root: Path) -> Path:
     (root / "labels/train").mkdir(parents=True)
     for k in range(2):
-        image(root / f"images/train/{k}.jpg")
+        image(root / f"images/train/{k}.jpg", size=(10, 10))  # Ultralytics drops an image under 10 pixels a side
         (root / f"labels/train/{k}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
     (root / "data.yaml").write_text("names: [thing]\n")
     return root

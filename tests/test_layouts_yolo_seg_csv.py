@@ -6,6 +6,7 @@ error naming the file and line, or a listed skip."""
 from __future__ import annotations
 
 import io
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -320,10 +321,15 @@ def test_yolo_malformed_yaml(yolo, text, why, line):
 
 
 def test_yolo_unreadable_image_header_at_index(yolo):
-    (yolo / "images/train/c.jpg").write_bytes(b"not a jpeg")
     ds = Yolo(yolo, "train")
+    (yolo / "images/train/c.jpg").write_bytes(b"not a jpeg")  # changed after it was listed
     with pytest.raises(LayoutError, match="not an image PIL can read"):
         ds[2]
+    ds = Yolo(yolo, "train")  # listed now: dropped, as Ultralytics' check_image drops it
+    assert "images/train/c.jpg" not in ds.paths
+    why = dict(ds.skipped)[str(yolo / "images/train/c.jpg")]
+    assert why.startswith("not an image PIL can read") and why.endswith("left out, as Ultralytics' "
+                                                                         "verify_image_label does"), why
 
 
 # The upright frame of each EXIF orientation, by hand (numpy, not PIL): the stored [H, W, C] pixels turned.
@@ -463,6 +469,68 @@ def test_yolo_reads_what_ultralytics_reads(tmp_path):
         assert np.array_equal(np.asarray(mirrored[i][0]), imread(str(image))[..., ::-1]), rel
         checked += 1
     assert (checked, dropped) == (5, 10)
+
+
+def test_yolo_images_ultralytics_drops_or_restores_as_its_check_image(tmp_path):
+    """Ultralytics' own ``verify_image_label`` (its ``check_image``) on a copy of the export: an image
+    under 10 pixels on a side, content of a format not in ``IMG_FORMATS``, a cut JPEG are dropped; a
+    JPEG with bytes after its end marker is rewritten (upright, quality 100) and trained on. The
+    layout drops and lists the same images, and its mirror's pixels are ``imread`` of the restored file."""
+    utils = pytest.importorskip("ultralytics.data.utils")
+    from ultralytics.utils.patches import imread
+
+    root, rng = tmp_path / "ds", np.random.default_rng(6)  # its own: whether PIL decodes no_end.jpg depends on it
+    write(root / "data.yaml", "names: [x]\n")
+    jpeg = encode(photo(40, 20, rng))
+    gif, ppm = io.BytesIO(), io.BytesIO()
+    photo(40, 20, rng).save(gif, "GIF")
+    photo(40, 20, rng).save(ppm, "PPM")
+    files = {
+        "tiny.jpg": encode(photo(8, 12, rng)),  # 8 wide, 12 high
+        "flat.png": encode(photo(40, 9, rng), "PNG"),
+        "gif.jpg": gif.getvalue(),
+        "ppm.png": ppm.getvalue(),
+        "cut.jpg": jpeg[: len(jpeg) // 2],  # PIL cannot open it: dropped
+        "short.jpg": jpeg[:-40],  # PIL opens it, cannot decode it: dropped
+        "no_end.jpg": encode(photo(40, 20, rng))[:-2],  # no end marker; PIL decodes this one: restored
+        "trailing.jpg": with_orientation(encode(photo(40, 20, rng)), 6) + b"\0\0 trailing bytes",  # restored
+        "ok.jpg": encode(photo(40, 20, rng)),
+        "small_ok.png": encode(photo(10, 10, rng), "PNG"),
+    }
+    for name, data in files.items():
+        (root / "images").mkdir(parents=True, exist_ok=True)
+        (root / "images" / name).write_bytes(data)
+        write(root / "labels" / (name.rsplit(".", 1)[0] + ".txt"), "0 0.25 0.5 0.2 0.4\n")
+    theirs = tmp_path / "theirs"  # Ultralytics rewrites a JPEG it restores: a copy
+    shutil.copytree(root, theirs)
+    ds = Yolo(root)
+    mirrored = cf.H5Dataset(cf.pack(root, tmp_path / "y.h5", progress=False))
+    tensors = cf.H5Dataset(tmp_path / "y.h5", output="tensor")
+    skipped = dict(ds.skipped)
+    dropped, restored = [], []
+    for name in sorted(files):
+        rel, image = f"images/{name}", theirs / "images" / name
+        _, lb, shape, *_, msg = utils.verify_image_label((str(image), str(theirs / "labels" / (image.stem + ".txt")),
+                                                          "", False, 1, 0, 0, False))
+        if lb is None:
+            assert rel not in ds.paths and "left out" in skipped[str(root / rel)], (rel, msg)
+            dropped.append(name)
+            continue
+        assert ("restored" in msg) == ("restores it" in skipped.get(str(root / rel), "")), (rel, msg)
+        restored.append(name) if "restored" in msg else None
+        i = ds.paths.index(rel)
+        h, w = shape
+        want = np.array([[0.15 * w, 0.3 * h, 0.35 * w, 0.7 * h]])
+        for target in (ds[i][1], mirrored[i][1]):
+            np.testing.assert_allclose(np.asarray(target["boxes"]), want, rtol=1e-6)
+        pixels = imread(str(image))[..., ::-1]  # what Ultralytics trains on: the restored file's
+        assert np.array_equal(np.asarray(mirrored[i][0]), pixels), rel
+        assert np.array_equal(tensors[i][0].permute(1, 2, 0).numpy(), pixels), rel
+    assert dropped == ["cut.jpg", "flat.png", "gif.jpg", "ppm.png", "short.jpg", "tiny.jpg"]
+    assert restored == ["no_end.jpg", "trailing.jpg"]
+    assert (root / "images/trailing.jpg").read_bytes() == files["trailing.jpg"]  # the source left as it is
+    with pytest.raises(LayoutError, match="cut.jpg: not an image PIL can read"):
+        Yolo(root, strict=True)
 
 
 def test_yolo_segments_are_what_ultralytics_reads(tmp_path):

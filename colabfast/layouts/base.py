@@ -26,7 +26,8 @@ __all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "Lay
 class Layout:
     """A source folder read as a map-style dataset (see the module's docstring).
 
-    Subclasses set ``name`` and implement ``__init__`` (list and parse, no image read),
+    Subclasses set ``name`` and implement ``__init__`` (list and parse; an image read no further
+    than the format's own tool reads it to list it: :class:`colabfast.layouts.Yolo` checks headers),
     ``__len__``, ``__getitem__`` and ``detect``.
 
     Attributes:

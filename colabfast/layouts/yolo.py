@@ -22,6 +22,15 @@ The rules followed are Ultralytics' own (``ultralytics`` 8.4.190, dataset cache 
   and its size the oriented one (``exif_size``), which the normalised labels refer to;
 - polygons kept only where every object of the split has one: a split mixing boxes and polygons is
   read as boxes, as ``YOLODataset.verify_labels`` (``ultralytics/data/dataset.py``) does for detection;
+- each image checked as ``check_image`` (``ultralytics/data/utils.py``, called by ``verify_image_label``)
+  checks it, from its header: one PIL cannot open, one under 10 pixels on a side (upright), or one
+  whose content is not of a format in ``IMG_FORMATS`` (a GIF or PPM named ``.jpg``) is dropped (its
+  label file unread); a JPEG whose last two bytes are not the end marker ``FF D9`` (bytes after
+  it, or a cut file) is read as Ultralytics restores it: decoded by PIL, its EXIF orientation
+  applied, saved as JPEG quality 100 with no chroma subsampling, which is then the image (one PIL
+  cannot decode is dropped). Ultralytics rewrites the file so; colabfast leaves it as it is and
+  reads the restored bytes. ``check_image``'s ``im.verify()`` (a PNG's chunk checksums) needs the
+  whole file: a file damaged past its header is found when it is read (``pack``'s ``on_error``);
 - an image without a label file, or with an empty one, is a background image: no objects;
 - class names in the dataset's YAML (``data.yaml``): ``names`` a list, or an ``{id: name}`` dict.
 """
@@ -30,14 +39,15 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import yaml
-from PIL import Image
+from PIL import Image, ImageOps
 
-from colabfast._fileio import FileEntry, PathLike
+from colabfast._fileio import FileEntry, PathLike, open_regular, retry
 from colabfast.encoding import oriented_size
 from colabfast.layouts._folder import (
     check_on_error,
@@ -87,17 +97,25 @@ class Yolo(Layout):
     makes them masks. A background image (no label file, or an empty one) has ``M = 0``. Samples are
     sorted by image path.
 
+    Listing reads the start of each image (its header: 64 KiB, and a JPEG's last two bytes), as
+    Ultralytics' own check of a dataset does, to drop the images it drops; nothing else of an image
+    is read before ``yolo[i]``, except a JPEG without its end marker, decoded to know if PIL can.
+
     Packed into a mirror (``colabfast.pack``), an image with an EXIF orientation is stored as its
     upright pixels, lossless PNG (no JPEG decoder that reads mirrors applies the orientation: PIL's,
     libjpeg-turbo's, nvJPEG's), so every output (PIL, tensor, bytes decoded on the GPU) gives
     Ultralytics' pixels; an image without one keeps its file's bytes.
 
     What Ultralytics leaves out is left out and listed in ``skipped`` as ``(path, why)``, whatever
-    ``on_error`` says: the image of a label file ``verify_image_label`` refuses (a line that is not 5
+    ``on_error`` says: an image ``check_image`` refuses (PIL cannot open it, under 10 pixels on a
+    side, content not of a format in ``IMG_FORMATS``, a JPEG without its end marker that PIL cannot
+    decode), the image of a label file ``verify_image_label`` refuses (a line that is not 5
     numbers or a polygon, a box mixed into a polygon file, a value that is not a number, over 1.01 or
     under -0.01, a class that is not an integer of ``names``; with the line), a label file without an
     image (ignored), duplicate rows (removed; then the rows left are in ``np.unique``'s sorted order,
-    as Ultralytics leaves them), and the polygons of a split that mixes polygons and boxes.
+    as Ultralytics leaves them), and the polygons of a split that mixes polygons and boxes. A JPEG
+    without its end marker that PIL decodes is kept, read as Ultralytics restores it (see the module's
+    docstring), and listed too.
 
     Args:
         root: the dataset folder: it holds ``images/<split>/`` and ``labels/<split>/`` (or
@@ -106,10 +124,11 @@ class Yolo(Layout):
             ``*.yaml`` at ``root`` with ``names``).
         split: which split to read (``"train"``, ``"valid"``, ...); None: the only one there is.
         on_error: for what colabfast refuses to read: an image or label file that is not a regular
-            file or that a symlink leads out of ``root``: ``"raise"`` a :class:`LayoutError`, or
-            ``"skip"``: leave it out (its image too) and list it in ``skipped``.
-        strict: True: a label file Ultralytics would drop its image for is an error handled by
-            ``on_error`` (what colabfast did before it followed Ultralytics); False: its image is
+            file or that a symlink leads out of ``root``, an image that cannot be read when listed:
+            ``"raise"`` a :class:`LayoutError`, or ``"skip"``: leave it out (its image too) and list
+            it in ``skipped``.
+        strict: True: a label file or image Ultralytics would drop the image for is an error handled
+            by ``on_error`` (what colabfast did before it followed Ultralytics); False: the image is
             dropped and listed, as Ultralytics does.
         retries: retries of each file read on Drive's transient errors.
 
@@ -135,11 +154,15 @@ class Yolo(Layout):
         yaml_file, classes = _read_classes(self.root, files, refused, retries)
         by_rel = {f.rel: f for f in files}
         images = [f for f in files if f.rel.startswith(prefix) and _image(f.rel, self.root, on_error, self.skipped)]
+        checked = dict(zip((f.rel for f in images), parallel_map(lambda f: _check_image(self.root, f, retries),
+                                                                 images)))
+        self._restored = {rel for rel, got in checked.items() if got is RESTORE}
         for rel in sorted(refused):
             if rel.startswith(prefix) and is_image(rel):
                 reject(refuse(self.root, rel, refused), on_error, self.skipped)
         wanted = {label_path(f.rel) for f in images} | {label_path(rel) for rel in refused if rel.startswith(prefix)}
-        labels = sorted(by_rel[rel] for rel in wanted if rel in by_rel)
+        usable = {label_path(f.rel) for f in images if checked[f.rel] is None or checked[f.rel] is RESTORE}
+        labels = sorted(by_rel[rel] for rel in wanted & usable if rel in by_rel)  # a dropped image's: unread
 
         def parse(entry: FileEntry) -> _Labels | LayoutError:
             try:
@@ -156,6 +179,20 @@ class Yolo(Layout):
         kept: list[_Labels] = []
         for image in images:
             label = label_path(image.rel)
+            bad = checked[image.rel]
+            if isinstance(bad, LayoutError) and not isinstance(bad, _Drop):  # unreadable
+                reject(bad, on_error, self.skipped)
+                continue
+            if isinstance(bad, _Drop):
+                if strict:
+                    reject(bad, on_error, self.skipped)
+                else:
+                    self.skipped.add(bad.path, f"{bad.why}: left out, {ULTRALYTICS}")
+                continue
+            if bad is RESTORE:
+                self.skipped.add(str(self.root / image.rel), "a JPEG whose last bytes are not its end marker FF D9: "
+                                 "read as Ultralytics restores it (PIL's pixels, upright, saved as JPEG quality 100, "
+                                 f"4:4:4; Ultralytics rewrites the file, colabfast leaves it as it is), {ULTRALYTICS}")
             got = parsed.get(label, NO_LABELS)
             if isinstance(got, _Drop) and not strict:
                 where = f"line {got.line}: " if got.line is not None else ""
@@ -207,6 +244,12 @@ class Yolo(Layout):
         """
         rel = self.paths[index]
         data = read_file(self.root, rel, self.retries)
+        if rel in self._restored:
+            try:
+                data = restore_jpeg(data)
+            except Exception as exc:  # the file changed since it was listed
+                raise LayoutError(self.root / rel, f"a JPEG without its end marker that PIL cannot decode ({exc})",
+                                  fix="replace the file") from None
         width, height = _upright_size(data, self.root / rel)
         a, b = self._offsets[index], self._offsets[index + 1]
         boxes = (self._boxes[a:b] * np.array([width, height, width, height])).astype(np.float32)
@@ -267,6 +310,79 @@ def _image(rel: str, root: Path, on_error: str, skipped: Skipped) -> bool:
                            "cannot decode", fix="convert it to JPEG or PNG"), on_error, skipped)
         return False
     return True
+
+
+HEAD_BYTES = 1 << 16  # the start of an image file read to check it: its header (a JPEG's EXIF fits in 64 KiB)
+EOI = b"\xff\xd9"  # a JPEG's end marker
+RESTORE = "restore"  # _check_image's verdict on a JPEG without its end marker that PIL decodes
+
+
+def restore_jpeg(data: bytes) -> bytes:
+    """The JPEG Ultralytics' ``check_image`` writes in place of the JPEG ``data`` whose last two bytes
+    are not its end marker: PIL's decode, its EXIF orientation applied (``ImageOps.exif_transpose``),
+    saved as JPEG with ``subsampling=0, quality=100`` (``_exif_jpeg`` in ``ultralytics/data/utils.py``).
+
+    Raises:
+        Exception: what PIL raises for a file it cannot decode (a cut one: "image file is truncated").
+    """
+    with Image.open(io.BytesIO(data)) as img:
+        upright = ImageOps.exif_transpose(img)
+    out = io.BytesIO()
+    upright.save(out, "JPEG", subsampling=0, quality=100)
+    return out.getvalue()
+
+
+def _check_image(root: Path, entry: FileEntry, retries: int) -> Optional[str | LayoutError]:
+    """Ultralytics' ``check_image`` on the image ``entry``, from its first :data:`HEAD_BYTES` (all of
+    it where PIL needs more) and, for a JPEG, its last two bytes: None where it keeps the file,
+    :data:`RESTORE` where it restores it (a JPEG without its end marker that PIL decodes, read in
+    full to know), or the :class:`_Drop` that says why it drops the image; in its order: PIL cannot
+    open it, under 10 pixels on a side once upright (``exif_size``), a format not in ``IMG_FORMATS``.
+    ``im.verify()`` is not run: it needs the whole file (``pack`` decodes it, and reports it as
+    ``on_error`` says). A file that cannot be read (after ``retries``) is a :class:`LayoutError`
+    for ``on_error``."""
+    path = root / entry.rel
+    try:
+        return _check_read(root, entry, retries)
+    except OSError as exc:
+        return LayoutError(path, f"cannot be read ({exc.strerror or exc})")
+
+
+def _check_read(root: Path, entry: FileEntry, retries: int) -> Optional[str | LayoutError]:
+    """:func:`_check_image`, raising OSError where the file cannot be read."""
+    path = root / entry.rel
+
+    def head() -> tuple[bytes, bytes]:
+        with open_regular(path) as f:
+            first = f.read(HEAD_BYTES) or b""
+            if len(first) < entry.size and entry.size >= 2:
+                f.seek(-2, os.SEEK_END)
+                return first, f.read(2) or b""
+            return first, first[-2:]
+
+    first, last = retry(head, retries)
+    try:
+        try:
+            width, height, fmt = _header(first, path)
+        except LayoutError:
+            if len(first) >= entry.size:
+                raise
+            first = read_file(root, entry.rel, retries)
+            width, height, fmt = _header(first, path)
+    except LayoutError as exc:
+        return _Drop(path, exc.why)
+    if not (height > 9 and width > 9):
+        return _Drop(path, f"an image of {width}x{height} pixels, under 10 on a side")
+    if fmt.lower() not in IMG_FORMATS | {"jpeg2000"}:
+        return _Drop(path, f"a {fmt} image, not of a format in Ultralytics' IMG_FORMATS")
+    if fmt == "JPEG" and last != EOI:
+        try:
+            restore_jpeg(read_file(root, entry.rel, retries))
+        except Exception as exc:  # as check_image, which drops the image for any
+            return _Drop(path, f"a JPEG without its end marker that PIL cannot decode ({exc})")
+        return RESTORE
+    return None
+
 
 def polygon_masks(segments: Sequence[Any], height: int, width: int) -> np.ndarray:
     """The masks of ``segments`` (a target's ``"segments"``: per object ``[[x, y], ...]`` in pixels)
@@ -530,10 +646,21 @@ def _upright_size(data: bytes, path: Path) -> tuple[int, int]:
     Raises:
         LayoutError: ``data`` is not an image PIL reads, or one over PIL's decompression-bomb limit.
     """
+    return _header(data, path)[:2]
+
+
+def _header(data: bytes, path: Path) -> tuple[int, int, str]:
+    """(width, height, PIL's format) of the image ``data`` (or its start), its size once its EXIF
+    orientation is applied (Ultralytics' ``exif_size``), from its header.
+
+    Raises:
+        LayoutError: ``data`` is not an image PIL reads, or one over PIL's decompression-bomb limit.
+    """
     try:
         with Image.open(io.BytesIO(data)) as img:
-            if img.format == "PNG" and b"eXIf" not in data:  # no EXIF: spare getexif's decode of the PNG
-                return img.size
-            return oriented_size(img)
-    except (OSError, Image.DecompressionBombError, ValueError) as exc:
+            fmt = img.format or ""
+            if fmt == "PNG" and b"eXIf" not in data:  # no EXIF: spare getexif's decode of the PNG
+                return (*img.size, fmt)
+            return (*oriented_size(img), fmt)
+    except (OSError, Image.DecompressionBombError, ValueError, SyntaxError) as exc:
         raise LayoutError(path, f"not an image PIL can read ({exc})") from None
