@@ -23,6 +23,16 @@ from colabfast.errors import LayoutError, LayoutFileNotFoundError, LayoutNotFoun
 __all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError"]
 
 
+def refuse_split(layout: str, split: str) -> None:
+    """Raise the refusal of ``split`` for a mirror of ``layout``, which holds one set of samples.
+
+    Raises:
+        PackRefused: always."""
+    raise PackRefused(f"split={split!r}: a mirror of the {layout} layout has one set of samples; split= picks "
+                      "KITTI's training or testing, a split a layout packs (VOC's image set, a YOLO export's "
+                      "split), or the part of Kaggle's ImageNet zip to pack")
+
+
 class Layout:
     """A source folder read as a map-style dataset (see the module's docstring).
 
@@ -94,9 +104,7 @@ class Layout:
         Raises:
             PackRefused: (a ``ValueError``) a ``split`` for a layout without splits."""
         if split is not None and not cls.packs_split:
-            raise PackRefused(f"split={split!r}: a mirror of the {cls.name} layout has one set of samples; "
-                              "split= picks KITTI's training or testing, a split a layout packs (VOC's image "
-                              "set, a YOLO export's split), or the part of Kaggle's ImageNet zip to pack")
+            refuse_split(cls.name, split)
         return {}
 
     def describe(self) -> str:

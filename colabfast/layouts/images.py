@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import ClassVar, Optional, Union
 
 from colabfast.errors import PackRefused
+from colabfast.layouts.base import refuse_split
+from colabfast.mirror import KITTI_SPLITS
 
-__all__ = ["ImageLayout", "ImageFolderLayout", "FilesLayout", "KittiLayout", "KITTI_SPLITS"]
-
-KITTI_SPLITS = ("training", "testing")
+__all__ = ["ImageLayout", "ImageFolderLayout", "FilesLayout", "KittiLayout"]
 
 
 class ImageLayout:
@@ -30,9 +30,7 @@ class ImageLayout:
         Raises:
             PackRefused: (a ``ValueError``) any ``split``."""
         if split is not None:
-            raise PackRefused(f"split={split!r}: a mirror of the {cls.name} layout has one set of samples; "
-                              f"split= picks KITTI's {' or '.join(KITTI_SPLITS)}, a split a layout packs (VOC's "
-                              "image set, a YOLO export's split), or the part of Kaggle's ImageNet zip to pack")
+            refuse_split(cls.name, split)
         return {}
 
 
