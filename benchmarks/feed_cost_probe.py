@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 import torch
+from colabfast.tools.bench.gpufeed import MEAN, STD
 
-from colabfast import transforms
-from colabfast.bench.gpufeed import MEAN, STD
-from colabfast.datasets import H5ImageFolder
-from colabfast.feedprocess import pack, packed_size
-from colabfast.loading import DataLoader
+from colabfast.datasets.dropins import H5ImageFolder
+from colabfast.images import transforms
+from colabfast.loading.feedprocess import pack, packed_size
+from colabfast.loading.loader import DataLoader
 from colabfast.packing import pack as pack_mirror
 from colabfast.testing import data
 

@@ -21,8 +21,8 @@ import torch
 from torchvision.datasets import ImageFolder
 
 import colabfast as cf
-from colabfast.bench import epoch, peers
 from colabfast.testing import data
+from colabfast.tools.bench import epoch, peers
 
 
 def main() -> None:

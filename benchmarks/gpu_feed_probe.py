@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 
 import torch
+from colabfast.tools.bench.gpufeed import MEAN, STD, _train_step
 
-from colabfast import reader, transforms
-from colabfast.bench.gpufeed import MEAN, STD, _train_step
-from colabfast.datasets import H5ImageFolder
-from colabfast.loading import DataLoader
+from colabfast.datasets.dropins import H5ImageFolder
+from colabfast.images import transforms
+from colabfast.loading import reader
+from colabfast.loading.loader import DataLoader
 from colabfast.packing import pack
 from colabfast.testing import data
 

@@ -11,8 +11,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from colabfast.bench import detection
 from colabfast.testing.layouts import make_coco
+from colabfast.tools.bench import detection
 
 
 def main() -> None:

@@ -130,7 +130,7 @@ def main() -> None:
           lambda v: v >= 50_000, " images/s")
 
     print("Issue 11, the GPU feed (colabfast bench gpu, on a GPU, the process pinned to 2 CPUs):")
-    ours, dali = "colabfast.DataLoader (GPU decode, colabfast.transforms)", "NVIDIA DALI"
+    ours, dali = "colabfast.DataLoader (GPU decode, colabfast.images.transforms)", "NVIDIA DALI"
     check("11", "ResNet-50, ImageNet-style: fraction of the data-on-GPU ceiling (target >= 0.9)",
           metric("gpu/resnet50-imagenet", ours, "of ceiling"), lambda v: v >= 0.9, "")
     check("11", "ResNet-50, ImageNet-style: vs NVIDIA DALI in the same run (target >= 1.0)",

@@ -106,7 +106,7 @@ def main() -> None:
                 if args.no_sim:
                     mount = contextlib.nullcontext(drive)
                 else:
-                    from colabfast.drivesim import DriveSim
+                    from colabfast.drive.simulator import DriveSim
 
                     mount = DriveSim(drive, Path(tmp) / "mnt")
                 with mount as sim:

@@ -1,15 +1,15 @@
 """colabfast: end the data-loading bottleneck of PyTorch training in Google Colab and Jupyter.
 
-The data path, one module each: ``mounttable`` (the machine's mounts) -> ``env`` (where we run;
-``standin`` is Drive's local stand-in, ``drivesim`` a simulated Drive with its latency and faults) ->
-``drive`` (mount Google Drive; ``fetching`` for shared links) -> ``staging`` (copy it to local disk or
-RAM; ``archive``, ``tmpfs``) -> ``packing`` (HDF5 mirrors; ``mirror`` is the format, ``sources`` the
-layouts, ``archivesource`` archives read as one stream, ``imagenet`` ImageNet's labels) -> ``datasets``
--> ``loading`` (feed the GPU; ``reader``, ``sampler``, ``collate``, ``prefetch``, ``gpudecode``,
-``transforms``) -> ``diagnosis`` (are we data-bound?). ``opening`` (``open_dataset``) takes a source
-from Drive to a dataset in one call, through staging, packing and datasets; ``yolodata``
-(``ultralytics_data``) writes a YOLO export's mirrors out as a local tree Ultralytics trains from. ``doctor``
-(``colabfast doctor``) reads ``env`` and ``staging`` to advise where data should live.
+The data path, a folder per stage: ``where`` (where we run: the machine, its mount table, Drive's local
+stand-in, a RAM disk) -> ``drive`` (mount Google Drive, fetch shared links, the Drive simulator) ->
+``staging`` (copy to local disk or RAM; archives extracted safely) -> ``mirror`` (the HDF5 mirror
+format, its checks, its index, its columns) -> ``layouts`` (every source layout, one registry) ->
+``packing`` (sources into mirrors) -> ``images`` (decode, transforms, augmentation) -> ``datasets``
+(the drop-ins over mirrors) -> ``loading`` (the DataLoader: plan, reader threads, sampler, collate,
+feed to the GPU) -> ``diagnosis`` (are we data-bound? where should data live?). ``opening``
+(``open_dataset``, ``ultralytics_data``) takes a source from Drive to a dataset in one call, through
+all of them. ``tools`` (``colabfast demo``, ``colabfast bench``) and ``testing`` sit beside the data
+path: nothing in it imports them.
 
 Public names load on first use, so ``import colabfast`` and the CLI start fast.
 """
@@ -29,47 +29,54 @@ _EXPORTS = {
     "refresh_drive": "colabfast.drive",
     "flush_drive": "colabfast.drive",
     "DriveError": "colabfast.drive",
-    "fetch": "colabfast.fetching",
-    "FetchError": "colabfast.fetching",
+    "fetch": "colabfast.staging.fetching",
+    "FetchError": "colabfast.staging.fetching",
     "FetchRefused": "colabfast.errors",
     "stage": "colabfast.staging",
     "StageError": "colabfast.staging",
     "StageRefused": "colabfast.staging",
     "NotEnoughSpace": "colabfast.errors",
-    "ramdisk": "colabfast.tmpfs",
-    "RamDisk": "colabfast.tmpfs",
+    "ramdisk": "colabfast.where.tmpfs",
+    "RamDisk": "colabfast.where.tmpfs",
     "pack": "colabfast.packing",
     "PackError": "colabfast.packing",
     "PackRefused": "colabfast.packing",
     "SplitRefused": "colabfast.packing",
     "SourceNotFound": "colabfast.errors",
     "SourceNotAFolder": "colabfast.errors",
-    "ArchiveReadError": "colabfast.archivesource",
-    "UnsafeArchiveError": "colabfast.archive",
+    "ArchiveReadError": "colabfast.packing.archivesource",
+    "UnsafeArchiveError": "colabfast.staging.extract",
     "open_dataset": "colabfast.opening",
     "NothingToOpen": "colabfast.opening",
     "H5ImageFolder": "colabfast.datasets",
     "H5Kitti": "colabfast.datasets",
-    "H5Dataset": "colabfast.h5dataset",
-    "H5CocoDetection": "colabfast.h5dataset",
-    "H5VOCDetection": "colabfast.h5dataset",
-    "H5VOCSegmentation": "colabfast.h5dataset",
-    "FieldError": "colabfast.columns",
+    "H5Dataset": "colabfast.datasets.h5dataset",
+    "H5CocoDetection": "colabfast.datasets.h5dataset",
+    "H5VOCDetection": "colabfast.datasets.h5dataset",
+    "H5VOCSegmentation": "colabfast.datasets.h5dataset",
+    "FieldError": "colabfast.mirror.columns",
     "LayoutError": "colabfast.layouts",
     "LayoutFileNotFoundError": "colabfast.layouts.base",
     "LayoutNotFoundError": "colabfast.layouts.base",
     "MirrorError": "colabfast.mirror",
-    "ImageSizeError": "colabfast.gpudecode",
-    "IndexTypeError": "colabfast.h5dataset",
+    "ImageSizeError": "colabfast.images.decode",
+    "IndexTypeError": "colabfast.datasets.h5dataset",
     "info": "colabfast.mirror",
-    "BlockShuffleSampler": "colabfast.sampler",
+    "BlockShuffleSampler": "colabfast.loading.sampler",
     "DataLoader": "colabfast.loading",
-    "FeedProcessError": "colabfast.feedprocess",
-    "CUDAPrefetcher": "colabfast.prefetch",
+    "FeedProcessError": "colabfast.loading.feedprocess",
+    "CUDAPrefetcher": "colabfast.loading.prefetch",
     "diagnose": "colabfast.diagnosis",
     "Report": "colabfast.diagnosis",
-    "ultralytics_data": "colabfast.yolodata",
-    "ExportRefused": "colabfast.yolodata",
+    "ultralytics_data": "colabfast.opening.ultralytics",
+    "ExportRefused": "colabfast.opening.ultralytics",
+}
+
+# modules users reach by their short names (cf.env, cf.doctor; `from colabfast import transforms`)
+_MODULES = {
+    "env": "colabfast.where.env",
+    "doctor": "colabfast.diagnosis.doctor",
+    "transforms": "colabfast.images.transforms",
 }
 
 __all__ = ["env", *_EXPORTS]
@@ -80,7 +87,9 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
-    if importlib.util.find_spec(f"colabfast.{name}") is not None:  # a module: cf.env, cf.drive, ...
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
+    if importlib.util.find_spec(f"colabfast.{name}") is not None:  # a folder: cf.drive, cf.mirror, ...
         return importlib.import_module(f"colabfast.{name}")
     raise AttributeError(f"module 'colabfast' has no attribute {name!r}")
 

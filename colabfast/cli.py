@@ -13,7 +13,7 @@ __all__ = ["main", "build_parser"]
 
 
 def _stage(args: argparse.Namespace) -> int:
-    from colabfast.staging import stage
+    from colabfast.staging.pipeline import stage
 
     out = stage(args.src, args.dst, to="ram" if args.ram else "auto", workers=args.workers, verify=args.verify,
                 retries=args.retries, progress=not args.quiet, overwrite=args.overwrite,
@@ -36,7 +36,7 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _open(args: argparse.Namespace) -> int:
-    from colabfast.opening import open_dataset
+    from colabfast.opening.opener import open_dataset
 
     size = args.image_size
     image_size = None if size is None else (size[0] if len(size) == 1 else (size[0], size[1]))
@@ -52,7 +52,7 @@ def _open(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from colabfast.mirror import info, verify
+    from colabfast.mirror.verify import info, verify
 
     print(info(args.mirror))
     if args.verify:
@@ -62,13 +62,13 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from colabfast.demo import main
+    from colabfast.tools.demo import main
 
     return main(quick=args.quick)
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from colabfast.doctor import describe
+    from colabfast.diagnosis.doctor import describe
 
     print(describe(args.data))
     return 0
@@ -77,11 +77,11 @@ def _doctor(args: argparse.Namespace) -> int:
 def _diagnose(args: argparse.Namespace) -> int:
     import torch
 
-    from colabfast import transforms as T
-    from colabfast.datasets import H5ImageFolder
-    from colabfast.diagnosis import diagnose
-    from colabfast.loading import DataLoader
-    from colabfast.opening import open_dataset
+    from colabfast.datasets.dropins import H5ImageFolder
+    from colabfast.diagnosis.report import diagnose
+    from colabfast.images import transforms as T
+    from colabfast.loading.loader import DataLoader
+    from colabfast.opening.opener import open_dataset
 
     cuda = torch.cuda.is_available()
     ds = open_dataset(args.path, output="bytes" if cuda else "tensor", progress=not args.quiet)
@@ -129,7 +129,7 @@ def _classifier_step(arch: str, classes: int, device: Any) -> Any:
 
 
 def _ramdisk(args: argparse.Namespace) -> int:
-    from colabfast.tmpfs import ramdisk, release_ramdisk
+    from colabfast.where.tmpfs import ramdisk, release_ramdisk
 
     if args.release:
         where = args.path or "the default RAM disk"
@@ -140,22 +140,22 @@ def _ramdisk(args: argparse.Namespace) -> int:
 
 
 def _drivesim(args: argparse.Namespace) -> int:
-    from colabfast.drivesim import cli
+    from colabfast.drive.simulator import cli
 
     return cli(args)
 
 
 class _LayoutChoices:
     """``--layout``'s choices: ``auto``, the registered layouts (:mod:`colabfast.layouts.registry`), then
-    the archive layouts (:data:`colabfast.archivesource.LAYOUTS`). Looked up when argparse checks a
+    the archive layouts (:data:`colabfast.packing.archivesource.LAYOUTS`). Looked up when argparse checks a
     value or prints a command's usage, so that ``colabfast --help`` imports neither the layouts nor
     numpy."""
 
     def _names(self) -> list[str]:
-        from colabfast.archivesource import LAYOUTS as ARCHIVE_LAYOUTS
         from colabfast.layouts import REGISTRY
+        from colabfast.packing.archivesource import LAYOUTS
 
-        return ["auto", *REGISTRY, *(name for name in ARCHIVE_LAYOUTS if name not in REGISTRY)]
+        return ["auto", *REGISTRY, *(name for name in LAYOUTS if name not in REGISTRY)]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names())
@@ -169,12 +169,12 @@ _PACK_LAYOUTS = _LayoutChoices()
 
 class _Version(argparse.Action):
     """``--version``: the version, then the install check the README gives: every package colabfast
-    imports, and the torch/torchvision pair (:func:`colabfast.env.install_problems`); exit 1 with
+    imports, and the torch/torchvision pair (:func:`colabfast.where.env.install_problems`); exit 1 with
     what is broken and the fix."""
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         from colabfast import __version__
-        from colabfast.env import install_problems
+        from colabfast.where.env import install_problems
 
         print(f"colabfast {__version__}", flush=True)
         problems = install_problems()
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also read every stored image and check its checksum (format version 2)")
     p.set_defaults(run=_info)
 
-    from colabfast.drivesim import build_parser as drivesim_parser
+    from colabfast.drive.simulator import build_parser as drivesim_parser
 
     p = drivesim_parser(sub.add_parser("drivesim", help="serve a folder as a simulated Google Drive (FUSE): "
                                                         "latency, bandwidth, faults"))
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="40 small JPEGs instead of 300: every step in a few seconds (checks an install)")
     p.set_defaults(run=_demo)
 
-    from colabfast.bench import cli as bench_cli
+    from colabfast.tools.bench import cli as bench_cli
 
     p = bench_cli.build_parser(sub.add_parser("bench", help="benchmark colabfast against what users would pick "
                                                             "instead: tables, JSON and a plot"))

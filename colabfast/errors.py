@@ -4,7 +4,7 @@ Each colabfast error also keeps the standard base it always had (``MirrorError``
 ``ValueError``, ``StageError`` an ``OSError``, ``DriveError`` a ``RuntimeError``, ...), so
 ``except OSError`` and friends still catch what they caught; ``except colabfast.Error`` catches all
 of colabfast's own, and the ``colabfast`` command prints any of them as one line. Each is exported as
-``colabfast.<name>`` and from the module that raises it (``colabfast.mirror.MirrorError``). This
+``colabfast.<name>`` and from the module that raises it (``colabfast.errors.MirrorError``). This
 module imports nothing from colabfast at import time, so any module can import it.
 
 The classes, by the stage that raises them (bases in brackets)::
@@ -68,7 +68,7 @@ class Error(Exception):
 class DriveError(Error, RuntimeError):
     """Mounting, refreshing or flushing Drive failed; the message names the path and the next step.
 
-    Raised by :mod:`colabfast.drive` and the stand-in (:mod:`colabfast.standin`); exported as
+    Raised by :mod:`colabfast.drive` and the stand-in (:mod:`colabfast.drive.exposing`); exported as
     ``colabfast.DriveError`` and ``colabfast.drive.DriveError``."""
 
 
@@ -115,7 +115,7 @@ class StageError(Error, OSError):
         dst: where the successful files are.
 
     ``advice``: what to do about the failures, where Drive's state says more than "run stage() again"
-    (:func:`colabfast.drive.failure_advice`, which stage passes).
+    (:func:`colabfast.drive.mounting.failure_advice`, which stage passes).
     """
 
     def __init__(self, src: Path, dst: Path, failures: dict[str, BaseException], total: int,

@@ -134,11 +134,12 @@ def pytest_sessionfinish(session):
     saved = os.environ.get("COLABFAST_DRIVE_ROOT")
     os.environ["COLABFAST_DRIVE_ROOT"] = str(_workdir / "drive")
     try:
-        from colabfast import drive, env
+        from colabfast.drive import mounting
+        from colabfast.where import env
 
         if env.standin_mountpoints():
             print(f"\nnotebooks: a notebook left Drive mounted at {', '.join(env.standin_mountpoints())}; unmounting")
-            drive.flush_and_unmount_standin()
+            mounting.flush_and_unmount_standin()
     finally:
         if saved is None:
             del os.environ["COLABFAST_DRIVE_ROOT"]

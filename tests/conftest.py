@@ -9,8 +9,11 @@ import tempfile
 
 import pytest
 
-from colabfast import drive, drivesim, env, mounttable
-from colabfast import standin as standin_module
+from colabfast.drive import exposing
+from colabfast.drive import mounting as drive
+from colabfast.drive import simfs as drivesim
+from colabfast.where import env, mounttable
+from colabfast.where import standin as standin_module
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # Ultralytics, the oracle of the YOLO tests, installs packages it wants at run time unless told not to
@@ -54,7 +57,7 @@ def standin(tmp_path, monkeypatch):
     yield root
     for mp in env.standin_mountpoints():
         if mp.startswith(str(tmp_path)):
-            standin_module.unexpose(mp)
+            exposing.unexpose(mp)
     for m in reversed(mounttable.mounts()):  # what a failed test left mounted
         if m.mountpoint.startswith(str(tmp_path)):
             subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)
@@ -77,7 +80,7 @@ def small_tmpfs(request, tmp_path):
 @pytest.fixture
 def need_fuse():
     """Skips (fails under CI=true) where the Drive simulator cannot mount: no FUSE or no mfusepy."""
-    from colabfast.drivesim import available
+    from colabfast.drive.simfs import available
 
     ok, why = available()
     if not ok:
@@ -150,7 +153,7 @@ def my_drive(local, monkeypatch):
     yield drive.mount(local / "drive")
     for mp in env.standin_mountpoints():
         if mp.startswith(str(local)):
-            standin_module.unexpose(mp)
+            exposing.unexpose(mp)
     for m in reversed(mounttable.mounts()):
         if m.mountpoint.startswith(str(local)):
             subprocess.run(["umount", "-l", m.mountpoint], check=False, capture_output=True)

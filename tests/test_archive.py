@@ -15,7 +15,13 @@ import pytest
 from conftest import assert_same_tree
 
 from colabfast import stage
-from colabfast.archive import UnsafeArchiveError, check_tar_member, extract, extracted_size, strip_archive_suffix
+from colabfast.staging.extract import (
+    UnsafeArchiveError,
+    check_tar_member,
+    extract,
+    extracted_size,
+    strip_archive_suffix,
+)
 from colabfast.testing.data import make_files
 
 
@@ -463,7 +469,7 @@ def test_tar_header_bombs_are_refused_before_reading(tmp_path, kind, reader):
     declares (a 1 MB tar.gz declaring a 1 GiB name took 6.2 GB of RAM, and pack then said "no images").
     Records are bounded before they are read, by stage and by pack's archive streams alike: an
     UnsafeArchiveError naming the archive, with the name quoted cut short, and nothing left at dst."""
-    from colabfast.archivesource import ArchiveSource
+    from colabfast.packing.archivesource import ArchiveSource
 
     archive = _header_bomb(tmp_path / "bomb.tar.gz", kind)
     with pytest.raises(UnsafeArchiveError) as err:

@@ -1,4 +1,4 @@
-"""colabfast.archivesource.ArchiveSource on small real archives: layouts, images streamed in archive
+"""colabfast.packing.archivesource.ArchiveSource on small real archives: layouts, images streamed in archive
 order with their resume positions, inner per-class tars one level deep, resuming, refusals of unsafe
 or broken archives, and torchvision's view of what was streamed."""
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from colabfast import archivesource
-from colabfast.archive import UnsafeArchiveError
-from colabfast.archivesource import ArchiveReadError, ArchiveSource, Position
+from colabfast.packing import archivesource
+from colabfast.packing.archivesource import ArchiveReadError, ArchiveSource, Position
+from colabfast.staging.extract import UnsafeArchiveError
 from colabfast.testing.data import encode, photo
 from colabfast.testing.imagenet_archives import _tar_bytes, make_kaggle_zip, make_train_tar
 

@@ -1,4 +1,4 @@
-"""colabfast.augment: a fused crop-and-flip gives exactly torchvision's v2 transforms' pixels and draws;
+"""colabfast.images.augment: a fused crop-and-flip gives exactly torchvision's v2 transforms' pixels and draws;
 draft decoding stays close to them and applies only where the crop is shrunk 2x or more."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from colabfast import augment
-from colabfast.gpudecode import decode_cpu
+from colabfast.images import augment
+from colabfast.images.decode import decode_cpu
 from colabfast.testing.data import encode, photo
 
 

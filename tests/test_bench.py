@@ -1,4 +1,4 @@
-"""Tests for colabfast.bench: every scenario runs at a tiny size and returns well-formed rows, and the
+"""Tests for colabfast.tools.bench: every scenario runs at a tiny size and returns well-formed rows, and the
 Markdown, JSON and PNG reports and the CLI are written and well-formed. Speed is never asserted here
 (benchmarks/ and ``colabfast bench`` measure it); the simulated Drive runs with small latencies."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from colabfast.bench import cli, epoch, gpufeed, packing, peers, report, staging
-from colabfast.bench.timing import Result
+from colabfast.tools.bench import cli, epoch, gpufeed, packing, peers, report, staging
+from colabfast.tools.bench.timing import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 # A quick Drive: the plumbing is what is tested, not the latency.
@@ -50,9 +50,9 @@ def test_staging_scenario(need_fuse, tmp_path):
 
 
 def test_staging_without_fuse_says_why(monkeypatch):
-    import colabfast.drivesim as drivesim
+    from colabfast.drive import simfs
 
-    monkeypatch.setattr(drivesim, "available", lambda: (False, "no /dev/fuse here"))
+    monkeypatch.setattr(simfs, "available", lambda: (False, "no /dev/fuse here"))
     rows = staging.run(size=0.004, cases=("small-files", "zip"))
     assert [(r.scenario, r.seconds) for r in rows] == [("staging/small-files", None), ("staging/zip", None)]
     assert all("no /dev/fuse here" in r.note for r in rows)
@@ -156,7 +156,7 @@ def test_epoch_batches_must_match(tmp_path):
 
 
 def test_coldreads_scenario(need_fuse, tmp_path):
-    from colabfast.bench import coldreads
+    from colabfast.tools.bench import coldreads
 
     rows = coldreads.run(size=0.01, repeats=1, batch_size=16, drive=QUICK_DRIVE, work=tmp_path)
     check_rows(rows, "cold-reads/")
@@ -166,7 +166,7 @@ def test_coldreads_scenario(need_fuse, tmp_path):
 
 
 def test_loader_scenario(tmp_path):
-    from colabfast.bench import loader
+    from colabfast.tools.bench import loader
 
     rows = loader.run(size=0.01, repeats=1, batch_size=16, num_workers=1, work=tmp_path)
     check_rows(rows, "loader/cpu")
@@ -209,7 +209,7 @@ def test_dali_source_gives_each_epoch_a_permutation_of_the_mirror_in_whole_batch
     DALI: each epoch is a permutation of the mirror's files and labels, whole batches only."""
     from types import SimpleNamespace
 
-    from colabfast.datasets import H5ImageFolder
+    from colabfast.datasets.dropins import H5ImageFolder
     from colabfast.packing import pack
     from colabfast.testing import data
 
@@ -310,7 +310,7 @@ def test_pack_archive_scenario(need_fuse, tmp_path):
 
 @pytest.mark.fuse
 def test_open_scenario(need_fuse, tmp_path):
-    from colabfast.bench import opening
+    from colabfast.tools.bench import opening
 
     rows = opening.run(size=0.01, repeats=1, batch_size=4, drive=QUICK_DRIVE, work=tmp_path)
     check_rows(rows, "open/first-batch")
@@ -328,7 +328,7 @@ def test_open_scenario(need_fuse, tmp_path):
 @pytest.mark.fuse
 def test_detection_scenario(need_fuse, tmp_path):
     pytest.importorskip("pycocotools")
-    from colabfast.bench import detection
+    from colabfast.tools.bench import detection
 
     rows = detection.run(size=0.001, repeats=1, workers=1, drive=QUICK_DRIVE, work=tmp_path)
     for r in rows:
@@ -352,10 +352,10 @@ def test_detection_scenario(need_fuse, tmp_path):
 
 
 def test_detection_scenario_without_fuse_says_why(monkeypatch, tmp_path):
-    import colabfast.drivesim as drivesim
-    from colabfast.bench import detection
+    from colabfast.drive import simfs
+    from colabfast.tools.bench import detection
 
-    monkeypatch.setattr(drivesim, "available", lambda: (False, "no /dev/fuse here"))
+    monkeypatch.setattr(simfs, "available", lambda: (False, "no /dev/fuse here"))
     rows = detection._drive(tmp_path, tmp_path, tmp_path / "a.json", tmp_path / "coco.h5", 1, 1, 1, {}, "")
     assert [(r.scenario, r.seconds) for r in rows] == [("detection/drive", None)] and "no /dev/fuse" in rows[0].note
 
@@ -393,14 +393,14 @@ def test_cli_drive_settings():
 
 
 def test_cli_module_help():
-    done = subprocess.run([sys.executable, "-m", "colabfast.bench.cli", "--help"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "colabfast.tools.bench.cli", "--help"], capture_output=True, text=True,
                           cwd=ROOT, check=True)
     assert "staging,epoch,coldreads,pack,loader,augment,gpu,open,detection,all" in done.stdout
     assert "--size" in done.stdout
 
 
 def test_augment_scenario(tmp_path):
-    from colabfast.bench import augment
+    from colabfast.tools.bench import augment
 
     rows = augment.run(size=0.02, repeats=1, min_seconds=0, batch_size=16, workers=2, work=tmp_path)
     cases = [f"augment/{c}" for c in augment.CASES]
@@ -449,7 +449,7 @@ def test_augment_scenario(tmp_path):
 
 
 def test_augment_one_case_without_ffcv(monkeypatch, tmp_path):
-    from colabfast.bench import augment
+    from colabfast.tools.bench import augment
 
     monkeypatch.setattr(peers, "FFCV_RAW", ABSENT)  # as where FFCV is not installed
     rows = augment.run(size=0.01, repeats=1, min_seconds=0, batch_size=8, workers=1, work=tmp_path,

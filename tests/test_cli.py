@@ -39,7 +39,7 @@ def test_version_is_the_package_version():
 
 def test_version_checks_the_install_and_names_a_broken_torchvision(tmp_path, monkeypatch):
     """Issue 41 item 3: --version printed fine while `import torchvision` was broken."""
-    from colabfast import env
+    from colabfast.where import env
 
     broken = tmp_path / "site" / "torchvision"
     broken.mkdir(parents=True)  # what a torchvision built for another torch does at import
@@ -152,7 +152,8 @@ def test_every_public_exception_class_is_a_colabfast_error_exported_at_the_top()
 def test_every_colabfast_error_is_a_colabfast_error_and_one_line(monkeypatch, capsys):
     """Issue 16, item 7: one base, the old stdlib bases kept, and the CLI prints any of them as a line."""
     import colabfast as cf
-    from colabfast import cli, staging
+    from colabfast import cli
+    from colabfast.staging import pipeline as staging
 
     for name, base in [("DriveError", RuntimeError), ("FetchError", RuntimeError), ("StageError", OSError),
                        ("PackError", ValueError), ("MirrorError", ValueError), ("ArchiveReadError", ValueError),
@@ -193,8 +194,8 @@ def test_pack_passes_retries_labels_and_split(monkeypatch, capsys, tmp_path):
 def test_pack_layouts_are_the_librarys():
     """The command spells out the archive layouts (no numpy import for --help): they must be archivesource's."""
     from colabfast import cli
-    from colabfast.archivesource import LAYOUTS
     from colabfast.layouts import LAYOUTS as FOLDER_LAYOUTS
+    from colabfast.packing.archivesource import LAYOUTS
 
     assert set(cli._PACK_LAYOUTS) == {"auto", "kitti", "files", *LAYOUTS, *FOLDER_LAYOUTS}
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from colabfast import env
 from colabfast.testing import colab_shim
 from colabfast.testing.colab import is_shim
+from colabfast.where import env
 
 
 @pytest.fixture

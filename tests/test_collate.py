@@ -1,4 +1,4 @@
-"""colabfast.collate: uint8 image batches (channels-last or contiguous, ragged, encoded, in shared
+"""colabfast.loading.collate: uint8 image batches (channels-last or contiguous, ragged, encoded, in shared
 memory in a worker) and everything else as ``default_collate`` does, KITTI targets per sample."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 from samples import Images, Kitti, assert_same, hwc_image
 from torch.utils.data import default_collate
 
-import colabfast.collate
-from colabfast.collate import collate
-from colabfast.gpudecode import Encoded, EncodedImages
-from colabfast.prefetch import ImageList
+import colabfast.loading.collate
+from colabfast.images.decode import Encoded, EncodedImages
+from colabfast.loading.collate import collate
+from colabfast.loading.prefetch import ImageList
 from colabfast.testing.data import photo
 
 
@@ -77,7 +77,7 @@ def test_collate_packs_encoded_files_into_one_tensor():
 
 
 def test_collate_uses_shared_memory_in_a_worker(monkeypatch):
-    monkeypatch.setattr(colabfast.collate, "get_worker_info", lambda: object())
+    monkeypatch.setattr(colabfast.loading.collate, "get_worker_info", lambda: object())
     images, _ = collate([Images()[i] for i in range(2)])
     assert images.is_shared()
     packed, _ = collate([Images(2, output="bytes")[i] for i in range(2)])

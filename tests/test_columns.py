@@ -14,8 +14,9 @@ from PIL import Image
 from torchvision import tv_tensors
 
 import colabfast as cf
-from colabfast.columns import FieldError
-from colabfast.mirror import MirrorError, load_columns
+from colabfast.errors import MirrorError
+from colabfast.mirror.columns import FieldError
+from colabfast.mirror.index import load_columns
 
 
 class Odd(torch.utils.data.Dataset):
@@ -476,7 +477,7 @@ def test_a_pil_image_of_any_mode_comes_back_in_its_mode_and_format(tmp_path):
 def test_reader_threads_build_the_batches_workers_build(odd_mirror):
     ds = cf.H5Dataset(odd_mirror, output="tensor")
     threaded = cf.DataLoader(ds, batch_size=3)
-    assert "colabfast.reader" in repr(threaded) and "targets from the columns" in repr(threaded)
+    assert "colabfast.loading.reader" in repr(threaded) and "targets from the columns" in repr(threaded)
     workers = cf.DataLoader(ds, batch_size=3, num_workers=2)
     assert "worker" in repr(workers)
     for (ia, ta), (ib, tb) in zip(threaded, workers, strict=True):

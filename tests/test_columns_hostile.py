@@ -18,7 +18,10 @@ from PIL import Image
 from torchvision import tv_tensors
 
 import colabfast as cf
-from colabfast.mirror import MirrorError, Stored, attrs_crc32, header_crc32, verify
+from colabfast.errors import MirrorError
+from colabfast.mirror.format import attrs_crc32, header_crc32
+from colabfast.mirror.index import Stored
+from colabfast.mirror.verify import verify
 from colabfast.testing.data import make_imagefolder
 
 JSON_SAMPLES, JSON_BYTES = 16, 15 << 20  # 240 MB of JSON: what opening read whole, twice over, before issue 41
@@ -115,7 +118,7 @@ def test_columns_read_per_sample_give_what_resident_columns_give(tmp_path, monke
 
     cf.pack(Odd(), tmp_path / "odd.h5", workers=0, progress=False)
     resident = cf.H5Dataset(tmp_path / "odd.h5")
-    monkeypatch.setattr(cf.mirror, "RESIDENT_BYTES", 0)
+    monkeypatch.setattr(cf.mirror.index, "RESIDENT_BYTES", 0)  # where load_columns reads it
     per_sample = cf.H5Dataset(tmp_path / "odd.h5", verify=True)
 
     def on_disk(ds) -> int:

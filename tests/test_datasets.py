@@ -18,11 +18,13 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder, Kitti
 
-from colabfast import _fileio, mirror
-from colabfast.datasets import H5ImageFolder, H5Kitti, MirrorReader
-from colabfast.mirror import MirrorError
+from colabfast.datasets.dropins import H5ImageFolder, H5Kitti
+from colabfast.datasets.mirrorreader import MirrorReader
+from colabfast.errors import MirrorError
+from colabfast.mirror import format, safety
 from colabfast.packing import pack
 from colabfast.testing.data import make_imagefolder, make_kitti
+from colabfast.where import _fileio
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +336,7 @@ def test_items_leave_workers_owning_their_memory(mirrors, store, output):
         return
     from torchvision.transforms import v2
 
-    from colabfast.loading import DataLoader as ColabfastLoader
+    from colabfast.loading.loader import DataLoader as ColabfastLoader
 
     def owns(t: torch.Tensor) -> bool:
         return t.untyped_storage().nbytes() == t.numel()
@@ -360,7 +362,8 @@ def test_items_leave_workers_owning_their_memory(mirrors, store, output):
 def flaky_drive(tmp_path, monkeypatch):
     """A raw mirror of 4 MB (some 30 of the mount's 128 KiB read requests) on the Drive simulator, and
     its local original; retries wait milliseconds, not stage()'s quarter seconds and up."""
-    from colabfast.drivesim import DriveSim, available
+    from colabfast.drive.simfs import available
+    from colabfast.drive.simulator import DriveSim
 
     ok, why = available()
     if not ok:
@@ -403,7 +406,7 @@ def test_a_read_scattered_into_many_buffers_is_retried_like_one(flaky_drive, mon
     """Issue 23 item 9: a run of consecutive stored samples is one preadv scattered into the places of
     the batch they go to (a block the sampler shuffled inside); it is retried at the failing offset
     like one buffer, across buffers of any size, and in several calls past IOV_MAX buffers."""
-    from colabfast import datasets
+    from colabfast.datasets import mirrorreader as datasets
 
     sim, mounted, local = flaky_drive
     expected = np.concatenate([v.numpy() for v in MirrorReader(local).views(range(80))])
@@ -432,7 +435,7 @@ def test_opens_on_a_flaky_drive_are_retried_and_blame_the_mount(flaky_drive, tmp
     expected = H5ImageFolder(local).targets
 
     def as_a_new_process() -> None:  # nothing vetted: the child process reads the mount again
-        monkeypatch.setattr(mirror, "_vetted", set())
+        monkeypatch.setattr(safety, "_vetted", set())
         shutil.rmtree(tmp_path / "cache", ignore_errors=True)
 
     sim.set(eio_read=0.3)
@@ -440,14 +443,14 @@ def test_opens_on_a_flaky_drive_are_retried_and_blame_the_mount(flaky_drive, tmp
         as_a_new_process()
         assert H5ImageFolder(mounted).targets == expected
     sim.set(eio_read=1.0)
-    monkeypatch.setattr(mirror, "OPEN_RETRIES", 2)
+    monkeypatch.setattr(safety, "OPEN_RETRIES", 2)  # where opens read it
     for vetted in (False, True):  # the child process fails, or (vetted before) h5py's own open does
         if not vetted:
             as_a_new_process()
         with pytest.raises(OSError, match=r"m\.h5 could not be read: .* on each of 3 tries.*the mount it is on") as e:
             H5ImageFolder(mounted)
         assert e.value.errno == errno.EIO
-        mirror._vetted.add(mirror._key(mounted))
+        safety._vetted.add(safety._key(mounted))
 
 
 def test_a_dropped_drive_connection_says_to_remount(flaky_drive, monkeypatch):
@@ -456,8 +459,8 @@ def test_a_dropped_drive_connection_says_to_remount(flaky_drive, monkeypatch):
     sim, mounted, _ = flaky_drive
     reading, unread = (H5ImageFolder(mounted, output="tensor") for _ in range(2))  # opened while it works
     reading[0]  # its file handle is open
-    monkeypatch.setattr(mirror, "OPEN_RETRIES", 1)
-    monkeypatch.setattr(mirror, "_vetted", {mirror._key(mounted)})
+    monkeypatch.setattr(format, "OPEN_RETRIES", 1)
+    monkeypatch.setattr(safety, "_vetted", {safety._key(mounted)})
     sim.disconnect(5)
     with pytest.raises(OSError, match=r"m\.h5: reading image data at byte \d+ failed .*force_remount=True") as e:
         reading[3]
@@ -472,7 +475,7 @@ def test_stored_positions_map_indices_to_where_samples_are_stored():
     """Issue 23 item 9: the one index -> stored position array, from the order dataset: None where
     the file is in source order (gaps from skipped files included), else the stored samples sorted by
     source index; an order claiming one source index twice is a corrupt mirror."""
-    from colabfast.datasets import stored_positions
+    from colabfast.datasets.mirrorreader import stored_positions
 
     assert stored_positions(np.arange(5), "m.h5") is None
     assert stored_positions(np.array([0, 2, 7], dtype=np.int64), "m.h5") is None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from colabfast import demo, drivesim
+from colabfast.drive import simfs as drivesim
+from colabfast.tools import demo
 
 FAST = {"open_ms": 5.0, "read_ms": 1.0, "mbps": None}
 

@@ -10,9 +10,9 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data import Dataset, Subset
 
-import colabfast.diagnosis as diagnosis
-from colabfast.diagnosis import Report, diagnose
-from colabfast.loading import DataLoader
+from colabfast.diagnosis import report as diagnosis_report
+from colabfast.diagnosis.report import Report, diagnose
+from colabfast.loading.loader import DataLoader
 
 
 class Clock:
@@ -31,7 +31,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = Clock()
-    monkeypatch.setattr(diagnosis, "time", types.SimpleNamespace(perf_counter=fake, sleep=fake.sleep))
+    monkeypatch.setattr(diagnosis_report, "time", types.SimpleNamespace(perf_counter=fake, sleep=fake.sleep))
     return fake
 
 
@@ -71,7 +71,7 @@ def test_a_slow_step_is_compute_bound(clock):
 
 
 def test_drive_data_is_worded_as_a_drive_mount(monkeypatch):
-    monkeypatch.setattr(diagnosis.env, "drive_kind", lambda path: "drivefs")
+    monkeypatch.setattr(diagnosis_report.env, "drive_kind", lambda path: "drivefs")
     ds = Sleepy(delay=0.003, root="/content/drive/MyDrive/imagenet")
     report = diagnose(tud.DataLoader(Subset(ds, range(40)), 4), lambda b: None, steps=4, warmup=1, verbose=False)
     assert report.storage == "Google Drive" and report.data_path == "/content/drive/MyDrive/imagenet"
@@ -86,8 +86,8 @@ def test_drive_data_is_worded_as_a_drive_mount(monkeypatch):
      ("ram", "RAM"), ("disk", "local disk")],
 )
 def test_storage_is_worded_from_env_storage(monkeypatch, where, words):
-    monkeypatch.setattr(diagnosis.env, "storage", lambda path: where)
-    assert diagnosis._storage("/data") == words
+    monkeypatch.setattr(diagnosis_report.env, "storage", lambda path: where)
+    assert diagnosis_report._storage("/data") == words
 
 
 def test_prints_the_verdict_once_unless_silenced(capsys):
@@ -116,9 +116,9 @@ def test_finds_where_the_data_lives_through_wrappers():
         def __init__(self):
             self.samples = [("/data/train/a/1.jpg", 0)]
 
-    assert diagnosis._data_path(Subset(Subset(Folder(), [0]), [0])) == "/data/train/a/1.jpg"
-    assert diagnosis._data_path(tud.ConcatDataset([Sleepy(root="/x")])) == "/x"
-    assert diagnosis._data_path(object()) is None
+    assert diagnosis_report._data_path(Subset(Subset(Folder(), [0]), [0])) == "/data/train/a/1.jpg"
+    assert diagnosis_report._data_path(tud.ConcatDataset([Sleepy(root="/x")])) == "/x"
+    assert diagnosis_report._data_path(object()) is None
 
 
 @pytest.mark.cuda
@@ -142,7 +142,7 @@ def test_cuda_work_counts_as_step_time_and_item_is_flagged():
 def test_the_slowest_stage_of_the_loader_is_named_where_data_waits():
     """Issue 38, item 6: from colabfast.DataLoader.stage_times(), the loader's own stages ("wait" is the
     training loop's, not one of them)."""
-    from colabfast.stages import StageTime
+    from colabfast.loading.stages import StageTime
 
     def report(verdict, fraction, stages):
         return Report(verdict=verdict, advice=[], steps=4, data_time=0.01, step_time=0.01, data_fraction=fraction,

@@ -1,12 +1,13 @@
-"""colabfast.doctor: the report and its advice for data on Drive, in RAM and on local disk, with and
+"""colabfast.diagnosis.doctor: the report and its advice for data on Drive, in RAM and on local disk, with and
 without a GPU, on a machine whose slow probes (GPU, Colab marker, RAM) are faked."""
 
 from __future__ import annotations
 
 import pytest
 
-from colabfast import doctor, env, mounttable
-from colabfast.mounttable import Mount
+from colabfast.diagnosis import doctor
+from colabfast.where import env, mounttable
+from colabfast.where.mounttable import Mount
 
 
 @pytest.fixture
@@ -133,7 +134,7 @@ def test_describe_outside_colab_says_where_stage_really_puts_small_data(quiet_ma
 
 def test_describe_in_colab_follows_stages_rule(quiet_machine, monkeypatch, tmp_path, standin, work):
     """In Colab small data goes to a RAM disk, large to local disk, and an earlier stage stays where it is:
-    the doctor says what staging.default_destination decides."""
+    the doctor says what staging_destination.default_destination decides."""
     monkeypatch.setattr(env, "COLAB_MARKER", str(tmp_path / "hostname"))
     (tmp_path / "hostname").write_text("vm")
     data = tmp_path / "data"
@@ -159,6 +160,6 @@ def test_describe_an_archive_by_its_extracted_name_and_size(quiet_machine, tmp_p
 
 
 def cf_stage(path):
-    from colabfast import staging
+    from colabfast.staging import pipeline
 
-    return staging.stage(path, progress=False)
+    return pipeline.stage(path, progress=False)

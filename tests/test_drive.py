@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from colabfast import drive, env, mounttable
-from colabfast import standin as standin_module
-from colabfast.drive import DriveError
-from colabfast.mounttable import Mount
+from colabfast.drive import mounting as drive
+from colabfast.errors import DriveError
+from colabfast.where import env, mounttable
+from colabfast.where import standin as standin_module
+from colabfast.where.mounttable import Mount
 
 
 @pytest.fixture
@@ -298,7 +299,7 @@ def test_failures_on_drivefs_are_named_from_its_log(drivefs, tmp_path):
     assert "timeout_ms=" in drive.failure_advice(inside, [eio])
     gone = OSError(errno.ENOTCONN, "Transport endpoint is not connected")
     assert "colabfast.mount(force_remount=True)" in drive.failure_advice(tmp_path, [gone])
-    from colabfast.staging import StageError
+    from colabfast.errors import StageError
 
     err = StageError(Path(inside), tmp_path / "dst", {"a.jpg": gone}, 3, drive.failure_advice(Path(inside), [gone]))
     assert "force_remount=True" in str(err) and "run stage() again" not in str(err)

@@ -23,9 +23,9 @@ import torch
 from PIL import Image
 
 import colabfast as cf
-import colabfast.mirror as mirror
-from colabfast.h5dataset import IndexTypeError
+from colabfast.datasets.h5dataset import IndexTypeError
 from colabfast.layouts import Coco
+from colabfast.mirror import safety as mirror_safety
 from tests.test_layout_mirrors import same, same_dataset
 from tests.test_layouts_coco_voc import make_coco
 
@@ -41,7 +41,7 @@ from torchvision.transforms import v2  # noqa: E402
 def own_cache(tmp_path, monkeypatch):
     """Vetting verdicts in this test's own cache; nothing vetted in memory, as in a new process."""
     monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(mirror, "_vetted", set())
+    monkeypatch.setattr(mirror_safety, "_vetted", set())
 
 
 def pack(src, dst, **kwargs) -> Path:

@@ -1,5 +1,5 @@
-"""colabfast.env under faked markers: Colab/Kaggle detection, a faked mount table with every Drive
-client (colabfast.mounttable parses it: test_mounttable.py), where a path lives, the stand-in's forms
+"""colabfast.where.env under faked markers: Colab/Kaggle detection, a faked mount table with every Drive
+client (colabfast.where.mounttable parses it: test_mounttable.py), where a path lives, the stand-in's forms
 and machine facts."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import types
 
 import pytest
 
-from colabfast import env, mounttable
-from colabfast import standin as standin_module
-from colabfast.env import DriveMount
+from colabfast.where import env, mounttable
+from colabfast.where import standin as standin_module
+from colabfast.where.env import DriveMount
 
 MOUNTINFO = r"""22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
 30 22 0:26 / /dev/shm rw,nosuid,nodev shared:5 - tmpfs tmpfs rw,size=6094848k

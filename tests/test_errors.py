@@ -11,7 +11,9 @@ import pytest
 from PIL import Image
 
 import colabfast as cf
-from colabfast import sources, staging, tmpfs
+from colabfast.layouts import sources
+from colabfast.staging import destination as staging
+from colabfast.where import tmpfs
 
 
 def _folders(root: Path) -> None:

@@ -1,4 +1,4 @@
-"""colabfast.feedprocess: DataLoader(feed="process") yields feed="thread"'s batches tensor for tensor, epoch
+"""colabfast.loading.feedprocess: DataLoader(feed="process") yields feed="thread"'s batches tensor for tensor, epoch
 after epoch; a stopped epoch leaves nothing behind; errors and a dead subprocess surface in the
 training process; what cannot run in a subprocess is refused with the reason."""
 
@@ -14,9 +14,9 @@ import torch
 from torchvision.transforms import v2
 
 import colabfast as cf
-from colabfast import feedprocess
-from colabfast.feedprocess import FeedProcessError, pack, packed_size, unpack
-from colabfast.mirror import MirrorError
+from colabfast.errors import MirrorError
+from colabfast.loading import feedprocess
+from colabfast.loading.feedprocess import FeedProcessError, pack, packed_size, unpack
 from colabfast.packing import pack as pack_mirror
 from colabfast.testing.data import make_imagefolder
 
@@ -144,12 +144,12 @@ def test_what_cannot_run_in_a_subprocess_is_refused_with_the_reason(mirror):
 
 @pytest.mark.cuda
 def test_on_cuda_a_process_feed_hands_over_the_thread_feeds_batches_by_cuda_ipc(tmp_path):
-    """nvJPEG, colabfast.transforms' batched crop and flip and bf16 normalisation in the subprocess:
+    """nvJPEG, colabfast.images.transforms' batched crop and flip and bf16 normalisation in the subprocess:
     the batches that arrive through the slots equal the in-process feeder's, and 30 epochs with
     early breaks leave neither threads nor GPU memory behind."""
     from conftest import assert_flat_over_epochs_with_breaks
 
-    from colabfast import transforms as T
+    from colabfast.images import transforms as T
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from colabfast.fetching import DriveLink, FetchError, fetch, parse_link
+from colabfast.staging.fetching import DriveLink, FetchError, fetch, parse_link
 
 GOOGLE_HOSTS = {"drive.google.com", "docs.google.com", "drive.usercontent.google.com", "accounts.google.com"}
 FOLDER_MIME = "application/vnd.google-apps.folder"
@@ -484,7 +484,7 @@ def test_archive_is_extracted_once(drive, tmp_path):
     ],
 )
 def test_hostile_archive_is_refused(drive, tmp_path, name, data):
-    from colabfast.archive import UnsafeArchiveError
+    from colabfast.staging.extract import UnsafeArchiveError
 
     dst = tmp_path / "downloads"
     file_id = drive.add_file(name, data)

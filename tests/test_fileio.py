@@ -1,4 +1,4 @@
-"""colabfast._fileio on small real files: retries and backoff, retried reads, tree listing, names of
+"""colabfast.where._fileio on small real files: retries and backoff, retried reads, tree listing, names of
 temporary and state files, atomic writes, the lock, the readahead file and byte units."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from colabfast import _fileio
-from colabfast._fileio import (
+from colabfast.where import _fileio
+from colabfast.where._fileio import (
     BACKOFF_BASE,
     BACKOFF_CAP,
     MIN_READ,

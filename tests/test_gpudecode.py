@@ -1,4 +1,4 @@
-"""colabfast.gpudecode: packed batches of files, the CPU decode (pixels equal torchvision's and PIL's)
+"""colabfast.images.decode: packed batches of files, the CPU decode (pixels equal torchvision's and PIL's)
 and its errors, and the batched decode on the CPU and (CUDA-marked tests) with nvJPEG."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
-from colabfast.gpudecode import Encoded, EncodedImages, decode_batch, decode_cpu, decode_hwc, is_encoded, is_jpeg
+from colabfast.images.decode import Encoded, EncodedImages, decode_batch, decode_cpu, decode_hwc, is_encoded, is_jpeg
 from colabfast.testing.data import encode, photo
 
 cuda = pytest.mark.cuda

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import colabfast as cf
-from colabfast.columns import MAX_DEPTH, MAX_TEMPLATE_DEPTH, FieldError
+from colabfast.mirror.columns import MAX_DEPTH, MAX_TEMPLATE_DEPTH, FieldError
 
 
 class Images(torch.utils.data.Dataset):

@@ -1,4 +1,4 @@
-"""colabfast.pack from archives read as a stream (colabfast/archivesource.py, colabfast/imagenet.py):
+"""colabfast.pack from archives read as a stream (colabfast/packing/archivesource.py, colabfast/layouts/imagenet.py):
 ImageNet's official tars and devkit, Kaggle's zip, a tar/zip of an ImageFolder tree. The oracle is
 torchvision itself: ``torchvision.datasets.ImageNet`` parses the same tiny official archives."""
 
@@ -22,11 +22,11 @@ import torchvision
 from PIL import Image
 from torchvision import transforms
 
-from colabfast.archive import UnsafeArchiveError
-from colabfast.archivesource import ArchiveReadError
-from colabfast.datasets import H5ImageFolder
-from colabfast.mirror import info
+from colabfast.datasets.dropins import H5ImageFolder
+from colabfast.mirror.verify import info
 from colabfast.packing import archives, common, pack
+from colabfast.packing.archivesource import ArchiveReadError
+from colabfast.staging.extract import UnsafeArchiveError
 from colabfast.testing.data import make_imagefolder
 from colabfast.testing.imagenet_archives import _tar_bytes, make_imagenet_archives, make_kaggle_zip
 
@@ -312,7 +312,7 @@ def test_resume_enters_a_plain_tar_at_the_member_reached(official, tmp_path, mon
         pack(archive, tmp_path / "m.h5", workers=0, progress=False)
     monkeypatch.setattr(archives, "_encode_chunk", real)
     seen = []
-    from colabfast.archivesource import ArchiveSource
+    from colabfast.packing.archivesource import ArchiveSource
 
     original = ArchiveSource.images
 
@@ -413,7 +413,7 @@ def test_a_fifo_as_the_devkit_is_refused_without_blocking(official, tmp_path):
     """Issue 23 item D: every file pack reads is checked to be a regular file without blocking."""
     import threading
 
-    from colabfast.imagenet import read_devkit
+    from colabfast.layouts.imagenet import read_devkit
 
     fifo = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
     os.mkfifo(fifo)

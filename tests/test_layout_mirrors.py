@@ -25,6 +25,7 @@ from PIL import Image
 import colabfast as cf
 import colabfast.mirror as mirror
 from colabfast.layouts import Yolo
+from colabfast.mirror import safety as mirror_safety
 from colabfast.testing.data import photo
 from tests.test_layouts_coco_voc import make_coco, make_voc
 from tests.test_layouts_yolo_seg_csv import kaggle, seg, yolo  # noqa: F401 (fixtures)
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def own_cache(tmp_path, monkeypatch):
     """Vetting verdicts in this test's own cache; nothing vetted in memory, as in a new process."""
     monkeypatch.setenv("COLABFAST_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(mirror, "_vetted", set())
+    monkeypatch.setattr(mirror_safety, "_vetted", set())
 
 
 def pack(src, dst, **kwargs) -> Path:
@@ -336,18 +337,18 @@ def test_skip_packs_the_rest_and_lists_both_bad_files(coco, tmp_path):
 def parts(monkeypatch) -> list[dict]:
     """Parts of 2 samples, and what each part saved (without its arrays' contents)."""
     import colabfast.packing.common as common
-    import colabfast.packing.dataset as packing_dataset
+    import colabfast.packing.parts as packing_parts
 
     monkeypatch.setattr(common, "CHUNK", 2)
     saved: list[dict] = []
-    real = packing_dataset._save
+    real = packing_parts._save
 
     def save(path, errors, arrays, blobs):
         saved.append({**{k: (v.tolist() if v.ndim == 0 else len(v)) for k, v in arrays.items()},
                       **{k: spool.size for k, spool in blobs.items()}})
         real(path, errors, arrays, blobs)
 
-    monkeypatch.setattr(packing_dataset, "_save", save)
+    monkeypatch.setattr(packing_parts, "_save", save)
     return saved
 
 
@@ -364,7 +365,7 @@ def test_kept_images_are_written_once_into_the_mirror(coco, tmp_path, parts):
         raw = cf.H5CocoDetection(m, output="bytes")
         files = [root / theirs.coco.imgs[i]["file_name"] for i in theirs.ids]
         assert [bytes(raw[i][0].numpy()) for i in range(len(raw))] == [f.read_bytes() for f in files]
-        mirror.vet(m)
+        mirror_safety.vet(m)
 
 
 def test_an_image_not_kept_as_its_file_has_the_mirror_assembled_again(coco, tmp_path, parts):
@@ -430,7 +431,7 @@ def test_a_killed_pack_resumes_and_redoes_a_part_whose_written_images_were_lost(
     m = pack(root, tmp_path / "coco.h5", labels=ann, workers=0)
     assert redone == [] and not (tmp_path / ".coco.h5.colabfast-pack").exists()
     same_dataset(cf.H5CocoDetection(m), datasets.CocoDetection(str(root), str(ann)))
-    mirror.vet(m)
+    mirror_safety.vet(m)
 
 
 # --- item 4: packed from the simulated Drive ----------------------------------------------------
@@ -438,8 +439,9 @@ def test_a_killed_pack_resumes_and_redoes_a_part_whose_written_images_were_lost(
 
 @pytest.mark.fuse
 def test_pack_coco_from_the_simulated_drive(standin, tmp_path, monkeypatch):
-    from colabfast import drive, drivesim
-    from colabfast import standin as standin_module
+    from colabfast.drive import mounting as drive
+    from colabfast.drive import simfs as drivesim
+    from colabfast.where import standin as standin_module
 
     ok, why = drivesim.available()
     if not ok:
@@ -497,10 +499,12 @@ def read_all(m: Path) -> str:
 HOSTILE_RUNNER = textwrap.dedent("""
     import sys, zlib
     import colabfast.mirror as mirror
+    from colabfast.mirror import format as mirror_format
+    from colabfast.mirror import safety as mirror_safety
     from colabfast.mirror import MirrorError
     sys.path.insert(0, sys.argv[1])
     from tests.test_layout_mirrors import read_all
-    mirror.VET_TIMEOUT = 20
+    mirror_format.VET_TIMEOUT = 20
     for line in sys.stdin:
         path = line.strip()
         print("start", path, flush=True)

@@ -16,7 +16,7 @@ from PIL import Image
 from torchvision.datasets.folder import find_classes
 
 import colabfast as cf
-from colabfast.gpudecode import decode_cpu
+from colabfast.images.decode import decode_cpu
 from colabfast.layouts import ImageFile, LayoutError
 from colabfast.layouts import table as table_module
 from colabfast.layouts import yolo as yolo_module

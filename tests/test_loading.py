@@ -13,10 +13,11 @@ from samples import Images, Kitti, assert_same, hwc_image
 from torch.utils.data import Dataset, IterableDataset, Subset, default_collate
 from torchvision.transforms import v2
 
-import colabfast.loading as loading
-from colabfast.gpudecode import decode_cpu
-from colabfast.loading import DataLoader
-from colabfast.sampler import BlockShuffleSampler
+from colabfast.images.decode import decode_cpu
+from colabfast.loading import loader as loading_loader
+from colabfast.loading import planning as loading_planning
+from colabfast.loading.loader import DataLoader
+from colabfast.loading.sampler import BlockShuffleSampler
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -75,7 +76,7 @@ def test_kitti_targets_pass_through_and_a_transform_makes_images_stackable():
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_defaults_fill_only_what_is_unset(monkeypatch):
-    monkeypatch.setattr(loading.env, "cpu_count", lambda: 3)
+    monkeypatch.setattr(loading_loader.env, "cpu_count", lambda: 3)
     dl = DataLoader(Images(), 4, device="cpu")
     assert (dl.num_workers, dl.persistent_workers, dl.prefetch_factor, dl.pin_memory) == (3, True, 4, False)
     assert dl.plan.num_workers == 3 and dl.plan.prefetch_factor == 4
@@ -152,7 +153,7 @@ def test_a_shuffled_mirror_gets_a_block_shuffle_sampler_seeded_by_torch():
     torch.manual_seed(0)
     dl = DataLoader(mirror, 64, shuffle=True, num_workers=0)
     assert isinstance(dl.sampler, BlockShuffleSampler) and dl.sampler.block_size == 4
-    assert dl.plan.sampler == loading.BlockPlan(4)
+    assert dl.plan.sampler == loading_planning.BlockPlan(4)
     torch.manual_seed(0)
     again = DataLoader(mirror, 64, shuffle=True, num_workers=0)
     assert list(dl.sampler) == list(again.sampler)
@@ -272,7 +273,7 @@ def test_cuda_loader_repeats_under_a_seed_and_fifty_epochs_with_breaks_stay_flat
     repeat under torch.manual_seed; 50 epochs with early breaks leave no thread and no memory behind."""
     from conftest import assert_flat_over_epochs_with_breaks
 
-    from colabfast import transforms as T
+    from colabfast.images import transforms as T
 
     need_cuda()
     ds = Images(16, size=(150, 200), output="bytes", ragged=True)
@@ -322,9 +323,9 @@ def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch, mirro
     (name -> (value, why)) made from the same plan."""
     import dataclasses
 
-    monkeypatch.setattr(loading.env, "cpu_count", lambda: 2)
-    p = loading.plan(Images(), batch_size=4, device="cpu", memory_format=torch.channels_last)
-    assert isinstance(p, loading.Plan) and p.device == torch.device("cpu")
+    monkeypatch.setattr(loading_loader.env, "cpu_count", lambda: 2)
+    p = loading_planning.plan(Images(), batch_size=4, device="cpu", memory_format=torch.channels_last)
+    assert isinstance(p, loading_planning.Plan) and p.device == torch.device("cpu")
     assert (p.num_workers, p.persistent_workers, p.prefetch_factor, p.pin_memory) == (2, True, 4, False)
     assert p.layout == torch.channels_last and p.collate_fn.keywords == {"memory_format": torch.channels_last}
     assert p.reader is None and p.sampler == "SequentialSampler" and p.decode == "auto"
@@ -333,21 +334,21 @@ def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch, mirro
     assert set(p.reasons) == set(p.choices())
     dl = DataLoader(Images(), 4, device="cpu", memory_format=torch.channels_last)
     assert list(dl.choices)[:10] == list(p.choices()) and all(dl.choices[k] == v for k, v in p.choices().items())
-    assert dl.choices["collate_fn"][0] == "colabfast.collate.collate" and dl.plan.layout == torch.channels_last
+    assert dl.choices["collate_fn"][0] == "colabfast.loading.collate.collate" and dl.plan.layout == torch.channels_last
     assert dl.collate_fn.keywords == {"memory_format": torch.channels_last}
     assert all(isinstance(why, str) for _, why in dl.choices.values())
-    unbatched = loading.plan(Images(), batch_size=None, device="cpu", num_workers=0)
+    unbatched = loading_planning.plan(Images(), batch_size=None, device="cpu", num_workers=0)
     assert unbatched.layout is None and unbatched.collate_fn is None
     assert unbatched.choices()["collate_fn"][0] == "default_convert"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # planning needs no GPU, only its index
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    cuda = loading.plan(Images(output="bytes"), batch_size=4)
+    cuda = loading_planning.plan(Images(output="bytes"), batch_size=4)
     assert cuda.device == torch.device("cuda", 0) and cuda.layout == torch.channels_last and cuda.pin_memory
     assert cuda.decode == "gpu" and cuda.layout == torch.channels_last
     # A mirror's files for nvJPEG: read by the feeder thread itself into pinned memory, no reader threads
-    from colabfast.datasets import H5ImageFolder
+    from colabfast.datasets.dropins import H5ImageFolder
 
-    gpu = loading.plan(H5ImageFolder(mirror, output="bytes"), batch_size=4)
+    gpu = loading_planning.plan(H5ImageFolder(mirror, output="bytes"), batch_size=4)
     assert gpu.decode == "gpu" and gpu.pin_memory and gpu.num_workers == 0
     assert (gpu.reader.threads, gpu.reader.prefetch, gpu.prefetch_factor) == (0, 0, None)
     assert str(gpu.choices()["reader"][0]) == "in the feeder thread"
@@ -355,22 +356,22 @@ def test_the_plan_is_typed_and_frozen_and_the_loader_lists_it(monkeypatch, mirro
 
 def test_the_datasets_facts_are_found_once_through_any_subsets(mirror, monkeypatch):
     """Issue 38, item 3: plan() walks the Subsets once (dataset_facts) and every decision reads the facts."""
-    from colabfast.datasets import H5ImageFolder
+    from colabfast.datasets.dropins import H5ImageFolder
 
     ds = H5ImageFolder(mirror, output="bytes")
     nested = Subset(Subset(ds, [7, 6, 5, -1, 0]), [3, 0, 4])
-    facts = loading.dataset_facts(nested)
+    facts = loading_planning.dataset_facts(nested)
     assert facts.inner is ds and facts.dataset is nested and facts.mapping.tolist() == [7, 7, 0]
     assert (facts.output, facts.mirror, facts.iterable, facts.own_transforms) == ("bytes", True, False, False)
-    assert loading.dataset_facts(ds).mapping is None
+    assert loading_planning.dataset_facts(ds).mapping is None
     walked = []
-    through = loading.datasets.through_subsets
-    monkeypatch.setattr(loading.datasets, "through_subsets", lambda d: walked.append(d) or through(d))
-    p = loading.plan(nested, batch_size=2, shuffle=True, device="cpu")
+    through = loading_loader.datasets.through_subsets
+    monkeypatch.setattr(loading_loader.datasets, "through_subsets", lambda d: walked.append(d) or through(d))
+    p = loading_planning.plan(nested, batch_size=2, shuffle=True, device="cpu")
     assert walked == [nested]  # once, for every decision
-    assert p.facts == facts and p.decode == "cpu" and p.sampler == loading.BlockPlan(1)
+    assert p.facts == facts and p.decode == "cpu" and p.sampler == loading_planning.BlockPlan(1)
     with pytest.raises(IndexError, match="outside its dataset"):
-        loading.dataset_facts(Subset(ds, [len(ds)]))
+        loading_planning.dataset_facts(Subset(ds, [len(ds)]))
 
 
 def test_the_loader_does_what_its_plan_says(mirror, monkeypatch):
@@ -378,8 +379,8 @@ def test_the_loader_does_what_its_plan_says(mirror, monkeypatch):
     without one, torch's fetcher reads the dataset in the worker processes or, with none, here."""
     import threading
 
-    from colabfast import reader
-    from colabfast.datasets import H5ImageFolder
+    from colabfast.datasets.dropins import H5ImageFolder
+    from colabfast.loading import reader
 
     names: list[str] = []
     read = reader.BatchReader.read
@@ -404,14 +405,14 @@ def test_the_loader_does_what_its_plan_says(mirror, monkeypatch):
 def test_a_pil_mirror_is_refused_before_iterating_with_the_fix(mirror, monkeypatch):
     """Issue 23, item 13: H5ImageFolder's default output="pil" met torch's default_collate error in a
     worker; the loader refuses it when made, naming the mirror and what to pass."""
-    from colabfast.datasets import H5ImageFolder
+    from colabfast.datasets.dropins import H5ImageFolder
 
     for ds in (H5ImageFolder(mirror), Subset(H5ImageFolder(mirror), [0, 1, 2])):
         with pytest.raises(ValueError, match=r"H5ImageFolder\('.*m\.h5'\) gives PIL images") as e:
             DataLoader(ds, 2, device="cpu")
         assert "output='tensor'" in str(e.value) and "PILToTensor()" in str(e.value)
         with pytest.raises(ValueError, match="gives PIL images"):
-            loading.plan(ds, batch_size=2, device="cpu")
+            loading_planning.plan(ds, batch_size=2, device="cpu")
     # Whatever makes tensors before batching is left alone: the dataset's transform, a per-image
     # loader transform on the CPU, the caller's collate_fn, no batching, or output="tensor".
     images, labels = next(iter(DataLoader(H5ImageFolder(mirror, transform=v2.PILToTensor()), 2, num_workers=0)))
@@ -424,20 +425,21 @@ def test_a_pil_mirror_is_refused_before_iterating_with_the_fix(mirror, monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     with pytest.raises(ValueError, match="gives PIL images"):  # on CUDA the loader's transform runs after batching
-        loading.plan(H5ImageFolder(mirror), batch_size=2, transform=v2.PILToTensor())
+        loading_planning.plan(H5ImageFolder(mirror), batch_size=2, transform=v2.PILToTensor())
 
 
 @pytest.mark.parametrize("batch_size, block, spans", [(2, 1, 2), (16, 1, 16), (100, 6, 17), (4096, 64, 64)])
 def test_the_block_sampler_says_how_many_blocks_a_batch_mixes(batch_size, block, spans):
     """Issue 23, item 16: the reason said "a batch mixes 16 blocks" whatever the batch size."""
-    p = loading.plan(Images(40, mirror=True), batch_size=batch_size, shuffle=True, num_workers=0, device="cpu")
-    assert p.sampler == loading.BlockPlan(block)
+    p = loading_planning.plan(Images(40, mirror=True), batch_size=batch_size, shuffle=True, num_workers=0, device="cpu")
+    assert p.sampler == loading_planning.BlockPlan(block)
     assert p.reasons["sampler"] == (f"h5 mirror, shuffle=True, blocks of {block}: a batch of {batch_size} mixes at "
                                     f"least {spans} blocks (pack(shuffle=True) allows 64)")
     order = list(BlockShuffleSampler(range(400), block, seed=0))
     first = order[:batch_size]
     assert len({i // block for i in first}) >= min(spans, 400 // block)  # what the sentence claims
-    unbatched = loading.plan(Images(40, mirror=True), batch_size=None, shuffle=True, num_workers=0, device="cpu")
+    unbatched = loading_planning.plan(Images(40, mirror=True), batch_size=None, shuffle=True, num_workers=0,
+                                      device="cpu")
     assert unbatched.reasons["sampler"] == "h5 mirror, shuffle=True, blocks of 64: no batches to mix"
 
 
@@ -476,10 +478,10 @@ def test_more_workers_than_cpus_is_explained_and_warned_once(monkeypatch, mirror
     the reader threads."""
     import warnings
 
-    from colabfast.datasets import H5ImageFolder
+    from colabfast.datasets.dropins import H5ImageFolder
 
-    monkeypatch.setattr(loading.env, "cpu_count", lambda: 2)
-    monkeypatch.setattr(loading, "_WARNED", set())
+    monkeypatch.setattr(loading_loader.env, "cpu_count", lambda: 2)
+    monkeypatch.setattr(loading_planning, "_WARNED", set())
     ds = H5ImageFolder(mirror, output="tensor", transform=v2.RandomResizedCrop(8))
     assert DataLoader(ds, 2, device="cpu").choices["reader"][0] != "none"  # the reader threads, unasked
     with warnings.catch_warnings(record=True) as caught:
@@ -496,7 +498,7 @@ def test_more_workers_than_cpus_is_explained_and_warned_once(monkeypatch, mirror
 def test_stage_times_account_for_the_work_done(mirror):
     """Issue 38, item 6: the reader threads time reading, decoding and transforming, and making each
     batch, counted in samples; the training loop's waits in batches; no "copy" stage on the CPU."""
-    from colabfast.datasets import H5ImageFolder
+    from colabfast.datasets.dropins import H5ImageFolder
 
     for transform in (None, v2.RandomResizedCrop(8)):
         loader = DataLoader(H5ImageFolder(mirror, output="tensor"), 3, device="cpu", transform=transform)
@@ -521,7 +523,7 @@ def test_a_slow_transform_makes_decode_and_transform_the_slowest_stage():
                                                              ("wait", 2)]
     assert times["decode+transform"].seconds >= 8 * 0.005  # the sleeps, all accounted for
     assert max(("read", "decode+transform", "collate"), key=lambda n: times[n].seconds) == "decode+transform"
-    from colabfast.diagnosis import diagnose
+    from colabfast.diagnosis.report import diagnose
 
     report = diagnose(loader, lambda batch: None, steps=3, warmup=1, verbose=False)
     assert report.verdict == "data-bound" and report.slowest_stage()[0] == "decode+transform"

@@ -23,10 +23,14 @@ import psutil
 import pytest
 import torch
 
-import colabfast.mirror as mirror
-from colabfast.datasets import H5ImageFolder, H5Kitti
-from colabfast.loading import DataLoader
-from colabfast.mirror import MirrorError, header_crc32, info, load_index, verify, write_array
+from colabfast.datasets.dropins import H5ImageFolder, H5Kitti
+from colabfast.errors import MirrorError
+from colabfast.loading.loader import DataLoader
+from colabfast.mirror import index as mirror_index
+from colabfast.mirror import safety as mirror_safety
+from colabfast.mirror.format import header_crc32
+from colabfast.mirror.index import load_index, write_array
+from colabfast.mirror.verify import info, verify
 from colabfast.packing import pack
 from colabfast.testing.data import encode, make_imagefolder, make_kitti, photo
 
@@ -42,7 +46,7 @@ def own_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def fresh_process(monkeypatch):
     """Each test starts as a new process would: nothing vetted in memory (the cache file stays)."""
-    monkeypatch.setattr(mirror, "_vetted", set())
+    monkeypatch.setattr(mirror_safety, "_vetted", set())
 
 
 @pytest.fixture(scope="module")
@@ -165,9 +169,9 @@ def test_data_outside_the_file_is_refused(good):
     with h5py.File(good["encoded"], "r") as f:
         ds = f["images"]
         end = ds.id.get_offset() + ds.shape[0]
-        mirror._check_storage(ds, "m.h5", end)  # exactly fits
+        mirror_safety._check_storage(ds, "m.h5", end)  # exactly fits
         with pytest.raises(MirrorError, match="outside the file"):
-            mirror._check_storage(ds, "m.h5", end - 1)
+            mirror_safety._check_storage(ds, "m.h5", end - 1)
 
 
 def test_links_are_refused(good, tmp_path):
@@ -199,11 +203,11 @@ def test_a_crash_or_hang_while_reading_metadata_becomes_a_mirror_error(good, tmp
     """Attack (issue 14.4): libhdf5 segfaulted (rc 139) or looped forever on fuzzed metadata. The
     metadata is walked in a child process; here the child really dies of SIGSEGV, or really hangs."""
     m = copy(good["encoded"], tmp_path / "m.h5")
-    monkeypatch.setattr(mirror.sys, "executable", _fake_python(tmp_path, "kill -SEGV $$"))
+    monkeypatch.setattr(mirror_safety.sys, "executable", _fake_python(tmp_path, "kill -SEGV $$"))
     with pytest.raises(MirrorError, match=r"m\.h5: libhdf5 crashed \(signal 11\)"):
         H5ImageFolder(m)
-    monkeypatch.setattr(mirror.sys, "executable", _fake_python(tmp_path, "exec sleep 60"))
-    monkeypatch.setattr(mirror, "VET_TIMEOUT", 1.0)
+    monkeypatch.setattr(mirror_safety.sys, "executable", _fake_python(tmp_path, "exec sleep 60"))
+    monkeypatch.setattr(mirror_safety, "VET_TIMEOUT", 1.0)  # where vet reads it
     before = {p.pid for p in psutil.Process().children()}
     with pytest.raises(MirrorError, match=r"m\.h5: reading its HDF5 metadata did not finish in 1 s"):
         info(m)
@@ -215,23 +219,23 @@ def test_vetting_runs_once_per_file_version_and_not_for_what_you_packed(good, tm
     """Item 4's cost: the child check runs once per file version (path, size, times, inode), is
     remembered across processes, and a mirror this process packed needs none."""
     runs = []
-    real = mirror.subprocess.run
+    real = mirror_safety.subprocess.run
 
     def run(cmd, *args, **kwargs):
         if "_vet_main" in " ".join(map(str, cmd)):
             runs.append(cmd[-1])
         return real(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(mirror.subprocess, "run", run)
+    monkeypatch.setattr(mirror_safety.subprocess, "run", run)
     mine = pack(good["encoded"].parent / "inet", tmp_path / "mine.h5", progress=False)
     H5ImageFolder(mine)
-    mirror._vetted.clear()  # as a new process (a spawned DataLoader worker) would start
+    mirror_safety._vetted.clear()  # as a new process (a spawned DataLoader worker) would start
     H5ImageFolder(mine)
     assert runs == []
     theirs = copy(good["encoded"], tmp_path / "theirs.h5")
     H5ImageFolder(theirs)
     info(theirs)
-    mirror._vetted.clear()
+    mirror_safety._vetted.clear()
     H5ImageFolder(theirs)
     assert runs == [str(theirs)]
     os.utime(theirs, ns=(0, 0))  # a changed file is a new version
@@ -446,12 +450,12 @@ def test_version_1_mirrors_still_read(good, tmp_path, which):
 
 RUNNER = textwrap.dedent("""
     import json, sys, zlib
-    import colabfast.mirror as mirror
+    from colabfast.mirror import safety as mirror_safety
     from colabfast.datasets import H5ImageFolder, H5Kitti
     from colabfast.mirror import MirrorError, info, verify
     sys.path.insert(0, sys.argv[2])
     from test_mirror import fingerprint
-    mirror.VET_TIMEOUT = 20
+    mirror_safety.VET_TIMEOUT = 20
     for line in sys.stdin:
         path = line.strip()
         print("start", path, flush=True)
@@ -630,7 +634,7 @@ def _set_shapes(m: Path, shapes) -> None:
 
 def _every_path(m: Path):
     """Each way a sample's image is decoded or handed on for decoding, as (name, call)."""
-    from colabfast.reader import BatchReader
+    from colabfast.loading.reader import BatchReader
 
     tensor, pil, nbytes = (H5ImageFolder(m, output=o) for o in ("tensor", "pil", "bytes"))
     return [
@@ -770,13 +774,13 @@ def _batch_runs(indices: list[int], offsets: np.ndarray, cap: int) -> list[list[
 
 def test_runs_cut_consecutive_positions_within_the_byte_cap():
     offsets = np.array([0, 10, 20, 30, 100, 110, 120], np.int64)  # sample 3 has 70 bytes
-    assert mirror.runs([], offsets, 30) == []
-    assert mirror.runs([0, 1, 2, 4, 5], offsets, 30) == [(0, 3), (3, 5)]
-    assert mirror.runs([0, 1, 2], offsets, 20) == [(0, 2), (2, 3)]  # 30 bytes is over 20
-    assert mirror.runs([2, 3, 4], offsets, 30) == [(0, 1), (1, 2), (2, 3)]  # one sample over the cap: alone
-    assert mirror.runs([1, 1, 2], offsets, 100) == [(0, 1), (1, 3)]  # a repeat starts a new run
-    assert mirror.runs(np.array([5, 0, 1]), offsets, 100) == [(0, 1), (1, 3)]  # never reordered
-    assert mirror.runs(np.arange(6), offsets, 1 << 20) == [(0, 6)]
+    assert mirror_index.runs([], offsets, 30) == []
+    assert mirror_index.runs([0, 1, 2, 4, 5], offsets, 30) == [(0, 3), (3, 5)]
+    assert mirror_index.runs([0, 1, 2], offsets, 20) == [(0, 2), (2, 3)]  # 30 bytes is over 20
+    assert mirror_index.runs([2, 3, 4], offsets, 30) == [(0, 1), (1, 2), (2, 3)]  # one sample over the cap: alone
+    assert mirror_index.runs([1, 1, 2], offsets, 100) == [(0, 1), (1, 3)]  # a repeat starts a new run
+    assert mirror_index.runs(np.array([5, 0, 1]), offsets, 100) == [(0, 1), (1, 3)]  # never reordered
+    assert mirror_index.runs(np.arange(6), offsets, 1 << 20) == [(0, 6)]
 
 
 def test_runs_are_what_both_readers_cut_before():
@@ -789,9 +793,9 @@ def test_runs_are_what_both_readers_cut_before():
         cap = int(rng.integers(1, 200))
         batch = rng.integers(0, n, int(rng.integers(0, 30))).tolist()
         ordered = sorted(set(batch))
-        assert mirror.runs(ordered, offsets, cap) == _views_runs(ordered, offsets, cap)
+        assert mirror_index.runs(ordered, offsets, cap) == _views_runs(ordered, offsets, cap)
         order = np.argsort(batch, kind="stable")
-        assert [order[a:b].tolist() for a, b in mirror.runs(np.asarray(batch, np.int64)[order], offsets, cap)] \
+        assert [order[a:b].tolist() for a, b in mirror_index.runs(np.asarray(batch, np.int64)[order], offsets, cap)] \
             == _batch_runs(batch, offsets, cap)
 
 
@@ -811,7 +815,7 @@ def _old_root_attrs(kind: str, src: Path, dst: Path) -> dict:
     from what went into the pack; ``created`` and ``fingerprint`` are taken from the file (a time, and
     a digest of the source that pack alone computes)."""
     import colabfast
-    from colabfast.imagenet import DEVKIT_META, DEVKIT_VAL_TRUTH
+    from colabfast.layouts.imagenet import DEVKIT_META, DEVKIT_VAL_TRUTH
     from colabfast.testing.data import WNIDS
     from colabfast.testing.imagenet_archives import _class_words
 
@@ -879,7 +883,7 @@ def test_a_header_writes_what_it_reads_as_pack_always_wrote_it(packed_kinds, tmp
     gives (the same attributes, order, types and values), and reads back equal; info holds it."""
     import pickle
 
-    from colabfast.mirror import Header
+    from colabfast.mirror.format import Header
 
     src, dst = packed_kinds[kind]
     with h5py.File(dst, "r") as f:
@@ -899,7 +903,7 @@ def test_a_header_writes_what_it_reads_as_pack_always_wrote_it(packed_kinds, tmp
 
 
 def test_a_header_without_its_optional_attributes_round_trips(tmp_path):
-    from colabfast.mirror import Header
+    from colabfast.mirror.format import Header
 
     head = Header(layout="files", store="raw", classes=None, image_size=[4, 6], quality=None, shuffled=False,
                   skipped=[{"path": "a/b.png", "error": "not an image"}], source="/data",

@@ -1,4 +1,4 @@
-"""colabfast.mounttable: /proc/self/mountinfo parsed (escapes, malformed lines, no table at all) and
+"""colabfast.where.mounttable: /proc/self/mountinfo parsed (escapes, malformed lines, no table at all) and
 the mount that holds a path (the longest mountpoint, the latest of equals, through symlinks)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from colabfast import mounttable
-from colabfast.mounttable import Mount
+from colabfast.where import mounttable
+from colabfast.where.mounttable import Mount
 
 MOUNTINFO = r"""22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
 30 22 0:26 / /dev/shm rw,nosuid,nodev shared:5 - tmpfs tmpfs rw,size=6094848k

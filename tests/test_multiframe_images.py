@@ -18,7 +18,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.io import ImageReadMode, decode_image
 
 import colabfast as cf
-from colabfast.gpudecode import decode_cpu
+from colabfast.images.decode import decode_cpu
 from colabfast.layouts import Yolo
 
 RNG = np.random.default_rng(7)

@@ -18,8 +18,10 @@ from PIL import Image
 
 import colabfast as cf
 import colabfast.packing
-from colabfast import env
-from colabfast.opening import MIRRORS_FOLDER, OpenRefused, default_dataset_mirrors
+from colabfast.errors import OpenRefused
+from colabfast.opening.mirrors import default_dataset_mirrors
+from colabfast.where import env
+from colabfast.where.env import MIRRORS_FOLDER
 
 datasets = pytest.importorskip("datasets")  # in the test extra (Colab has it): CI runs this
 
@@ -261,6 +263,6 @@ def test_mirrors_of_a_dataset_go_to_my_drive_when_mounted_else_the_local_cache(l
 
 
 def test_importing_colabfast_does_not_import_datasets():
-    code = ("import sys, colabfast, colabfast.opening, colabfast.hf, colabfast.packing; "
+    code = ("import sys, colabfast, colabfast.opening, colabfast.packing.hf, colabfast.packing; "
             "colabfast.open_dataset; assert 'datasets' not in sys.modules, 'datasets imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

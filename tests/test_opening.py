@@ -20,11 +20,17 @@ from PIL import Image
 from torchvision.datasets import ImageFolder, Kitti
 
 import colabfast as cf
-from colabfast import drive, drivesim, env, standin
-from colabfast.datasets import H5ImageFolder, H5Kitti
-from colabfast.opening import MIRRORS_FOLDER, default_mirrors, mirror_name, open_dataset
+from colabfast.datasets.dropins import H5ImageFolder, H5Kitti
+from colabfast.drive import exposing
+from colabfast.drive import mounting as drive
+from colabfast.drive import simfs as drivesim
+from colabfast.opening.mirrors import default_mirrors, mirror_name
+from colabfast.opening.opener import open_dataset
 from colabfast.packing import source_fingerprint
 from colabfast.testing.data import make_imagefolder, make_kitti
+from colabfast.where import env
+from colabfast.where import standin as standin_standin
+from colabfast.where.env import MIRRORS_FOLDER
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,7 +94,7 @@ def test_first_packs_onto_a_drive_that_shows_new_files_with_a_lag_all_succeed(lo
     if not ok:
         pytest.skip(f"FUSE is not available: {why}")
     monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
-    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0,enoent_fresh=0.3,seed=4")
+    monkeypatch.setenv(standin_standin.SIM_VAR, "open_ms=1,read_ms=0,enoent_fresh=0.3,seed=4")
     tree = make_imagefolder(local / "tree" / "pets", classes=2, per_class=3, size=(40, 30))
     (local / "standin" / "MyDrive").mkdir(parents=True)
     for i in range(20):
@@ -101,7 +107,7 @@ def test_first_packs_onto_a_drive_that_shows_new_files_with_a_lag_all_succeed(lo
         for i in range(20):
             ds = open_dataset(my_drive / f"pets{i}.zip", progress=False)
             assert len(ds) == 6 and f"packed {my_drive / MIRRORS_FOLDER}" in ds.account
-        assert standin._SIMS[os.path.realpath(local / "drive")].stats()["enoent"] > 0
+        assert exposing._SIMS[os.path.realpath(local / "drive")].stats()["enoent"] > 0
         assert not [p for p in (my_drive / MIRRORS_FOLDER).iterdir() if ".colabfast-" in p.name]
     finally:
         drive.flush_and_unmount()
@@ -297,7 +303,7 @@ def test_a_planted_mirror_with_the_sources_fingerprint_is_not_used_a_fresh_one_i
 
     import h5py
 
-    from colabfast.mirror import Header
+    from colabfast.mirror.format import Header
 
     src = make_imagefolder(local / "flowers", classes=3, per_class=20, size=(20, 20))
     *first, eleventh = sorted((src / "n01440764").iterdir())[:11]
@@ -350,7 +356,7 @@ def test_a_read_only_drive_is_named_with_the_fix(local, monkeypatch):
     if not ok:
         pytest.skip(f"FUSE is not available: {why}")
     monkeypatch.setenv("COLABFAST_DRIVE_ROOT", str(local / "standin"))
-    monkeypatch.setenv(standin.SIM_VAR, "open_ms=1,read_ms=0")
+    monkeypatch.setenv(standin_standin.SIM_VAR, "open_ms=1,read_ms=0")
     make_imagefolder(local / "standin" / "MyDrive" / "flowers", classes=2, per_class=2, size=(20, 20))
     my_drive = drive.mount(local / "drive", readonly=True)
     try:

@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from colabfast.datasets import H5ImageFolder
-from colabfast.mirror import info
+from colabfast.datasets.dropins import H5ImageFolder
+from colabfast.mirror.verify import info
 from colabfast.packing import PackError, common, folders, pack, resized_size
 from colabfast.testing.data import add_broken_images, make_imagefolder, make_kitti
 
@@ -254,8 +254,8 @@ def test_bad_arguments(inet, tmp_path):
 
 
 def test_space_preflight_counts_the_mirror_and_warns_about_drive_cache(inet, tmp_path, monkeypatch):
-    from colabfast import env
-    from colabfast.sources import is_image
+    from colabfast.layouts.sources import is_image
+    from colabfast.where import env
 
     src_bytes = sum(p.stat().st_size for p in inet.rglob("*") if is_image(p.relative_to(inet).as_posix()))
     monkeypatch.setattr(env, "disk_free", lambda path: int(0.9 * src_bytes))
@@ -314,7 +314,7 @@ def test_pack_killed_while_copying_onto_drive_reuses_its_verified_local_mirror(i
     """The destination looks like Drive (a FUSE mount): the mirror is built locally, then copied."""
     dst, work = tmp_path / "drive" / "m.h5", tmp_path / "local"
     code = ("import os, signal, shutil\nfrom pathlib import Path\n"
-            "import colabfast.env as e, colabfast.packing as p\n"
+            "import colabfast.where.env as e, colabfast.packing as p\n"
             f"e.is_fuse = lambda path: True\ne.work_dir = lambda: Path({str(work)!r})\n"
             "def half_then_die(source, target, length=0):\n"
             "    data = source.read()\n"
@@ -353,7 +353,8 @@ def test_mirror_is_format_version_2_with_checksums(inet, tmp_path):
     attributes theirs: what load_index and verify check."""
     import zlib
 
-    from colabfast.mirror import FORMAT_VERSION, attrs_crc32, header_crc32, verify
+    from colabfast.mirror.format import FORMAT_VERSION, attrs_crc32, header_crc32
+    from colabfast.mirror.verify import verify
 
     dst = pack(inet, tmp_path / "m.h5", progress=False)
     with h5py.File(dst, "r") as f:
@@ -576,7 +577,7 @@ def test_an_unreadable_sub_folder_is_listed_not_a_raw_error(tmp_path):
 
     from test_staging import _without_root_read_override
 
-    from colabfast import env
+    from colabfast.where import env
 
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=2, size=(24, 16))
     a = sorted(src.iterdir())[0]
@@ -614,7 +615,7 @@ def test_the_jpeg_check_refuses_exactly_what_pil_refuses(monkeypatch):
 
     from PIL import JpegImagePlugin
 
-    from colabfast.encoding import encode_image
+    from colabfast.mirror.encoding import encode_image
     from colabfast.testing.data import photo
 
     rng = np.random.default_rng(2)
@@ -657,7 +658,7 @@ def test_a_jpeg_corrupt_inside_is_found_by_the_check_at_one_eighth_scale(tmp_pat
     is still decoded, so a file corrupt inside, whole in length, fails where a full decode fails."""
     import io
 
-    from colabfast.encoding import encode_image
+    from colabfast.mirror.encoding import encode_image
     from colabfast.testing.data import encode, photo
 
     good = encode(photo(320, 240, np.random.default_rng(1)))
@@ -735,8 +736,8 @@ def test_a_pack_stopped_by_a_full_disk_resumes_once_space_is_back(small_tmpfs, k
     free-space check asked for the whole mirror again, those parts not counted, and refused on the
     same disk once the space was back. It counts what it will reuse, and finishes the mirror; from a
     folder, and from an archive read as a stream."""
-    from colabfast import env
     from colabfast.packing import archives
+    from colabfast.where import env
 
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=16, size=(320, 240), vary=0.2)
     if kind == "archive":

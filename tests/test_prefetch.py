@@ -1,4 +1,4 @@
-"""colabfast.prefetch: Normalize, BatchConverter (CPU) and CUDAPrefetcher (CUDA-marked tests)."""
+"""colabfast.loading.prefetch: Normalize, BatchConverter (CPU) and CUDAPrefetcher (CUDA-marked tests)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from conftest import assert_flat_over_epochs_with_breaks
 from torchvision.transforms import v2
 
-from colabfast import transforms
-from colabfast.gpudecode import EncodedImages, decode_cpu
-from colabfast.prefetch import BatchConverter, CUDAPrefetcher, Feeder, Feeding, ImageList, Normalize, normalize
+from colabfast.images import transforms
+from colabfast.images.decode import EncodedImages, decode_cpu
+from colabfast.loading.prefetch import BatchConverter, CUDAPrefetcher, Feeder, Feeding, ImageList, Normalize, normalize
 from colabfast.testing.data import encode, photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

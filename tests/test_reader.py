@@ -1,4 +1,4 @@
-"""colabfast.reader: whole batches read by threads give exactly the worker path's batches, and stay
+"""colabfast.loading.reader: whole batches read by threads give exactly the worker path's batches, and stay
 safe on truncated files, flaky mounts and long runs."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import torch
 from torch.utils.data import Subset
 
 import colabfast as cf
-from colabfast import reader
-from colabfast.collate import collate
-from colabfast.datasets import H5ImageFolder
-from colabfast.gpudecode import EncodedImages
-from colabfast.loading import _Prepared
-from colabfast.mirror import MirrorError
+from colabfast.datasets.dropins import H5ImageFolder
+from colabfast.errors import MirrorError
+from colabfast.images.decode import EncodedImages
+from colabfast.loading import reader
+from colabfast.loading.collate import collate
+from colabfast.loading.loader import _Prepared
+from colabfast.loading.sampler import BlockShuffleSampler
 from colabfast.packing import pack
-from colabfast.sampler import BlockShuffleSampler
 from colabfast.testing.data import make_imagefolder
 
 
@@ -311,7 +311,8 @@ def test_memory_stays_flat_over_20_epochs(mirrors):
 def test_mirror_reads_from_a_flaky_drive_are_retried(mirrors, tmp_path):
     """Issue 15, case 12: reading a mirror straight from Drive had no EIO retry (one epoch of three
     crashed). Reads now retry the transient errors stage() retries, at the failing offset."""
-    from colabfast.drivesim import DriveSim, available
+    from colabfast.drive.simfs import available
+    from colabfast.drive.simulator import DriveSim
 
     ok, why = available()
     if not ok:
@@ -337,7 +338,8 @@ def test_crops_read_from_a_flaky_drive_are_retried_and_read_runs_whole(tmp_path,
     cost). The crops are the per-sample CenterCrop of the local file either way."""
     from torchvision.transforms import v2
 
-    from colabfast.drivesim import DriveSim, available
+    from colabfast.drive.simfs import available
+    from colabfast.drive.simulator import DriveSim
 
     ok, why = available()
     if not ok:
@@ -413,7 +415,7 @@ def test_views_only_where_the_loaders_collate_copies(mirrors):
 
 def test_plan_is_pure_and_is_what_the_loader_does(mirrors):
     """Issue 16, item 3: the defaults are planned by a pure function, testable without a loader."""
-    from colabfast.loading import BlockPlan, ReaderPlan, plan
+    from colabfast.loading.planning import BlockPlan, ReaderPlan, plan
 
     ds = H5ImageFolder(mirrors["raw"], output="tensor")
     state = torch.random.get_rng_state()
@@ -456,7 +458,7 @@ def test_declared_sizes_over_the_pixel_limit_are_a_mirror_error_before_memory_is
     import h5py
     from measured import BOUND, measure
 
-    from colabfast.mirror import write_array
+    from colabfast.mirror.index import write_array
 
     bad = tmp_path / "declared.h5"
     shutil.copy(mirrors["encoded"], bad)

@@ -14,7 +14,7 @@ import colabfast as cf
 from colabfast import cli
 from colabfast.layouts import REGISTRY, ImageFile, Layout, register, unregister
 from colabfast.layouts.base import FileEntry
-from colabfast.opening import drop_in
+from colabfast.opening.mirrors import drop_in
 
 
 class H5Tiles(cf.H5Dataset):
@@ -95,7 +95,7 @@ def test_a_mirror_of_a_layout_this_process_has_not_registered_is_named(tiles, tm
 
 
 def test_the_command_offers_the_registered_layouts_and_the_archives():
-    from colabfast.archivesource import LAYOUTS as ARCHIVES
+    from colabfast.packing.archivesource import LAYOUTS as ARCHIVES
 
     assert list(cli._PACK_LAYOUTS) == ["auto", *REGISTRY, *(a for a in ARCHIVES if a not in REGISTRY)]
     assert {"imagefolder", "kitti", "files", "coco", "voc-detection", "yolo", "csv"} <= set(cli._PACK_LAYOUTS)
@@ -125,10 +125,11 @@ def test_the_options_open_dataset_and_the_command_pass_on_are_packs():
     import inspect
 
     from colabfast import opening
+    from colabfast.opening.kinds import OWN_ARGUMENTS
     from colabfast.packing import pack
 
     signature = set(inspect.signature(pack).parameters)
-    assert set(opening.PACK_OPTIONS) == signature - set(opening.OWN_ARGUMENTS)
+    assert set(opening.PACK_OPTIONS) == signature - set(OWN_ARGUMENTS)
     flags = {a.dest for a in cli.build_parser()._subparsers._group_actions[0].choices["pack"]._actions}
     assert signature - {"fields", "on_error", "progress"} <= flags  # on_error: --skip-errors; progress: --quiet
     assert {"skip_errors", "quiet"} <= flags

@@ -1,4 +1,4 @@
-"""colabfast.sampler: block shuffle orders, epochs, seeding, replica shares."""
+"""colabfast.loading.sampler: block shuffle orders, epochs, seeding, replica shares."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from colabfast.datasets import H5ImageFolder, read_order
+from colabfast.datasets.dropins import H5ImageFolder, read_order
+from colabfast.loading.sampler import BlockShuffleSampler, block_shuffle, replica_share
 from colabfast.packing import pack
-from colabfast.sampler import BlockShuffleSampler, block_shuffle, replica_share
 from colabfast.testing.data import make_imagefolder
 
 

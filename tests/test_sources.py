@@ -1,4 +1,4 @@
-"""colabfast.sources: layout detection and the samples of an ImageFolder tree, a KITTI tree and a list
+"""colabfast.layouts.sources: layout detection and the samples of an ImageFolder tree, a KITTI tree and a list
 of files, in torchvision's order and with its labels, from small real trees."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torchvision.datasets import Kitti
 from torchvision.datasets.folder import IMG_EXTENSIONS as TORCHVISION_EXTENSIONS
 from torchvision.datasets.folder import find_classes, make_dataset
 
-from colabfast.sources import IMG_EXTENSIONS, detect_layout, is_image, read_source
+from colabfast.layouts.sources import IMG_EXTENSIONS, detect_layout, is_image, read_source
 from colabfast.testing.data import encode, make_imagefolder, make_kitti, photo
 
 

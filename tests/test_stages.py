@@ -1,11 +1,11 @@
-"""colabfast.stages: per-thread stage clocks, summed when read."""
+"""colabfast.loading.stages: per-thread stage clocks, summed when read."""
 
 from __future__ import annotations
 
 import pickle
 import threading
 
-from colabfast.stages import COLLATE, DECODE, READ, WAIT, StageClock, StageTime, since
+from colabfast.loading.stages import COLLATE, DECODE, READ, WAIT, StageClock, StageTime, since
 
 
 def test_every_threads_work_is_summed_also_after_it_ends():

@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 from conftest import assert_same_tree
 
-import colabfast.staging as stage_mod
-from colabfast import env, stage
-from colabfast.staging import StageError
+from colabfast import stage
+from colabfast.errors import StageError
+from colabfast.staging import archives as stage_mod_archives
+from colabfast.staging import copy as stage_mod_copy
+from colabfast.staging import destination as stage_mod_destination
 from colabfast.testing.data import make_files
+from colabfast.where import env
 
 
 @pytest.fixture(autouse=True)
@@ -61,14 +64,14 @@ def test_rerun_copies_nothing_and_recopies_changes(src, tmp_path):
 def test_interrupt_stops_promptly_and_resumes(tmp_path, monkeypatch):
     src = make_files(tmp_path / "src", 200, 20_000, per_folder=50)
     dst = tmp_path / "dst"
-    real_wait = stage_mod.wait
+    real_wait = stage_mod_copy.wait
 
     def interrupted_wait(*args, **kwargs):  # the notebook's stop button hits the waiting main thread
         if dst.is_dir() and len(list(dst.rglob("*.bin"))) >= 20:
             raise KeyboardInterrupt
         return real_wait(*args, **kwargs)
 
-    monkeypatch.setattr(stage_mod, "wait", interrupted_wait)
+    monkeypatch.setattr(stage_mod_copy, "wait", interrupted_wait)
     with pytest.raises(KeyboardInterrupt):
         stage(src, dst, workers=2, progress=False)
     monkeypatch.undo()
@@ -77,10 +80,10 @@ def test_interrupt_stops_promptly_and_resumes(tmp_path, monkeypatch):
     for rel in copied:
         assert (dst / rel).read_bytes() == (src / rel).read_bytes()
     assert not list(dst.rglob("*colabfast-partial"))
-    assert stage_mod.read_json(stage_mod._manifest_path(dst))["complete"] is False
+    assert stage_mod_archives.read_json(stage_mod_destination._manifest_path(dst))["complete"] is False
     stage(src, dst, progress=False)
     assert_same_tree(src, dst)
-    assert stage_mod.read_json(stage_mod._manifest_path(dst))["complete"] is True
+    assert stage_mod_archives.read_json(stage_mod_destination._manifest_path(dst))["complete"] is True
 
 
 def test_killed_process_resumes(tmp_path):
@@ -88,12 +91,12 @@ def test_killed_process_resumes(tmp_path):
     dst = tmp_path / "dst"
     # A child stages slowly (one thread, 10 ms per file) and is SIGKILLed mid-copy.
     code = (
-        "import time, colabfast.staging as s\n"
+        "import time, colabfast.staging.copy as s\nfrom colabfast import stage\n"
         "real = s._Copier._copy_small\n"
         "def slow(self, f):\n"
         "    time.sleep(0.01); return real(self, f)\n"
         "s._Copier._copy_small = slow\n"
-        f"s.stage({str(src)!r}, {str(dst)!r}, workers=1, progress=False)\n"
+        f"stage({str(src)!r}, {str(dst)!r}, workers=1, progress=False)\n"
     )
     child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
     try:
@@ -120,8 +123,8 @@ def test_single_file_to_path_or_folder(tmp_path):
 
 
 def test_big_file_is_copied_in_ranges(tmp_path, monkeypatch):
-    monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
-    monkeypatch.setattr(stage_mod, "RANGE", 300_000)
+    monkeypatch.setattr(stage_mod_copy, "BIG_FILE", 1 << 20)
+    monkeypatch.setattr(stage_mod_copy, "RANGE", 300_000)
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(3_000_001))
     for verify in ("size", "sha256"):
@@ -170,9 +173,9 @@ def test_drivefs_needs_twice_the_space(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "home", lambda: tmp_path)
     free = env.disk_free(tmp_path)
     with pytest.raises(OSError, match=r"need .* GB \(2 x .* GB: Drive caches what it reads\)"):
-        stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
+        stage_mod_destination.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
     monkeypatch.setattr(env, "drive_kind", lambda path: None)
-    stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
+    stage_mod_destination.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
 
 
 # --- through the FUSE Drive simulator ---------------------------------------------------------------
@@ -181,7 +184,7 @@ def test_drivefs_needs_twice_the_space(tmp_path, monkeypatch):
 @pytest.fixture
 def drive(tmp_path, need_fuse):
     """A folder of 120 files served by the Drive simulator (10 ms per open: quick, yet Drive-shaped)."""
-    from colabfast.drivesim import DriveSim
+    from colabfast.drive.simulator import DriveSim
 
     src = make_files(tmp_path / "drive" / "data", 120, 30_000, per_folder=30, seed=5)
     with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=10, read_ms=1, mbps=None) as sim:
@@ -229,7 +232,7 @@ def test_permanent_failures_are_named_and_the_rest_stays(drive, tmp_path):
 
 
 def test_killed_while_copying_from_drive_resumes(tmp_path):
-    from colabfast.drivesim import DriveSim
+    from colabfast.drive.simulator import DriveSim
 
     src = make_files(tmp_path / "drive" / "data", 200, 20_000, per_folder=50)
     dst = tmp_path / "dst"
@@ -255,10 +258,10 @@ def test_killed_while_copying_from_drive_resumes(tmp_path):
 
 
 def test_big_file_ranges_from_drive(tmp_path, monkeypatch):
-    from colabfast.drivesim import DriveSim
+    from colabfast.drive.simulator import DriveSim
 
-    monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
-    monkeypatch.setattr(stage_mod, "RANGE", 256 << 10)
+    monkeypatch.setattr(stage_mod_copy, "BIG_FILE", 1 << 20)
+    monkeypatch.setattr(stage_mod_copy, "RANGE", 256 << 10)
     (tmp_path / "drive").mkdir()
     big = tmp_path / "drive" / "mirror.h5"
     big.write_bytes(os.urandom(5_000_000))
@@ -272,7 +275,7 @@ def test_big_file_ranges_from_drive(tmp_path, monkeypatch):
 def test_archive_from_drive(tmp_path):
     import tarfile
 
-    from colabfast.drivesim import DriveSim
+    from colabfast.drive.simulator import DriveSim
 
     src = make_files(tmp_path / "data", 50, 20_000, per_folder=10)
     (tmp_path / "drive").mkdir()
@@ -296,26 +299,26 @@ def test_disk_filling_during_stage_never_leaves_a_short_file(tmp_path, small_tmp
     src.mkdir()
     sizes = [1_000_000] * 3 if path == "small files" else [3_000_000]
     if path == "big file":
-        monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
-        monkeypatch.setattr(stage_mod, "RANGE", 256 << 10)
+        monkeypatch.setattr(stage_mod_copy, "BIG_FILE", 1 << 20)
+        monkeypatch.setattr(stage_mod_copy, "RANGE", 256 << 10)
     for i, size in enumerate(sizes):
         (src / f"{i}.bin").write_bytes(os.urandom(size))
     dst, filler = small_tmpfs / "dst", small_tmpfs / "filler"
-    real_check = stage_mod.check_space
+    real_check = stage_mod_copy.check_space
 
     def check_then_fill(*args, **kwargs):
         real_check(*args, **kwargs)
         free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
         subprocess.run(["sh", "-c", f"head -c {free - 100_000} /dev/zero > {filler}"], check=True)
 
-    monkeypatch.setattr(stage_mod, "check_space", check_then_fill)
+    monkeypatch.setattr(stage_mod_copy, "check_space", check_then_fill)  # where the copy engine calls it
     with pytest.raises(OSError) as err:
         stage(src, dst, workers=1, progress=False)
     assert err.value.errno == errno.ENOSPC and "filled up" in str(err.value)
     for p in dst.glob("*.bin"):  # whatever looks complete is complete
         assert p.read_bytes() == (src / p.name).read_bytes()
     assert not list(dst.glob("*partial*"))
-    monkeypatch.setattr(stage_mod, "check_space", real_check)
+    monkeypatch.setattr(stage_mod_copy, "check_space", real_check)
     filler.unlink()
     stage(src, dst, progress=False)
     assert_same_tree(src, dst)
@@ -391,15 +394,15 @@ def test_source_rewritten_during_copy_is_copied_again(tmp_path, monkeypatch, pat
     then new) that passed the size check. The change is seen (size, mtime, inode) and the file
     copied again; one that keeps changing is named in the error."""
     if path == "big file":
-        monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
-        monkeypatch.setattr(stage_mod, "RANGE", 1 << 20)
+        monkeypatch.setattr(stage_mod_copy, "BIG_FILE", 1 << 20)
+        monkeypatch.setattr(stage_mod_copy, "RANGE", 1 << 20)
     src = tmp_path / "src"
     src.mkdir()
     victim = src / "data.bin"
     victim.write_bytes(os.urandom(3 << 20))
     os.utime(victim, ns=(10**18, 10**18))  # an old file: its rewrite gets a new mtime
     versions, reads = [], []
-    real = stage_mod._Copier._check_abort
+    real = stage_mod_copy._Copier._check_abort
 
     def rewrite_in_place(self):  # called before each chunk: after the first, the source is rewritten
         reads.append(1)
@@ -409,7 +412,7 @@ def test_source_rewritten_during_copy_is_copied_again(tmp_path, monkeypatch, pat
                 f.write(versions[-1])
         real(self)
 
-    monkeypatch.setattr(stage_mod._Copier, "_check_abort", rewrite_in_place)
+    monkeypatch.setattr(stage_mod_copy._Copier, "_check_abort", rewrite_in_place)
     rewrites = 1
     out = stage(src, tmp_path / "dst", workers=2, progress=False)
     assert (out / "data.bin").read_bytes() == versions[-1] == victim.read_bytes()
@@ -426,12 +429,12 @@ def test_sha256_resume_after_kill_reuses_verified_files(tmp_path, monkeypatch):
     src = make_files(tmp_path / "src", 200, 20_000, per_folder=50)
     dst = tmp_path / "dst"
     code = (
-        "import time, colabfast.staging as s\n"
+        "import time, colabfast.staging.copy as s\nfrom colabfast import stage\n"
         "real = s._Copier._copy_small\n"
         "def slow(self, f):\n"
         "    time.sleep(0.01); return real(self, f)\n"
         "s._Copier._copy_small = slow\n"
-        f"s.stage({str(src)!r}, {str(dst)!r}, workers=1, verify='sha256', progress=False)\n"
+        f"stage({str(src)!r}, {str(dst)!r}, workers=1, verify='sha256', progress=False)\n"
     )
     child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
     try:
@@ -445,12 +448,12 @@ def test_sha256_resume_after_kill_reuses_verified_files(tmp_path, monkeypatch):
     done = len(list(dst.rglob("*.bin")))
     assert 0 < done < 200
     copied = []
-    real = stage_mod._Copier._copy_small
-    monkeypatch.setattr(stage_mod._Copier, "_copy_small", lambda self, f: copied.append(f) or real(self, f))
+    real = stage_mod_copy._Copier._copy_small
+    monkeypatch.setattr(stage_mod_copy._Copier, "_copy_small", lambda self, f: copied.append(f) or real(self, f))
     stage(src, dst, verify="sha256", progress=False)
     assert_same_tree(src, dst)
     assert len(copied) <= 200 - done + 1  # at most the file being verified at the kill is redone
-    record = stage_mod.read_json(stage_mod._manifest_path(dst))
+    record = stage_mod_archives.read_json(stage_mod_destination._manifest_path(dst))
     assert record["complete"] and len(record["sha256"]) == 200
 
 
@@ -458,10 +461,10 @@ def test_flaky_mount_large_files_retry_per_range(tmp_path, monkeypatch, need_fus
     """Issue 15, case 8: with 10% of read requests failing (EIO), a large file read as a few big
     requests failed every time once a range was retried whole; now a failed read is retried in
     smaller requests at its offset, and the files arrive intact."""
-    from colabfast.drivesim import DriveSim
+    from colabfast.drive.simulator import DriveSim
 
-    monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
-    monkeypatch.setattr(stage_mod, "RANGE", 4 << 20)
+    monkeypatch.setattr(stage_mod_copy, "BIG_FILE", 1 << 20)
+    monkeypatch.setattr(stage_mod_copy, "RANGE", 4 << 20)
     (tmp_path / "drive" / "big").mkdir(parents=True)
     for i in range(2):
         (tmp_path / "drive" / "big" / f"{i}.bin").write_bytes(os.urandom(8 << 20))
@@ -545,7 +548,7 @@ def test_state_lives_inside_the_destination_or_the_cache(src, tmp_path):
     assert os.listdir(tmp_path / "files") == ["one.bin"]
     # a re-staged copy of a staged folder does not carry colabfast's record along
     again = stage(tmp_path / "area" / "dst", tmp_path / "again", progress=False)
-    assert stage_mod.read_json(again / ".colabfast-stage.json")["source"] == str(tmp_path / "area" / "dst")
+    assert stage_mod_archives.read_json(again / ".colabfast-stage.json")["source"] == str(tmp_path / "area" / "dst")
 
 
 def test_missing_source_message_is_plain(tmp_path):
@@ -579,9 +582,9 @@ def test_drivefs_folder_only_warns_at_twice_the_space(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "home", lambda: tmp_path)
     free = env.disk_free(tmp_path)
     with pytest.warns(UserWarning, match=r"room for the .* GB of data, not for 2 x .*refresh_drive\(\)"):
-        stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src", folder=True)
+        stage_mod_destination.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src", folder=True)
     with pytest.raises(OSError, match="Drive caches what it reads"):
-        stage_mod.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
+        stage_mod_destination.check_space(int(free * 0.6), tmp_path / "dst", tmp_path / "src")
 
 
 @pytest.mark.parametrize("verify", ["size", "sha256"])
@@ -591,15 +594,15 @@ def test_source_rewritten_with_its_mtime_put_back_is_copied_again(tmp_path, monk
     (6 of 6 torn copies were accepted, with verify="sha256" too, and kept by re-runs): the change
     time differs, so the file is copied again and the copy is the new bytes."""
     if path == "big file":
-        monkeypatch.setattr(stage_mod, "BIG_FILE", 1 << 20)
-        monkeypatch.setattr(stage_mod, "RANGE", 1 << 20)
+        monkeypatch.setattr(stage_mod_copy, "BIG_FILE", 1 << 20)
+        monkeypatch.setattr(stage_mod_copy, "RANGE", 1 << 20)
     src = tmp_path / "src"
     src.mkdir()
     victim = src / "data.bin"
     victim.write_bytes(os.urandom(3 << 20))
     os.utime(victim, ns=(10**18, 10**18))
     versions, reads = [], []
-    real = stage_mod._Copier._check_abort
+    real = stage_mod_copy._Copier._check_abort
 
     def rewrite_in_place(self):  # after the first chunk: new bytes, the old modification time
         reads.append(1)
@@ -610,7 +613,7 @@ def test_source_rewritten_with_its_mtime_put_back_is_copied_again(tmp_path, monk
             os.utime(victim, ns=(10**18, 10**18))
         real(self)
 
-    monkeypatch.setattr(stage_mod._Copier, "_check_abort", rewrite_in_place)
+    monkeypatch.setattr(stage_mod_copy._Copier, "_check_abort", rewrite_in_place)
     out = stage(src, tmp_path / "dst", workers=2, verify=verify, progress=False)
     torn = (out / "data.bin").read_bytes() != versions[-1]  # a bool: no diff of 3 MB when it fails
     assert len(versions) == 1 and not torn
@@ -626,7 +629,7 @@ def test_tar_rewritten_while_extracted_is_refused_and_leaves_nothing(tmp_path, m
     archive = tmp_path / "d.tar"
     with tarfile.open(archive, "w") as t:
         t.add(src, arcname="d")
-    real = stage_mod.extract
+    real = stage_mod_archives.extract
 
     def extract_then_rewrite(path, dst, **kwargs):
         real(path, dst, **kwargs)
@@ -638,7 +641,7 @@ def test_tar_rewritten_while_extracted_is_refused_and_leaves_nothing(tmp_path, m
             os.utime(archive, ns=(mtime, mtime))
 
     rewritten: list[int] = []
-    monkeypatch.setattr(stage_mod, "extract", extract_then_rewrite)
+    monkeypatch.setattr(stage_mod_archives, "extract", extract_then_rewrite)  # where staging calls it
     with pytest.raises(OSError, match=r"d.tar changed while it was extracted") as err:
         stage(archive, tmp_path / "out" / "d", progress=False)
     assert err.value.errno == errno.EAGAIN
@@ -667,8 +670,9 @@ def test_files_named_like_colabfasts_own_are_copied_or_refused_never_dropped(tmp
     deletes only colabfast's own temporary files; a name colabfast writes in a staged folder
     (``.NAME.colabfast-partial``, its record) is refused by name before anything is written, unless
     its folder is a stage of colabfast's (then it is that stage's record, left out as before)."""
-    from colabfast._fileio import partial_name
-    from colabfast.staging import JOURNAL, RECORD, StageRefused
+    from colabfast.errors import StageRefused
+    from colabfast.staging.destination import JOURNAL, RECORD
+    from colabfast.where._fileio import partial_name
 
     src = make_files(tmp_path / "src", 3, 100)
     (src / "notes.colabfast-partial").write_text("mine")
@@ -681,13 +685,13 @@ def test_files_named_like_colabfasts_own_are_copied_or_refused_never_dropped(tmp
     assert (out / "d" / ".colabfast-settings").read_text() == "mine too"
 
     # a run that was interrupted: its record incomplete, a file missing, a partial file of it left
-    record = stage_mod.read_json(out / RECORD)
-    stage_mod.write_json_atomic(out / RECORD, {**record, "complete": False})
+    record = stage_mod_archives.read_json(out / RECORD)
+    stage_mod_archives.write_json_atomic(out / RECORD, {**record, "complete": False})
     missing = sorted(out.rglob("*.bin"))[0]
     missing.unlink()
-    stage_mod.partial_path(missing).write_bytes(b"half")
+    stage_mod_archives.partial_path(missing).write_bytes(b"half")
     stage(src, out, progress=False)
-    assert missing.is_file() and not stage_mod.partial_path(missing).exists()
+    assert missing.is_file() and not stage_mod_archives.partial_path(missing).exists()
     assert (out / "notes.colabfast-partial").read_text() == "mine"  # the user's, not a leftover
 
     (src / ".a.bin.colabfast-partial").write_text("mine")  # the temporary name of a.bin
@@ -701,13 +705,13 @@ def test_files_named_like_colabfasts_own_are_copied_or_refused_never_dropped(tmp
     assert not (tmp_path / "second").exists()
 
     # a folder colabfast staged: its record and leftovers are that stage's, left out quietly
-    stage_mod.partial_path(out / "d" / "x.bin").write_bytes(b"half")
+    stage_mod_archives.partial_path(out / "d" / "x.bin").write_bytes(b"half")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         again = stage(out, tmp_path / "again", progress=False)
     assert sorted(p.name for p in again.rglob("*") if p.is_file()) == sorted(
         p.name for p in out.rglob("*") if p.is_file() and p.name != partial_name("x.bin"))
-    assert stage_mod.read_json(again / RECORD)["source"] == str(out)
+    assert stage_mod_archives.read_json(again / RECORD)["source"] == str(out)
 
 
 def test_default_destination_is_this_users_and_not_named_like_the_package(tmp_path, monkeypatch):
@@ -756,7 +760,7 @@ def test_archive_of_one_folder_named_like_it_is_not_nested(tmp_path, capsys, ver
 def test_a_cancelled_stage_stops_and_leaves_no_partial_file(tmp_path, need_fuse):
     import threading
 
-    from colabfast.drivesim import DriveSim
+    from colabfast.drive.simulator import DriveSim
 
     (tmp_path / "drive").mkdir()
     (tmp_path / "drive" / "big.h5").write_bytes(os.urandom(24 << 20))
@@ -774,7 +778,7 @@ def test_refusals_are_colabfast_errors_that_stay_value_errors(tmp_path):
     which ``except colabfast.Error`` missed. Each is a StageRefused: a colabfast.Error and still a
     ValueError, naming what and the fix; nothing is written."""
     import colabfast as cf
-    from colabfast.staging import StageRefused
+    from colabfast.errors import StageRefused
 
     src = make_files(tmp_path / "src", 3, 100)
     (tmp_path / "yours").mkdir()

@@ -11,10 +11,10 @@ import stat
 import pytest
 
 import colabfast
-from colabfast import drive, env, mounttable
-from colabfast import standin as standin_module
-from colabfast.errors import Error
-from colabfast.standin import DriveError
+from colabfast.drive import exposing, mounting
+from colabfast.errors import DriveError, Error
+from colabfast.where import env, mounttable
+from colabfast.where import standin as standin_module
 
 
 def test_root_is_the_variable_or_a_folder_in_home(tmp_path, monkeypatch):
@@ -68,7 +68,7 @@ def test_a_folder_of_links_is_told_by_its_mydrive_link(standin, tmp_path):
 
 def test_expose_as_a_folder_of_links(standin, tmp_path):
     mp = tmp_path / "content" / "drive"  # its folders are created, as Colab's client does
-    assert standin_module.expose(str(mp), False, may_mount=False) == "links"
+    assert exposing.expose(str(mp), False, may_mount=False) == "links"
     assert sorted(os.listdir(mp)) == ["My Drive", "MyDrive", "Shareddrives"]
     for name, target in standin_module.LINKS.items():
         assert (mp / name).is_symlink() and os.path.realpath(mp / name) == os.path.realpath(standin / target)
@@ -79,14 +79,14 @@ def test_expose_as_a_folder_of_links(standin, tmp_path):
     (mp / "mine.txt").write_text("not colabfast's")
     (mp / "Shareddrives").unlink()
     (mp / "Shareddrives").symlink_to(tmp_path)  # a link of the user's, under one of its names
-    drive.flush_and_unmount()
+    mounting.flush_and_unmount()
     assert sorted(os.listdir(mp)) == ["Shareddrives", "mine.txt"]  # only its own links are taken down
     assert standin_module.registered() == [] and (standin / "MyDrive" / "a.txt").read_text() == "through the link"
 
 
 def test_readonly_links_warn_that_they_cannot_enforce_it(standin, tmp_path):
     with pytest.warns(UserWarning, match=f"readonly=True is not enforced at {tmp_path / 'drive'}: .* symlinks"):
-        assert standin_module.expose(str(tmp_path / "drive"), True, may_mount=False) == "links"
+        assert exposing.expose(str(tmp_path / "drive"), True, may_mount=False) == "links"
 
 
 def test_expose_by_a_bind_mount_where_it_may_mount(standin, tmp_path):
@@ -94,8 +94,8 @@ def test_expose_by_a_bind_mount_where_it_may_mount(standin, tmp_path):
         pytest.skip("a bind mount needs root with CAP_SYS_ADMIN")
     (standin / "MyDrive" / "kept.txt").write_text("x")
     mp, ro = tmp_path / "drive", tmp_path / "readonly"
-    assert standin_module.expose(str(mp), False, may_mount=True) == "bind"
-    assert standin_module.expose(str(ro), True, may_mount=True) == "bind"
+    assert exposing.expose(str(mp), False, may_mount=True) == "bind"
+    assert exposing.expose(str(ro), True, may_mount=True) == "bind"
     assert mounttable.mount_of(mp).mountpoint == str(mp) and mounttable.mount_of(ro).mountpoint == str(ro)
     assert (mp / "My Drive" / "kept.txt").read_text() == "x" and (ro / "MyDrive" / "kept.txt").read_text() == "x"
     (mp / "MyDrive" / "new.txt").write_text("y")
@@ -104,17 +104,17 @@ def test_expose_by_a_bind_mount_where_it_may_mount(standin, tmp_path):
         (ro / "MyDrive" / "no.txt").write_text("z")
     assert err.value.errno == errno.EROFS
     assert sorted(standin_module.registered()) == sorted([str(mp), str(ro)])
-    drive.flush_and_unmount()
+    mounting.flush_and_unmount()
     assert mounttable.mount_of(mp).mountpoint != str(mp) and os.listdir(mp) == [] and standin_module.registered() == []
 
 
 def test_a_simulator_setting_it_cannot_use_is_refused(standin, tmp_path, monkeypatch):
     monkeypatch.setenv(standin_module.SIM_VAR, "open_ms=slow")
     with pytest.raises(DriveError, match=r"^COLABFAST_DRIVE_SIM='open_ms=slow': open_ms must be a number, e\.g\. "):
-        standin_module.expose(str(tmp_path / "drive"), False, may_mount=False)
+        exposing.expose(str(tmp_path / "drive"), False, may_mount=False)
     monkeypatch.setenv(standin_module.SIM_VAR, "no_such_option=1")
     with pytest.raises(DriveError, match="COLABFAST_DRIVE_SIM='no_such_option=1': the Drive simulator did not start"):
-        standin_module.expose(str(tmp_path / "drive"), False, may_mount=False)
+        exposing.expose(str(tmp_path / "drive"), False, may_mount=False)
     assert standin_module.registered() == [] and os.listdir(tmp_path / "drive") == []
 
 
@@ -122,29 +122,29 @@ def test_a_simulator_setting_it_cannot_use_is_refused(standin, tmp_path, monkeyp
 
 
 def test_run_turns_a_failed_command_into_a_drive_error_with_the_next_step():
-    assert standin_module.run(["true"], "nothing") is None
+    assert exposing.run(["true"], "nothing") is None
     with pytest.raises(DriveError) as err:
-        standin_module.run(["sh", "-c", "echo oops >&2; exit 3"], "try again")
+        exposing.run(["sh", "-c", "echo oops >&2; exit 3"], "try again")
     assert str(err.value) == "`sh -c 'echo oops >&2; exit 3'` failed with exit status 3: oops; next: try again"
     with pytest.raises(DriveError, match="^`false` failed with exit status 1; next: look$"):
-        standin_module.run(["false"], "look")
+        exposing.run(["false"], "look")
     with pytest.raises(DriveError, match="^`colabfast-no-such-command` is not installed here; next: install it$"):
-        standin_module.run(["colabfast-no-such-command"], "install it")
+        exposing.run(["colabfast-no-such-command"], "install it")
 
 
 def test_fusermount_is_whichever_is_installed(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert standin_module.fusermount() == "fusermount"  # none: the name, for an error that says so
+    assert exposing.fusermount() == "fusermount"  # none: the name, for an error that says so
     fuse3 = tmp_path / "fusermount3"
     fuse3.write_text("#!/bin/sh\n")
     fuse3.chmod(fuse3.stat().st_mode | stat.S_IXUSR)
-    assert standin_module.fusermount() == str(fuse3)
+    assert exposing.fusermount() == str(fuse3)
     fuse2 = tmp_path / "fusermount"
     fuse2.write_text("#!/bin/sh\n")
     fuse2.chmod(fuse2.stat().st_mode | stat.S_IXUSR)
-    assert standin_module.fusermount() == str(fuse2)
+    assert exposing.fusermount() == str(fuse2)
 
 
 def test_drive_error_is_one_error_users_can_catch():
-    assert colabfast.DriveError is DriveError is drive.DriveError
+    assert colabfast.DriveError is DriveError
     assert issubclass(DriveError, Error) and issubclass(DriveError, RuntimeError)

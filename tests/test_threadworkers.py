@@ -1,4 +1,4 @@
-"""colabfast.threadworkers: per-sample random transforms in the reader threads give exactly the batches of
+"""colabfast.loading.threadworkers: per-sample random transforms in the reader threads give exactly the batches of
 worker processes under the same seed, epoch after epoch, and leave torch's global generator alone."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from torch.utils.data import Subset
 from torchvision.transforms import v2
 
 import colabfast as cf
-from colabfast import threadworkers
-from colabfast.mirror import MirrorError
+from colabfast.errors import MirrorError
+from colabfast.loading import threadworkers
 from colabfast.packing import pack
 from colabfast.testing.data import make_imagefolder
 
@@ -216,7 +216,7 @@ def test_a_mirror_of_pairs_with_the_loaders_transform_gives_the_workers_batches(
 def test_each_epochs_first_batch_is_made_by_every_thread_and_is_the_same_batch(mirrors, monkeypatch, transform):
     """The training loop waits for an epoch's first batch: both reader threads make a piece of it (the
     random draws made first, in order, from thread 0's generator), and it is the batch one thread makes."""
-    from colabfast import reader
+    from colabfast.loading import reader
 
     made: list[tuple[str, int, bool]] = []
     read = reader.BatchReader.read
@@ -257,8 +257,8 @@ def test_centre_crops_of_a_raw_mirror_give_the_worker_processes_batches(tmp_path
     each crop copied into its row of the batch as a box of rows (FusedTransform.make_into), or, where
     the images have one size and none is flipped, the whole batch in one copy; flipped or padded ones
     through torch: the workers' batches."""
-    from colabfast.datasets import MirrorReader
-    from colabfast.reader import BatchReader
+    from colabfast.datasets.mirrorreader import MirrorReader
+    from colabfast.loading.reader import BatchReader
 
     ranges: list[list[int]] = []  # the bytes of each image read crop first, per batch
     read_ranges, crop_rows = MirrorReader.read_ranges, BatchReader._crop_rows

@@ -8,9 +8,10 @@ import subprocess
 import pytest
 from conftest import assert_same_tree
 
-from colabfast import RamDisk, cli, env, ramdisk, stage
+from colabfast import RamDisk, cli, ramdisk, stage
 from colabfast.testing.data import make_files
-from colabfast.tmpfs import default_path, parse_size, release_ramdisk
+from colabfast.where import env
+from colabfast.where.tmpfs import default_path, parse_size, release_ramdisk
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""colabfast.transforms: batched crops against torchvision's per-image results, on the CPU."""
+"""colabfast.images.transforms: batched crops against torchvision's per-image results, on the CPU."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from colabfast import transforms as T
-from colabfast.gpudecode import decode_cpu
+from colabfast.images import transforms as T
+from colabfast.images.decode import decode_cpu
 from colabfast.testing.data import encode, photo
 
 
@@ -158,7 +158,7 @@ class Same(torch.utils.data.Dataset):
 
 
 def test_dataloader_takes_batched_transforms_and_workers_draw_different_crops():
-    from colabfast.loading import DataLoader
+    from colabfast.loading.loader import DataLoader
 
     torch.manual_seed(0)
     t = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()])
@@ -173,7 +173,7 @@ def test_dataloader_takes_batched_transforms_and_workers_draw_different_crops():
 def test_the_loader_reseeds_its_transforms_each_epoch_from_its_generator():
     """The loader seeds the batched transforms (issue 11): the same torch.manual_seed repeats a run,
     each epoch draws new crops, and a transform built with its own generator keeps that stream."""
-    from colabfast.loading import DataLoader
+    from colabfast.loading.loader import DataLoader
 
     def run(seed, transform, epochs=2):
         torch.manual_seed(seed)

@@ -13,11 +13,11 @@ import yaml
 from PIL import Image
 
 import colabfast as cf
-from colabfast import env
 from colabfast.layouts import LayoutError
+from colabfast.opening.ultralytics import COMPLETE, ExportRefused
 from colabfast.testing.data import encode, photo
 from colabfast.testing.layouts import with_orientation
-from colabfast.yolodata import COMPLETE, ExportRefused
+from colabfast.where import env
 
 os.environ.setdefault("YOLO_OFFLINE", "true")  # Ultralytics must not try to download anything here,
 os.environ.setdefault("YOLO_AUTOINSTALL", "false")  # nor install packages (ultralytics/utils/__init__.py)

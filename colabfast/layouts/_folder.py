@@ -12,9 +12,9 @@ from typing import Callable, Iterable, Optional, TypeVar
 
 from PIL import Image
 
-from colabfast._fileio import FileEntry, read_regular, retry, scan_tree
 from colabfast.layouts._untrusted import Skipped, inside
 from colabfast.layouts.base import LayoutError
+from colabfast.where._fileio import FileEntry, read_regular, retry, scan_tree
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -30,7 +30,7 @@ def check_on_error(on_error: str) -> None:
 
 def hidden(rel: str) -> bool:
     """A hidden file or one in a hidden folder (``._x.jpg``, ``.ipynb_checkpoints/``), left out as
-    :func:`colabfast.sources.is_image` leaves them out."""
+    :func:`colabfast.layouts.sources.is_image` leaves them out."""
     return any(part.startswith(".") for part in rel.split("/"))
 
 

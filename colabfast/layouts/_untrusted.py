@@ -18,8 +18,8 @@ from typing import Callable, Iterable, Optional, TypeVar, Union
 
 import numpy as np
 
-from colabfast._fileio import FileEntry, PathLike, open_regular, retry
 from colabfast.layouts.base import LayoutError, LayoutFileNotFoundError
+from colabfast.where._fileio import FileEntry, PathLike, open_regular, retry
 
 T = TypeVar("T")
 
@@ -128,7 +128,7 @@ _STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
 def safe_rel(name: object) -> Union[str, None]:
     """``name`` (a file name from an annotation) as a POSIX path inside the source folder, or None
     where it is not one: not a string, empty, absolute, with ``..`` or a NUL, or hidden (a part
-    starting with ``.``, which colabfast skips as :func:`colabfast.sources.is_image` does).
+    starting with ``.``, which colabfast skips as :func:`colabfast.layouts.sources.is_image` does).
     ``.`` parts and doubled slashes are dropped."""
     if not isinstance(name, str) or "\0" in name or name.startswith("/"):
         return None

@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Optional, Sequence, Union
 
-from colabfast._fileio import FileEntry
-from colabfast.encoding import ImageFile
 from colabfast.errors import LayoutError, LayoutFileNotFoundError, LayoutNotFoundError, PackRefused
+from colabfast.mirror.encoding import ImageFile
+from colabfast.where._fileio import FileEntry
 
 __all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError"]
 

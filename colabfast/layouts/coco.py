@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from colabfast._fileio import FileEntry, PathLike, read_regular, retry
 from colabfast.layouts._untrusted import (
     MAX_ANNOTATION_BYTES,
     MAX_DEPTH,
@@ -25,6 +24,7 @@ from colabfast.layouts._untrusted import (
 )
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.layouts.registry import register
+from colabfast.where._fileio import FileEntry, PathLike, read_regular, retry
 
 __all__ = ["Coco", "ROBOFLOW_JSON"]
 

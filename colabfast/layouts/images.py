@@ -1,6 +1,6 @@
 """The layouts :func:`colabfast.pack` packs into an image mirror (format version 2) rather than a
 mirror of columns: ``"imagefolder"``, ``"files"`` and ``"kitti"``. A folder of them is read by
-:mod:`colabfast.sources` and packed by :mod:`colabfast.packing.folders`, so each entry here is what
+:mod:`colabfast.layouts.sources` and packed by :mod:`colabfast.packing.folders`, so each entry here is what
 the registry needs of it (its name, the drop-in its mirrors open as, its split rule), not a dataset.
 """
 
@@ -10,7 +10,7 @@ from typing import ClassVar, Optional, Union
 
 from colabfast.errors import PackRefused
 from colabfast.layouts.base import refuse_split
-from colabfast.mirror import KITTI_SPLITS
+from colabfast.mirror.format import KITTI_SPLITS
 
 __all__ = ["ImageLayout", "ImageFolderLayout", "FilesLayout", "KittiLayout"]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from colabfast._fileio import FileEntry, PathLike
 from colabfast.layouts._folder import (
     check_on_error,
     first_file,
@@ -21,7 +20,8 @@ from colabfast.layouts._folder import (
 from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.layouts.registry import register
-from colabfast.sources import IMG_EXTENSIONS, is_image
+from colabfast.layouts.sources import IMG_EXTENSIONS, is_image
+from colabfast.where._fileio import FileEntry, PathLike
 
 __all__ = ["Segmentation"]
 

@@ -29,12 +29,12 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Union
 
-from colabfast._fileio import FileEntry, PathLike, human_bytes, retry
 from colabfast.layouts._folder import check_on_error, first_file, list_files, read_file, reject, stem
 from colabfast.layouts._untrusted import Skipped, read_limited
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.layouts.registry import register
-from colabfast.sources import IMG_EXTENSIONS, is_image
+from colabfast.layouts.sources import IMG_EXTENSIONS, is_image
+from colabfast.where._fileio import FileEntry, PathLike, human_bytes, retry
 
 __all__ = ["Csv", "PATH_COLUMNS", "MAX_TABLE_BYTES"]
 

@@ -23,7 +23,6 @@ from xml.etree.ElementTree import Element, ParseError
 import defusedxml
 import defusedxml.ElementTree
 
-from colabfast._fileio import FileEntry, PathLike, read_regular, retry
 from colabfast.layouts._untrusted import (
     MAX_ANNOTATION_BYTES,
     MAX_DEPTH,
@@ -36,6 +35,7 @@ from colabfast.layouts._untrusted import (
 )
 from colabfast.layouts.base import ImageFile, Layout, LayoutError, LayoutFileNotFoundError, LayoutNotFoundError
 from colabfast.layouts.registry import register
+from colabfast.where._fileio import FileEntry, PathLike, read_regular, retry
 
 __all__ = ["VOCDetection", "VOCSegmentation", "parse_voc_xml"]
 

@@ -47,8 +47,6 @@ import numpy as np
 import yaml
 from PIL import Image, ImageOps
 
-from colabfast._fileio import FileEntry, PathLike, open_regular, retry
-from colabfast.encoding import oriented_size
 from colabfast.layouts._folder import (
     check_on_error,
     first_file,
@@ -62,7 +60,9 @@ from colabfast.layouts._folder import (
 from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.layouts.registry import register
-from colabfast.sources import is_image
+from colabfast.layouts.sources import is_image
+from colabfast.mirror.encoding import oriented_size
+from colabfast.where._fileio import FileEntry, PathLike, open_regular, retry
 
 __all__ = ["Yolo", "label_path", "load_yaml", "polygon_masks", "yolo_splits"]
 

@@ -26,11 +26,9 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from colabfast import env
-from colabfast._fileio import PathLike
-from colabfast.encoding import encode_image, resized_size
 from colabfast.errors import SourceNotFound
-from colabfast.mirror import STORES
+from colabfast.mirror.encoding import encode_image, resized_size
+from colabfast.mirror.format import STORES
 from colabfast.packing.archives import _listing as _archive_listing
 from colabfast.packing.archives import pack_archive
 from colabfast.packing.common import (
@@ -48,6 +46,8 @@ from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
 from colabfast.packing.resolve import Resolved, column_layout, resolve
+from colabfast.where import env
+from colabfast.where._fileio import PathLike
 
 __all__ = ["pack", "PackError", "PackRefused", "SplitRefused", "resized_size", "encode_image", "lock_path",
            "source_fingerprint", "source_listing", "dataset_fingerprint", "CHUNK", "PACK_PARAMETERS", "Resolved",
@@ -79,15 +79,15 @@ def pack(
 
     **Any map-style dataset** (an object with ``__len__`` and ``__getitem__``: yours, a torchvision
     dataset, a Hugging Face ``datasets.Dataset``) is packed sample by sample into typed columns
-    (:mod:`colabfast.columns`, format version 3): whatever ``dataset[i]`` returns (a tuple, a dict,
+    (:mod:`colabfast.mirror.columns`, format version 3): whatever ``dataset[i]`` returns (a tuple, a dict,
     or one value, made of PIL images, image tensors/arrays, ``tv_tensors``, numbers, strings, bytes,
     arrays and JSON-like lists) comes back from :class:`colabfast.H5Dataset` as it was returned,
     losslessly: a PIL image opened from a JPEG file and left unchanged keeps that file's bytes, any
     other image is stored as PNG unless ``fields`` asks for JPEG (FFCV's ``jpg`` mode). ``dataset[i]``
     runs in ``workers`` forked processes of 8 threads each (it usually waits on Drive), as a
     DataLoader's workers run it. A sample that does not fit the columns of sample 0 (a new key, another
-    dtype), or nests deeper than :data:`colabfast.columns.MAX_DEPTH`, is a
-    :class:`colabfast.columns.FieldError` naming the index and field; an image over
+    dtype), or nests deeper than :data:`colabfast.mirror.columns.MAX_DEPTH`, is a
+    :class:`colabfast.mirror.columns.FieldError` naming the index and field; an image over
     ``PIL.Image.MAX_IMAGE_PIXELS`` (the readers' limit) fails as an unreadable file does. The first
     ``dataset[i]`` that raises IndexError ends the dataset, as iterating it would (warned where ``len()``
     said more). Resuming an
@@ -138,7 +138,7 @@ def pack(
         layout: for a folder: ``"imagefolder"`` (torchvision ImageFolder: one sub-folder per class,
             ImageNet's ``train/`` and class-folder ``val/``), ``"kitti"`` (``training/image_2`` +
             ``label_2`` (+ ``calib``) and/or ``testing/image_2``), ``"files"``; for an archive: one of
-            :data:`colabfast.archivesource.LAYOUTS`; or ``"auto"`` (detected, and printed when
+            :data:`colabfast.packing.archivesource.LAYOUTS`; or ``"auto"`` (detected, and printed when
             ``progress``). Folders are followed through links as torchvision does, also links that
             leave ``src``, but not a link back to a folder it is in (a loop). Hidden files and folders
             are left out (torchvision would take macOS's ``._x.jpg`` files and ``.ipynb_checkpoints``
@@ -149,7 +149,7 @@ def pack(
         split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train);
             for a folder layout, its split (VOC's image set, a YOLO export's split, an export zip's split
             folder, checked against a zip's listing before anything is extracted; for a tree of split
-            folders, :func:`colabfast.sources.split_folders`, the folder packed as an ImageFolder, as
+            folders, :func:`colabfast.layouts.sources.split_folders`, the folder packed as an ImageFolder, as
             ``open_dataset`` opens it). The mirror records it (``colabfast info``).
         year: for the VOC layouts, torchvision's ``year`` (``"2007"`` to ``"2012"``): which
             ``VOC<year>`` folder to pack where the tree holds several (found where torchvision finds
@@ -223,7 +223,7 @@ def pack(
                                  options=_options(store, _check_size(image_size), quality),
                                  workers=env.cpu_count() if workers is None else workers, on_error=on_error,
                                  progress=progress, overwrite=overwrite, retries=retries, fields=fields, year=voc_year)
-        from colabfast.hf import packable
+        from colabfast.packing.hf import packable
 
         dataset = packable(src) if folder_layout is None else _open_layout(src, folder_layout, labels, split,
                                                                             on_error, retries, voc_year)
@@ -263,14 +263,14 @@ PACK_PARAMETERS = tuple(inspect.signature(pack).parameters)  # pack's arguments,
 
 
 def _split_of_tree(src: Any, split: Optional[str]) -> tuple[Any, Optional[str]]:
-    """``src / split`` where ``src`` is a tree of split folders (:func:`colabfast.sources.split_folders`)
+    """``src / split`` where ``src`` is a tree of split folders (:func:`colabfast.layouts.sources.split_folders`)
     read as an ImageFolder; else ``src``, ``split`` as given (refused next unless None).
 
     Raises:
         SplitRefused: a tree of splits and ``split`` None or not one of them (torchvision's
             ``ImageFolder`` would take the splits for classes): it lists them and the call to make.
     """
-    from colabfast.sources import detect_layout, split_folders
+    from colabfast.layouts.sources import detect_layout, split_folders
 
     if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
         return src, split
@@ -394,8 +394,8 @@ def dataset_fingerprint(dataset: Any, *, store: str = "encoded", image_size: Uni
         PackRefused: options pack refuses for a dataset, or an empty dataset. FieldError: a first
             sample no mirror holds.
     """
-    from colabfast.hf import packable
     from colabfast.packing.dataset import plan
+    from colabfast.packing.hf import packable
 
     if store != "encoded":
         raise PackRefused("store='raw' is for folders of images; a mirror of a dataset stores its images "

@@ -1,7 +1,7 @@
 """Packing an archive (``.tar``, ``.tar.gz``/``.tgz``/``.tar.bz2``/``.tar.xz``, ``.zip``) read as one
 stream, never extracted: :func:`pack_archive`.
 
-The archive is read front to back (:class:`colabfast.archivesource.ArchiveSource`: ImageNet's and
+The archive is read front to back (:class:`colabfast.packing.archivesource.ArchiveSource`: ImageNet's and
 Kaggle's archives, a tar/zip of an ImageFolder tree) while worker processes decode the images
 already read; parts are logged as they are finished, so that a run resumes after the archive
 member its last part reached. The parts are those of a folder, assembled into an ImageFolder-shaped
@@ -24,12 +24,10 @@ from typing import Optional, Union
 import numpy as np
 
 import colabfast.packing.common as common
-from colabfast import env
-from colabfast._fileio import FileEntry, PathLike, human_bytes, locked, partial_path
-from colabfast.archive import archive_suffix
-from colabfast.archivesource import ArchiveSource, Position
-from colabfast.errors import NotEnoughSpace
-from colabfast.mirror import MirrorError, trust
+from colabfast.errors import MirrorError, NotEnoughSpace
+from colabfast.layouts.sources import Source, Split
+from colabfast.mirror.safety import trust
+from colabfast.packing.archivesource import ArchiveSource, Position
 from colabfast.packing.common import (
     _check_same_source,
     _complete,
@@ -44,7 +42,9 @@ from colabfast.packing.common import (
     lock_path,
 )
 from colabfast.packing.folders import _build, _encode_chunk, _Parts, _resume_assembly
-from colabfast.sources import Source, Split
+from colabfast.staging.extract import archive_suffix
+from colabfast.where import env
+from colabfast.where._fileio import FileEntry, PathLike, human_bytes, locked, partial_path
 
 __all__ = ["pack_archive"]
 
@@ -55,7 +55,7 @@ def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, o
                  overwrite: bool, layout: str, labels: Optional[PathLike], split: Optional[str], seed: int,
                  retries: int) -> Path:
     """:func:`colabfast.pack` for the archive ``src`` (``layout`` one of
-    :data:`colabfast.archivesource.LAYOUTS` or ``"auto"``), never shuffled (``seed`` is recorded as
+    :data:`colabfast.packing.archivesource.LAYOUTS` or ``"auto"``), never shuffled (``seed`` is recorded as
     given); ``options`` as :func:`~colabfast.packing.common._options` makes them. Returns ``dst`` as
     given. Raises what :func:`colabfast.pack` raises."""
     given = Path(os.path.abspath(dst))

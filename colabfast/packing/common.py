@@ -27,21 +27,12 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import h5py
 import numpy as np
 
-from colabfast import env
-from colabfast._fileio import FileEntry, partial_path, state_name
-from colabfast.errors import PackError, PackRefused, SplitRefused
-from colabfast.mirror import (
-    Header,
-    MirrorError,
-    check,
-    header,
-    open_h5,
-    read_h5,
-    read_order,
-    read_paths,
-    split_names,
-    trust,
-)
+from colabfast.errors import MirrorError, PackError, PackRefused, SplitRefused
+from colabfast.mirror.format import Header, check, header, split_names
+from colabfast.mirror.index import read_order, read_paths
+from colabfast.mirror.safety import open_h5, read_h5, trust
+from colabfast.where import env
+from colabfast.where._fileio import FileEntry, partial_path, state_name
 
 __all__ = ["CHUNK", "PackError", "PackRefused", "SplitRefused", "Contents", "differs", "lock_path"]
 
@@ -327,7 +318,7 @@ def _publish(build: Path, dst: Path) -> None:
     if build != partial_path(dst):
         tmp = partial_path(dst)
         # Copied and flushed through one descriptor: Drive's client may not open a file it has just
-        # written (colabfast._fileio.lagging), so nothing reopens it before the verification, which retries.
+        # written (colabfast.where._fileio.lagging), so nothing reopens it before the verification, which retries.
         with open(build, "rb") as source, open(tmp, "wb") as target:
             shutil.copyfileobj(source, target, COPY_CHUNK)
             target.flush()

@@ -1,7 +1,7 @@
 """Packing a folder of images (torchvision's ImageFolder, KITTI) or a list of image files:
 :func:`pack_folder`.
 
-The folder is listed first (:mod:`colabfast.sources`); images are then read by a thread pool
+The folder is listed first (:mod:`colabfast.layouts.sources`); images are then read by a thread pool
 (overlapping Drive's round trips), decoded/checked/re-encoded by worker processes, and saved as part
 files named by what went into them; the mirror is assembled locally from the parts (which move into
 it one by one), verified, and published. An archive stream (:mod:`colabfast.packing.archives`) makes
@@ -31,12 +31,13 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 import colabfast.packing.common as common
-from colabfast import env
-from colabfast._fileio import PathLike, human_bytes, locked, open_regular, partial_path, retry, write_all
-from colabfast.archivesource import ArchiveSource
-from colabfast.encoding import encode_image
-from colabfast.errors import NotEnoughSpace
-from colabfast.mirror import Header, MirrorError, check, open_h5, trust, write_array
+from colabfast.errors import MirrorError, NotEnoughSpace
+from colabfast.layouts.sources import Source, Split, read_source
+from colabfast.mirror.encoding import encode_image
+from colabfast.mirror.format import Header, check
+from colabfast.mirror.index import write_array
+from colabfast.mirror.safety import open_h5, trust
+from colabfast.packing.archivesource import ArchiveSource
 from colabfast.packing.common import (
     PackError,
     _check_same_source,
@@ -55,7 +56,8 @@ from colabfast.packing.common import (
     _work_dir,
     lock_path,
 )
-from colabfast.sources import Source, Split, read_source
+from colabfast.where import env
+from colabfast.where._fileio import PathLike, human_bytes, locked, open_regular, partial_path, retry, write_all
 
 __all__ = ["pack_folder"]
 

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from colabfast._fileio import PathLike
-from colabfast.archive import archive_suffix
+from colabfast.staging.extract import archive_suffix
+from colabfast.where._fileio import PathLike
 
 __all__ = ["Resolved", "resolve", "column_layout"]
 
@@ -34,7 +34,7 @@ class Resolved:
         layout: the registered layout that reads it as a dataset (``"coco"``, ``"yolo"``, a layout of
             your own; from a folder, or from an archive extracted); ``"dataset"`` for a dataset; else
             the layout as given: ``"auto"`` for a folder of images or an archive read as a stream
-            means what :mod:`colabfast.sources` and :mod:`colabfast.archivesource` detect as they
+            means what :mod:`colabfast.layouts.sources` and :mod:`colabfast.packing.archivesource` detect as they
             list it (ImageFolder, KITTI or plain files; ImageNet's or Kaggle's archives).
         labels: the ``labels=`` file, as given.
     """

@@ -1,5 +1,5 @@
 """Packing an archive of a folder layout (a Roboflow or Ultralytics export zip, a VOCdevkit tar): the
-archive is extracted safely to local disk (:func:`colabfast.archive.extract`: nothing outside the
+archive is extracted safely to local disk (:func:`colabfast.staging.extract.extract`: nothing outside the
 folder, no links), packed as the folder it holds, and the extraction deleted.
 
 Unlike ImageNet's archives (:mod:`colabfast.packing.archives`) these are not read as a stream: a
@@ -19,11 +19,11 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
-from colabfast import env
-from colabfast._fileio import PathLike, retry
-from colabfast.archive import archive_suffix, extract
 from colabfast.errors import SourceNotFound
 from colabfast.packing.common import PackRefused, SplitRefused
+from colabfast.staging.extract import archive_suffix, extract
+from colabfast.where import env
+from colabfast.where._fileio import PathLike, retry
 
 __all__ = ["archive_layout", "check_split", "pack_unpacked", "unpacked_fingerprint"]
 
@@ -117,7 +117,7 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
     A failure removes the extraction (and a zip's split is checked before anything is extracted).
 
     Raises:
-        what :func:`colabfast.pack` and :func:`colabfast.archive.extract` raise; ``FileNotFoundError``
+        what :func:`colabfast.pack` and :func:`colabfast.staging.extract.extract` raise; ``FileNotFoundError``
         when the archive does not hold what the layout reads; :class:`SplitRefused` (a ``PackRefused``)
         for a ``split`` it lacks, or none where it holds several.
     """

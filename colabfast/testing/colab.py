@@ -3,10 +3,10 @@
 Notebooks written for Colab start with ``from google.colab import drive; drive.mount(...)``. Inside
 ``with colab_shim():`` that import gives a module whose ``mount`` and ``flush_and_unmount`` have
 Colab's signatures, messages and errors and work on colabfast's local stand-in for Drive
-(:func:`colabfast.drive.mount_standin`). It is never installed globally: other libraries take a
+(:func:`colabfast.drive.mounting.mount_standin`). It is never installed globally: other libraries take a
 successful ``import google.colab`` as proof of running in Colab, so the shim lives in
 ``sys.modules`` only for the duration of the block, carries ``__colabfast_shim__ = True``, and
-:func:`colabfast.env.in_colab` stays False under it.
+:func:`colabfast.where.env.in_colab` stays False under it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sys
 import types
 from typing import Iterator
 
-from colabfast import drive as _drive
-from colabfast import env
+from colabfast.drive import mounting as _drive
+from colabfast.where import env
 
 __all__ = ["colab_shim", "is_shim"]
 

@@ -14,7 +14,7 @@ from typing import Sequence, Union
 import numpy as np
 from PIL import Image, ImageDraw
 
-from colabfast._fileio import PathLike
+from colabfast.where._fileio import PathLike
 
 __all__ = ["make_imagefolder", "make_kitti", "make_files", "add_broken_images", "photo", "encode", "WNIDS"]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from colabfast._fileio import PathLike
 from colabfast.testing.data import WNIDS, _size, encode, photo
+from colabfast.where._fileio import PathLike
 
 __all__ = ["make_train_tar", "make_imagenet_archives", "make_kaggle_zip"]
 

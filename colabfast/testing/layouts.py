@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from colabfast._fileio import PathLike
 from colabfast.testing.data import _size, encode, photo
+from colabfast.where._fileio import PathLike
 
 __all__ = ["make_coco", "make_yolo", "make_segmentation", "with_orientation", "CATEGORIES"]
 

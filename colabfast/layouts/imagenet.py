@@ -1,0 +1,140 @@
+"""ImageNet's labels as torchvision gives them, read from the files the dataset ships with.
+
+``torchvision.datasets.ImageNet`` takes its classes from the devkit (``ILSVRC2012_devkit_t12.tar.gz``):
+``data/meta.mat`` maps the ILSVRC2012 ids 1..1000 to WordNet ids and class names, and
+``data/ILSVRC2012_validation_ground_truth.txt`` gives the id of each validation image, in the sorted
+order of the validation file names. Kaggle's copy (``imagenet-object-localization-challenge.zip``)
+gives the same facts as ``LOC_synset_mapping.txt`` and ``LOC_val_solution.csv``. Both are parsed
+here as torchvision's ``parse_devkit_archive`` does, without extracting anything.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+import tarfile
+from pathlib import Path
+from typing import Optional
+
+from colabfast.errors import PackRefused, SourceNotFound
+from colabfast.where._fileio import PathLike, open_regular, read_regular
+
+__all__ = ["ImageNetLabels", "read_devkit", "read_kaggle_labels"]
+
+DEVKIT_META = "data/meta.mat"
+DEVKIT_VAL_TRUTH = "data/ILSVRC2012_validation_ground_truth.txt"
+KAGGLE_SYNSETS = "LOC_synset_mapping.txt"
+KAGGLE_VAL_SOLUTION = "LOC_val_solution.csv"
+
+
+@dataclasses.dataclass
+class ImageNetLabels:
+    """Class names and validation labels of ImageNet.
+
+    Attributes:
+        class_names: WordNet id -> class names (torchvision's ``wnid_to_classes``: a tuple of
+            ``str``, e.g. ``("tench", "Tinca tinca")``).
+        val_wnids: the WordNet id of each validation image, in sorted file-name order (the devkit),
+            or None.
+        val_by_stem: validation image id (file name without extension) -> WordNet id (Kaggle), or None.
+        origin: where these came from, e.g. ``"ILSVRC2012_devkit_t12.tar.gz (data/meta.mat, ...)"``.
+    """
+
+    class_names: dict[str, tuple[str, ...]]
+    val_wnids: Optional[list[str]]
+    val_by_stem: Optional[dict[str, str]]
+    origin: str
+
+    def val_targets(self, names: list[str]) -> list[str]:
+        """The WordNet id of each validation file in ``names`` (file names, in any order).
+
+        The devkit labels files by their place in the sorted list of all validation files, as
+        torchvision's ``parse_val_archive`` does; Kaggle's CSV by image id.
+
+        Raises:
+            ValueError: the labels do not cover these files (wrong devkit, or a partial archive).
+        """
+        if self.val_by_stem is not None:
+            missing = [n for n in names if os.path.splitext(os.path.basename(n))[0] not in self.val_by_stem]
+            if missing:
+                raise PackRefused(f"{self.origin} has no label for {len(missing)} validation images, e.g. {missing[0]}")
+            return [self.val_by_stem[os.path.splitext(os.path.basename(n))[0]] for n in names]
+        assert self.val_wnids is not None
+        if len(names) != len(self.val_wnids):
+            raise PackRefused(f"{self.origin} labels {len(self.val_wnids)} validation images, the archive holds "
+                              f"{len(names)}: is it the validation archive of the same release?")
+        rank = {n: i for i, n in enumerate(sorted(names))}
+        return [self.val_wnids[rank[n]] for n in names]
+
+
+def read_devkit(path: PathLike) -> ImageNetLabels:
+    """Read ``ILSVRC2012_devkit_t12.tar.gz`` (or a folder holding its ``data/``) as torchvision does.
+
+    Needs ``scipy`` for ``meta.mat`` (preinstalled on Colab), as torchvision does.
+
+    Raises:
+        FileNotFoundError: the devkit or one of its two files is missing.
+        OSError: (errno ``EINVAL``) one of them is not a regular file (a FIFO is refused, never read).
+        ImportError: scipy is not installed.
+    """
+    path = Path(os.path.abspath(path))
+    if path.is_dir():
+        root = path if (path / DEVKIT_META).is_file() else path / "ILSVRC2012_devkit_t12"
+        meta, truth = read_regular(root / DEVKIT_META), read_regular(root / DEVKIT_VAL_TRUTH)
+    else:
+        meta, truth = _devkit_members(path)
+    idx_to_wnid, class_names = _parse_meta_mat(meta)
+    val_wnids = [idx_to_wnid[int(line)] for line in truth.decode("ascii").split()]
+    origin = f"{path} ({DEVKIT_META}, {DEVKIT_VAL_TRUTH})"
+    return ImageNetLabels(class_names, val_wnids, None, origin)
+
+
+def _devkit_members(path: Path) -> tuple[bytes, bytes]:
+    found: dict[str, bytes] = {}
+    # small (2.5 MB): read, never extracted
+    with open_regular(path) as raw, tarfile.open(fileobj=io.BufferedReader(raw), mode="r:*") as tar:
+        for member in tar:
+            for want in (DEVKIT_META, DEVKIT_VAL_TRUTH):
+                if member.isfile() and member.name.endswith("/" + want) and want not in found:
+                    f = tar.extractfile(member)
+                    assert f is not None
+                    found[want] = f.read()
+    missing = [w for w in (DEVKIT_META, DEVKIT_VAL_TRUTH) if w not in found]
+    if missing:
+        raise SourceNotFound(f"{path} is not ImageNet's devkit: it has no {' or '.join(missing)} "
+                             "(expected ILSVRC2012_devkit_t12.tar.gz)")
+    return found[DEVKIT_META], found[DEVKIT_VAL_TRUTH]
+
+
+def _parse_meta_mat(data: bytes) -> tuple[dict[int, str], dict[str, tuple[str, ...]]]:
+    """torchvision's ``parse_meta_mat``: the leaf synsets (no children) are the 1000 classes."""
+    try:
+        import scipy.io
+    except ImportError as exc:
+        raise ImportError("reading ImageNet's devkit (meta.mat) needs scipy, as torchvision does: "
+                          "pip install scipy (Colab has it)") from exc
+    meta = scipy.io.loadmat(io.BytesIO(data), squeeze_me=True)["synsets"]
+    leaves = [row for row in meta if row[4] == 0]  # field 4: num_children
+    idx_to_wnid = {int(row[0]): str(row[1]) for row in leaves}
+    class_names = {str(row[1]): tuple(str(row[2]).split(", ")) for row in leaves}
+    return idx_to_wnid, class_names
+
+
+def read_kaggle_labels(synsets: str, solution: Optional[str], origin: str) -> ImageNetLabels:
+    """Labels from Kaggle's ``LOC_synset_mapping.txt`` and (for validation) ``LOC_val_solution.csv`` texts.
+
+    A synset line is ``n01440764 tench, Tinca tinca``; a solution row is
+    ``ILSVRC2012_val_00000001,n01751748 x0 y0 x1 y1 n01751748 ...``: the first WordNet id is the class.
+    """
+    class_names = {}
+    for line in synsets.splitlines():
+        wnid, _, words = line.strip().partition(" ")
+        if wnid:
+            class_names[wnid] = tuple(words.split(", "))
+    by_stem = None
+    if solution is not None:
+        by_stem = {row["ImageId"]: row["PredictionString"].split()[0]
+                   for row in csv.DictReader(io.StringIO(solution)) if row.get("PredictionString")}
+    return ImageNetLabels(class_names, None, by_stem, origin)

@@ -1,0 +1,541 @@
+"""A drop-in ``torch.utils.data.DataLoader`` that keeps the GPU fed: :class:`DataLoader`, :func:`plan`.
+
+Change ``torch.utils.data.DataLoader`` to ``colabfast.DataLoader`` and the loader picks tuned defaults
+for the machine (workers, pinned memory, persistent workers, prefetch depth, a block-shuffling sampler
+for h5 mirrors), batches images as uint8, and, on a GPU, copies and normalises them ahead on
+a side CUDA stream in a feeder thread (:mod:`colabfast.loading.prefetch`), decoding JPEG bytes with nvJPEG
+(:mod:`colabfast.images.decode`), with the uint8 collate of :mod:`colabfast.loading.collate`. Every choice is made
+by :func:`plan`, a pure function, from the dataset's facts (:func:`dataset_facts`, found once), and
+kept as ``loader.plan``, listed in ``loader.choices`` and ``repr(loader)``; nothing overrides an
+argument the caller passed. ``loader.stage_times()`` says where the loader's time goes (read,
+decode+transform, collate, copy to the GPU, the training loop's wait: :mod:`colabfast.loading.stages`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import operator
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sized, Union, cast
+
+import torch
+import torch.utils.data
+from torch.utils.data import Dataset
+
+from colabfast.datasets import dropins as datasets
+from colabfast.images import transforms
+from colabfast.images.decode import Encoded, decode_cpu, is_encoded, is_jpeg
+from colabfast.loading import reader, stages, threadworkers
+from colabfast.loading.feedprocess import FeedProcess
+from colabfast.loading.planning import _WARNED, BlockPlan, plan
+from colabfast.loading.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize
+from colabfast.loading.sampler import BlockShuffleSampler
+from colabfast.loading.stages import StageClock, StageTime
+from colabfast.where import env
+
+if TYPE_CHECKING:
+    from colabfast.loading.planning import Plan
+
+__all__ = ["DataLoader"]
+
+# --- decoding and transforming in the workers --------------------------------------------------------
+
+
+class _Prepared(Dataset):
+    """The caller's dataset with each sample's image decoded (and transformed) in the worker.
+
+    Attributes not found here are looked up on the wrapped dataset, so ``loader.dataset.classes``
+    still works; the dataset itself is ``loader.dataset.dataset``, as with ``Subset``.
+    """
+
+    def __init__(self, dataset: Dataset, *, keep_jpeg: bool, transform: Optional[Callable], decode: bool = True,
+                 views: bool = False, clock: Optional[StageClock] = None) -> None:
+        self.dataset, self.keep_jpeg, self.transform = dataset, keep_jpeg, transform
+        # the dataset's __getitem__ as "read", decoding and transforming here as "decode+transform"
+        self.clock = clock if clock is not None else StageClock()
+        self.decode = decode  # False: samples pass as they are (the wrapper is there for `views` only)
+        # True where the loader's collate copies every image it batches: a mirror may then hand its
+        # images over as views of its read buffer (MirrorDataset.items), saving a copy per image.
+        self.views = views
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: Any) -> Any:
+        t = stages.now()
+        sample = self.dataset[index]
+        t1 = stages.now()
+        self.clock.add(stages.READ, t1 - t)
+        if not self.decode and self.transform is None:
+            return sample
+        sample = self._prepare(index, sample)
+        self.clock.add(stages.DECODE, stages.now() - t1)
+        return sample
+
+    def __getitems__(self, indices: list) -> list:
+        t = stages.now()
+        # Keep the wrapped dataset's batched reads (a mirror reads runs of consecutive samples at once).
+        if self.views and isinstance(self.dataset, datasets.MirrorDataset):
+            samples = self.dataset.items(indices, views=True)
+        elif callable(getitems := getattr(self.dataset, "__getitems__", None)):
+            samples = getitems(indices)
+        else:
+            samples = [self.dataset[i] for i in indices]
+        t1 = stages.now()
+        self.clock.add(stages.READ, t1 - t, len(indices))
+        if not self.decode and self.transform is None:
+            return samples
+        samples = [self._prepare(i, s) for i, s in zip(indices, samples)]
+        self.clock.add(stages.DECODE, stages.now() - t1, len(indices))
+        return samples
+
+    def _prepare(self, index: Any, sample: Any) -> Any:
+        image = sample[0] if isinstance(sample, (tuple, list)) else sample
+        if is_encoded(image):
+            key = operator.index(index) if hasattr(index, "__index__") else None
+            if self.keep_jpeg and is_jpeg(image):  # decoded in batches on the GPU; errors name the index
+                image = image if key is None else Encoded(image, key)
+            else:
+                image = decode_cpu(image, f"dataset key {index!r}" if key is None else key)
+        if self.transform is not None and not isinstance(image, Encoded):
+            image = self.transform(image)
+        if not isinstance(sample, (tuple, list)):
+            return image
+        if isinstance(sample, tuple) and hasattr(sample, "_fields"):
+            named: Any = sample  # a namedtuple of some class: it has _replace
+            return named._replace(**{sample._fields[0]: image})
+        return type(sample)([image, *sample[1:]]) if type(sample) in (tuple, list) else [image, *sample[1:]]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("dataset", "clock"):  # not during unpickling, before they are set
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.dataset!r})"
+class DataLoader(torch.utils.data.DataLoader):
+    """``torch.utils.data.DataLoader`` with tuned defaults and GPU feeding; a drop-in replacement.
+
+    Takes every ``torch.utils.data.DataLoader`` argument, positionally in the same order too, with the
+    same meaning; version-specific ones (``in_order``, ``pin_memory_device``) pass through
+    ``**kwargs``. Arguments left unset get tuned values, recorded with the reason in
+    ``loader.choices`` (name -> ``(value, why)``) and shown by ``repr(loader)``; ``loader.plan`` is the
+    :class:`Plan` they come from, its decisions as typed fields:
+
+    - ``num_workers``: the CPUs this process may use (:func:`colabfast.where.env.cpu_count`; 2 on Colab),
+      or 0 for an ``IterableDataset`` (each worker would replay the whole stream), and 0 where workers
+      are spawned (macOS, Windows) and the dataset or a function comes from ``__main__`` (a notebook
+      cell), which spawned workers cannot import.
+    - ``persistent_workers``: True with workers (no re-forking, re-importing and re-opening files
+      every epoch). Workers then keep the dataset object they started with.
+    - ``prefetch_factor``: 4 with workers: 2 workers x 4 = 8 batches queued absorb slow reads (a cold
+      block, a large JPEG) that the default 2 x 2 does not; the cost is memory, e.g. 8 x 38 MB of
+      shared memory for batches of 256 uint8 images of 224x224.
+    - ``pin_memory``: True when batches go to CUDA (required for asynchronous copies).
+    - ``sampler``: a :class:`~colabfast.loading.sampler.BlockShuffleSampler` when ``shuffle=True`` and the
+      dataset is an h5 mirror (``dataset.is_mirror``, also through ``Subset``), seeded from
+      ``generator`` or torch's global RNG as ``RandomSampler`` is; blocks of 64 items for a mirror
+      packed with ``shuffle=True``, else of ``min(64, batch_size // 16)`` so batches mix classes.
+    - ``collate_fn``: :func:`colabfast.loading.collate.collate` (uint8 images, batched channels-last for the
+      GPU; contiguous on the CPU unless ``memory_format=torch.channels_last``).
+
+    ``dataset``, ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler``, ``num_workers``, ``collate_fn``,
+    ``pin_memory``, ``drop_last``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``generator``,
+    ``prefetch_factor``, ``persistent_workers`` and ``**kwargs`` are ``torch.utils.data.DataLoader``'s (defaults
+    above).
+
+    Args:
+        device: where batches arrive: ``"auto"`` (CUDA if torch sees a GPU, else CPU), ``"cpu"``,
+            ``"cuda"``, ``"cuda:1"`` or a ``torch.device``. On CUDA, batches are converted ahead by a feeder
+            thread on a side stream (:class:`~colabfast.loading.prefetch.CUDAPrefetcher`) and every tensor
+            arrives there.
+        mean: per-channel mean in 0..1 units (torchvision ``Normalize`` convention, ImageNet:
+            ``(0.485, 0.456, 0.406)``); uint8 images are scaled by 1/255 first. Default: none.
+        std: per-channel standard deviation in 0..1 units (ImageNet: ``(0.229, 0.224, 0.225)``).
+        dtype: image dtype, e.g. ``torch.float32``, ``torch.float16``, ``torch.bfloat16``. Default:
+            float32 when ``mean``/``std`` are given, else the images keep their dtype (uint8).
+        memory_format: ``None``: contiguous ``[B, C, H, W]`` as a plain DataLoader gives;
+            ``torch.channels_last``: channels-last (faster convolutions under AMP on tensor cores).
+        decode: where encoded images (a dataset yielding JPEG/PNG bytes, e.g.
+            ``H5ImageFolder(output="bytes")``) are decoded. ``"gpu"``: JPEGs in batches with nvJPEG in
+            the main process (other formats in the workers, on the CPU); needs a CUDA ``device``.
+            ``"cpu"``: in the workers. A mirror's files (``H5ImageFolder(output="bytes")`` left to the
+            defaults) are read by the feeder thread itself, one ``pread`` per run of stored samples
+            into pinned memory just before nvJPEG: on an H100 pinned to 2 CPUs ResNet-50 came closer
+            to the data-on-GPU ceiling this way than with reader threads or worker processes beside
+            the feeder and the training thread (benchmarks/README.md, "GPU feed on an H100 (2 CPUs)",
+            "Who reads the files for nvJPEG").
+            ``"auto"``: ``"gpu"`` when the dataset yields bytes
+            (``dataset.output == "bytes"``) and batches go to CUDA, ``"cpu"`` when they stay on the
+            CPU. Decoded images are RGB uint8 ``[3, H, W]``. An undecodable file raises ``ValueError``
+            naming its dataset index.
+        transform: applied to the images (uint8 ``[C, H, W]``, after decoding) before batching: on
+            the GPU in the feeder thread when ``device`` is CUDA, per image on the CPU otherwise (in
+            the reader threads where it fuses with decoding, see below; else in the workers).
+            A :mod:`colabfast.images.transforms` transform (``Compose([RandomResizedCrop(224),
+            RandomHorizontalFlip()])``) transforms each batch at once; any other callable, e.g. a
+            torchvision v2 transform, is called per image (slower on the GPU: ``loader.choices`` says
+            which). Use it to bring images of different sizes to one size. It sees the image only:
+            transforms that must also move boxes belong in the dataset. The random steps of a
+            :mod:`colabfast.images.transforms` transform drawing in this process (on CUDA, or with no
+            workers) are reseeded each epoch from ``generator`` (or torch's global RNG), so
+            ``torch.manual_seed`` before the loop repeats a run; one built with ``generator=`` is left alone.
+        feed_depth: on CUDA, converted batches the feeder thread queues ahead of the training loop
+            (:class:`~colabfast.loading.prefetch.Feeder`, default 3): GPU memory for that many batches stays
+            allocated; depths 2-4 measured within noise of each other on an H100 (benchmarks/README.md,
+            "GPU feed on an H100 (2 CPUs)").
+
+        draft: where the reader threads fuse a per-sample crop with decoding (see below), decode a
+            JPEG at 1/2, 1/4 or 1/8 scale when the crop is shrunk at least twice that much
+            (libjpeg-turbo's DCT scaling, :mod:`colabfast.images.augment`): faster on large photos, not
+            the exact pixels of decode-then-crop (0.3 levels of 255 apart on average, measured in
+            :meth:`colabfast.images.augment.FusedTransform._draft_scale`). Default False: torchvision's pixels.
+        feed: where the batch reader (and on CUDA the feeder) runs. ``"thread"``: threads of this
+            process. ``"process"``: one subprocess started by spawn, threads inside, batches handed
+            over through shared GPU memory (CUDA IPC) or shared memory (:mod:`colabfast.loading.feedprocess`):
+            the same batches under the same seed, the feed's CPU work and GIL out of the training
+            process, a few seconds to start, and the dataset and transforms must be picklable and
+            importable (not from ``__main__``). ``"auto"`` (default): ``"thread"``, which measured
+            ahead on an H200 pinned to 2 CPUs, as Colab's VMs have (benchmarks/README.md, "The feed in
+            a subprocess"). Only where a batch reader applies (``loader.choices["reader"]``).
+
+    Per-sample random transforms on the CPU run in this process's reader threads, not in worker
+    processes, where they fuse with decoding (:func:`colabfast.loading.reader.fused_for`): a mirror
+    (``H5ImageFolder(output="tensor")``, or an ``H5Dataset`` of pairs) whose ``transform`` (or the
+    loader's ``transform``) is ``v2.Compose([v2.RandomResizedCrop(...) or v2.Resize(...) or
+    v2.CenterCrop(...), v2.RandomHorizontalFlip(), ...])``. Batch ``k`` is then made by thread
+    ``k % num_threads`` drawing from a generator seeded as worker ``k % num_workers`` seeds torch, so the
+    batches are exactly those ``num_workers=<CPUs>`` worker processes give under the same seed
+    (:mod:`colabfast.loading.threadworkers`). Any other transform runs in worker processes; ``loader.choices``
+    says which and why. An epoch's first batch, which the training loop waits for, is made by all the
+    reader threads at once (its random numbers drawn first, in order, as one thread draws them): the
+    same batch, sooner (:meth:`colabfast.loading.reader.BatchReader.split`).
+
+    Raises:
+        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a ``feed``
+            that cannot apply (see ``feed``), a mirror
+            dataset giving PIL images (``output="pil"``, the default) that nothing makes tensors before
+            batching (the message says what to pass), or any error ``torch.utils.data.DataLoader``
+            raises for its arguments.
+        RuntimeError: a CUDA ``device`` without a GPU.
+
+    Differences from a plain DataLoader, all visible in ``choices``: ``iter(loader)`` is a generator
+    (no ``len``; use ``len(loader)``); with ``decode`` or ``transform`` in the workers
+    ``loader.dataset`` is a thin wrapper around the caller's dataset.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: Optional[int] = None,
+        collate_fn: Optional[Callable] = None,
+        pin_memory: Optional[bool] = None,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Optional[Callable] = None,
+        multiprocessing_context: Any = None,
+        generator: Optional[torch.Generator] = None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: Optional[bool] = None,
+        device: Union[str, torch.device] = "auto",
+        mean: Optional[Floats] = None,
+        std: Optional[Floats] = None,
+        dtype: Optional[torch.dtype] = None,
+        memory_format: Optional[torch.memory_format] = None,
+        decode: str = "auto",
+        transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        feed_depth: int = FEED_DEPTH,
+        draft: bool = False,
+        feed: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        if feed_depth < 1:
+            raise ValueError(f"feed_depth must be >= 1 (converted batches queued ahead on the GPU), got {feed_depth}")
+        p = plan(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+                 num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, worker_init_fn=worker_init_fn,
+                 multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
+                 persistent_workers=persistent_workers, device=device, memory_format=memory_format, decode=decode,
+                 transform=transform, draft=draft, feed=feed)
+        cuda = p.device.type == "cuda"
+        if num_workers is not None and num_workers > env.cpu_count() and num_workers not in _WARNED:
+            _WARNED.add(num_workers)
+            warnings.warn(f"colabfast.DataLoader: {p.reasons['num_workers']}", stacklevel=2)
+        if isinstance(p.sampler, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+            # torch's Dataset declares no __len__; a mirror (a map-style dataset) has one
+            sampler, shuffle = BlockShuffleSampler(cast(Sized, dataset), p.sampler.block_size, seed=seed), None
+        clock = StageClock()  # where this process's threads add the time each stage takes (stage_times)
+        super().__init__(
+            _prepared(dataset, p, transform, clock),
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            p.num_workers,
+            _TimedCollate(clock, p.collate_fn) if isinstance(p.collate_fn, functools.partial) and p.layout is not None
+            else p.collate_fn,
+            p.pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            # torch's, per worker: a reader's threads have their own (ReaderPlan.prefetch)
+            prefetch_factor=None if p.reader is not None else p.prefetch_factor,
+            persistent_workers=p.persistent_workers,
+            **kwargs,
+        )
+        self.plan = p
+        self._clock = clock
+        self.device = p.device
+        self.normalize = Normalize(dtype, mean, std, memory_format)
+        self.transform, self.feed_depth = transform, feed_depth
+        self.choices = p.choices()
+        if isinstance(p.sampler, BlockPlan):
+            self.choices["sampler"] = (self.sampler, p.reasons["sampler"])
+        self.choices["normalize"] = (self.normalize, "from dtype, mean, std, memory_format")
+        if transform is not None:
+            fused = p.reader is not None and p.reader.fused is not None
+            self.choices["transform"] = (transform, _where_transform_runs(transform, cuda, fused))
+        self._convert = BatchConverter(p.device, self.normalize, transform if cuda else None, non_blocking=cuda)
+        self._reader: Optional[reader.BatchReader] = None
+        self._threads: Optional[threadworkers.ThreadWorkers] = None
+        self._feeding: Optional[Feeding] = None
+        self._process: Optional[FeedProcess] = None
+        self._persistent = persistent_workers is not False
+        if p.feed == "process":
+            assert p.reader is not None  # plan() allows it only so
+            # what the subprocess builds the same loader from (FeedProcess); the order and the seeds
+            # are drawn here and sent
+            self._recipe = functools.partial(
+                DataLoader, dataset, batch_size, drop_last=drop_last, prefetch_factor=prefetch_factor,
+                persistent_workers=persistent_workers, pin_memory=pin_memory, device=p.device, mean=mean, std=std,
+                dtype=dtype, memory_format=memory_format, decode=decode, transform=transform, feed_depth=feed_depth,
+                draft=draft, feed="thread")
+            self._fused = p.reader.fused is not None
+            self._slots = feed_depth + 1 if cuda else feed_depth
+            self._ahead = self._slots + p.reader.prefetch + p.reader.threads + 1
+            self._seeded = False
+            return
+        if p.reader is not None:
+            self._reader = reader.BatchReader(p.facts.inner, threads=p.reader.threads, prefetch=p.reader.prefetch,
+                                              pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last,
+                                              fused=p.reader.fused, index_map=p.facts.mapping, clock=clock)
+        if self._reader is not None and self._reader.fused is not None:  # random draws: dealt out as to workers
+            self._threads = threadworkers.ThreadWorkers(self._reader.read, workers=self._reader.threads,
+                                                        prefetch=self._reader.prefetch,
+                                                        persistent=persistent_workers is not False, generator=generator,
+                                                        split=self._reader.split)
+        # On CUDA each epoch's batches are converted by a feeder thread on the loader's one side stream,
+        # made here and never per epoch (timm#2781).
+        self._feeding = Feeding(_TimedConvert(self._convert, clock), torch.cuda.Stream(device=p.device),
+                                feed_depth) if cuda else None
+
+    def _batches(self, batch_indices: Optional[Iterable] = None, base_seed: Optional[int] = None) -> Iterator:
+        """The epoch's host batches, before converting: of ``batch_indices`` (default: the loader's batch
+        sampler); ``base_seed`` restarts the reader threads' random streams (default: as torch would)."""
+        # the reader runs only with a batch_size and no batch_sampler: torch made a BatchSampler
+        indices = batch_indices if batch_indices is not None else self.batch_sampler
+        if self._threads is not None:
+            return self._threads.batches(indices, seed=base_seed)  # type: ignore[arg-type]
+        if self._reader is not None:
+            assert indices is not None
+            return self._reader.batches(indices)
+        starting = self.num_workers > 0 and (not self.persistent_workers or self._iterator is None)
+        with _frozen_for_fork(starting and self._forks()):
+            return super().__iter__()
+
+    def _forks(self) -> bool:
+        context = self.multiprocessing_context
+        method = context.get_start_method() if context is not None else \
+            torch.multiprocessing.get_start_method(allow_none=False)
+        return method == "fork"
+
+    # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
+    def __iter__(self) -> Iterator:  # type: ignore[override]
+        if "_recipe" in vars(self):
+            return self._waited(self._from_process())
+        if self._feeding is not None:
+            # first: the last epoch's feeder thread may still be drawing from the transform's generator
+            self._feeding.stop()
+        if self.transform is not None and (self._feeding is not None or self.num_workers == 0):
+            # The transform draws in this process: a seed per epoch from the loader's generator, as
+            # torch draws its workers' base seed (workers reseed from that one themselves); drawn
+            # only for colabfast.images.transforms' random steps.
+            transforms.reseed(self.transform, self.generator)
+        if self._feeding is None:
+            return self._waited(map(self._convert, self._batches()))
+        return self._waited(self._feeding.start(self._batches))
+
+    def _waited(self, batches: Iterator) -> Iterator:
+        """``batches``, timing the training loop's wait in ``next()`` for each (stage ``"wait"``)."""
+        add, now, wait = self._clock.add, stages.now, stages.WAIT
+        try:
+            while True:
+                start = now()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                add(wait, now() - start)
+                yield batch
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def stage_times(self) -> dict[str, StageTime]:
+        """The time this loader's work took so far, per stage: name -> :class:`~colabfast.loading.stages.StageTime`
+        (``count`` items, ``seconds`` of wall time summed over the threads that did it), in pipeline order,
+        only the stages that ran:
+
+        - ``"read"``: reading samples (a mirror's ``pread``; where torch's fetcher reads in this process
+          for the loader to decode, the dataset's ``__getitem__``); counted in samples.
+        - ``"decode+transform"``: decoding images and per-sample transforms; samples.
+        - ``"collate"``: making batches of samples; samples.
+        - ``"copy"``: on CUDA, the feeder thread's copies to the GPU and the GPU work it starts (nvJPEG,
+          normalising, a GPU transform); batches.
+        - ``"wait"``: the training loop waiting for the next batch; batches.
+
+        Work in other processes (torch's worker processes; ``feed="process"``) is not counted: there only
+        ``"wait"`` (and ``"copy"``) show. Two ``perf_counter_ns`` calls per stage per batch (per sample
+        where torch's fetcher reads), added per thread without locks (:mod:`colabfast.loading.stages`).
+        :func:`colabfast.diagnose` names the stage that takes longest.
+        """
+        return self._clock.times()
+
+    def _from_process(self) -> Iterator:
+        """The epoch from the feed subprocess (started on the first epoch, and again after one died),
+        its random numbers drawn here in the order the in-process feed draws them."""
+        if self._process is None or not self._process.alive:
+            self._process = FeedProcess(self._recipe, self.device, slots=self._slots, ahead=self._ahead)
+        transform_seed = transforms.draw_seed(self.transform, self.generator) if self.transform is not None else None
+        base_seed = None
+        if self._fused and (not self._seeded or not self._persistent):
+            base_seed, self._seeded = threadworkers.base_seed(self.generator), True
+        return self._process.epoch((transform_seed, base_seed), self.batch_sampler)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Stop what runs for this loader outside the training thread: the feed subprocess
+        (``feed="process"``) and the feeder thread. Iterating again starts them anew."""
+        if self._process is not None:
+            self._process.close()
+            self._process = None
+        if self._feeding is not None:
+            self._feeding.stop()
+
+    def __del__(self) -> None:
+        if vars(self).get("_process") is not None:
+            self.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward ``epoch`` to the sampler (and batch sampler) that have ``set_epoch``, e.g. for DDP."""
+        sampler: Any  # any of them may have set_epoch: a DistributedSampler, a BlockShuffleSampler, ...
+        for sampler in (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+                return
+
+    def __repr__(self) -> str:
+        if "choices" not in vars(self):  # __init__ failed
+            return super().__repr__()
+        try:
+            size = f", {len(self.dataset)} samples"  # type: ignore[arg-type]
+        except TypeError:
+            size = ""
+        inner = self.dataset.dataset if isinstance(self.dataset, _Prepared) else self.dataset
+        lines = [f"colabfast.DataLoader({type(inner).__name__}{size}, batch_size={self.batch_size})"]
+        width = max(len(name) for name in self.choices)
+        for name, (value, why) in self.choices.items():
+            lines.append(f"  {name:<{width}} = {value!s:<24} # {why}")
+        return "\n".join(lines)
+
+
+def _prepared(dataset: Any, p: Plan, transform: Optional[Callable], clock: StageClock) -> Any:
+    """The dataset torch's workers read: the caller's, or wrapped (:class:`_Prepared`) to decode and
+    transform its images there, or to hand a mirror's images to the collate as views of its read
+    buffer (the collate copies every image it batches). A reader reads the caller's dataset itself."""
+    cuda = p.device.type == "cuda"
+    if p.reader is not None:
+        return dataset
+    if p.decode in ("cpu", "gpu") or (transform is not None and not cuda):
+        return _Prepared(dataset, keep_jpeg=p.decode == "gpu", transform=None if cuda else transform,
+                         views=p.layout is not None and p.num_workers > 0, clock=clock)
+    if p.layout is not None and p.num_workers > 0 and p.facts.mapping is None and \
+            isinstance(p.facts.inner, datasets.MirrorDataset):
+        return _Prepared(dataset, keep_jpeg=False, transform=None, decode=False, views=True, clock=clock)
+    return dataset
+
+
+class _TimedCollate(functools.partial):
+    """The plan's collate (a ``functools.partial`` of :func:`colabfast.loading.collate.collate`, its ``keywords``
+    as they were), adding the time each call takes to the loader's clock (stage ``"collate"``)."""
+
+    clock: StageClock
+
+    def __new__(cls, clock: StageClock, collate_fn: functools.partial) -> _TimedCollate:
+        self = super().__new__(cls, collate_fn.func, *collate_fn.args, **collate_fn.keywords)
+        self.clock = clock
+        return self
+
+    def __reduce__(self) -> Any:  # to worker processes: with a clock of their own (StageClock.__reduce__)
+        return _TimedCollate, (self.clock, functools.partial(self.func, *self.args, **self.keywords))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = stages.now()
+        batch = super().__call__(*args, **kwargs)
+        self.clock.add(stages.COLLATE, stages.now() - start, len(args[0]) if args else 0)
+        return batch
+
+
+class _TimedConvert:
+    """The loader's :class:`~colabfast.loading.prefetch.BatchConverter` as the CUDA feeder calls it, timed
+    (stage ``"copy"``)."""
+
+    def __init__(self, convert: Callable[[Any], Any], clock: StageClock) -> None:
+        self.convert, self.clock = convert, clock
+
+    def __call__(self, batch: Any) -> Any:
+        start = stages.now()
+        out = self.convert(batch)
+        self.clock.add(stages.COPY, stages.now() - start)
+        return out
+
+
+def _where_transform_runs(transform: Callable, cuda: bool, threads: bool = False) -> str:
+    if not cuda:
+        return "per image, fused with decoding in the reader threads" if threads else "per image in the workers"
+    if getattr(transform, "batched", False):
+        return "whole batches on the GPU, in the feeder thread"
+    return "per image on the GPU, in the feeder thread (fallback: colabfast.images.transforms batch)"
+
+
+@contextlib.contextmanager
+def _frozen_for_fork(forking: bool) -> Iterator[None]:
+    """Start forked workers with every object of this process out of their garbage collector's reach.
+
+    A forked worker inherits this process's objects, CUDA tensors among them. Where one sits in a
+    reference cycle (garbage here, or made garbage in the child when the other threads' frames are
+    gone), the worker's collector frees it; a tensor the feeder ``record_stream``-ed then records a
+    CUDA event, CUDA cannot run in a forked child, and the worker aborts ("CUDA error: initialization
+    error" in ``insert_events``; seen on an H100 with ``num_workers=1``). ``gc.freeze()`` before the
+    fork keeps the children's collectors off everything inherited (Python's documented recipe for
+    fork, ``gc.freeze``); the parent takes it back with ``gc.unfreeze()`` once the workers run.
+    Only where CUDA is initialised: elsewhere there is nothing to protect.
+    """
+    if not (forking and torch.cuda.is_initialized()):
+        yield
+        return
+    gc.collect()  # what is garbage now goes here, where CUDA works, not in the children
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -1,0 +1,437 @@
+"""The loader's plan, made from the dataset's facts: how batches are read, decoded, transformed and fed
+(:func:`plan`, :class:`Plan`, :class:`DatasetFacts`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import numpy as np
+import torch
+import torch.utils.data
+from torch.utils.data import IterableDataset
+from torchvision.datasets.vision import StandardTransform
+
+from colabfast.datasets import dropins as datasets
+from colabfast.datasets.dropins import unwrap
+from colabfast.images.augment import FusedTransform
+from colabfast.loading import reader
+from colabfast.loading.collate import collate
+from colabfast.loading.prefetch import cuda_device
+from colabfast.where import env
+
+__all__ = ["plan", "Plan", "BlockPlan", "ReaderPlan", "DatasetFacts"]
+
+PREFETCH_FACTOR = 4
+# Batches each reader thread reads ahead: 2 threads x 2 = 4 batches (benchmarks/README.md, loader/reader).
+READER_PREFETCH = 2
+MAX_BLOCK_SIZE = 64  # blocks of 64 read cold 1.7-1.9x faster than random order (bench coldreads, benchmarks/)
+BLOCKS_PER_BATCH = 16  # so a batch from a class-sorted mirror still mixes >= 16 blocks (classes)
+
+
+def find_attr(dataset: Any, name: str, default: Any = None) -> Any:
+    """``dataset.<name>``, looking through wrappers to the dataset inside
+    (:func:`colabfast.datasets.dropins.unwrap`)."""
+    for d in unwrap(dataset):
+        value = getattr(d, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def is_mirror(dataset: Any) -> bool:
+    """True for a colabfast h5 mirror (``dataset.is_mirror``), also inside a ``Subset``."""
+    return bool(find_attr(dataset, "is_mirror", False))
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetFacts:
+    """What :func:`plan` needs to know about a dataset, found once by :func:`dataset_facts`.
+
+    Attributes:
+        dataset: the dataset as given.
+        inner: the dataset under every ``torch.utils.data.Subset`` (``random_split`` makes them);
+            ``dataset`` itself without one.
+        mapping: int64, the indices of ``dataset`` mapped onto ``inner``'s (negative ones counted from
+            the end), or None without a Subset.
+        iterable: an ``IterableDataset``.
+        output: ``dataset.output`` (``"tensor"``, ``"bytes"``, ``"pil"``), looked up through wrappers
+            (:func:`colabfast.datasets.dropins.unwrap`); None where no dataset says.
+        mirror: an h5 mirror (``is_mirror``, looked up so too).
+        shuffled: a mirror packed in shuffled order (``shuffled``, looked up so too).
+        own_transforms: ``inner`` has a ``transform``, ``target_transform`` or ``transforms`` of its own.
+        per_sample: what the collate keeps per sample (``inner.per_sample()``: a mirror of columns' ragged
+            and JSON fields; see :func:`colabfast.loading.collate.collate`).
+        from_main: the dataset, a dataset it wraps, or ``inner``'s own transform is defined in
+            ``__main__`` (a notebook), which spawned processes cannot import.
+    """
+
+    dataset: Any = dataclasses.field(repr=False)
+    inner: Any = dataclasses.field(repr=False)
+    mapping: Optional[np.ndarray] = dataclasses.field(repr=False, compare=False)
+    iterable: bool
+    output: Optional[str]
+    mirror: bool
+    shuffled: bool
+    own_transforms: bool
+    per_sample: frozenset
+    from_main: bool
+
+    @property
+    def pil_mirror(self) -> bool:
+        """A mirror dataset (under any Subsets) giving PIL images that nothing of its own makes tensors:
+        ``output="pil"`` and no ``transform`` (nor joint ``transforms`` beyond torchvision's wrapper)."""
+        inner = self.inner
+        return (isinstance(inner, datasets.MirrorDataset) and inner.output == "pil" and inner.transform is None
+                and (inner.transforms is None or isinstance(inner.transforms, StandardTransform)))
+
+
+def dataset_facts(dataset: Any) -> DatasetFacts:
+    """The :class:`DatasetFacts` of ``dataset``: its Subsets walked once
+    (:func:`colabfast.datasets.dropins.through_subsets`), its attributes read once.
+
+    Raises:
+        IndexError: a Subset's index is outside the dataset it wraps (as indexing it would).
+    """
+    inner, mapping = datasets.through_subsets(dataset)
+    iterable = isinstance(dataset, IterableDataset)
+    own = any(getattr(inner, name, None) is not None for name in ("transform", "target_transform", "transforms"))
+    per_sample = inner.per_sample() if callable(getattr(inner, "per_sample", None)) else frozenset()
+    return DatasetFacts(dataset=dataset, inner=inner, mapping=mapping, iterable=iterable,
+                        output=find_attr(dataset, "output"), mirror=is_mirror(dataset),
+                        shuffled=bool(find_attr(dataset, "shuffled", False)), own_transforms=own,
+                        per_sample=frozenset(per_sample),
+                        from_main=_from_main(dataset, getattr(inner, "transform", None)))
+
+
+# --- the DataLoader ----------------------------------------------------------------------------------
+
+
+class BlockPlan(NamedTuple):
+    """In a :func:`plan`: a :class:`~colabfast.loading.sampler.BlockShuffleSampler` with blocks of ``block_size``,
+    which the DataLoader builds (drawing its seed from the ``generator``)."""
+
+    block_size: int
+
+    def __str__(self) -> str:
+        return f"BlockShuffleSampler(block_size={self.block_size})"
+
+
+class ReaderPlan(NamedTuple):
+    """In a :func:`plan`: batches made by ``threads`` threads in this process (0: by the thread that
+    converts them, the CUDA feeder), ``prefetch`` batches ahead of the one handed out: whole batches
+    read by :mod:`colabfast.loading.reader`, with ``fused`` (a :class:`~colabfast.images.augment.FusedTransform`)
+    applied to each image as it is decoded, drawing as worker processes would
+    (:mod:`colabfast.loading.threadworkers`)."""
+
+    threads: int
+    prefetch: int
+    fused: Optional[FusedTransform] = None
+
+    def __str__(self) -> str:
+        if not self.threads:
+            return "in the feeder thread"
+        return f"{self.threads} threads" + (", per-sample transforms fused" if self.fused else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What :class:`DataLoader` does with its arguments, as :func:`plan` decides it: one field per
+    decision, and why each was made.
+
+    Attributes:
+        device: where batches arrive.
+        decode: where encoded images are decoded: ``"cpu"`` (in the workers), ``"gpu"`` (JPEGs in
+            batches by nvJPEG, in the feeder thread), or ``"auto"`` (they arrive decoded).
+        reader: the threads of :mod:`colabfast.loading.reader` that read whole batches, or None: torch's
+            workers (or the main process) read and collate.
+        num_workers: torch's worker processes (0 with a reader).
+        persistent_workers: whether the workers survive between epochs.
+        prefetch_factor: batches read ahead per worker, or per reader thread with a reader (torch then
+            gets None); None without either.
+        pin_memory: whether batches are put in pinned memory (asynchronous copies to CUDA).
+        sampler: a :class:`BlockPlan` (the loader builds that sampler), the caller's ``sampler`` or
+            ``batch_sampler``, or the name of torch's default (``"RandomSampler"``, ``"SequentialSampler"``).
+        layout: the memory format of the uint8 image batches that :func:`colabfast.loading.collate.collate` and
+            the reader build (channels-last for CUDA), or None where neither batches: the caller's
+            ``collate_fn``, or no batching.
+        collate_fn: what torch collates with: :func:`colabfast.loading.collate.collate` in ``layout``, the
+            caller's ``collate_fn``, or None (torch's ``default_convert``, without batching).
+        feed: where the reader and the converting run: ``"thread"`` (threads of this process) or
+            ``"process"`` (one subprocess with those threads inside, :mod:`colabfast.loading.feedprocess`).
+        reasons: decision name -> why, for every field above.
+        facts: what the plan was made from (:class:`DatasetFacts`); the loader builds from them too.
+    """
+
+    device: torch.device
+    decode: str
+    reader: Optional[ReaderPlan]
+    num_workers: int
+    persistent_workers: bool
+    prefetch_factor: Optional[int]
+    pin_memory: bool
+    sampler: Any
+    layout: Optional[torch.memory_format]
+    collate_fn: Optional[Callable]
+    reasons: dict[str, str]
+    facts: DatasetFacts = dataclasses.field(repr=False, compare=False)
+    feed: str = "thread"
+
+    def choices(self) -> dict[str, tuple[Any, str]]:
+        """The decisions as ``loader.choices`` lists them: name -> ``(value, why)``, in this order:
+        ``device``, ``decode``, ``reader`` (``"none"`` without one), ``num_workers``,
+        ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``sampler``, ``collate_fn``
+        (``"colabfast.loading.collate.collate"``, the caller's, or ``"default_convert"``), ``feed``."""
+        collate_fn: Any = self.collate_fn
+        if self.layout is not None:
+            collate_fn = "colabfast.loading.collate.collate"
+        elif collate_fn is None:
+            collate_fn = "default_convert"
+        shown = {"device": self.device, "decode": self.decode, "reader": self.reader or "none",
+                 "num_workers": self.num_workers, "persistent_workers": self.persistent_workers,
+                 "prefetch_factor": self.prefetch_factor, "pin_memory": self.pin_memory, "sampler": self.sampler,
+                 "collate_fn": collate_fn, "feed": self.feed}
+        return {name: (value, self.reasons[name]) for name, value in shown.items()}
+
+
+def plan(
+    dataset: Any,
+    *,
+    batch_size: Optional[int] = 1,
+    shuffle: Optional[bool] = None,
+    sampler: Any = None,
+    batch_sampler: Any = None,
+    num_workers: Optional[int] = None,
+    collate_fn: Optional[Callable] = None,
+    pin_memory: Optional[bool] = None,
+    worker_init_fn: Optional[Callable] = None,
+    multiprocessing_context: Any = None,
+    prefetch_factor: Optional[int] = None,
+    persistent_workers: Optional[bool] = None,
+    device: Union[str, torch.device] = "auto",
+    memory_format: Optional[torch.memory_format] = None,
+    decode: str = "auto",
+    transform: Optional[Callable] = None,
+    draft: bool = False,
+    feed: str = "auto",
+) -> Plan:
+    """What :class:`DataLoader` will do with these arguments: a :class:`Plan`.
+
+    A pure function of its arguments and the machine (CPUs, GPU, start method): it starts no worker,
+    opens nothing and draws no random number, so the defaults can be read and tested before a
+    loader exists. The arguments are :class:`DataLoader`'s; see there for what each default means.
+
+    Raises:
+        ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or
+            batching; a mirror dataset gives PIL images (``output="pil"``) that nothing turns into
+            tensors before they are batched; ``feed`` is not ``"auto"``, ``"thread"`` or
+            ``"process"``, or ``"process"`` where no batch reader applies or the dataset or a
+            transform comes from ``__main__``.
+        RuntimeError: a CUDA ``device`` without a GPU.
+        IndexError: a ``Subset`` holds an index outside the dataset it wraps (:func:`dataset_facts`).
+    """
+    facts = dataset_facts(dataset)  # everything below asks these, not the dataset
+    reasons: dict[str, str] = {}
+
+    def choose(name: str, given: Any, default: Any, why: str) -> Any:
+        reasons[name] = "set by caller" if given is not None else why
+        return given if given is not None else default
+
+    target = _resolve_device(device)
+    cuda = target.type == "cuda"
+    reasons["device"] = ("torch sees a GPU" if cuda else "torch sees no GPU") if device == "auto" else "set by caller"
+    iterable = facts.iterable
+    batching = batch_size is not None or batch_sampler is not None
+    decode, reasons["decode"] = _choose_decode(decode, facts, cuda, batching)
+    layout: Optional[torch.memory_format] = None
+    collate_with = collate_fn
+    if collate_fn is None and batching:
+        _check_batchable(facts, per_image_transform=transform is not None and not cuda)
+        layout = torch.channels_last if cuda or memory_format == torch.channels_last else torch.contiguous_format
+        extra: dict[str, Any] = {"per_sample": facts.per_sample} if facts.per_sample else {}
+        collate_with = functools.partial(collate, memory_format=layout, **extra)
+        reasons["collate_fn"] = f"uint8 images batched {_layout_name(layout)}"
+    else:
+        reasons["collate_fn"] = "set by caller" if collate_fn is not None else "torch's default without batching"
+
+    threads: Optional[int] = None
+    fused: Optional[FusedTransform] = None
+    wants_workers = num_workers is not None or worker_init_fn is not None or multiprocessing_context is not None
+    readable = layout is not None and batch_sampler is None and bool(batch_size) and not iterable
+    fits = False
+    if readable:
+        cpu_transform = None if cuda else transform
+        fits, why_reader = reader.applies(facts.inner, transform_on_cpu=cpu_transform is not None, decode=decode)
+        if not fits and (cpu_transform is not None or facts.own_transforms):
+            fused, why_reader = reader.fused_for(facts.inner, transform=cpu_transform, decode=decode, draft=draft)
+            fits = fused is not None
+    if not wants_workers and readable:
+        reasons["reader"] = why_reader
+        threads = env.cpu_count() if fits else None
+        if fits and decode == "gpu":
+            # Reading a batch's files is one pread per run: the feeder thread does it itself, just before
+            # nvJPEG. Reader threads on top of the feeder and the training thread cost ResNet-50 on an H100
+            # pinned to 2 CPUs a fifth of its speed (benchmarks/gpu_feed_probe.py, benchmarks/README.md).
+            threads = 0
+            reasons["reader"] = ("the feeder thread reads each batch's files (one pread per run) into pinned "
+                                 "memory just before nvJPEG decodes them: no reader threads to share 2 CPUs with")
+    else:
+        reasons["reader"] = ("IterableDataset" if iterable else
+                             "the caller chose workers (num_workers, worker_init_fn or multiprocessing_context), "
+                             "a collate_fn or a batch_sampler")
+    batch_reader = None
+    if threads is not None:
+        workers = choose("num_workers", None, 0, "the reader threads do the work (see reader)")
+        # torch's prefetch_factor counts batches per worker; the reader's threads take its place.
+        factor = choose("prefetch_factor", prefetch_factor, READER_PREFETCH if threads else None,
+                        f"{READER_PREFETCH} batches read ahead per reader thread" if threads else
+                        "read when the feeder needs the batch; feed_depth converted batches wait ahead")
+        batch_reader = ReaderPlan(threads, (factor or 0) * threads, fused)
+        persistent = False  # torch's, which refuses it without workers; the threads keep theirs (below)
+        if fused and persistent_workers is False:
+            reasons["persistent_workers"] = "set by caller: the reader threads draw a new base seed each epoch"
+        elif fused:
+            reasons["persistent_workers"] = ("no worker processes: the reader threads keep their random streams "
+                                             "between epochs, as persistent workers do")
+        else:
+            reasons["persistent_workers"] = ("no worker processes: reader threads start in microseconds"
+                                             + (" (persistent_workers=True does not apply)" if persistent_workers
+                                                else ""))
+    else:
+        workers = choose("num_workers", num_workers, *_default_workers(facts, multiprocessing_context,
+                                                                       collate_fn, worker_init_fn, transform))
+        if num_workers is not None and num_workers > env.cpu_count():
+            reasons["num_workers"] = _too_many_workers(num_workers, fits)
+        persistent = choose("persistent_workers", persistent_workers, workers > 0,
+                            "workers survive between epochs" if workers else "no workers")
+        factor = choose("prefetch_factor", prefetch_factor, PREFETCH_FACTOR if workers else None,
+                        f"{PREFETCH_FACTOR} batches queued per worker absorb slow reads" if workers else "no workers")
+    pin = choose("pin_memory", pin_memory, cuda,
+                 "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
+    order, reasons["sampler"] = _choose_sampler(facts, sampler, batch_sampler, shuffle, batch_size)
+    where, reasons["feed"] = _choose_feed(feed, batch_reader, reasons["reader"], facts, transform)
+    return Plan(device=target, decode=decode, reader=batch_reader, num_workers=workers, persistent_workers=persistent,
+                prefetch_factor=factor, pin_memory=pin, sampler=order, layout=layout, collate_fn=collate_with,
+                reasons=reasons, feed=where, facts=facts)
+
+
+def _choose_feed(feed: str, batch_reader: Optional[ReaderPlan], why_not: str, facts: DatasetFacts,
+                 transform: Optional[Callable]) -> tuple[str, str]:
+    if feed not in ("auto", "thread", "process"):
+        raise ValueError(f"feed must be 'auto', 'thread' or 'process', got {feed!r}")
+    if feed == "thread":
+        return "thread", "set by caller"
+    if batch_reader is None:
+        if feed == "process":
+            raise ValueError(f"feed='process' runs the loader's batch reader in a subprocess, and no batch reader "
+                             f"applies here ({why_not}); use feed='thread'")
+        return "thread", "no batch reader to move to a subprocess"
+    if facts.from_main or _from_main(None, transform):
+        if feed == "process":
+            raise ValueError("feed='process' starts a subprocess by spawn, which cannot import what a notebook "
+                             "(__main__) defines: move the dataset class or transform into a module, or use "
+                             "feed='thread'")
+        return "thread", "the dataset or transform comes from __main__, which a spawned subprocess cannot import"
+    if feed == "process":
+        return "process", "set by caller"
+    return "thread", "threads of this process (feed='process' moves them to one subprocess)"
+
+
+def _too_many_workers(num_workers: int, reader_fits: bool) -> str:
+    """Why ``num_workers`` above the CPU count is taken but not what the caller may think (said in
+    ``loader.choices``; :class:`DataLoader` warns it once per process)."""
+    cpus = env.cpu_count()
+    why = (f"set by caller: {num_workers} worker processes on {cpus} CPUs (colabfast.where.env.cpu_count()) only take "
+           "turns on them")
+    if reader_fits:
+        why += ("; asking for workers also turned off the reader threads, which make these batches in this process "
+                "faster than any number of workers: leave num_workers unset")
+    return why
+
+
+_WARNED: set[int] = set()  # num_workers values warned about in this process
+
+
+def _choose_decode(decode: str, facts: DatasetFacts, cuda: bool, batching: bool) -> tuple[str, str]:
+    if decode not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"decode must be 'auto', 'cpu' or 'gpu', got {decode!r}")
+    if decode == "gpu" and not (cuda and batching):
+        raise ValueError("decode='gpu' needs a CUDA device and batching (a batch_size or batch_sampler)")
+    if decode != "auto":
+        return decode, "set by caller"
+    if facts.output != "bytes":
+        return "auto", "images arrive decoded (dataset.output is not 'bytes')"
+    if cuda and batching:
+        return "gpu", "dataset yields bytes, batches go to CUDA: nvJPEG in batches"
+    return "cpu", "dataset yields bytes, batches stay on the CPU: decoded in the workers"
+
+
+def _default_workers(facts: DatasetFacts, context: Any, *functions: Any) -> tuple[int, str]:
+    """The worker processes for a caller who asked for none, and why."""
+    if facts.iterable:
+        return 0, "IterableDataset: every worker would replay the stream"
+    if context is None and _spawned() and (facts.from_main or _from_main(None, *functions)):
+        return 0, "workers are spawned here and cannot import what a notebook (__main__) defines"
+    cpus = env.cpu_count()
+    return cpus, f"{cpus} CPUs (colabfast.where.env.cpu_count())"
+
+
+def _choose_sampler(facts: DatasetFacts, sampler: Any, batch_sampler: Any, shuffle: Optional[bool],
+                    batch_size: Optional[int]) -> tuple[Any, str]:
+    if sampler is None and batch_sampler is None and shuffle and not facts.iterable and facts.mirror:
+        if facts.shuffled:
+            block, why = MAX_BLOCK_SIZE, "a mirror packed in shuffled order: blocks mix classes"
+        elif not batch_size:
+            block, why = MAX_BLOCK_SIZE, "no batches to mix"
+        else:
+            block = min(MAX_BLOCK_SIZE, max(1, batch_size // BLOCKS_PER_BATCH))
+            spans = -(-batch_size // block)  # blocks that a batch's consecutive positions cover, at least
+            why = f"a batch of {batch_size} mixes at least {spans} blocks (pack(shuffle=True) allows {MAX_BLOCK_SIZE})"
+        return BlockPlan(block), f"h5 mirror, shuffle=True, blocks of {block}: {why}"
+    if sampler is not None or batch_sampler is not None:
+        return (sampler if sampler is not None else batch_sampler), "set by caller"
+    return ("RandomSampler" if shuffle else "SequentialSampler"), "torch's default"
+
+
+def _check_batchable(facts: DatasetFacts, *, per_image_transform: bool) -> None:
+    """Refuse, before any worker starts, a mirror dataset whose PIL images would reach the collate:
+    ``output="pil"`` (the default, as torchvision's) with no transform of its own, nor a
+    ``DataLoader(transform=...)`` run per image before batching, to make them tensors. torch's own
+    error comes later, from a worker, and names neither the dataset nor the fix."""
+    if not facts.pil_mirror or per_image_transform:  # its own transform (or H5Kitti's joint ones) may make tensors
+        return
+    mirror = facts.inner
+    raise ValueError(
+        f"{type(mirror).__name__}({str(mirror.path)!r}) gives PIL images (output='pil', the default, as "
+        f"torchvision's) and a batch cannot hold them: pass output='tensor' (uint8 [3, H, W] tensors) or "
+        f"output='bytes' (decoded by the loader, on the GPU when there is one), or a transform that makes "
+        f"tensors, e.g. transform=torchvision.transforms.v2.PILToTensor()"
+    )
+
+
+
+
+def _spawned() -> bool:
+    """True when workers start by spawn/forkserver (macOS, Windows), not by fork (Linux, Colab)."""
+    return torch.multiprocessing.get_start_method(allow_none=False) != "fork"
+
+
+def _from_main(dataset: Any, *functions: Any) -> bool:
+    """True if the dataset (or a dataset it wraps) or one of the functions is defined in ``__main__``."""
+    wrapped = list(unwrap(dataset))
+    return any(getattr(type(d), "__module__", None) == "__main__" for d in wrapped) or any(
+        f is not None and getattr(f, "__module__", None) == "__main__" for f in functions
+    )
+
+
+def _resolve_device(device: Union[str, torch.device]) -> torch.device:
+    if device == "auto":
+        return cuda_device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    return cuda_device(device) if device.type == "cuda" else device
+
+
+def _layout_name(memory_format: torch.memory_format) -> str:
+    return "channels-last" if memory_format == torch.channels_last else "contiguous"

@@ -1,0 +1,164 @@
+"""Shuffle an h5 mirror in blocks of consecutive items: :class:`BlockShuffleSampler`.
+
+A random permutation reads a file at random offsets, and cold random reads are slow: through the Drive
+simulator a block-shuffled epoch of a mirror reads cold faster than a random one (``colabfast bench
+coldreads``: benchmarks/README.md, "The latest full run, summarised"). Shuffling whole blocks of consecutive
+indices, and the items inside each block, keeps most of the randomness while the reads of one block
+land close together in the file and close together in time. The same idea as FFCV's quasi-random
+order and WebDataset's shard shuffle; typed like MosaicML Streaming's ``shuffle/`` functions.
+
+The blocks are of consecutive *stored* samples: a mirror's index ``i`` is torchvision's sample ``i``,
+while the file may store its samples in another order (``pack(shuffle=True)``, an archive's member
+order); the sampler walks the dataset in stored order (:func:`colabfast.datasets.dropins.read_order`, also
+through ``Subset``/``random_split``) and yields the dataset's indices, so each block is still one read.
+
+Batches mix about ``batch_size / block_size`` blocks, so on a class-sorted mirror a batch holds at
+most that many classes. Either pack the mirror with ``shuffle=True`` (its stored blocks then mix
+classes: tensorpack's pre-shuffled file plus FFCV's block order), or keep ``block_size`` well below the
+batch size; :class:`colabfast.DataLoader` does one or the other.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Optional, Sized
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch.utils.data import Sampler
+
+from colabfast.datasets.dropins import read_order
+
+__all__ = ["BlockShuffleSampler", "block_shuffle", "replica_share"]
+
+
+def block_shuffle(num_samples: int, block_size: int, seed: int, epoch: int) -> NDArray[np.int64]:
+    """One epoch's order: blocks of ``block_size`` consecutive indices in random order, each shuffled.
+
+    Args:
+        num_samples: indices ``0 .. num_samples - 1`` are ordered; the last block may be shorter.
+        block_size: consecutive indices per block (1 gives a plain random permutation).
+        seed: the sampler's seed; with ``epoch`` it fixes the order.
+        epoch: the epoch; each epoch gets an independent order.
+
+    Returns:
+        int64 array of shape ``[num_samples]``, a permutation of ``arange(num_samples)``.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    rng = np.random.default_rng([seed, epoch])
+    num_blocks = math.ceil(num_samples / block_size)
+    block_rank = np.empty(num_blocks, dtype=np.int64)
+    block_rank[rng.permutation(num_blocks)] = np.arange(num_blocks)
+    # Sort items by (rank of their block, a random key): blocks in random order, items shuffled in each.
+    items_block = np.arange(num_samples, dtype=np.int64) // block_size
+    return np.lexsort((rng.random(num_samples), block_rank[items_block])).astype(np.int64)
+
+
+def replica_share(order: NDArray[np.int64], num_replicas: int, rank: int, drop_last: bool = False) -> NDArray[np.int64]:
+    """The contiguous share of ``order`` that replica ``rank`` of ``num_replicas`` reads.
+
+    Like ``torch.utils.data.DistributedSampler``, the order is padded by repeating its start (or,
+    with ``drop_last``, truncated) to a multiple of ``num_replicas``; unlike it, each replica gets a
+    contiguous slice instead of every ``num_replicas``-th index, so it still reads whole blocks.
+
+    Returns:
+        int64 array of ``ceil(len(order) / num_replicas)`` indices (``floor`` with ``drop_last``).
+    """
+    n = len(order)
+    if drop_last:
+        per_replica = n // num_replicas
+        order = order[: per_replica * num_replicas]
+    else:
+        per_replica = math.ceil(n / num_replicas) if n else 0
+        padding = per_replica * num_replicas - n
+        if padding:
+            order = np.concatenate([order, np.resize(order, padding)])
+    return order[rank * per_replica : (rank + 1) * per_replica]
+
+
+class BlockShuffleSampler(Sampler[int]):
+    """Sampler that shuffles blocks of consecutively stored samples, for datasets stored in one file.
+
+    Args:
+        data_source: the dataset: its ``len``, and for a mirror or a ``Subset`` of one where its
+            samples are stored (:func:`colabfast.datasets.dropins.read_order`, found once, here). Blocks are
+            of samples stored one after the other; for any other dataset, of consecutive indices.
+        block_size: consecutive stored samples per block.
+        shuffle: False reads in stored order, front to back (each replica its contiguous share): the
+            dataset's index order for a mirror stored in source order, the packed random order for
+            one packed with ``shuffle=True``. For torchvision's order, use no sampler (``shuffle=False``).
+        seed: fixes every epoch's order together with the epoch; every replica must use the same.
+        num_replicas: processes sharing the epoch (distributed training); each gets a contiguous,
+            equal share of the global order (see :func:`replica_share`). Default: the world size
+            when ``torch.distributed`` is initialised, else 1.
+        rank: which share this process reads, ``0 .. num_replicas - 1``. Default: this process's
+            rank when ``torch.distributed`` is initialised, else 0.
+        drop_last: truncate the order to a multiple of ``num_replicas`` instead of padding it.
+
+    Epochs: :meth:`set_epoch` selects the order (call it before each epoch, as with
+    ``DistributedSampler``). If it is never called, each new iteration advances the epoch, so the
+    order changes every epoch as with ``RandomSampler``.
+
+    Raises:
+        ValueError: ``block_size < 1``, or ``rank`` outside ``0 .. num_replicas - 1``.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        block_size: int = 64,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        drop_last: bool = False,
+    ) -> None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if num_replicas is None:
+            num_replicas = torch.distributed.get_world_size() if distributed else 1
+        if rank is None:
+            rank = torch.distributed.get_rank() if distributed else 0
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
+        self.data_source = data_source
+        self.stored = read_order(data_source)  # the dataset's indices in stored order; None: 0..n-1
+        self.block_size = block_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.drop_last = drop_last
+        self.epoch = 0
+        self._epoch_set = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order for the next iterations (same epoch, same order)."""
+        self.epoch = epoch
+        self._epoch_set = True
+
+    def order(self, epoch: int) -> NDArray[np.int64]:
+        """This replica's indices for ``epoch``, as an int64 array."""
+        n = len(self.data_source)
+        full = block_shuffle(n, self.block_size, self.seed, epoch) if self.shuffle else np.arange(n, dtype=np.int64)
+        if self.stored is not None:  # ranks in stored order -> the dataset's indices
+            full = self.stored[full]
+        return replica_share(full, self.num_replicas, self.rank, self.drop_last)
+
+    def __iter__(self) -> Iterator[int]:
+        epoch = self.epoch
+        if not self._epoch_set:
+            self.epoch += 1
+        return iter(self.order(epoch).tolist())
+
+    def __len__(self) -> int:
+        n = len(self.data_source)
+        return n // self.num_replicas if self.drop_last else math.ceil(n / self.num_replicas)
+
+    def __repr__(self) -> str:
+        replicas = f", rank={self.rank}/{self.num_replicas}" if self.num_replicas > 1 else ""
+        return f"BlockShuffleSampler(n={len(self.data_source)}, block_size={self.block_size}{replicas})"

@@ -1,0 +1,450 @@
+"""A YOLO export on Drive as a local ``data.yaml`` that Ultralytics trains from: :func:`ultralytics_data`.
+
+Ultralytics reads a dataset as thousands of small files (an image and a label file per sample,
+``ultralytics/data/dataset.py``), which is what a Drive mount is slowest at. :func:`ultralytics_data`
+packs the export once per split into a mirror (:func:`colabfast.open_dataset`'s machinery: found
+again by its fingerprint in the mirrors folder, so a new runtime packs nothing), stages the mirror,
+and writes it out as a YOLO tree on local disk with the dataset YAML's paths rewritten to it. Training
+then reads local files only. This module writes files: it does not import Ultralytics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from colabfast.errors import ExportRefused, SourceNotFound
+from colabfast.where import env
+from colabfast.where._fileio import PathLike, locked
+
+__all__ = ["ultralytics_data", "ExportRefused", "SPLIT_KEYS", "TREE_FOLDER", "COMPLETE"]
+
+# The keys of a dataset YAML that name image folders: Ultralytics' check_det_dataset
+# (ultralytics/data/utils.py) resolves "train", "val", "test" and "minival" (and renames "validation" to "val").
+SPLIT_KEYS = ("train", "val", "validation", "test", "minival")
+TREE_FOLDER = "ultralytics"  # under colabfast.where.env.work_dir(): the local YOLO trees
+COMPLETE = ".colabfast-complete"  # the marker file of a tree written whole
+WRITER = 1  # the version of what is written: a change makes new trees, not reuses old ones
+YAML_NAMES = ("data.yaml", "data.yml")
+CALL = "colabfast.ultralytics_data"
+
+
+@dataclasses.dataclass
+class _Export:
+    """A YOLO export, folder or zip: what :func:`colabfast.open_dataset` is given (``src``), its
+    dataset YAML (``doc``, at ``yaml_rel``), and whether a folder path (POSIX, relative to the
+    layout's root) is in it."""
+
+    src: Path
+    kind: str  # "folder" or "archive"
+    yaml_rel: str
+    doc: dict
+    members: Optional[list[str]] = None  # an archive's file names, relative to the layout's root
+    _splits: Optional[dict[str, str]] = None
+
+    def holds(self, rel: str) -> bool:
+        if self.members is None:
+            return (self.src / rel).is_dir()
+        return rel == "." or any(m.startswith(rel + "/") for m in self.members)
+
+    def splits(self) -> dict[str, str]:
+        """The export's splits, as :class:`colabfast.layouts.Yolo` finds them: name -> images folder
+        (listed once)."""
+        if self._splits is None:
+            self._splits = self._listed_splits()
+        return self._splits
+
+    def _listed_splits(self) -> dict[str, str]:
+        from colabfast.layouts.yolo import yolo_splits
+
+        if self.members is not None:
+            return yolo_splits(self.members)
+        from colabfast.layouts._folder import first_file
+        from colabfast.layouts.sources import is_image
+
+        found: dict[str, str] = {}
+        with contextlib.suppress(OSError):
+            held = sorted((self.src / "images").iterdir())
+            if any(p.is_file() and is_image(p.name) for p in held):
+                found[""] = "images/"  # no split: all of images/
+            else:
+                found.update((p.name, f"images/{p.name}/") for p in held if p.is_dir() and not p.name.startswith("."))
+            for p in sorted(self.src.iterdir()):
+                if p.is_dir() and (p / "images").is_dir() and p.name != "images":
+                    found.setdefault(p.name, f"{p.name}/images/")
+        # a split folder without an image is no split (the layout finds none there): a few listings each
+        return {name: where for name, where in found.items() if not name or first_file(self.src / where, is_image)}
+
+
+def ultralytics_data(
+    path: PathLike,
+    split: Union[str, Sequence[str], None] = None,
+    *,
+    mirrors: Optional[PathLike] = None,
+    to: str = "auto",
+    progress: bool = True,
+) -> Path:
+    """The path of a ``data.yaml`` on local storage that ``ultralytics.YOLO(...).train(data=...)``
+    trains from without reading Drive, made from a YOLO export (Ultralytics' or Roboflow's) on Drive.
+
+    Each split the dataset YAML names is opened with :func:`colabfast.open_dataset` (``layout="yolo"``):
+    the first runtime packs it into a mirror in ``mirrors``, later ones find that mirror by its
+    fingerprint and only stage it (no per-file work on Drive). The mirror is then written out as a
+    YOLO tree in ``<colabfast.where.env.work_dir()>/ultralytics/<name>-<12 hex digits>/``: ``images/<split>/``
+    and ``labels/<split>/`` (the split's folder name in the export: ``train``, ``valid``, ...; ``all``
+    for an export with no split folders), each image at its path below the export's split folder, and
+    ``data.yaml``: the export's YAML with ``path:`` set to the tree and each split key (``train:``,
+    ``val:``, ``test:``, ``minival:``) set to its ``images/<split>`` folder, every other key
+    (``names``, ``nc``, Roboflow's ``roboflow:`` block, ...) kept. The tree is written in a temporary
+    folder and renamed into place with a marker file (``.colabfast-complete``); a later call in the same
+    runtime finds it complete and writes nothing. Nothing is written into the export or its folder;
+    the mirrors go to ``mirrors`` (as :func:`colabfast.open_dataset`'s, default ``colabfast-mirrors`` at
+    the top of My Drive for an export on Drive).
+
+    What Ultralytics reads from the tree is what it reads from the export (its ``verify_image_label``,
+    ``ultralytics/data/utils.py``), as :class:`colabfast.layouts.Yolo` reads it (the rules and their
+    sources are in :mod:`colabfast.layouts.yolo`):
+
+    - images: the bytes the mirror holds, which are the export's file bytes, except an image with an
+      EXIF orientation, which the mirror holds as its upright pixels (lossless PNG); it is written under
+      its own name, so its label file is found as before (``img2label_paths``,
+      ``ultralytics/data/utils.py``: by the path, whatever the bytes' format; OpenCV decodes by content);
+    - labels: one file per image with objects (none for a background image), ``class cx cy w h``
+      (or, in a split whose objects are all polygons, ``class x1 y1 x2 y2 ...``) normalised by the
+      upright image's size (Ultralytics' ``exif_size``), which is what the export's labels were; equal
+      to what Ultralytics reads from the export to float32 rounding (1e-6 of the image's size);
+    - images Ultralytics drops (a label file it refuses) are left out; duplicate rows are written once,
+      in the order Ultralytics leaves them (``np.unique``); a split mixing polygons and boxes is written
+      as boxes, as Ultralytics' detection reads it (``YOLODataset.verify_labels``,
+      ``ultralytics/data/dataset.py``).
+
+    Split keys are resolved as Ultralytics' ``check_det_dataset`` resolves them
+    (``ultralytics/data/utils.py``): relative to ``path:`` (taken relative to the YAML's folder where
+    that folder is in the export; an absolute ``path:``, or one that is not there, is where the export
+    was made: the YAML's folder is used), and a value starting with ``../`` that names nothing is read
+    without it (Roboflow's ``train: ../train/images``).
+
+    Args:
+        path: the export's ``data.yaml`` (or ``.yml``), its folder, or a ``.zip`` of it (Roboflow's
+            "YOLOv5/v8/v11" download, Ultralytics' export).
+        split: the YAML's split key(s) to write (``"train"``, ``["train", "val"]``); None: every split
+            key the YAML names. Keys not asked for are removed from the written YAML.
+        mirrors: the folder of the mirrors (:func:`colabfast.open_dataset`'s ``mirrors``).
+        to: where each mirror is staged: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`.
+            The tree itself is on local disk.
+        progress: show progress bars and print what was done.
+
+    Returns:
+        pathlib.Path: the written ``data.yaml``: ``YOLO("yolov8n.pt").train(data=str(returned))``.
+
+    Raises:
+        ExportRefused: (a ``colabfast.Error`` and ``ValueError``) a YAML with no split key, a split key
+            naming a folder outside the dataset, a list of folders or a ``.txt`` list of images, or a
+            folder the export does not hold, or not ``images/<split>`` / ``<split>/images``; a ``split``
+            the YAML does not name; an export of keypoints (``kpt_shape``: pose is not read yet); a folder
+            or zip without a dataset YAML (a classification export: use :func:`colabfast.open_dataset`);
+            a zip of another layout (COCO, VOC, ...) or an archive that is not a zip. Each is raised before
+            anything is packed or written.
+        LayoutError: (a ``colabfast.Error``) a YAML that is not valid, or uses tags ``yaml.safe_load``
+            refuses, as :class:`colabfast.layouts.Yolo` refuses it; a label file the layout refuses.
+        FileNotFoundError: nothing at ``path``.
+        StageRefused: a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
+        OSError, MirrorError, PackError, StageError: as :func:`colabfast.open_dataset` raises them.
+    """
+    from colabfast.opening.opener import open_dataset
+
+    if to not in ("auto", "disk", "ram"):
+        from colabfast.errors import StageRefused
+
+        raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
+    start = time.perf_counter()
+    export = _export(Path(os.path.abspath(os.path.expanduser(path))))
+    keys = _split_keys(export, split)  # YAML key -> the export's split ("" for images/ alone)
+    mirrors_by_split: dict[str, Any] = {}
+    for name in dict.fromkeys(keys.values()):
+        mirrors_by_split[name] = open_dataset(export.src, split=name or None, mirrors=mirrors, to=to,
+                                              progress=progress, output="bytes", layout="yolo")
+    tree = _tree_path(export, keys, mirrors_by_split)
+    with locked(env.cache_dir() / "locks" / f"ultralytics-{tree.name}.lock", f"writing {tree}"):
+        if (tree / COMPLETE).is_file():
+            said = f"found {tree}, written before in this runtime: nothing written"
+        else:
+            count = _write_tree(tree, export, keys, mirrors_by_split)
+            said = f"wrote {count} images and their labels to {tree} in {time.perf_counter() - start:.1f} s"
+    if progress:
+        print(f"ultralytics_data: {said}; train with data={str(tree / 'data.yaml')!r}")
+    return tree / "data.yaml"
+
+
+def _export(src: Path) -> _Export:
+    """The export at ``src`` (a YAML, a folder, a zip), its YAML read and checked.
+
+    Raises:
+        ExportRefused, LayoutError, FileNotFoundError: see :func:`ultralytics_data`.
+    """
+    from colabfast.layouts.yolo import MAX_YAML_BYTES, load_yaml
+    from colabfast.opening.kinds import what_is
+    from colabfast.staging.extract import archive_suffix
+
+    if src.suffix.lower() in (".yaml", ".yml"):
+        if not src.is_file():
+            raise SourceNotFound(f"nothing to read: {src} does not exist")
+        if not Path(os.path.realpath(src)).is_relative_to(os.path.realpath(src.parent)):
+            raise ExportRefused(f"{src} is a link to {os.path.realpath(src)}, outside the export's folder: pass the "
+                                f"export's own dataset YAML, {CALL}('<export folder>/data.yaml')")
+        if src.stat().st_size > MAX_YAML_BYTES:
+            raise ExportRefused(f"{src} has over {MAX_YAML_BYTES} bytes: not a dataset YAML")
+        return _checked(_Export(src.parent, "folder", src.name, load_yaml(src.read_text("utf-8-sig"), src)))
+    kind = what_is(src)
+    if kind == "folder":
+        names = {p.name: p for p in src.iterdir() if p.is_file()}
+        found = [n for n in YAML_NAMES if n in names] or sorted(
+            n for n in names if n.lower().endswith((".yaml", ".yml")))
+        if len(found) != 1:
+            raise ExportRefused(_no_yaml(src, found))
+        return _export(names[found[0]])
+    if kind != "archive" or archive_suffix(src) != ".zip":
+        what = "mirror" if kind == "mirror" else f"{archive_suffix(src)} archive"
+        raise ExportRefused(f"{src} is a {what}, not a "
+                            f"YOLO export's folder, data.yaml or .zip: unzip it and call {CALL}('<folder>/data.yaml')")
+    from colabfast.packing.unpacked import archive_layout
+
+    with zipfile.ZipFile(src) as z:
+        infos = {i.filename: i for i in z.infolist() if not i.is_dir()}
+        names_all = list(infos)
+        tops = {n.split("/", 1)[0] for n in names_all if not n.startswith(".")}
+        prefix = f"{next(iter(tops))}/" if len(tops) == 1 and all(
+            "/" in n for n in names_all if not n.startswith(".")) else ""
+        members = [n[len(prefix):] for n in names_all if n.startswith(prefix)]
+        found = [n for n in YAML_NAMES if n in members]
+        layout = archive_layout(src, "auto")
+        if layout != "yolo" or not found:
+            what = f"a {layout} export" if layout else "no YOLO export"
+            raise ExportRefused(f"{src} holds {what} (no {prefix}data.yaml beside labels/): {CALL} reads YOLO "
+                                f"exports; call colabfast.open_dataset({str(src)!r}) for other layouts")
+        info = infos[prefix + found[0]]
+        if info.file_size > MAX_YAML_BYTES:
+            raise ExportRefused(f"{src}'s {info.filename} has over {MAX_YAML_BYTES} bytes: not a dataset YAML")
+        text = z.read(info).decode("utf-8-sig")
+    return _checked(_Export(src, "archive", found[0], load_yaml(text, src / info.filename), members))
+
+
+def _no_yaml(src: Path, found: list[str]) -> str:
+    if found:
+        return (f"{src} holds several dataset YAMLs ({', '.join(found)}): pass the one to train from, "
+                f"{CALL}('{src / found[0]}')")
+    classify = any((src / s).is_dir() for s in ("train", "val", "valid")) and not any(
+        (src / s / "images").is_dir() for s in ("train", "val", "valid"))
+    if classify:
+        return (f"{src} holds no data.yaml but split folders of class folders: a classification export, which "
+                f"Ultralytics reads from the folder itself; {CALL} reads detection and segment exports: call "
+                f"colabfast.open_dataset({str(src)!r}, split='train') for a fast dataset of it")
+    return f"{src} holds no data.yaml (Ultralytics' dataset YAML): pass the folder of a YOLO export, or its data.yaml"
+
+
+def _checked(export: _Export) -> _Export:
+    """``export`` once its YAML is one this writes: a mapping, not of keypoints."""
+    where = export.src / export.yaml_rel
+    if not isinstance(export.doc, dict):
+        raise ExportRefused(f"{where} is not a mapping of keys (names:, train:, val:): not a dataset YAML")
+    if "kpt_shape" in export.doc:
+        raise ExportRefused(f"{where} has kpt_shape: a pose (keypoints) export, which {CALL} does not write yet; "
+                            f"call colabfast.open_dataset({str(export.src)!r}, split='train') to read its images")
+    return export
+
+
+def _split_keys(export: _Export, split: Union[str, Sequence[str], None]) -> dict[str, str]:
+    """The YAML's split keys to write (``split``, or all it names) -> the export's split each names.
+
+    Raises:
+        ExportRefused: see :func:`ultralytics_data`.
+    """
+    doc, where = export.doc, export.src / export.yaml_rel
+    named = [k for k in SPLIT_KEYS if doc.get(k)]
+    if not named:
+        raise ExportRefused(f"{where} names no split (train:, val:): add train: and val: with the images' folders, "
+                            f"then call {CALL}({str(where)!r})")
+    wanted = named if split is None else [split] if isinstance(split, str) else list(split)
+    for key in wanted:
+        if key not in named:
+            raise ExportRefused(f"{where} has no {key}: split (it has {', '.join(named)}): call "
+                                f"{CALL}({str(where)!r}, split={[k for k in wanted if k in named] or named!r})")
+    base = posixpath.dirname(export.yaml_rel) or "."
+    given = doc.get("path")
+    if isinstance(given, str) and given and not posixpath.isabs(given):
+        inside = posixpath.normpath(posixpath.join(base, given))
+        if not inside.startswith("../") and inside != ".." and export.holds(inside):
+            base = inside
+    return {key: _split_of(export, key, doc[key], base, where) for key in wanted}
+
+
+def _split_of(export: _Export, key: str, value: Any, base: str, where: Path) -> str:
+    """The export's split that ``key: value`` names, resolved as Ultralytics' ``check_det_dataset``."""
+    there = export.splits()
+    held = ", ".join(f"{n or 'no split'} ({p})" for n, p in sorted(there.items())) or "no images/ folder"
+    if not isinstance(value, str) or value.lower().endswith(".txt"):
+        raise ExportRefused(f"{where}'s {key}: is {value!r}, a list of image folders or files, which {CALL} does not "
+                            f"read: name one folder (the export holds {held}), then call {CALL}({str(where)!r})")
+    rel = posixpath.normpath(posixpath.join(base, value))
+    if not export.holds(rel) and value.startswith("../"):  # Roboflow's ../train/images, as Ultralytics reads it
+        rel = posixpath.normpath(posixpath.join(base, value[3:]))
+    if posixpath.isabs(value) or rel == ".." or rel.startswith("../"):
+        raise ExportRefused(f"{where}'s {key}: {value!r} is outside the dataset folder {export.src}: {CALL} reads "
+                            f"only the export (it holds {held}); name its folder relative to the YAML, e.g. "
+                            f"{key}: images/{key}")
+    if not export.holds(rel):
+        raise ExportRefused(f"{where}'s {key}: {value!r} names {rel}/, which {export.src} does not hold (it holds "
+                            f"{held}): fix the YAML, or call {CALL}({str(where)!r}, split=[...]) without {key!r}")
+    parts = rel.split("/")
+    name = "" if parts == ["images"] else parts[1] if len(parts) == 2 and parts[0] == "images" else \
+        parts[0] if len(parts) == 2 and parts[1] == "images" else None
+    if name is not None and name not in there:
+        raise ExportRefused(f"{where}'s {key}: {value!r} names {rel}/, which holds no image (the export's splits: "
+                            f"{held}): fix the YAML, or call {CALL}({str(where)!r}, split=[...]) without {key!r}")
+    if name is None:
+        raise ExportRefused(f"{where}'s {key}: {value!r} names {rel}/, not an images/<split> nor <split>/images "
+                            f"folder of the export (it holds {held}); point {key}: at one of those")
+    return name
+
+
+def _fingerprint(mirror: Path) -> str:
+    from colabfast.mirror.safety import read_h5
+
+    return read_h5(mirror, lambda f: str(f.attrs.get("fingerprint", "")))
+
+
+def _tree_path(export: _Export, keys: dict[str, str], datasets: dict[str, Any]) -> Path:
+    """Where the tree of these mirrors and this YAML goes: one name per export version and options."""
+    import yaml
+
+    from colabfast.staging.extract import strip_archive_suffix
+
+    doc = yaml.safe_dump(export.doc, sort_keys=False, allow_unicode=True)  # any keys (json sorts only str ones)
+    key = json.dumps({"writer": WRITER, "yaml": doc, "keys": keys,
+                      "mirrors": {s: _fingerprint(ds.path) for s, ds in datasets.items()}}, sort_keys=True,
+                     default=str)
+    stem = strip_archive_suffix(export.src.name) if export.kind == "archive" else export.src.name
+    return env.work_dir() / TREE_FOLDER / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _write_tree(tree: Path, export: _Export, keys: dict[str, str], datasets: dict[str, Any]) -> int:
+    """Write the tree in a temporary folder beside ``tree``, then rename it into place; the number of
+    images written. A failure leaves nothing."""
+    import yaml
+
+    tmp = tree.with_name(f".{tree.name}.partial-{os.getpid()}")
+    for stale in tree.parent.glob(f".{tree.name}.partial-*"):  # a killed runtime's (this one holds the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        count = 0
+        for name, ds in datasets.items():
+            count += _write_split(tmp, name or "all", ds)
+        doc: dict = {"path": str(tree)}
+        doc.update((k, v) for k, v in export.doc.items() if k != "path" and (k not in SPLIT_KEYS or k in keys))
+        for key, name in keys.items():
+            doc[key] = f"images/{name or 'all'}"
+        (tmp / "data.yaml").write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), "utf-8")
+        (tmp / COMPLETE).write_text(json.dumps({"source": str(export.src), "images": count}) + "\n")
+        if tree.exists():  # a tree without its marker: an interrupted write by an older colabfast
+            shutil.rmtree(tree)
+        os.rename(tmp, tree)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return count
+
+
+WRITERS = 8  # threads writing files: creating a file is a round trip to the kernel, overlapped
+
+
+def _write_split(tmp: Path, folder: str, ds: Any) -> int:
+    """Write the mirror ``ds`` (an :class:`colabfast.H5Dataset` of layout yolo, ``output="bytes"``) as
+    ``images/<folder>/`` and ``labels/<folder>/`` under ``tmp``: the mirror read in order, the files
+    written by ``WRITERS`` threads."""
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from colabfast.errors import MirrorError
+
+    head = ds.reader.index.header
+    source, split = head.source, head.split or ""
+    made: set[str] = set()
+
+    def write(below: str, raw: bytes, target: dict, path: str) -> None:
+        image = tmp / "images" / folder / below
+        image.write_bytes(raw)
+        text = _label_text(raw, target, path)
+        if text:  # img2label_paths' rule: images/ -> labels/, the extension -> .txt
+            (tmp / "labels" / folder / (below.rsplit(".", 1)[0] + ".txt")).write_text(text, "utf-8")
+
+    pending: deque[Future] = deque()
+    with ThreadPoolExecutor(WRITERS, thread_name_prefix="colabfast-yolo-write") as pool:
+        try:
+            for k, path in enumerate(ds.source_paths):
+                rel = path[len(source) + 1:]
+                below = _below_split(rel, split)
+                if below is None or posixpath.normpath(below) != below or below.startswith(("../", "/")) \
+                        or below == "..":
+                    raise MirrorError(f"{ds.path} holds the image {rel!r}, not a file below the split's images "
+                                      "folder: not a mirror colabfast wrote for a YOLO export")
+                parent = posixpath.dirname(below)
+                if parent not in made:
+                    for top in ("images", "labels"):
+                        (tmp / top / folder / parent).mkdir(parents=True, exist_ok=True)
+                    made.add(parent)
+                data, target = ds[k]
+                pending.append(pool.submit(write, below, bytes(data.numpy()), target, path))
+                while len(pending) > 4 * WRITERS:
+                    pending.popleft().result()
+            while pending:
+                pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+    return len(ds)
+
+
+def _below_split(rel: str, split: str) -> Optional[str]:
+    """The path of the image ``rel`` (relative to the export) below its split's images folder."""
+    for prefix in ((f"images/{split}/", f"{split}/images/") if split else ("images/",)):
+        if rel.startswith(prefix):
+            return rel[len(prefix):]
+    return None
+
+
+# float32 of Ultralytics' limits (verify_image_label): a value rounded past them would drop the image
+LOW, HIGH = -0.01, 1.01
+
+
+def _label_text(image: bytes, target: dict, where: str) -> str:
+    """The YOLO label file of an image (its encoded bytes, upright) and its mirror's target: boxes
+    ``x1 y1 x2 y2`` in pixels (or ``segments`` in pixels) normalised by the image's size; "" for none."""
+    import numpy as np
+
+    from colabfast.layouts.yolo import _upright_size
+
+    labels = target["labels"].tolist()
+    if not labels:
+        return ""
+    width, height = _upright_size(image, Path(where))  # from the header: a PNG is not decoded
+    scale = np.array([width, height], np.float64)
+    lines = []
+    if "segments" in target:
+        for cls, polygon in zip(labels, target["segments"]):
+            points = np.clip(np.asarray(polygon, np.float64).reshape(-1, 2) / scale, LOW, HIGH)
+            lines.append(" ".join([str(cls), *(f"{v:.9g}" for v in points.reshape(-1))]))
+    else:
+        boxes = target["boxes"].numpy().astype(np.float64).reshape(-1, 4) / np.tile(scale, 2)
+        x1, y1, x2, y2 = boxes.T
+        rows = np.clip(np.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], 1), LOW, HIGH)
+        lines = [" ".join([str(cls), *(f"{v:.9g}" for v in row)]) for cls, row in zip(labels, rows)]
+    return "\n".join(lines) + "\n"

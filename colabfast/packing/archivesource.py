@@ -1,0 +1,364 @@
+"""An image dataset inside an archive, read as one sequential stream: :class:`ArchiveSource`.
+
+The archives people have ImageNet in are larger than a Colab disk, so they are never extracted: the
+archive is read front to back from Drive (parallel readahead, the access pattern Drive serves best),
+inner per-class tars are opened as they are met, and each image's bytes go straight to the packer.
+Layouts:
+
+- ``imagenet-train``: ``ILSVRC2012_img_train.tar``, a tar of per-class tars ``n01440764.tar``, ...
+- ``imagenet-val``: ``ILSVRC2012_img_val.tar``, one flat folder of JPEGs, labelled by the devkit.
+- ``kaggle-train`` / ``kaggle-val``: Kaggle's ``imagenet-object-localization-challenge.zip``
+  (``ILSVRC/Data/CLS-LOC/train/<wnid>/``, a flat ``val/`` labelled by ``LOC_val_solution.csv``).
+- ``imagefolder``: a tar (optionally compressed) or zip of an ImageFolder tree.
+
+Labels and sample order are torchvision's (``datasets.ImageNet`` / ``datasets.ImageFolder``). Member
+names are only ever used as labels and paths: each is checked by :func:`colabfast.staging.extract.safe_relpath`
+(absolute or ``..`` names are refused), tar header records are bounded before they are read
+(:func:`colabfast.staging.extract.open_tar`), links and special files are never read, inner tars are opened
+one level deep only, and no member larger than :data:`MAX_IMAGE` is read into memory.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import tarfile
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Callable, Collection, Iterator, NamedTuple, Optional, Union
+
+import numpy as np
+
+from colabfast.errors import ArchiveReadError, PackRefused, SourceNotFound
+from colabfast.layouts.imagenet import (
+    KAGGLE_SYNSETS,
+    KAGGLE_VAL_SOLUTION,
+    ImageNetLabels,
+    read_devkit,
+    read_kaggle_labels,
+)
+from colabfast.layouts.sources import is_image
+from colabfast.staging.extract import _decompressed, archive_suffix, open_tar, safe_relpath
+from colabfast.where._fileio import ReadaheadFile, retry
+
+__all__ = ["ArchiveReadError", "ArchiveSource", "Position"]
+
+MAX_IMAGE = 256 << 20  # bytes: a bigger member is reported as unreadable, never read into memory
+KAGGLE_DATA = "ILSVRC/Data/CLS-LOC/"
+LAYOUTS = ("imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val", "imagefolder")
+
+
+class Position(NamedTuple):
+    """Where a stream resumes: the outer member (tar: its header's byte offset; zip: its index among
+    the images) and how many images inside it are done (an inner tar's images; 1 for a plain image)."""
+
+    member: int
+    done: int
+
+
+class ArchiveSource:
+    """An image dataset inside an archive (see the module docstring for the layouts).
+
+    Args:
+        path: the archive.
+        layout: one of :data:`LAYOUTS`, or ``"auto"``: a zip with ``LOC_synset_mapping.txt`` is
+            Kaggle's (``split`` picks train or val), a tar whose first member is a ``.tar`` is
+            ImageNet's training archive, a tar given ``labels`` is its validation archive, anything
+            else an ImageFolder tree.
+        split: ``"train"`` or ``"val"`` for Kaggle's zip (default ``"train"``).
+        labels: for ``ILSVRC2012_img_val.tar``: the devkit ``ILSVRC2012_devkit_t12.tar.gz`` (or its
+            unpacked folder); for the training archive it only adds class names. Kaggle's zip
+            carries its own labels.
+        retries: retries of each read for transient mount errors.
+
+    Raises:
+        FileNotFoundError: the archive or labels are missing, or the archive holds no images.
+        colabfast.packing.PackRefused: (a ``ValueError``) a layout that does not fit the archive, or
+            validation images without labels.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], layout: str = "auto", split: Optional[str] = None,
+                 labels: Union[str, os.PathLike, None] = None, retries: int = 5):
+        self.path = Path(os.path.abspath(path))
+        if not self.path.is_file():
+            raise SourceNotFound(f"{self.path} is not a file")
+        self.retries = retries
+        self.is_zip = archive_suffix(self.path) == ".zip"
+        self.labels: Optional[ImageNetLabels] = read_devkit(labels) if labels is not None else None
+        self._zip_members: Optional[list[zipfile.ZipInfo]] = None
+        self._prefix = ""
+        if self.is_zip:
+            self.layout = self._inspect_zip(layout, split)
+        else:
+            self.layout = self._inspect_tar(layout)
+        if self.layout == "imagenet-val" and self.labels is None:
+            raise PackRefused(f"{self.path} is ImageNet's validation archive: its labels are in the devkit; "
+                             "pass labels='.../ILSVRC2012_devkit_t12.tar.gz'")
+
+    # --- looking at the archive -----------------------------------------------------------------
+
+    def _open(self) -> tuple[ReadaheadFile, io.BufferedReader]:
+        raw = ReadaheadFile(self.path, retries=self.retries)
+        return raw, io.BufferedReader(raw, 1 << 20)
+
+    def _open_plain(self) -> io.BufferedReader:
+        """For a look at the start or the end: no readahead (it would fetch 32 MB of what comes next)."""
+        return retry(lambda: open(self.path, "rb"), self.retries)
+
+    def _inspect_tar(self, layout: str) -> str:
+        if layout in ("kaggle-train", "kaggle-val"):
+            raise PackRefused(f"layout {layout!r} is Kaggle's zip; {self.path} is a tar")
+        if layout != "auto":
+            return layout
+        with self._open_plain() as f, _decompressed(f) as stream:
+            try:
+                tar = open_tar(self.path, stream)
+                first = next((m for m in tar if m.isfile()), None)
+            except (tarfile.TarError, EOFError, zlib.error) as exc:
+                raise ArchiveReadError(self.path, "(the first member)", f"{type(exc).__name__}: {exc}") from exc
+        if first is None:
+            raise SourceNotFound(f"{self.path} holds no files")
+        if first.name.endswith(".tar"):
+            return "imagenet-train"
+        return "imagenet-val" if self.labels is not None else "imagefolder"
+
+    def _inspect_zip(self, layout: str, split: Optional[str]) -> str:
+        with self._open_plain() as f:
+            try:
+                zf = zipfile.ZipFile(f)
+            except zipfile.BadZipFile as exc:
+                raise ArchiveReadError(self.path, "(the central directory at its end)", str(exc)) from exc
+            with zf:
+                infos = zf.infolist()
+                for info in infos:
+                    safe_relpath(self.path, info.filename)
+                names = {i.filename: i for i in infos}
+                kaggle = KAGGLE_SYNSETS in names
+                if layout == "auto":
+                    layout = f"kaggle-{split or 'train'}" if kaggle else "imagefolder"
+                elif split is not None and layout != f"kaggle-{split}":
+                    raise PackRefused(f"split={split!r} only applies to Kaggle's zip")
+                if layout.startswith("kaggle-"):
+                    if not kaggle:
+                        raise SourceNotFound(f"{self.path} is not Kaggle's ImageNet zip: no {KAGGLE_SYNSETS}")
+                    solution = None
+                    if layout == "kaggle-val":
+                        if KAGGLE_VAL_SOLUTION not in names:
+                            raise SourceNotFound(f"{self.path} has no {KAGGLE_VAL_SOLUTION}: no validation labels")
+                        solution = zf.read(KAGGLE_VAL_SOLUTION).decode("utf-8")
+                    self.labels = read_kaggle_labels(zf.read(KAGGLE_SYNSETS).decode("utf-8"), solution,
+                                                     f"{self.path} ({KAGGLE_SYNSETS}"
+                                                     + (f", {KAGGLE_VAL_SOLUTION})" if solution else ")"))
+                    self._prefix = KAGGLE_DATA + layout.split("-")[1] + "/"
+        if layout not in ("imagefolder", "kaggle-train", "kaggle-val"):
+            raise PackRefused(f"layout {layout!r} is for a tar; {self.path} is a zip")
+        wanted = [i for i in infos if not i.is_dir() and i.filename.startswith(self._prefix) and is_image(i.filename)]
+        wanted.sort(key=lambda i: i.header_offset)  # file order: one forward pass
+        wanted = _last_copies(self.path, wanted)
+        if not wanted:
+            raise SourceNotFound(f"no images under {self._prefix or 'the top'} of {self.path}")
+        self._zip_members = wanted
+        return layout
+
+    def describe(self) -> str:
+        what = {
+            "imagenet-train": "ImageNet's training archive (a tar of per-class tars)",
+            "imagenet-val": "ImageNet's validation archive (one flat folder)",
+            "kaggle-train": "Kaggle's ImageNet zip, train/",
+            "kaggle-val": "Kaggle's ImageNet zip, val/",
+            "imagefolder": "an ImageFolder tree in an archive",
+        }[self.layout]
+        return what + (f"; labels from {self.labels.origin}" if self.labels is not None else "")
+
+    # --- the stream ------------------------------------------------------------------------------
+
+    def images(self, start: Position = Position(0, 0),  # noqa: B008 (an immutable tuple)
+               on_bytes: Optional[Callable[[int], None]] = None) -> Iterator[tuple[str, Union[bytes, str], Position]]:
+        """Yield ``(name, bytes or error message, position after it)`` for each image, in archive order.
+
+        Names are member paths (``n01440764/n01440764_10026.JPEG`` inside a per-class tar). A
+        member too large to be an image yields an error message instead of bytes.
+
+        Raises:
+            ArchiveReadError: the archive ends early or is corrupt; names the member.
+            UnsafeArchiveError: a member name is absolute or climbs out with ``..``.
+            OSError: reading failed after the retries.
+        """
+        raw, f = self._open()
+        report = (lambda: on_bytes(raw.tell())) if on_bytes else (lambda: None)
+        with raw, f:
+            if self.is_zip:
+                yield from self._zip_images(f, start, report)
+            else:
+                yield from self._tar_images(f, start, report)
+            report()
+
+    def _zip_images(self, f: io.BufferedReader, start: Position, report: Callable[[], None]):
+        assert self._zip_members is not None
+        with zipfile.ZipFile(f) as zf:
+            for k in range(start.member, len(self._zip_members)):
+                info = self._zip_members[k]
+                name = info.filename[len(self._prefix):]
+                if info.file_size > MAX_IMAGE:
+                    data: Union[bytes, str] = f"{info.file_size} bytes: too large to be an image"
+                else:
+                    try:
+                        data = zf.read(info)
+                    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as exc:
+                        raise ArchiveReadError(self.path, info.filename, f"{type(exc).__name__}: {exc}") from exc
+                report()
+                yield name, data, Position(k + 1, 0)
+
+    def _tar_images(self, f: io.BufferedReader, start: Position, report: Callable[[], None]):
+        compressed = archive_suffix(self.path) != ".tar"
+        if start.member and not compressed:
+            f.seek(start.member)  # tarfile starts at the current offset: resume without reading what is done
+        current = "(the archive's start)"
+        with _decompressed(f) as stream:
+            try:
+                tar = open_tar(self.path, stream)
+                for member in tar:
+                    current = member.name
+                    name = safe_relpath(self.path, member.name)
+                    if member.offset < start.member or not member.isfile():
+                        continue  # done before (compressed: passed over by reading), or a link, folder, device
+                    skip = start.done if member.offset == start.member else 0
+                    if self.layout == "imagenet-train" and name.endswith(".tar"):
+                        yield from self._inner_tar(tar, member, name, skip, report)
+                    elif is_image(name) and not skip:
+                        yield name, self._read(tar, member), Position(member.offset, 1)
+                    report()
+                _check_end(tar, stream)
+            except (tarfile.TarError, EOFError, zlib.error) as exc:
+                raise ArchiveReadError(self.path, current, f"{type(exc).__name__}: {exc}") from exc
+
+    def _inner_tar(self, tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, skip: int,
+                   report: Callable[[], None]):
+        wnid = posixpath.basename(name)[: -len(".tar")]
+        inner_file = tar.extractfile(member)
+        assert inner_file is not None
+        current = name
+        try:
+            with open_tar(self.path, inner_file) as inner:
+                done = 0
+                for m in inner:
+                    current = f"{name}/{m.name}"
+                    inner_name = safe_relpath(self.path, current)[len(name) + 1:]
+                    if not (m.isfile() and is_image(inner_name)):
+                        continue  # never a nested tar: one level deep only
+                    done += 1
+                    if done <= skip:
+                        continue
+                    data = self._read(inner, m)
+                    yield f"{wnid}/{posixpath.basename(inner_name)}", data, Position(member.offset, done)
+                    report()
+                _check_end(inner, inner_file)
+        except (tarfile.TarError, EOFError) as exc:
+            raise ArchiveReadError(self.path, current, f"{type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Union[bytes, str]:
+        if member.size > MAX_IMAGE:
+            return f"{member.size} bytes: too large to be an image"
+        f = tar.extractfile(member)
+        assert f is not None
+        return f.read()
+
+    # --- labels and order ---------------------------------------------------------------------------
+
+    @staticmethod
+    def superseded(names: list[str]) -> list[int]:
+        """Indices into ``names`` (streamed, in archive order) of images whose name the archive repeats
+        later: tar and unzip keep the last copy of a repeated member, so the mirror keeps only it.
+
+        A zip's directory names every member up front, so its earlier copies are never streamed; a
+        tar is a stream, so its earlier copies are only known once it has been read to the end.
+        """
+        last = {name: j for j, name in enumerate(names)}
+        return [j for j, name in enumerate(names) if last[name] != j]
+
+    def samples(self, names: list[str],
+                skip: Collection[int] = ()) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+        """torchvision's view of the images streamed as ``names`` (in archive order).
+
+        Args:
+            names: the streamed images' names.
+            skip: indices into ``names`` of images left out of torchvision's view: the earlier
+                copies of a repeated name (:meth:`superseded`).
+
+        Returns:
+            ``(paths, targets, classes, order)``: ``paths`` (``<class>/<file>``) and ``targets``
+            (int64 [N], N the images not skipped) in torchvision's sample order (``ImageFolder``: by
+            class, then path; ImageNet's validation images in class folders by the devkit),
+            ``classes`` the sorted class folders (WordNet ids for ImageNet: torchvision's
+            ``wnids``), and ``order`` (int64 [len(names)]): the torchvision index of each streamed
+            image, -1 for a skipped one.
+
+        Raises:
+            FileNotFoundError: no images, or no class folders.
+            ValueError: validation labels that do not cover the images.
+        """
+        skipped = set(skip)
+        kept = [j for j in range(len(names)) if j not in skipped]
+        paths, targets, classes, kept_order = self._samples([names[j] for j in kept])
+        order = np.full(len(names), -1, dtype=np.int64)
+        order[kept] = kept_order
+        return paths, targets, classes, order
+
+    def _samples(self, names: list[str]) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+        if not names:
+            raise SourceNotFound(f"no images in {self.path}")
+        if self.layout in ("imagenet-val", "kaggle-val"):
+            assert self.labels is not None
+            rels = [f"{w}/{posixpath.basename(n)}" for w, n in zip(self.labels.val_targets(names), names)]
+        elif self.layout == "imagefolder":
+            rels = _strip_common_folders(names)
+            if any("/" not in r for r in rels):
+                bad = next(r for r in rels if "/" not in r)
+                raise SourceNotFound(f"{self.path}: {bad!r} is not in a class folder: an ImageFolder archive "
+                                     "holds <class>/<image> (for ImageNet's validation tar pass labels=devkit)")
+        else:
+            rels = list(names)
+        classes = sorted({r.split("/", 1)[0] for r in rels})
+        index = {c: i for i, c in enumerate(classes)}
+        keys = [(index[r.split("/", 1)[0]], *posixpath.split(r)) for r in rels]
+        sorted_idx = sorted(range(len(rels)), key=lambda i: keys[i])  # ImageFolder: class, folder, file
+        order = np.empty(len(rels), dtype=np.int64)
+        order[sorted_idx] = np.arange(len(rels))
+        paths = [rels[i] for i in sorted_idx]
+        targets = np.array([keys[i][0] for i in sorted_idx], dtype=np.int64)
+        return paths, targets, classes, order
+
+    def class_names(self, classes: list[str]) -> Optional[list[tuple[str, ...]]]:
+        """torchvision ImageNet's ``classes`` (a tuple of names per WordNet id), when labels are known."""
+        if self.labels is None:
+            return None
+        return [self.labels.class_names.get(c, (c,)) for c in classes]
+
+
+def _check_end(tar: tarfile.TarFile, stream) -> None:
+    """tarfile takes a stream cut at a member boundary for a complete archive; a real one ends in a zero
+    block, which tarfile has just read when it stopped (so the stream is a block past the last member)."""
+    if stream.tell() < tar.offset + tarfile.BLOCKSIZE:
+        members = tar.getmembers()  # all read by now: the iteration has ended
+        last = members[-1].name if members else "(none)"
+        raise tarfile.ReadError(f"the archive ends without its end-of-archive block, after {last!r}")
+
+
+def _last_copies(archive: Path, infos: list[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
+    """``infos`` (in file order) without the earlier copies of a repeated name: unzip, like
+    :func:`colabfast.staging.extract.extract`, leaves the last copy written."""
+    key = [safe_relpath(archive, i.filename) for i in infos]  # "./a/x.jpg" is written as "a/x.jpg"
+    last = {k: j for j, k in enumerate(key)}
+    return [i for j, i in enumerate(infos) if last[key[j]] == j]
+
+
+def _strip_common_folders(names: list[str]) -> list[str]:
+    """Drop leading folders all names share, keeping at least one folder (the class) in each."""
+    parts = [n.split("/") for n in names]
+    depth = 0
+    while all(len(p) > depth + 2 for p in parts) and len({p[depth] for p in parts}) == 1:
+        depth += 1
+    return ["/".join(p[depth:]) for p in parts]
