@@ -31,6 +31,7 @@ from colabfast.where._fileio import PathLike, python_child
 
 __all__ = ["DriveSim", "main"]
 
+
 class DriveSim:
     """A simulated Google Drive: ``source`` mounted at ``mountpoint`` with Drive's latency and faults.
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 import h5py
 import numpy as np
@@ -41,10 +41,9 @@ from colabfast.where._fileio import (
     python_child,
 )
 
-if TYPE_CHECKING:
-    from colabfast.mirror.format import T
-
 __all__ = ["open_h5", "read_h5", "vet", "trust"]
+
+T = TypeVar("T")
 
 def _on_flaky_mount(path: Path, fn: Callable[[], T]) -> T:
     """``fn()`` (opening the mirror, reading its index), retried ``OPEN_RETRIES`` times with backoff

@@ -22,6 +22,7 @@ from colabfast.where._fileio import (
 
 __all__ = ["MirrorInfo", "info", "verify", "check_columns"]
 
+
 @_as_mirror_error
 def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -> tuple[int, list[str]]:
     """Stream every data column of a version 3 mirror (ndarray values, ragged rows, str/bytes/json data:

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from colabfast.opening.mirrors import _look_at, _seconds
 from colabfast.staging.extract import strip_archive_suffix
@@ -22,10 +22,8 @@ from colabfast.where._fileio import (
     unchanged,
 )
 
-if TYPE_CHECKING:
-    pass
-
 __all__: list[str] = []  # internal to colabfast.opening: nothing here is public
+
 
 class _Early:
     """Stages the newest mirror of a source in its mirrors folder while :func:`open_dataset` lists the

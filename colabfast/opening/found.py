@@ -39,10 +39,10 @@ from colabfast.where._fileio import (
 
 if TYPE_CHECKING:
     from colabfast.opening.early import _Early
-if TYPE_CHECKING:
-    pass
+
 
 __all__: list[str] = []  # internal to colabfast.opening: nothing here is public
+
 
 class _Impostor(Exception):
     """A complete mirror found at the name of this source's mirror, recording its fingerprint, whose

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from colabfast.errors import NothingToOpen
 from colabfast.staging.extract import archive_suffix
@@ -15,9 +15,6 @@ from colabfast.where._fileio import (
     human_bytes,
     retry,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["ACCEPTS", "what_is"]
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["default_mirrors", "mirror_name", "drop_in", "default_dataset_mirrors"]
 
+
 def default_mirrors(src: Path) -> Path:
     """Where mirrors of ``src`` go by default: ``colabfast-mirrors`` at the top of My Drive when ``src``
     is on Google Drive (also for a shared drive's folder: your own Drive is where you may write), else

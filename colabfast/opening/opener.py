@@ -1,15 +1,7 @@
-"""From where the data is to a fast dataset in one call: :func:`open_dataset`.
-
-It does what the step-by-step calls do (:func:`colabfast.pack` a folder or archive into a mirror,
-:func:`colabfast.flush_drive`, :func:`colabfast.stage` the mirror, open it with its drop-in dataset),
-deciding each step the way a careful user would. The decisions are small functions, each given what
-it decides from (what the path is, where its mirrors live, what a mirror is named, which dataset reads
-it), and :func:`open_dataset` only wires them, as torchvision's ``datasets/folder.py`` does.
-
-A source's mirrors are found by the fingerprint :func:`colabfast.pack` records in each (the source's
-files with their sizes and times, its layout, the options), and named by it, so a changed source or
-other options make a new mirror beside the old ones, which stay until you delete them.
-"""
+""":func:`open_dataset`: what the path is (:mod:`~colabfast.opening.kinds`), its mirror found or packed
+(:mod:`~colabfast.opening.found`, named by :mod:`~colabfast.opening.mirrors`), staged (early where it can be:
+:mod:`~colabfast.opening.early`) and opened with its drop-in. :mod:`colabfast.opening` says how each step is
+decided."""
 
 from __future__ import annotations
 
@@ -34,17 +26,15 @@ from colabfast.opening.found import (
 from colabfast.opening.kinds import OWN_ARGUMENTS, _empty, what_is
 from colabfast.opening.mirrors import default_mirrors, drop_in
 from colabfast.where import env
-from colabfast.where._fileio import (
-    PathLike,
-)
+from colabfast.where._fileio import PathLike
 
-if TYPE_CHECKING:
-    from colabfast.opening.found import _Wanted
-    from colabfast.opening.mirrors import _InMemory
 if TYPE_CHECKING:
     from colabfast.datasets.dropins import MirrorDataset
+    from colabfast.opening.found import _Wanted
+    from colabfast.opening.mirrors import _InMemory
 
 __all__ = ["open_dataset"]
+
 
 def _pack_options() -> tuple[str, ...]:
     """pack()'s keyword options that open_dataset passes on: every one in pack's signature

@@ -63,6 +63,7 @@ from colabfast.where._fileio import PathLike, locked, partial_path, read_json, w
 
 __all__ = ["pack_columns", "plan", "make_parts", "assemble", "check_built", "header", "identity", "describe_dataset"]
 
+
 def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_error: str, progress: bool,
                  overwrite: bool, layout: str, fields: Optional[dict], source: Optional[str] = None,
                  fingerprint: Optional[str] = None, split: Optional[str] = None) -> Path:

@@ -1,13 +1,7 @@
-"""Copy a dataset from a slow mount (Google Drive) to fast local storage: :func:`stage`.
-
-Drive is a FUSE filesystem where every open and every read request is a network round trip, so
-``cp -r`` of many small files crawls. ``stage`` overlaps the round trips with threads (the latency
-is in the mount, not the CPU), splits large files into ranges read in parallel, extracts archives
-while reading them, and makes the result trustworthy: each file is written under a temporary name
-and renamed once its size (and, on request, its hash) is confirmed, a source that changes during
-its copy is copied again, re-runs skip what is already there, and transient mount errors are
-retried per read request.
-"""
+"""`stage()`: what the source is (a folder, a file, archives, a list of them), where it goes
+(:mod:`colabfast.staging.destination`), and the copy (:mod:`colabfast.staging.copy`) or the extraction
+(:mod:`colabfast.staging.archives`) that puts it there. The package's docstring (:mod:`colabfast.staging`)
+says what staging guarantees."""
 
 from __future__ import annotations
 
@@ -48,6 +42,7 @@ from colabfast.where._fileio import (
 )
 
 __all__ = ["stage"]
+
 
 def stage(
     src: Union[PathLike, Sequence[PathLike]],
