@@ -65,6 +65,7 @@ _EXPORTS = {
     "BlockShuffleSampler": "colabfast.loading.sampler",
     "DataLoader": "colabfast.loading",
     "FeedProcessError": "colabfast.loading.feedprocess",
+    "LoaderStateError": "colabfast.loading.loader",
     "CUDAPrefetcher": "colabfast.loading.prefetch",
     "diagnose": "colabfast.diagnosis",
     "Report": "colabfast.diagnosis",

@@ -41,6 +41,7 @@ The classes, by the stage that raises them (bases in brackets)::
         OpenRefused (Error, TypeError)
         IndexTypeError (Error, TypeError, AttributeError)
         FeedProcessError (Error, RuntimeError)
+        LoaderStateError (Error, ValueError)
         ExportRefused (Error, ValueError)
 """
 
@@ -55,7 +56,7 @@ __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused",
            "NotEnoughSpace", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
            "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "LayoutError",
            "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
-           "FeedProcessError", "ExportRefused"]
+           "FeedProcessError", "LoaderStateError", "ExportRefused"]
 
 
 class Error(Exception):
@@ -327,6 +328,13 @@ class IndexTypeError(Error, TypeError, AttributeError):
 
 class FeedProcessError(Error, RuntimeError):
     """The feed subprocess ended without a word (killed, out of memory, a crash in native code)."""
+
+
+class LoaderStateError(Error, ValueError):
+    """:meth:`colabfast.DataLoader.load_state_dict` was given a state this loader cannot resume (of
+    another version, or saved by a loader of another dataset length, batch size or number of reader
+    threads), or :meth:`~colabfast.DataLoader.state_dict` was asked of a loader that keeps none
+    (``feed="process"``): the message says what differs and what to build."""
 
 
 class ExportRefused(Error, ValueError):

@@ -50,6 +50,7 @@ TINY = {
         "COLABFAST_BATCH_SIZE": "16",
         "COLABFAST_EPOCHS": "2",
         "COLABFAST_STEPS": "3",
+        "COLABFAST_SAVE_EVERY": "3",  # 4 steps an epoch: a checkpoint mid-epoch, with the loader's state
     },
     "detection.ipynb": {
         "COLABFAST_BATCH_SIZE": "4",

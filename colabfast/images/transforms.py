@@ -51,7 +51,8 @@ from torch.utils.data import get_worker_info
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
-__all__ = ["BatchTransform", "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "reseed"]
+__all__ = ["BatchTransform", "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "reseed",
+           "random_states", "set_random_states"]
 
 Images = Union[torch.Tensor, Sequence[torch.Tensor]]
 Size = Union[int, Sequence[int]]
@@ -364,6 +365,25 @@ def draw_seed(transform: object, generator: Optional[torch.Generator]) -> Option
     if not _own_random_steps(transform):
         return None
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def random_states(transform: object) -> list[torch.Tensor]:
+    """The generator states of the random steps :func:`reseed` reseeds, in its order (what
+    :meth:`colabfast.DataLoader.state_dict` keeps of a transform it runs); ``[]`` for any other transform."""
+    return [t.generator.get_state() for t in _own_random_steps(transform)]
+
+
+def set_random_states(transform: object, states: list[torch.Tensor]) -> None:
+    """Put back what :func:`random_states` took from a transform built the same way.
+
+    Raises:
+        ValueError: ``states`` has another number of steps than ``transform``.
+    """
+    own = _own_random_steps(transform)
+    if len(own) != len(states):
+        raise ValueError(f"{len(states)} random states for a transform of {len(own)} random steps")
+    for t, state in zip(own, states):
+        t.generator.set_state(state)
 
 
 def _own_random_steps(transform: object) -> list:

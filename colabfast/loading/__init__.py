@@ -8,7 +8,9 @@ a side CUDA stream in a feeder thread (:mod:`colabfast.loading.prefetch`), decod
 by :func:`plan`, a pure function, from the dataset's facts (:func:`dataset_facts`, found once), and
 kept as ``loader.plan``, listed in ``loader.choices`` and ``repr(loader)``; nothing overrides an
 argument the caller passed. ``loader.stage_times()`` says where the loader's time goes (read,
-decode+transform, collate, copy to the GPU, the training loop's wait: :mod:`colabfast.loading.stages`)."""
+decode+transform, collate, copy to the GPU, the training loop's wait: :mod:`colabfast.loading.stages`);
+``loader.state_dict()`` where it stands mid-epoch, for a new runtime to resume from
+(:mod:`colabfast.loading.resume`)."""
 
 from __future__ import annotations
 

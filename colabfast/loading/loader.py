@@ -16,9 +16,10 @@ import torch.utils.data
 from torch.utils.data import Dataset
 
 from colabfast.datasets import dropins as datasets
+from colabfast.errors import LoaderStateError
 from colabfast.images import transforms
 from colabfast.images.decode import Encoded, decode_cpu, is_encoded, is_jpeg
-from colabfast.loading import reader, stages, threadworkers
+from colabfast.loading import reader, resume, stages, threadworkers
 from colabfast.loading.feedprocess import FeedProcess
 from colabfast.loading.planning import _WARNED, BlockPlan, plan
 from colabfast.loading.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize
@@ -29,7 +30,7 @@ from colabfast.where import env
 if TYPE_CHECKING:
     from colabfast.loading.planning import Plan
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "LoaderStateError"]
 
 # --- decoding and transforming in the workers --------------------------------------------------------
 
@@ -212,6 +213,10 @@ class DataLoader(torch.utils.data.DataLoader):
             raises for its arguments.
         RuntimeError: a CUDA ``device`` without a GPU.
 
+    :meth:`state_dict` and :meth:`load_state_dict` resume an epoch where a lost runtime left it, with the
+    same batches, random crops included (torchdata's ``StatefulDataLoader`` convention;
+    :mod:`colabfast.loading.resume`).
+
     Differences from a plain DataLoader, all visible in ``choices``: ``iter(loader)`` is a generator
     (no ``len``; use ``len(loader)``); with ``decode`` or ``transform`` in the workers
     ``loader.dataset`` is a thin wrapper around the caller's dataset.
@@ -301,6 +306,11 @@ class DataLoader(torch.utils.data.DataLoader):
         self._feeding: Optional[Feeding] = None
         self._process: Optional[FeedProcess] = None
         self._persistent = persistent_workers is not False
+        # what state_dict() describes: the epoch's start, batches yielded, the threads' marks (resume.py)
+        self._start: Optional[resume.EpochStart] = None
+        self._yielded, self._finished, self._marks = 0, False, resume.Marks()
+        self._loaded: Optional[dict[str, Any]] = None  # a mid-epoch state_dict, resumed by the next iter()
+        self._once: Optional[_Once] = None
         if p.feed == "process":
             assert p.reader is not None  # plan() allows it only so
             # what the subprocess builds the same loader from (FeedProcess); the order and the seeds
@@ -326,22 +336,35 @@ class DataLoader(torch.utils.data.DataLoader):
                                                         split=self._reader.split)
         # On CUDA each epoch's batches are converted by a feeder thread on the loader's one side stream,
         # made here and never per epoch (timm#2781).
-        self._feeding = Feeding(_TimedConvert(self._convert, clock), torch.cuda.Stream(device=p.device),
-                                feed_depth) if cuda else None
+        self._timed = _TimedConvert(self._convert, clock)
+        self._feeding = Feeding(self._timed, torch.cuda.Stream(device=p.device), feed_depth) if cuda else None
 
-    def _batches(self, batch_indices: Optional[Iterable] = None, base_seed: Optional[int] = None) -> Iterator:
+    def _batches(self, batch_indices: Optional[Iterable] = None, base_seed: Optional[int] = None, *,
+                 start: int = 0, states: Optional[list] = None) -> Iterator:
         """The epoch's host batches, before converting: of ``batch_indices`` (default: the loader's batch
-        sampler); ``base_seed`` restarts the reader threads' random streams (default: as torch would)."""
+        sampler); ``base_seed`` restarts the reader threads' random streams (default: as torch would);
+        ``start`` and ``states``: resuming, as :meth:`ThreadWorkers.batches` takes them."""
         # the reader runs only with a batch_size and no batch_sampler: torch made a BatchSampler
         indices = batch_indices if batch_indices is not None else self.batch_sampler
         if self._threads is not None:
-            return self._threads.batches(indices, seed=base_seed)  # type: ignore[arg-type]
+            return self._threads.batches(indices, seed=base_seed, start=start, states=states,  # type: ignore[arg-type]
+                                         marks=self._marks)
         if self._reader is not None:
             assert indices is not None
             return self._reader.batches(indices)
+        if batch_indices is not None:  # resuming: torch's iterator takes the epoch's rest from _index_sampler
+            self._once = _Once(torch.utils.data.DataLoader._index_sampler.fget(self), batch_indices)  # type: ignore[attr-defined]
+            if self._iterator is not None:  # persistent workers keep their index sampler: new ones take _Once
+                self._iterator._shutdown_workers()  # type: ignore[attr-defined]
+                self._iterator = None
         starting = self.num_workers > 0 and (not self.persistent_workers or self._iterator is None)
         with _frozen_for_fork(starting and self._forks()):
             return super().__iter__()
+
+    @property
+    def _index_sampler(self) -> Any:  # torch's, or while resuming the rest of the epoch first (_Once)
+        once = vars(self).get("_once")
+        return once if once is not None else torch.utils.data.DataLoader._index_sampler.fget(self)  # type: ignore[attr-defined]
 
     def _forks(self) -> bool:
         context = self.multiprocessing_context
@@ -356,7 +379,15 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._feeding is not None:
             # first: the last epoch's feeder thread may still be drawing from the transform's generator
             self._feeding.stop()
-        if self.transform is not None and (self._feeding is not None or self.num_workers == 0):
+        if self._once is not None:  # a resumed epoch's rest was for that epoch only
+            self._once.rest = None
+        self._start = resume.epoch_start(self)
+        self._yielded, self._finished, self._marks = 0, False, resume.Marks()
+        self._timed.marks, self._timed.position = self._marks, 0
+        if self._loaded is not None:
+            loaded, self._loaded = self._loaded, None
+            return self._waited(resume.rest_of_epoch(self, loaded))
+        if resume.reseeds(self):
             # The transform draws in this process: a seed per epoch from the loader's generator, as
             # torch draws its workers' base seed (workers reseed from that one themselves); drawn
             # only for colabfast.images.transforms' random steps.
@@ -365,17 +396,57 @@ class DataLoader(torch.utils.data.DataLoader):
             return self._waited(map(self._convert, self._batches()))
         return self._waited(self._feeding.start(self._batches))
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: enough for :meth:`load_state_dict` to make a loader built the same
+        way, in a new process, yield exactly the batches this one would yield next (torchdata's
+        ``StatefulDataLoader`` convention; what is restored, and what not, in
+        :mod:`colabfast.loading.resume`). Save it with the model's checkpoint (``torch.save``).
+
+        Returns:
+            a dict of plain values and CPU uint8 tensors (generator states): the position in the epoch
+            (batches yielded by the latest iterator; None between epochs), the epoch's start, the reader
+            threads' and the transform's random streams.
+
+        Raises:
+            LoaderStateError: ``feed="process"``, whose threads run in another process.
+        """
+        if "_recipe" in vars(self):
+            raise LoaderStateError('state_dict() needs the feed in this process: build the loader with feed="thread"')
+        return resume.state_of(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` (:meth:`state_dict` of a loader built with the same arguments): the next
+        ``iter(loader)`` yields the batches that loader would have yielded next, the rest of its epoch
+        (none of the batches before are read), or the next epoch where it had finished one. Restore
+        torch's global RNG (``torch.set_rng_state``) from the same checkpoint for the training loop's own
+        draws; the loader puts it back as it finds it.
+
+        Raises:
+            LoaderStateError: ``state`` is not a colabfast.DataLoader state of this version, or was
+                saved by a loader of another dataset length, batch size or number of reader threads.
+        """
+        resume.check(self, state)
+        self._loaded = state if state["position"] is not None else None
+        if self._loaded is None:
+            resume.restore_between_epochs(self, state)
+
     def _waited(self, batches: Iterator) -> Iterator:
         """``batches``, timing the training loop's wait in ``next()`` for each (stage ``"wait"``)."""
         add, now, wait = self._clock.add, stages.now, stages.WAIT
+        marks = self._marks  # this epoch's: a newer iterator counts its own batches
         try:
             while True:
                 start = now()
                 try:
                     batch = next(batches)
                 except StopIteration:
+                    if marks is self._marks:
+                        self._finished = True
                     return
                 add(wait, now() - start)
+                if marks is self._marks:
+                    self._yielded += 1
+                    marks.forget_before(self._yielded)
                 yield batch
         finally:
             close = getattr(batches, "close", None)
@@ -488,16 +559,42 @@ class _TimedCollate(functools.partial):
 
 class _TimedConvert:
     """The loader's :class:`~colabfast.loading.prefetch.BatchConverter` as the CUDA feeder calls it, timed
-    (stage ``"copy"``)."""
+    (stage ``"copy"``); before each batch it records the transform's random states in ``marks`` under
+    as stream ``"transform"`` (the feeder runs ahead of the training loop: :meth:`DataLoader.state_dict`)."""
 
     def __init__(self, convert: Callable[[Any], Any], clock: StageClock) -> None:
         self.convert, self.clock = convert, clock
+        self.marks: Optional[resume.Marks] = None
+        self.position = 0
+        transform = getattr(convert, "transform", None)
+        self._random = transform is not None and bool(transforms.random_states(transform))
 
     def __call__(self, batch: Any) -> Any:
+        if self._random and self.marks is not None:
+            with self.marks.lock:
+                self.marks.record(self.position, transforms.random_states(getattr(self.convert, "transform", None)),
+                                  "transform")
+        self.position += 1
         start = stages.now()
         out = self.convert(batch)
         self.clock.add(stages.COPY, stages.now() - start)
         return out
+
+
+class _Once:
+    """A loader's index sampler that yields ``rest`` (a resumed epoch's remaining batches) while it is
+    set, else the sampler's own: what torch's iterator takes from ``DataLoader._index_sampler`` (it
+    calls ``iter()`` on it twice as it starts workers, and keeps it for persistent workers). The loader
+    sets ``rest`` to None as its next epoch begins."""
+
+    def __init__(self, sampler: Any, rest: Iterable) -> None:
+        self.sampler, self.rest = sampler, cast(Optional[Iterable], rest)
+
+    def __iter__(self) -> Iterator:
+        return iter(self.rest if self.rest is not None else self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 def _where_transform_runs(transform: Callable, cuda: bool, threads: bool = False) -> str:

@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from colabfast.loading.resume import Marks
+
 __all__ = ["Joined", "ThreadWorkers", "base_seed", "in_order", "worker_generators"]
 
 
@@ -45,14 +47,14 @@ _OPENMP = "OpenMP" in torch.__config__.parallel_info()
 
 
 def in_order(submit: Callable[[int, list, threading.Event], Future], batch_indices: Iterable[Sequence[int]],
-             prefetch: int) -> Iterator[Any]:
-    """The results of ``submit(k, indices, stop)`` for each batch ``k`` of ``batch_indices``, in order,
-    submitted ``prefetch`` ahead of the one handed out. A consumer that stops early, or a batch that
-    fails, cancels what is queued and sets ``stop`` for work already running."""
+             prefetch: int, start: int = 0) -> Iterator[Any]:
+    """The results of ``submit(k, indices, stop)`` for each batch ``k`` of ``batch_indices`` (counted
+    from ``start``), in order, submitted ``prefetch`` ahead of the one handed out. A consumer that stops
+    early, or a batch that fails, cancels what is queued and sets ``stop`` for work already running."""
     pending: collections.deque[Future] = collections.deque()
     stop = threading.Event()
     try:
-        for k, indices in enumerate(batch_indices):
+        for k, indices in enumerate(batch_indices, start):
             pending.append(submit(k, list(indices), stop))
             if len(pending) > prefetch:
                 yield pending.popleft().result()
@@ -118,11 +120,27 @@ class ThreadWorkers:
         self.persistent, self.generator = persistent, generator
         self._generators: Optional[list[torch.Generator]] = None
 
-    def batches(self, batch_indices: Iterable[Sequence[int]], seed: Optional[int] = None) -> Iterator[Any]:
-        """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead;
-        ``seed``: the workers' base seed drawn already (by the training process, for a
-        subprocess's threads: :mod:`colabfast.loading.feedprocess`), else drawn here as torch does."""
-        if seed is not None:
+    def batches(self, batch_indices: Iterable[Sequence[int]], seed: Optional[int] = None, *, start: int = 0,
+                states: Optional[list[torch.Tensor]] = None, marks: Optional[Marks] = None) -> Iterator[Any]:
+        """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead.
+
+        Args:
+            seed: the workers' base seed drawn already (by the training process, for a subprocess's
+                threads: :mod:`colabfast.loading.feedprocess`), else drawn here as torch does.
+            start: the epoch's position of the first batch (resuming an epoch, the batches before it
+                left out of ``batch_indices``): batch ``k`` is still made by thread ``k % workers``.
+            states: the threads' generator states to start from (:meth:`states_before`), instead of
+                seeding them; nothing is drawn.
+            marks: where each thread records its generator's state as it begins a batch
+                (:class:`~colabfast.loading.resume.Marks`), for :meth:`states_before`.
+        """
+        if states is not None:
+            if len(states) != self.workers:
+                raise ValueError(f"{len(states)} generator states for {self.workers} reader threads")
+            self._generators = [torch.Generator() for _ in states]
+            for g, state in zip(self._generators, states):
+                g.set_state(state)
+        elif seed is not None:
             self._generators = worker_generators(seed, self.workers)
         elif self._generators is None or not self.persistent:
             # torch's _BaseDataLoaderIter draws its workers' base seed so, before the sampler's first draw
@@ -138,14 +156,30 @@ class ThreadWorkers:
             generators = self._generators
 
             def submit(k: int, indices: list, stop: threading.Event) -> Any:
-                made = self.split(indices, generators[0], self.workers) if k == 0 and self.split else None
-                if made is not None:  # the epoch's first batch, drawn from its thread's generator, made by all
-                    pieces, join = made
-                    return Joined([pool.submit(self._piece, piece, indices) for pool, piece in zip(pools, pieces)],
-                                  join)
-                return pools[k % self.workers].submit(self._make, generators[k % self.workers], indices, stop)
+                g = generators[k % self.workers]
+                if k == start and self.split:
+                    _mark(marks, k, g)
+                    made = self.split(indices, g, self.workers)
+                    if made is not None:  # the epoch's first batch, drawn from its thread's generator, made by all
+                        pieces, join = made
+                        return Joined([pool.submit(self._piece, piece, indices)
+                                       for pool, piece in zip(pools, pieces)], join)
+                return pools[k % self.workers].submit(self._make, g, indices, stop, k, marks)
 
-            yield from in_order(submit, batch_indices, self.prefetch)
+            yield from in_order(submit, batch_indices, self.prefetch, start)
+
+    def states_before(self, position: int, marks: Marks) -> list[torch.Tensor]:
+        """Each thread's generator state just before the first batch at or after ``position`` it makes
+        (batch ``k`` by thread ``k % workers``): recorded in ``marks`` if it has begun that batch, else
+        the generator's current state, which that batch has not drawn from yet."""
+        if self._generators is None:
+            raise ValueError("the reader threads have no random streams yet: no epoch has started")
+        states = []
+        with marks.lock:
+            for w, g in enumerate(self._generators):
+                state = marks.get(position + (w - position) % self.workers)
+                states.append(state if state is not None else g.get_state())
+        return states
 
     def _piece(self, piece: Callable[[], Any], indices: list) -> Any:
         try:
@@ -154,15 +188,24 @@ class ThreadWorkers:
             _name_batch(exc, indices)
             raise
 
-    def _make(self, generator: torch.Generator, indices: list, stop: threading.Event) -> Any:
+    def _make(self, generator: torch.Generator, indices: list, stop: threading.Event, k: int = 0,
+              marks: Optional[Marks] = None) -> Any:
         if stop.is_set():
             return None
+        _mark(marks, k, generator)
         try:
             batch = self.fetch(indices, generator)
         except Exception as exc:
             _name_batch(exc, indices)
             raise
         return batch
+
+
+def _mark(marks: Optional[Marks], k: int, generator: torch.Generator) -> None:
+    """Record ``generator``'s state before batch ``k`` draws from it (see :class:`Marks`)."""
+    if marks is not None:
+        with marks.lock:
+            marks.record(k, generator.get_state())
 
 
 def _name_batch(exc: Exception, indices: list) -> None:

@@ -1,0 +1,231 @@
+"""colabfast.DataLoader.state_dict / load_state_dict: a loader restored after k batches (a fresh loader, a
+new process) yields exactly the batches the uninterrupted one yields next, with the reader threads, worker
+processes, shuffle, DDP shares and random transforms; states it cannot resume are refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+import colabfast as cf
+from colabfast.images import transforms
+from colabfast.packing import pack
+from colabfast.testing.data import make_imagefolder
+
+CROP_FLIP = v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip()])
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("resume")
+    src = make_imagefolder(out / "src", classes=3, per_class=12, size=(60, 44), vary=0.3)
+    return pack(src, out / "m.h5", progress=False)
+
+
+class Numbers(Dataset):
+    """A dataset of its indices (read by torch's fetcher in worker processes or in this process)."""
+
+    def __len__(self) -> int:
+        return 37
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])
+
+
+def _copy(batch: Any) -> Any:
+    x, y = batch if isinstance(batch, (tuple, list)) else (batch, None)
+    return x.clone(), None if y is None else y.clone()
+
+
+def _same(a: list, b: list) -> None:
+    assert len(a) == len(b) and len(a) > 0
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(xa, xb)
+        assert (ya is None and yb is None) or torch.equal(ya, yb)
+
+
+def _resumed_equals_uninterrupted(make: Callable[[], Any], k: int, epochs: int = 2, seed: int = 5) -> None:
+    """Run ``make()`` for ``epochs`` uninterrupted; then again, stopping after ``k`` batches of the
+    first epoch, and resume a fresh loader (torch's global RNG seeded differently, then restored as a
+    checkpoint restores it): the batches after k and the next epoch are the uninterrupted ones."""
+    torch.manual_seed(seed)
+    whole = make()
+    expected = [[_copy(b) for b in whole] for _ in range(epochs)]
+
+    torch.manual_seed(seed)
+    first = make()
+    it = iter(first)
+    head = [_copy(next(it)) for _ in range(k)]
+    state, rng = first.state_dict(), torch.get_rng_state()
+    del it, first
+    _same(head, expected[0][:k])
+
+    torch.manual_seed(seed + 1000)  # a new process: another loader, the global RNG anywhere
+    again = make()
+    torch.set_rng_state(rng)  # the training loop's checkpoint restores its own RNG
+    again.load_state_dict(state)
+    got = [[_copy(b) for b in again] for _ in range(epochs)]
+    _same(got[0], expected[0][k:])
+    for e in range(1, epochs):
+        _same(got[e], expected[e])
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("k", [1, 4])
+def test_reader_threads_with_random_crops_resume_exactly(mirror, persistent, k):
+    def make() -> cf.DataLoader:
+        ds = cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP)
+        loader = cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", persistent_workers=persistent)
+        assert loader._threads is not None and loader._threads.workers == 2  # fused in 2 reader threads
+        return loader
+
+    _resumed_equals_uninterrupted(make, k, epochs=3)
+
+
+def test_the_loaders_own_generator_is_restored_too(mirror):
+    def make() -> cf.DataLoader:
+        ds = cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP)
+        return cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(9))
+
+    torch.manual_seed(0)
+    whole = make()
+    expected = [[_copy(b) for b in whole] for _ in range(2)]
+    first = make()
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    again = cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP), batch_size=4,
+                          shuffle=True, device="cpu", generator=torch.Generator().manual_seed(777))
+    again.load_state_dict(state)
+    _same([_copy(b) for b in again], expected[0][3:])
+    _same([_copy(b) for b in again], expected[1])
+
+
+def test_a_colabfast_transform_drawing_in_this_process_resumes_exactly(mirror):
+    crop = transforms.Compose([transforms.RandomResizedCrop(20), transforms.RandomHorizontalFlip()])
+
+    def make() -> cf.DataLoader:
+        ds = cf.H5ImageFolder(mirror, output="tensor")
+        loader = cf.DataLoader(ds, batch_size=5, shuffle=True, device="cpu", num_workers=0, transform=crop)
+        assert loader._threads is None
+        return loader
+
+    _resumed_equals_uninterrupted(make, 2)
+
+
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, True), (2, False)])
+def test_torch_samplers_and_worker_processes_resume_in_order(workers, persistent):
+    def make() -> cf.DataLoader:
+        return cf.DataLoader(Numbers(), batch_size=3, shuffle=True, device="cpu", num_workers=workers,
+                             persistent_workers=persistent if workers else None)
+
+    _resumed_equals_uninterrupted(make, 5, epochs=3)
+
+
+def test_block_shuffle_under_ddp_shares_resumes_with_set_epoch(mirror):
+    def make() -> cf.DataLoader:
+        ds = cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP)
+        sampler = cf.BlockShuffleSampler(ds, 4, seed=3, num_replicas=2, rank=1)
+        return cf.DataLoader(ds, batch_size=3, sampler=sampler, device="cpu")
+
+    torch.manual_seed(0)
+    whole = make()
+    expected = []
+    for epoch in (7, 8):
+        whole.set_epoch(epoch)
+        expected.append([_copy(b) for b in whole])
+    torch.manual_seed(0)
+    first = make()
+    first.set_epoch(7)
+    it = iter(first)
+    next(it), next(it)
+    state = first.state_dict()
+    again = make()
+    again.load_state_dict(state)
+    _same([_copy(b) for b in again], expected[0][2:])
+    again.set_epoch(8)
+    _same([_copy(b) for b in again], expected[1])
+    assert expected[0][0][1].tolist() != expected[1][0][1].tolist() or \
+        not torch.equal(expected[0][0][0], expected[1][0][0])  # the epochs differ: set_epoch mattered
+
+
+def test_a_state_saved_between_epochs_starts_the_next_epoch(mirror):
+    def make() -> cf.DataLoader:
+        ds = cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP)
+        return cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(1))
+
+    whole = make()
+    expected = [[_copy(b) for b in whole] for _ in range(2)]
+    first = make()
+    _same([_copy(b) for b in first], expected[0])
+    assert first.state_dict()["position"] is None
+    again = make()
+    again.load_state_dict(first.state_dict())
+    _same([_copy(b) for b in again], expected[1])
+
+
+def test_states_it_cannot_resume_are_refused(mirror):
+    ds = cf.H5ImageFolder(mirror, output="tensor")
+    loader = cf.DataLoader(ds, batch_size=4, device="cpu")
+    next(iter(loader))
+    state = loader.state_dict()
+    with pytest.raises(cf.LoaderStateError, match="batch_size 4, this one has 6"):
+        cf.DataLoader(ds, batch_size=6, device="cpu").load_state_dict(state)
+    with pytest.raises(cf.LoaderStateError, match="version 1"):
+        loader.load_state_dict({"epoch": 3})
+    with pytest.raises(cf.LoaderStateError, match="version 1"):
+        loader.load_state_dict("not a dict")  # type: ignore[arg-type]
+    threads = cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP), batch_size=4,
+                            shuffle=True, device="cpu")
+    next(iter(threads))
+    with pytest.raises(cf.LoaderStateError, match="2 reader threads, this one has 0"):
+        cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP), batch_size=4, shuffle=True,
+                      device="cpu", num_workers=1).load_state_dict(threads.state_dict())
+    assert issubclass(cf.LoaderStateError, ValueError)
+
+
+def test_a_new_process_resumes_from_a_checkpoint_on_disk(mirror, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        from torchvision.transforms import v2
+        import colabfast as cf
+        stop, out, ckpt = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+        torch.manual_seed(0)
+        ds = cf.H5ImageFolder({str(mirror)!r}, output="tensor",
+                              transform=v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip()]))
+        loader = cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu")
+        if stop < 0:  # the resumed run
+            checkpoint = torch.load(ckpt, weights_only=False)
+            torch.set_rng_state(checkpoint["rng"])
+            loader.load_state_dict(checkpoint["loader"])
+        batches = []
+        for x, y in loader:
+            batches.append((x, y))
+            if len(batches) == stop:  # a checkpoint after this step, then the runtime is gone
+                torch.save({{"loader": loader.state_dict(), "rng": torch.get_rng_state()}}, ckpt)
+                break
+        torch.save(batches, out)
+    """))
+    ckpt = str(tmp_path / "checkpoint.pt")
+    for stop, out in (("99", "whole.pt"), ("3", "head.pt"), ("-1", "tail.pt")):
+        subprocess.run([sys.executable, str(script), stop, str(tmp_path / out), ckpt], check=True, timeout=300)
+    whole, head, tail = (torch.load(tmp_path / f"{n}.pt") for n in ("whole", "head", "tail"))
+    assert len(head) == 3 and len(tail) == len(whole) - 3
+    _same(head + tail, whole)
+
+
+def test_feed_process_has_no_state_dict(mirror):
+    ds = cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP)
+    loader = cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", feed="process")
+    with pytest.raises(cf.LoaderStateError, match='feed="thread"'):
+        loader.state_dict()
