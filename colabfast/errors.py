@@ -332,8 +332,8 @@ class FeedProcessError(Error, RuntimeError):
 
 class LoaderStateError(Error, ValueError):
     """:meth:`colabfast.DataLoader.load_state_dict` was given a state this loader cannot resume (of
-    another version, or saved by a loader of another dataset length, batch size or number of reader
-    threads), or :meth:`~colabfast.DataLoader.state_dict` was asked of a loader that keeps none
+    another version, or saved by a loader of another dataset length, batch size, ``num_workers`` or
+    number of reader threads), or :meth:`~colabfast.DataLoader.state_dict` was asked of a loader that keeps none
     (``feed="process"``): the message says what differs and what to build."""
 
 

@@ -4,12 +4,14 @@ processes, shuffle, DDP shares and random transforms; states it cannot resume ar
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -30,19 +32,20 @@ def mirror(tmp_path_factory) -> Path:
     return pack(src, out / "m.h5", progress=False)
 
 
-class Numbers(Dataset):
-    """A dataset of its indices (read by torch's fetcher in worker processes or in this process)."""
+class Draws(Dataset):
+    """A dataset of its indices and random numbers drawn from torch's, Python's and NumPy's global RNG, as
+    a dataset's own random transforms draw (read by torch's fetcher in worker processes or here)."""
 
     def __len__(self) -> int:
         return 37
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([i])
+        return torch.tensor([i, int(torch.randint(10**6, ())), random.randrange(10**6), np.random.randint(10**6)])
 
 
 def _copy(batch: Any) -> Any:
     x, y = batch if isinstance(batch, (tuple, list)) else (batch, None)
-    return x.clone(), None if y is None else y.clone()
+    return x.cpu().clone(), None if y is None else y.cpu().clone()
 
 
 def _same(a: list, b: list) -> None:
@@ -52,25 +55,34 @@ def _same(a: list, b: list) -> None:
         assert (ya is None and yb is None) or torch.equal(ya, yb)
 
 
+def _seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def _resumed_equals_uninterrupted(make: Callable[[], Any], k: int, epochs: int = 2, seed: int = 5) -> None:
     """Run ``make()`` for ``epochs`` uninterrupted; then again, stopping after ``k`` batches of the
-    first epoch, and resume a fresh loader (torch's global RNG seeded differently, then restored as a
-    checkpoint restores it): the batches after k and the next epoch are the uninterrupted ones."""
-    torch.manual_seed(seed)
+    first epoch, and resume a fresh loader (the global RNGs seeded differently, then restored as a
+    checkpoint restores the training loop's): the batches after k and the next epochs are the
+    uninterrupted ones."""
+    _seed(seed)
     whole = make()
     expected = [[_copy(b) for b in whole] for _ in range(epochs)]
 
-    torch.manual_seed(seed)
+    _seed(seed)
     first = make()
     it = iter(first)
     head = [_copy(next(it)) for _ in range(k)]
-    state, rng = first.state_dict(), torch.get_rng_state()
+    state, rngs = first.state_dict(), (torch.get_rng_state(), random.getstate(), np.random.get_state())
     del it, first
     _same(head, expected[0][:k])
 
-    torch.manual_seed(seed + 1000)  # a new process: another loader, the global RNG anywhere
+    _seed(seed + 1000)  # a new process: another loader, the global RNGs anywhere
     again = make()
-    torch.set_rng_state(rng)  # the training loop's checkpoint restores its own RNG
+    torch.set_rng_state(rngs[0])  # the training loop's checkpoint restores its own RNGs
+    random.setstate(rngs[1])
+    np.random.set_state(rngs[2])
     again.load_state_dict(state)
     got = [[_copy(b) for b in again] for _ in range(epochs)]
     _same(got[0], expected[0][k:])
@@ -122,13 +134,29 @@ def test_a_colabfast_transform_drawing_in_this_process_resumes_exactly(mirror):
     _resumed_equals_uninterrupted(make, 2)
 
 
-@pytest.mark.parametrize("workers,persistent", [(0, False), (2, True), (2, False)])
-def test_torch_samplers_and_worker_processes_resume_in_order(workers, persistent):
+@pytest.mark.filterwarnings("ignore:.*worker processes:UserWarning")  # 3 workers on 2 CPUs: said, and meant
+@pytest.mark.parametrize("workers,persistent,k", [(0, False, 5), (2, True, 5), (2, False, 5), (2, True, 4),
+                                                  (3, True, 7), (3, False, 1)])
+def test_worker_processes_resume_with_their_random_streams(workers, persistent, k):
     def make() -> cf.DataLoader:
-        return cf.DataLoader(Numbers(), batch_size=3, shuffle=True, device="cpu", num_workers=workers,
+        return cf.DataLoader(Draws(), batch_size=3, shuffle=True, device="cpu", num_workers=workers,
                              persistent_workers=persistent if workers else None)
 
-    _resumed_equals_uninterrupted(make, 5, epochs=3)
+    _resumed_equals_uninterrupted(make, k, epochs=3)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_colabfast_transform_in_worker_processes_resumes_exactly(mirror, persistent):
+    crop = transforms.Compose([transforms.RandomResizedCrop(20), transforms.RandomHorizontalFlip()])
+
+    def make() -> cf.DataLoader:
+        ds = cf.H5ImageFolder(mirror, output="bytes")
+        loader = cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", num_workers=2, transform=crop,
+                               persistent_workers=persistent)
+        assert loader._reader is None and "workers" in loader.choices["transform"][1]
+        return loader
+
+    _resumed_equals_uninterrupted(make, 3)
 
 
 def test_block_shuffle_under_ddp_shares_resumes_with_set_epoch(mirror):
@@ -173,6 +201,26 @@ def test_a_state_saved_between_epochs_starts_the_next_epoch(mirror):
     _same([_copy(b) for b in again], expected[1])
 
 
+@pytest.mark.parametrize("persistent", [True, False])
+def test_worker_processes_saved_between_epochs_carry_on(persistent):
+    def make() -> cf.DataLoader:
+        return cf.DataLoader(Draws(), batch_size=3, shuffle=True, device="cpu", num_workers=2,
+                             persistent_workers=persistent, generator=torch.Generator().manual_seed(4))
+
+    _seed(0)
+    expected = [[_copy(b) for b in make_one] for make_one in [make()] for _ in range(2)]
+    _seed(0)
+    first = make()
+    _same([_copy(b) for b in first], expected[0])
+    state, rngs = first.state_dict(), (torch.get_rng_state(), random.getstate(), np.random.get_state())
+    assert state["position"] is None and (state["workers"] is not None) == persistent
+    _seed(99)
+    again = make()
+    torch.set_rng_state(rngs[0])
+    again.load_state_dict(state)
+    _same([_copy(b) for b in again], expected[1])
+
+
 def test_states_it_cannot_resume_are_refused(mirror):
     ds = cf.H5ImageFolder(mirror, output="tensor")
     loader = cf.DataLoader(ds, batch_size=4, device="cpu")
@@ -187,7 +235,7 @@ def test_states_it_cannot_resume_are_refused(mirror):
     threads = cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP), batch_size=4,
                             shuffle=True, device="cpu")
     next(iter(threads))
-    with pytest.raises(cf.LoaderStateError, match="2 reader threads, this one has 0"):
+    with pytest.raises(cf.LoaderStateError, match="num_workers 0, this one has 1"):
         cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP), batch_size=4, shuffle=True,
                       device="cpu", num_workers=1).load_state_dict(threads.state_dict())
     assert issubclass(cf.LoaderStateError, ValueError)
@@ -205,7 +253,7 @@ def test_a_new_process_resumes_from_a_checkpoint_on_disk(mirror, tmp_path):
                               transform=v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip()]))
         loader = cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu")
         if stop < 0:  # the resumed run
-            checkpoint = torch.load(ckpt, weights_only=False)
+            checkpoint = torch.load(ckpt)  # weights_only: the state is tensors and numbers
             torch.set_rng_state(checkpoint["rng"])
             loader.load_state_dict(checkpoint["loader"])
         batches = []
@@ -229,3 +277,17 @@ def test_feed_process_has_no_state_dict(mirror):
     loader = cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", feed="process")
     with pytest.raises(cf.LoaderStateError, match='feed="thread"'):
         loader.state_dict()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("output", ["tensor", "bytes"])
+def test_on_cuda_the_feeder_threads_transform_resumes_exactly(mirror, output):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    crop = transforms.Compose([transforms.RandomResizedCrop(20), transforms.RandomHorizontalFlip()])
+
+    def make() -> cf.DataLoader:  # the crops drawn by the feeder thread, ahead of the loop (JPEGs: nvJPEG)
+        ds = cf.H5ImageFolder(mirror, output=output)
+        return cf.DataLoader(ds, batch_size=4, shuffle=True, device="cuda", transform=crop, feed_depth=3)
+
+    _resumed_equals_uninterrupted(make, 3)

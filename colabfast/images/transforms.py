@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
 __all__ = ["BatchTransform", "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "reseed",
-           "random_states", "set_random_states"]
+           "random_steps", "random_states", "set_random_states"]
 
 Images = Union[torch.Tensor, Sequence[torch.Tensor]]
 Size = Union[int, Sequence[int]]
@@ -386,11 +386,17 @@ def set_random_states(transform: object, states: list[torch.Tensor]) -> None:
         t.generator.set_state(state)
 
 
-def _own_random_steps(transform: object) -> list:
+def random_steps(transform: object) -> list:
+    """The random steps of ``transform`` (through :class:`Compose`), each with its ``generator``; ``[]``
+    for any other transform."""
     def steps(t: object) -> list:
         return [s for inner in t.transforms for s in steps(inner)] if isinstance(t, Compose) else [t]
 
-    return [t for t in steps(transform) if isinstance(t, _Random) and not t._given]
+    return [t for t in steps(transform) if isinstance(t, _Random)]
+
+
+def _own_random_steps(transform: object) -> list:
+    return [t for t in random_steps(transform) if not t._given]
 
 
 def _is_int(size: object) -> TypeIs[int]:

@@ -67,6 +67,8 @@ class _Prepared(Dataset):
         return sample
 
     def __getitems__(self, indices: list) -> list:
+        if not indices:  # an empty batch keeping the workers' turns (colabfast.loading.resume)
+            return []
         t = stages.now()
         # Keep the wrapped dataset's batched reads (a mirror reads runs of consecutive samples at once).
         if self.views and isinstance(self.dataset, datasets.MirrorDataset):
@@ -311,6 +313,9 @@ class DataLoader(torch.utils.data.DataLoader):
         self._yielded, self._finished, self._marks = 0, False, resume.Marks()
         self._loaded: Optional[dict[str, Any]] = None  # a mid-epoch state_dict, resumed by the next iter()
         self._once: Optional[_Once] = None
+        # torch's workers' random streams after their last batch handed out; what new ones start from
+        self._worker_states: dict[int, tuple] = {}
+        self._restore: Optional[dict[str, Any]] = None
         if p.feed == "process":
             assert p.reader is not None  # plan() allows it only so
             # what the subprocess builds the same loader from (FeedProcess); the order and the seeds
@@ -358,8 +363,9 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._iterator._shutdown_workers()  # type: ignore[attr-defined]
                 self._iterator = None
         starting = self.num_workers > 0 and (not self.persistent_workers or self._iterator is None)
-        with _frozen_for_fork(starting and self._forks()):
-            return super().__iter__()
+        with _frozen_for_fork(starting and self._forks()), resume.starting_workers(self, starting):
+            batches = super().__iter__()
+        return resume.unstamped(self, batches, start) if self.num_workers > 0 else batches
 
     @property
     def _index_sampler(self) -> Any:  # torch's, or while resuming the rest of the epoch first (_Once)
@@ -382,6 +388,8 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._once is not None:  # a resumed epoch's rest was for that epoch only
             self._once.rest = None
         self._start = resume.epoch_start(self)
+        if not self._start.seeded:  # new workers this epoch, seeded anew
+            self._worker_states = {}
         self._yielded, self._finished, self._marks = 0, False, resume.Marks()
         self._timed.marks, self._timed.position = self._marks, 0
         if self._loaded is not None:
@@ -403,9 +411,10 @@ class DataLoader(torch.utils.data.DataLoader):
         :mod:`colabfast.loading.resume`). Save it with the model's checkpoint (``torch.save``).
 
         Returns:
-            a dict of plain values and CPU uint8 tensors (generator states): the position in the epoch
-            (batches yielded by the latest iterator; None between epochs), the epoch's start, the reader
-            threads' and the transform's random streams.
+            a dict of numbers, strings, lists and CPU tensors (random states; ``torch.load`` reads it with
+            ``weights_only=True``): the position in the epoch (batches yielded by the latest iterator;
+            None between epochs), the epoch's start, the random streams of the reader threads, of the
+            transform and of torch's worker processes.
 
         Raises:
             LoaderStateError: ``feed="process"``, whose threads run in another process.
@@ -423,7 +432,8 @@ class DataLoader(torch.utils.data.DataLoader):
 
         Raises:
             LoaderStateError: ``state`` is not a colabfast.DataLoader state of this version, or was
-                saved by a loader of another dataset length, batch size or number of reader threads.
+                saved by a loader of another dataset length, batch size, ``num_workers`` or number of
+                reader threads.
         """
         resume.check(self, state)
         self._loaded = state if state["position"] is not None else None
@@ -446,7 +456,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 add(wait, now() - start)
                 if marks is self._marks:
                     self._yielded += 1
-                    marks.forget_before(self._yielded)
+                    resume.yielded(self, marks)
                 yield batch
         finally:
             close = getattr(batches, "close", None)

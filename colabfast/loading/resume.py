@@ -24,26 +24,39 @@ the random streams it owns, so the batches are exact with random crops too:
   run by the feeder thread ahead of the loop, their generators' states before the next batch, recorded
   the same way; on the CPU without workers, their states as they are (nothing runs ahead).
 
-Worker processes' own random streams (a dataset drawing random numbers in ``__getitem__``) are not
-restored, as in torchdata: the sampler's order is exact, the workers start from new seeds.
+- torch's worker processes' streams (torch's, Python's and NumPy's RNG, which a dataset's own random
+  transforms draw from, and the generators of :mod:`colabfast.images.transforms` steps in the worker's
+  dataset): each batch comes back from its worker stamped with them (:class:`Stamping`, installed as
+  the workers start, around the loader's ``collate_fn``), and the state keeps each worker's after its last
+  batch handed out. Workers resumed mid-epoch start from those (:class:`Restoring`, around
+  ``worker_init_fn``), take their batches in the same turn as before (torch deals batch ``k`` to
+  worker ``k % num_workers`` from worker 0 each epoch: the rest of the epoch is preceded by as many empty
+  batches as that needs), and those not yet reached in the epoch are seeded from the same base seed.
+
+Random numbers drawn anywhere else (a dataset's own generator object, another library's RNG) are not
+the loader's to restore.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import random
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, cast
 
+import numpy as np
 import torch
 import torch.utils.data
 
 from colabfast.errors import LoaderStateError
 from colabfast.images import transforms
 
-__all__ = ["VERSION", "EpochStart", "Marks", "check", "epoch_start", "rest_of_epoch", "restore_between_epochs",
-           "rng_state", "sampler_fields", "set_rng_state", "set_sampler_fields", "state_of"]
+__all__ = ["VERSION", "EpochStart", "Marks", "Restoring", "Stamped", "Stamping", "check", "epoch_start",
+           "rest_of_epoch", "restore_between_epochs", "rng_state", "sampler_fields", "set_rng_state",
+           "set_sampler_fields", "state_of"]
 
 VERSION = 1  # of the state_dict's layout; load_state_dict refuses others
 
@@ -140,6 +153,141 @@ class Marks:
             self._states.clear()
 
 
+# --- torch's worker processes: batches stamped with the worker's random streams ---------------------------
+
+
+def _steps_in(dataset: Any) -> list:
+    """The :mod:`colabfast.images.transforms` random steps of ``dataset``'s ``transform`` and of the
+    datasets it wraps (``.dataset``: the loader's wrapper, ``Subset``), outermost first."""
+    steps, seen = [], 0
+    while dataset is not None and seen < 4:
+        steps += transforms.random_steps(vars(dataset).get("transform") if hasattr(dataset, "__dict__") else None)
+        dataset, seen = getattr(dataset, "dataset", None), seen + 1
+    return steps
+
+
+def worker_states(dataset: Any) -> tuple:
+    """This worker process's random streams: torch's, Python's and NumPy's global RNG, and each random
+    step of a colabfast transform in ``dataset`` (its generator's state, or None where this worker has
+    not drawn from it yet)."""
+    steps = [s.generator.get_state() if s._worker is not None else None for s in _steps_in(dataset)]
+    version, words, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state(legacy=True))
+    # as tensors and numbers only, so torch.load(weights_only=True) reads a checkpoint holding them
+    return (torch.get_rng_state(), [version, torch.tensor(words), gauss],
+            [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached], steps)
+
+
+def set_worker_states(dataset: Any, states: tuple, worker_id: int) -> None:
+    """Put this worker process's streams back as :func:`worker_states` took them (in worker ``worker_id``)."""
+    torch_state, (version, words, gauss), (name, keys, pos, has_gauss, cached), steps = states
+    torch.set_rng_state(torch_state)
+    random.setstate((version, tuple(words.tolist()), gauss))
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    for step, state in zip(_steps_in(dataset), steps):
+        if state is not None:
+            step.generator = torch.Generator()
+            step.generator.set_state(state)
+            step._worker = worker_id  # drawn from already in this worker: not reseeded (_Random.rng)
+
+
+class Stamped:
+    """A batch from worker ``worker`` with its random ``states`` after making it (:func:`worker_states`);
+    ``batch`` None for an empty batch (a placeholder that keeps the workers' turns)."""
+
+    __slots__ = ("batch", "worker", "states")
+
+    def __init__(self, batch: Any, worker: int, states: tuple) -> None:
+        self.batch, self.worker, self.states = batch, worker, states
+
+    def pin_memory(self, *args: Any) -> Stamped:  # torch's pin-memory thread calls it
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return Stamped(None if self.batch is None else pin_memory(self.batch), self.worker, self.states)
+
+
+class Stamping:
+    """The loader's ``collate_fn`` in its worker processes: the batch :class:`Stamped`."""
+
+    def __init__(self, collate_fn: Callable) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: list) -> Stamped:
+        info = torch.utils.data.get_worker_info()
+        batch = self.collate_fn(samples) if len(samples) else None
+        return Stamped(batch, info.id if info is not None else 0, worker_states(info.dataset if info else None))
+
+
+class Restoring:
+    """The loader's ``worker_init_fn`` for workers that resume: after it, each worker's random streams
+    are put back from ``states`` (worker id -> :func:`worker_states`), where it has them."""
+
+    def __init__(self, worker_init_fn: Optional[Callable], states: dict[int, tuple]) -> None:
+        self.worker_init_fn, self.states = worker_init_fn, states
+
+    def __call__(self, worker_id: int) -> None:
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(worker_id)
+        if worker_id in self.states:
+            info = torch.utils.data.get_worker_info()
+            set_worker_states(info.dataset if info is not None else None, self.states[worker_id], worker_id)
+
+
+def _stamps(loader: Any) -> bool:
+    return bool(loader.num_workers > 0 and loader._threads is None and loader._reader is None
+                and loader.batch_size is not None)
+
+
+@contextlib.contextmanager
+def starting_workers(loader: Any, starting: bool) -> Iterator[None]:
+    """Around the start of torch's iterator over ``loader``: where it starts worker processes, their
+    batches come stamped (:class:`Stamping`), and where ``loader`` resumes, the workers start from its
+    states (:class:`Restoring`) and torch draws their base seed from a stand-in generator in the state
+    ``loader._restore`` names (the epoch's own seed again), not from the loader's generator."""
+    restore, loader._restore = loader._restore, None
+    if not (starting and _stamps(loader)):
+        yield
+        return
+    collate_fn, init, generator = loader.collate_fn, loader.worker_init_fn, loader.generator
+    loader.collate_fn = Stamping(collate_fn)
+    if restore is not None:
+        loader.worker_init_fn = Restoring(init, restore["workers"])
+        # torch's iterator draws its base seed from loader.generator, the sampler from its own reference
+        # (or the global RNG): a stand-in in the state that draws the epoch's seed, or any (not used)
+        loader.generator = torch.Generator()
+        if restore["rng"] is not None:
+            loader.generator.set_state(restore["rng"])
+    try:
+        yield
+    finally:
+        loader.collate_fn, loader.worker_init_fn, loader.generator = collate_fn, init, generator
+
+
+def unstamped(loader: Any, batches: Iterator, start: int) -> Iterator:
+    """``batches`` from torch's iterator, each :class:`Stamped` one recorded in ``loader``'s marks at
+    its position in the epoch (from ``start``) and handed on as its batch; placeholders dropped."""
+    marks, position = loader._marks, start
+    for item in batches:
+        if isinstance(item, Stamped):
+            if item.batch is None:
+                continue
+            with marks.lock:
+                marks.record(position, (item.worker, item.states), "workers")
+            item = item.batch
+        position += 1
+        yield item
+
+
+def yielded(loader: Any, marks: Marks) -> None:
+    """The training loop took batch ``loader._yielded - 1``: its worker's streams (if stamped) are now
+    the ones that worker resumes from."""
+    with marks.lock:
+        stamp = marks.get(loader._yielded - 1, "workers")
+    if stamp is not None:
+        loader._worker_states[stamp[0]] = stamp[1]
+    marks.forget_before(loader._yielded)
+
+
 # --- a colabfast.DataLoader's state (its methods call these; `loader` is the DataLoader) ----------------
 
 
@@ -177,13 +325,17 @@ def state_of(loader: Any) -> dict[str, Any]:
     """:meth:`colabfast.DataLoader.state_dict`'s dict for ``loader`` (its docstring says what it holds)."""
     threads = loader._threads
     state: dict[str, Any] = {"colabfast.DataLoader": VERSION, "length": _length(loader),
-                             "batch_size": loader.batch_size, "threads": None, "transform": None}
+                             "batch_size": loader.batch_size, "num_workers": loader.num_workers,
+                             "threads": None, "transform": None}
+    workers = dict(loader._worker_states) if _stamps(loader) else None
     if loader._start is None or loader._finished:  # between epochs: what the next one starts from
         kept = threads is not None and threads.persistent and threads._generators is not None
         state.update(position=None, samplers=sampler_fields(_samplers(loader)),
                      rng=None if loader.generator is None else loader.generator.get_state(),
-                     threads=[g.get_state() for g in threads._generators] if kept else None)
+                     threads=[g.get_state() for g in threads._generators] if kept else None,
+                     workers=workers if _threads_kept(loader) else None)
         return state
+    state["workers"] = workers
     y = loader._yielded
     state.update(position=y, start=loader._start.to_dict())
     if threads is not None and (loader._start.seeded or y > 0 or loader._marks.any()):
@@ -202,7 +354,8 @@ def check(loader: Any, state: Any) -> None:
     if version != VERSION:
         raise LoaderStateError(f"not a colabfast.DataLoader state_dict of version {VERSION} (found version "
                                f"{version!r}): pass what loader.state_dict() returned")
-    for name, mine in (("length", _length(loader)), ("batch_size", loader.batch_size)):
+    for name, mine in (("length", _length(loader)), ("batch_size", loader.batch_size),
+                       ("num_workers", loader.num_workers)):
         if state[name] != mine:
             raise LoaderStateError(f"the state_dict was saved by a loader with {name} {state[name]}, this one "
                                    f"has {mine}: build the loader as the one that saved it")
@@ -219,6 +372,9 @@ def restore_between_epochs(loader: Any, state: dict[str, Any]) -> None:
         loader.generator.set_state(state["rng"])
     if state["threads"] is not None:
         loader._threads._generators = _generators(state["threads"])
+    if state["workers"] is not None:  # persistent workers: the next epoch's new ones carry on their streams
+        loader._worker_states = dict(state["workers"])
+        loader._restore = {"workers": state["workers"], "rng": None}  # and draw no base seed, as they did not
 
 
 def _generators(states: list[torch.Tensor]) -> list[torch.Generator]:
@@ -242,12 +398,16 @@ def rest_of_epoch(loader: Any, state: dict[str, Any]) -> Iterator:
     if reseeds(loader):
         transforms.reseed(loader.transform, loader.generator)
         transforms.set_random_states(loader.transform, state["transform"])
-    seed = None
+    seed, before_seed = None, rng_state(loader.generator)
     if not start.seeded:  # the epoch drew a base seed for its threads or workers (restored, or new ones)
         seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
     order = torch.utils.data.DataLoader._index_sampler.fget(loader)  # type: ignore[attr-defined]
     rest = list(itertools.islice(iter(order), y, None))
     after = rng_state(loader.generator)
+    if _stamps(loader):  # new workers, in their turns; torch draws the epoch's base seed again
+        loader._worker_states = dict(state["workers"] or {})
+        loader._restore = {"workers": loader._worker_states, "rng": None if start.seeded else before_seed}
+        rest = [[]] * (y % loader.num_workers) + rest
     loader._yielded = loader._timed.position = y
     make = functools.partial(loader._batches, rest, seed, start=y, states=state["threads"])
     batches = map(loader._convert, make()) if loader._feeding is None else loader._feeding.start(make)
