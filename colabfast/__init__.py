@@ -65,6 +65,7 @@ _EXPORTS = {
     "BlockShuffleSampler": "colabfast.loading.sampler",
     "DataLoader": "colabfast.loading",
     "FeedProcessError": "colabfast.loading.feedprocess",
+    "SamplerRefused": "colabfast.loading.sampler",
     "CUDAPrefetcher": "colabfast.loading.prefetch",
     "diagnose": "colabfast.diagnosis",
     "Report": "colabfast.diagnosis",

@@ -41,6 +41,7 @@ The classes, by the stage that raises them (bases in brackets)::
         OpenRefused (Error, TypeError)
         IndexTypeError (Error, TypeError, AttributeError)
         FeedProcessError (Error, RuntimeError)
+        SamplerRefused (Error, ValueError)
         ExportRefused (Error, ValueError)
 """
 
@@ -55,7 +56,7 @@ __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused",
            "NotEnoughSpace", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
            "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "LayoutError",
            "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
-           "FeedProcessError", "ExportRefused"]
+           "FeedProcessError", "SamplerRefused", "ExportRefused"]
 
 
 class Error(Exception):
@@ -327,6 +328,13 @@ class IndexTypeError(Error, TypeError, AttributeError):
 
 class FeedProcessError(Error, RuntimeError):
     """The feed subprocess ended without a word (killed, out of memory, a crash in native code)."""
+
+
+class SamplerRefused(Error, ValueError):
+    """A sampler that cannot make an epoch (:class:`colabfast.BlockShuffleSampler`, or the one
+    :class:`colabfast.DataLoader` builds): ``block_size`` below 1, a ``rank`` outside ``0 ..
+    num_replicas - 1``, or ``drop_last`` with fewer samples than replicas (every rank would get none).
+    A ``ValueError``, as it always was; the message says what to pass."""
 
 
 class ExportRefused(Error, ValueError):
