@@ -38,7 +38,8 @@ def ranks(tmp_path_factory) -> list[dict]:
     src = make_imagefolder(root / "src", classes=3, per_class=N // 3, size=(16, 12))
     (root / "tmp").mkdir()
     env = {**os.environ, "COLABFAST_CACHE": str(root / "cache"), "TMPDIR": str(root / "tmp"),
-           "PYTHONPATH": os.pathsep.join([str(Path(cf.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(cf.__file__).parents[1]),
+                                                       os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}
     script = Path(__file__).with_name("ddp_rank.py")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
