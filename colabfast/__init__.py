@@ -66,6 +66,7 @@ _EXPORTS = {
     "DataLoader": "colabfast.loading",
     "FeedProcessError": "colabfast.loading.feedprocess",
     "LoaderStateError": "colabfast.loading.loader",
+    "SamplerRefused": "colabfast.loading.sampler",
     "CUDAPrefetcher": "colabfast.loading.prefetch",
     "diagnose": "colabfast.diagnosis",
     "Report": "colabfast.diagnosis",

@@ -42,6 +42,7 @@ The classes, by the stage that raises them (bases in brackets)::
         IndexTypeError (Error, TypeError, AttributeError)
         FeedProcessError (Error, RuntimeError)
         LoaderStateError (Error, ValueError)
+        SamplerRefused (Error, ValueError)
         ExportRefused (Error, ValueError)
 """
 
@@ -56,7 +57,7 @@ __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused",
            "NotEnoughSpace", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
            "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "LayoutError",
            "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
-           "FeedProcessError", "LoaderStateError", "ExportRefused"]
+           "FeedProcessError", "LoaderStateError", "SamplerRefused", "ExportRefused"]
 
 
 class Error(Exception):
@@ -335,6 +336,13 @@ class LoaderStateError(Error, ValueError):
     another version, or saved by a loader of another dataset length, batch size, ``num_workers`` or
     number of reader threads), or :meth:`~colabfast.DataLoader.state_dict` was asked of a loader that keeps none
     (``feed="process"``): the message says what differs and what to build."""
+
+
+class SamplerRefused(Error, ValueError):
+    """A sampler that cannot make an epoch (:class:`colabfast.BlockShuffleSampler`, or the one
+    :class:`colabfast.DataLoader` builds): ``block_size`` below 1, a ``rank`` outside ``0 ..
+    num_replicas - 1``, or ``drop_last`` with fewer samples than replicas (every rank would get none).
+    A ``ValueError``, as it always was; the message says what to pass."""
 
 
 class ExportRefused(Error, ValueError):

@@ -15,6 +15,6 @@ decode+transform, collate, copy to the GPU, the training loop's wait: :mod:`cola
 from __future__ import annotations
 
 from colabfast.loading.loader import DataLoader
-from colabfast.loading.planning import BlockPlan, DatasetFacts, Plan, ReaderPlan, plan
+from colabfast.loading.planning import BlockPlan, DatasetFacts, Plan, ReaderPlan, ShardPlan, plan
 
-__all__ = ["DataLoader", "plan", "Plan", "BlockPlan", "ReaderPlan", "DatasetFacts"]
+__all__ = ["DataLoader", "plan", "Plan", "BlockPlan", "ShardPlan", "ReaderPlan", "DatasetFacts"]

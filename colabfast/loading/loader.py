@@ -21,9 +21,8 @@ from colabfast.images import transforms
 from colabfast.images.decode import Encoded, decode_cpu, is_encoded, is_jpeg
 from colabfast.loading import reader, resume, stages, threadworkers
 from colabfast.loading.feedprocess import FeedProcess
-from colabfast.loading.planning import _WARNED, BlockPlan, plan
+from colabfast.loading.planning import _WARNED, SAMPLER_PLANS, BlockPlan, plan
 from colabfast.loading.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize
-from colabfast.loading.sampler import BlockShuffleSampler
 from colabfast.loading.stages import StageClock, StageTime
 from colabfast.where import env
 
@@ -131,7 +130,9 @@ class DataLoader(torch.utils.data.DataLoader):
     - ``sampler``: a :class:`~colabfast.loading.sampler.BlockShuffleSampler` when ``shuffle=True`` and the
       dataset is an h5 mirror (``dataset.is_mirror``, also through ``Subset``), seeded from
       ``generator`` or torch's global RNG as ``RandomSampler`` is; blocks of 64 items for a mirror
-      packed with ``shuffle=True``, else of ``min(64, batch_size // 16)`` so batches mix classes.
+      packed with ``shuffle=True``, else of ``min(64, batch_size // 16)`` so batches mix classes. Under
+      ``torch.distributed`` ``shuffle=True`` gives each rank its share of every epoch, rank 0's seed on all
+      (a ``DistributedSampler`` for other datasets; ``shuffle=False`` shards nothing, as torch's).
     - ``collate_fn``: :func:`colabfast.loading.collate.collate` (uint8 images, batched channels-last for the
       GPU; contiguous on the CPU unless ``memory_format=torch.channels_last``).
 
@@ -214,6 +215,7 @@ class DataLoader(torch.utils.data.DataLoader):
             batching (the message says what to pass), or any error ``torch.utils.data.DataLoader``
             raises for its arguments.
         RuntimeError: a CUDA ``device`` without a GPU.
+        SamplerRefused: ``drop_last=True`` sharding fewer samples than ``torch.distributed`` has ranks.
 
     :meth:`state_dict` and :meth:`load_state_dict` resume an epoch where a lost runtime left it, with the
     same batches, random crops included (torchdata's ``StatefulDataLoader`` convention;
@@ -265,10 +267,9 @@ class DataLoader(torch.utils.data.DataLoader):
         if num_workers is not None and num_workers > env.cpu_count() and num_workers not in _WARNED:
             _WARNED.add(num_workers)
             warnings.warn(f"colabfast.DataLoader: {p.reasons['num_workers']}", stacklevel=2)
-        if isinstance(p.sampler, BlockPlan):  # built here: drawing its seed moves the generator, as RandomSampler
-            seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        if isinstance(p.sampler, SAMPLER_PLANS):  # built here: drawing its seed moves the generator, as RandomSampler
             # torch's Dataset declares no __len__; a mirror (a map-style dataset) has one
-            sampler, shuffle = BlockShuffleSampler(cast(Sized, dataset), p.sampler.block_size, seed=seed), None
+            sampler, shuffle = p.sampler.build(cast(Sized, dataset), generator, drop_last), None
         clock = StageClock()  # where this process's threads add the time each stage takes (stage_times)
         super().__init__(
             _prepared(dataset, p, transform, clock),

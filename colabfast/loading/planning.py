@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Sized, Union
 
 import numpy as np
 import torch
@@ -20,9 +20,10 @@ from colabfast.images.augment import FusedTransform
 from colabfast.loading import reader
 from colabfast.loading.collate import collate
 from colabfast.loading.prefetch import cuda_device
+from colabfast.loading.sampler import BlockShuffleSampler, check_shares, shared_seed, world
 from colabfast.where import env
 
-__all__ = ["plan", "Plan", "BlockPlan", "ReaderPlan", "DatasetFacts"]
+__all__ = ["plan", "Plan", "BlockPlan", "ShardPlan", "SAMPLER_PLANS", "ReaderPlan", "DatasetFacts"]
 
 PREFETCH_FACTOR = 4
 # Batches each reader thread reads ahead: 2 threads x 2 = 4 batches (benchmarks/README.md, loader/reader).
@@ -111,12 +112,55 @@ def dataset_facts(dataset: Any) -> DatasetFacts:
 
 class BlockPlan(NamedTuple):
     """In a :func:`plan`: a :class:`~colabfast.loading.sampler.BlockShuffleSampler` with blocks of ``block_size``,
-    which the DataLoader builds (drawing its seed from the ``generator``)."""
+    rank ``rank`` of ``num_replicas`` reading its share of each epoch, which the DataLoader builds
+    (:meth:`build`)."""
 
     block_size: int
+    num_replicas: int = 1
+    rank: int = 0
+
+    def build(self, dataset: Sized, generator: Optional[torch.Generator], drop_last: bool) -> BlockShuffleSampler:
+        """The sampler, seeded by :func:`~colabfast.loading.sampler.shared_seed` (from ``generator``, as
+        ``RandomSampler``; rank 0's under ``torch.distributed``), padding or (``drop_last``) truncating the
+        epoch to a multiple of ``num_replicas``.
+
+        Raises:
+            SamplerRefused: ``drop_last`` with fewer samples than replicas.
+        """
+        return BlockShuffleSampler(dataset, self.block_size, seed=shared_seed(generator),
+                                   num_replicas=self.num_replicas, rank=self.rank, drop_last=drop_last)
 
     def __str__(self) -> str:
-        return f"BlockShuffleSampler(block_size={self.block_size})"
+        share = f", rank={self.rank}/{self.num_replicas}" if self.num_replicas > 1 else ""
+        return f"BlockShuffleSampler(block_size={self.block_size}{share})"
+
+
+class ShardPlan(NamedTuple):
+    """In a :func:`plan`: under ``torch.distributed``, a ``torch.utils.data.DistributedSampler`` shuffling
+    a dataset that is not a mirror, rank ``rank`` of ``num_replicas`` reading every ``num_replicas``-th
+    index of each epoch's permutation (:meth:`build`)."""
+
+    num_replicas: int
+    rank: int
+
+    def build(self, dataset: Sized, generator: Optional[torch.Generator],
+              drop_last: bool) -> torch.utils.data.DistributedSampler:
+        """The ``DistributedSampler``, seeded by :func:`~colabfast.loading.sampler.shared_seed` (from
+        ``generator``, rank 0's seed on every rank) with the loader's ``drop_last``.
+
+        Raises:
+            SamplerRefused: ``drop_last`` with fewer samples than replicas.
+        """
+        check_shares(len(dataset), self.num_replicas, self.rank, drop_last)
+        return torch.utils.data.DistributedSampler(
+            dataset,  # type: ignore[arg-type]  # torch's Dataset declares no __len__; this one has one
+            self.num_replicas, self.rank, shuffle=True, seed=shared_seed(generator), drop_last=drop_last)
+
+    def __str__(self) -> str:
+        return f"DistributedSampler(rank={self.rank}/{self.num_replicas}, shuffle=True)"
+
+
+SAMPLER_PLANS = (BlockPlan, ShardPlan)  # what the DataLoader builds itself, with its generator and drop_last
 
 
 class ReaderPlan(NamedTuple):
@@ -152,8 +196,9 @@ class Plan:
         prefetch_factor: batches read ahead per worker, or per reader thread with a reader (torch then
             gets None); None without either.
         pin_memory: whether batches are put in pinned memory (asynchronous copies to CUDA).
-        sampler: a :class:`BlockPlan` (the loader builds that sampler), the caller's ``sampler`` or
-            ``batch_sampler``, or the name of torch's default (``"RandomSampler"``, ``"SequentialSampler"``).
+        sampler: a :class:`BlockPlan` or :class:`ShardPlan` (the loader builds that sampler), the caller's
+            ``sampler`` or ``batch_sampler``, or the name of torch's default (``"RandomSampler"``,
+            ``"SequentialSampler"``).
         layout: the memory format of the uint8 image batches that :func:`colabfast.loading.collate.collate` and
             the reader build (channels-last for CUDA), or None where neither batches: the caller's
             ``collate_fn``, or no batching.
@@ -219,9 +264,19 @@ def plan(
 ) -> Plan:
     """What :class:`DataLoader` will do with these arguments: a :class:`Plan`.
 
-    A pure function of its arguments and the machine (CPUs, GPU, start method): it starts no worker,
-    opens nothing and draws no random number, so the defaults can be read and tested before a
-    loader exists. The arguments are :class:`DataLoader`'s; see there for what each default means.
+    A pure function of its arguments and the machine (CPUs, GPU, start method, ``torch.distributed``'s
+    world size and rank): it starts no worker, opens nothing and draws no random number, so the
+    defaults can be read and tested before a loader exists. The arguments are :class:`DataLoader`'s;
+    see there for what each default means.
+
+    Under ``torch.distributed`` (initialised, world size above 1) and with no ``sampler`` or
+    ``batch_sampler`` given, ``shuffle=True`` shards each epoch among the ranks: a mirror gets a
+    :class:`BlockPlan` of ``num_replicas`` shares, any other map-style dataset a :class:`ShardPlan` (a
+    ``DistributedSampler``); the loader seeds either with rank 0's seed
+    (:func:`colabfast.loading.sampler.shared_seed`). ``shuffle=False`` shards nothing, as torch's
+    ``DataLoader`` does not: such a loader is usually evaluation, where every rank reading the whole
+    dataset keeps each rank's metric the dataset's (sharding it would need an ``all_reduce``, and its
+    padding counts samples twice); ``sampler=DistributedSampler(dataset, shuffle=False)`` shards it.
 
     Raises:
         ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or
@@ -380,7 +435,11 @@ def _default_workers(facts: DatasetFacts, context: Any, *functions: Any) -> tupl
 
 def _choose_sampler(facts: DatasetFacts, sampler: Any, batch_sampler: Any, shuffle: Optional[bool],
                     batch_size: Optional[int]) -> tuple[Any, str]:
-    if sampler is None and batch_sampler is None and shuffle and not facts.iterable and facts.mirror:
+    replicas, rank = world()  # (1, 0) unless torch.distributed is initialised
+    ours = sampler is None and batch_sampler is None and not facts.iterable
+    shares = (f"; rank {rank} of {replicas} (torch.distributed) reads its share of each epoch, padded or, with "
+              "drop_last, truncated as DistributedSampler does" if replicas > 1 else "")
+    if ours and shuffle and facts.mirror:
         if facts.shuffled:
             block, why = MAX_BLOCK_SIZE, "a mirror packed in shuffled order: blocks mix classes"
         elif not batch_size:
@@ -389,9 +448,15 @@ def _choose_sampler(facts: DatasetFacts, sampler: Any, batch_sampler: Any, shuff
             block = min(MAX_BLOCK_SIZE, max(1, batch_size // BLOCKS_PER_BATCH))
             spans = -(-batch_size // block)  # blocks that a batch's consecutive positions cover, at least
             why = f"a batch of {batch_size} mixes at least {spans} blocks (pack(shuffle=True) allows {MAX_BLOCK_SIZE})"
-        return BlockPlan(block), f"h5 mirror, shuffle=True, blocks of {block}: {why}"
+        return BlockPlan(block, replicas, rank), f"h5 mirror, shuffle=True, blocks of {block}: {why}{shares}"
+    if ours and shuffle and replicas > 1:
+        return ShardPlan(replicas, rank), f"shuffle=True, not an h5 mirror{shares}"
     if sampler is not None or batch_sampler is not None:
         return (sampler if sampler is not None else batch_sampler), "set by caller"
+    if ours and replicas > 1:  # evaluation, as a rule: each rank's metric is then the whole dataset's
+        return "SequentialSampler", (f"torch's default: shuffle=False under torch.distributed, so all {replicas} "
+                                     "ranks read the whole dataset, as with torch's DataLoader; pass sampler="
+                                     "DistributedSampler(dataset, shuffle=False) to shard it")
     return ("RandomSampler" if shuffle else "SequentialSampler"), "torch's default"
 
 

@@ -12,6 +12,10 @@ while the file may store its samples in another order (``pack(shuffle=True)``, a
 order); the sampler walks the dataset in stored order (:func:`colabfast.datasets.dropins.read_order`, also
 through ``Subset``/``random_split``) and yields the dataset's indices, so each block is still one read.
 
+Under ``torch.distributed`` (torchrun) every rank must shuffle with the same seed, so that their
+shares partition each epoch: :func:`shared_seed` draws it as ``RandomSampler`` does and hands rank 0's
+to every rank.
+
 Batches mix about ``batch_size / block_size`` blocks, so on a class-sorted mirror a batch holds at
 most that many classes. Either pack the mirror with ``shuffle=True`` (its stored blocks then mix
 classes: tensorpack's pre-shuffled file plus FFCV's block order), or keep ``block_size`` well below the
@@ -29,8 +33,40 @@ from numpy.typing import NDArray
 from torch.utils.data import Sampler
 
 from colabfast.datasets.dropins import read_order
+from colabfast.errors import SamplerRefused
 
-__all__ = ["BlockShuffleSampler", "block_shuffle", "replica_share"]
+__all__ = ["BlockShuffleSampler", "block_shuffle", "replica_share", "check_shares", "world", "shared_seed",
+           "SamplerRefused"]
+
+
+def world() -> tuple[int, int]:
+    """``(num_replicas, rank)`` of this process: the world size and rank of ``torch.distributed``'s
+    default process group when it is initialised (torchrun, ``init_process_group``), else ``(1, 0)``."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+def shared_seed(generator: Optional[torch.Generator] = None) -> int:
+    """A sampler's seed: an int64 drawn from ``generator`` (else torch's global RNG), as
+    ``torch.utils.data.RandomSampler`` draws its own, so ``torch.manual_seed`` repeats a run.
+
+    Under ``torch.distributed`` with more than one rank, every rank draws (its generator moves as
+    ``RandomSampler``'s would) and then takes rank 0's seed, sent with
+    ``torch.distributed.broadcast_object_list`` (on the CPU with gloo, on the current CUDA device with
+    nccl): ranks seeded differently would shuffle different orders, and their shares would overlap
+    instead of partitioning the epoch. That broadcast is a collective: every rank must call this (build
+    its loader) in the same order, as with any collective.
+
+    Returns:
+        an int in ``[-2**63, 2**63)``, the same on every rank.
+    """
+    seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    if world()[0] > 1:
+        seeds = [seed]
+        torch.distributed.broadcast_object_list(seeds, src=0)
+        seed = int(seeds[0])
+    return seed
 
 
 def block_shuffle(num_samples: int, block_size: int, seed: int, epoch: int) -> NDArray[np.int64]:
@@ -46,7 +82,7 @@ def block_shuffle(num_samples: int, block_size: int, seed: int, epoch: int) -> N
         int64 array of shape ``[num_samples]``, a permutation of ``arange(num_samples)``.
     """
     if block_size < 1:
-        raise ValueError(f"block_size must be at least 1, got {block_size}")
+        raise SamplerRefused(f"block_size must be at least 1, got {block_size}")
     rng = np.random.default_rng([seed, epoch])
     num_blocks = math.ceil(num_samples / block_size)
     block_rank = np.empty(num_blocks, dtype=np.int64)
@@ -59,9 +95,11 @@ def block_shuffle(num_samples: int, block_size: int, seed: int, epoch: int) -> N
 def replica_share(order: NDArray[np.int64], num_replicas: int, rank: int, drop_last: bool = False) -> NDArray[np.int64]:
     """The contiguous share of ``order`` that replica ``rank`` of ``num_replicas`` reads.
 
-    Like ``torch.utils.data.DistributedSampler``, the order is padded by repeating its start (or,
-    with ``drop_last``, truncated) to a multiple of ``num_replicas``; unlike it, each replica gets a
-    contiguous slice instead of every ``num_replicas``-th index, so it still reads whole blocks.
+    Like ``torch.utils.data.DistributedSampler`` (``torch/utils/data/distributed.py``), the order is
+    padded by repeating its start (or, with ``drop_last``, truncated) to a multiple of ``num_replicas``,
+    so the replicas' shares together are the epoch plus at most ``num_replicas - 1`` repeated indices;
+    unlike it, each replica gets a contiguous slice instead of every ``num_replicas``-th index, so it
+    still reads whole blocks.
 
     Returns:
         int64 array of ``ceil(len(order) / num_replicas)`` indices (``floor`` with ``drop_last``).
@@ -76,6 +114,22 @@ def replica_share(order: NDArray[np.int64], num_replicas: int, rank: int, drop_l
         if padding:
             order = np.concatenate([order, np.resize(order, padding)])
     return order[rank * per_replica : (rank + 1) * per_replica]
+
+
+def check_shares(num_samples: int, num_replicas: int, rank: int, drop_last: bool) -> None:
+    """Refuse replica shares that make no epoch.
+
+    Raises:
+        SamplerRefused: ``rank`` outside ``0 .. num_replicas - 1``, or ``drop_last`` with fewer than
+            ``num_replicas`` samples (every share empty: pass ``drop_last=False`` to pad, as
+            ``DistributedSampler`` does).
+    """
+    if num_replicas < 1 or not 0 <= rank < num_replicas:
+        raise SamplerRefused(f"need 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
+    if drop_last and 0 < num_samples < num_replicas:
+        raise SamplerRefused(f"drop_last=True shares {num_samples} samples among {num_replicas} replicas, which "
+                             f"leaves every replica none: pass drop_last=False (the shares are then padded by "
+                             f"repeating samples, as DistributedSampler pads them), or use fewer replicas")
 
 
 class BlockShuffleSampler(Sampler[int]):
@@ -95,14 +149,16 @@ class BlockShuffleSampler(Sampler[int]):
             when ``torch.distributed`` is initialised, else 1.
         rank: which share this process reads, ``0 .. num_replicas - 1``. Default: this process's
             rank when ``torch.distributed`` is initialised, else 0.
-        drop_last: truncate the order to a multiple of ``num_replicas`` instead of padding it.
+        drop_last: truncate the order to a multiple of ``num_replicas`` instead of padding it
+            (:func:`replica_share`). :class:`colabfast.DataLoader` passes its own ``drop_last``.
 
     Epochs: :meth:`set_epoch` selects the order (call it before each epoch, as with
     ``DistributedSampler``). If it is never called, each new iteration advances the epoch, so the
     order changes every epoch as with ``RandomSampler``.
 
     Raises:
-        ValueError: ``block_size < 1``, or ``rank`` outside ``0 .. num_replicas - 1``.
+        SamplerRefused: (a ``ValueError``) ``block_size < 1``; ``rank`` outside ``0 .. num_replicas - 1``;
+            ``drop_last`` with fewer samples than replicas (every share would be empty).
     """
 
     def __init__(
@@ -116,15 +172,12 @@ class BlockShuffleSampler(Sampler[int]):
         rank: Optional[int] = None,
         drop_last: bool = False,
     ) -> None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if num_replicas is None:
-            num_replicas = torch.distributed.get_world_size() if distributed else 1
-        if rank is None:
-            rank = torch.distributed.get_rank() if distributed else 0
+        replicas, this_rank = world()
+        num_replicas = replicas if num_replicas is None else num_replicas
+        rank = this_rank if rank is None else rank
         if block_size < 1:
-            raise ValueError(f"block_size must be at least 1, got {block_size}")
-        if num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
+            raise SamplerRefused(f"block_size must be at least 1, got {block_size}")
+        check_shares(len(data_source), num_replicas, rank, drop_last)
         self.data_source = data_source
         self.stored = read_order(data_source)  # the dataset's indices in stored order; None: 0..n-1
         self.block_size = block_size

@@ -42,6 +42,7 @@ class _Early:
         self.vetted: Optional[tuple[int, ...]] = None  # the version of the Drive copy that was vetted
         self.error: Optional[BaseException] = None
         self.seconds = 0.0
+        self.copied: Optional[int] = None  # files the stage copied (colabfast.staging.copy.copied_last)
         self.before: Any = None  # _before_staging's, for the account
         self.chosen, self.cancel = threading.Event(), threading.Event()
         self.copying = threading.Event()  # set once the copy is under way (or there is none)
@@ -63,6 +64,7 @@ class _Early:
 
     def _run(self, src: Path, folder: Path, to: str, progress: bool, split: Optional[str],
              layout: Optional[str]) -> None:
+        from colabfast.staging.copy import copied_last
         from colabfast.staging.pipeline import stage
 
         try:
@@ -86,7 +88,7 @@ class _Early:
                 self.before = _before_staging(candidate, to)
                 self.copying.set()
                 self.local = stage(candidate, to=to, progress=progress, cancel=self.cancel)
-                self.seconds = time.perf_counter() - start
+                self.seconds, self.copied = time.perf_counter() - start, copied_last()
             finally:
                 vetting.join()
         except BaseException as exc:  # noqa: BLE001 (reported by take(), or the normal path raises it again)
@@ -146,7 +148,8 @@ class _Early:
                 trust(self.local)  # the same bytes as the vetted copy on Drive
         except OSError:
             return None
-        steps.append(_staging_words(self.local, self.before, self.seconds, ", begun while the source was listed"))
+        steps.append(_staging_words(self.local, self.before, self.seconds, ", begun while the source was listed",
+                                    self.copied))
         return self.local
 
 
@@ -167,10 +170,16 @@ def _before_staging(mirror: Path, to: str) -> tuple[os.stat_result, Any, Optiona
 
 
 def _staging_words(local: Path, before: tuple[os.stat_result, Any, Optional[os.stat_result]], took: float,
-                   extra: str = "") -> str:
+                   extra: str = "", copied: Optional[int] = None) -> str:
+    """The account's line for a stage of the mirror to ``local``; ``copied``: the files that stage copied
+    (:func:`colabfast.staging.copy.copied_last`), None where unknown."""
     st, chosen, there = before
     place = "the RAM disk" if env.is_ram(local) else "local disk"
-    if chosen.path == local and unchanged(there, st.st_size, st.st_mtime_ns):
+    there_before = chosen.path == local and unchanged(there, st.st_size, st.st_mtime_ns)
+    if there_before or (copied == 0 and chosen.path != local):
         return f"already staged to {place} at {local}: nothing copied"
+    if copied == 0:  # not there before, up to date once the stage lock was this process's: another staged it
+        return (f"staged to {place} at {local} by another process (another rank under torchrun) while this one "
+                f"waited {_seconds(took)} for its lock: nothing copied")
     rate = f", {st.st_size / took / 1e6:.0f} MB/s" if took > 0.1 else ""
     return f"staged to {place} at {local} in {_seconds(took)} ({human_bytes(st.st_size)}{rate}; {chosen.why}){extra}"

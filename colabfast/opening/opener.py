@@ -109,7 +109,9 @@ def open_dataset(
     half the RAM colabfast may use, else local disk; a mirror already on local disk or RAM is opened
     where it is (``to="auto"``). Called again in the same runtime this lists the source, finds the
     mirror and its staged copy, and copies nothing; in a new runtime it stages the mirror from Drive
-    and packs nothing.
+    and packs nothing. Processes of one machine calling it at once (torchrun's ranks) take turns
+    through the pack and stage locks: one packs and stages, the others wait, find the mirror and its
+    staged copy, copy nothing and open the same file (their accounts say so).
 
     What it did and why (with sizes, counts, dates and seconds) is printed when ``progress`` and kept
     as the dataset's ``account`` (also in its ``repr``), e.g. ``found a mirror of it made 2026-11-20
@@ -279,6 +281,7 @@ def _staged_and_opened(src: Union[Path, _InMemory], kind: str, split: Optional[s
 
 def _staged(mirror: Path, to: str, progress: bool, steps: list[str]) -> Path:
     """``mirror`` staged by :func:`colabfast.stage`'s rule (or where it is, when local and ``to="auto"``)."""
+    from colabfast.staging.copy import copied_last
     from colabfast.staging.pipeline import stage
 
     where = env.storage(mirror)
@@ -288,5 +291,5 @@ def _staged(mirror: Path, to: str, progress: bool, steps: list[str]) -> Path:
     before = _before_staging(mirror, to)
     start = time.perf_counter()
     local = stage(mirror, to=to, progress=progress)
-    steps.append(_staging_words(local, before, time.perf_counter() - start))
+    steps.append(_staging_words(local, before, time.perf_counter() - start, copied=copied_last()))
     return local

@@ -45,6 +45,16 @@ __all__: list[str] = []  # internal to colabfast.staging: nothing here is public
 CHUNK = 1 << 20  # bytes per read() when copying a file
 BIG_FILE = 64 << 20  # files at least this large are copied as parallel ranges
 RANGE = 16 << 20  # bytes per range of a big file
+# Files the last _stage_tree of this thread found to copy (0: all up to date, maybe staged by another
+# process while this one waited for the stage lock): how open_dataset's account tells "staged" from "found".
+_LAST = threading.local()
+
+
+def copied_last() -> Optional[int]:
+    """Files the last stage of a folder or a file in this thread copied (0: nothing, it was up to date
+    once this thread held the stage lock); None before any."""
+    return getattr(_LAST, "copied", None)
+
 # --- folders and single files ----------------------------------------------------------------------
 
 
@@ -98,6 +108,7 @@ def _stage_tree(
     for rel, exc in (unreadable or {}).items():
         exc.folder = True  # type: ignore[attr-defined]
         failures[f"{rel}/"] = exc
+    _LAST.copied = len(todo)
     if not todo and not failures:
         _say_up_to_date(target_of(files[0].rel) if single else dst, opts)
         if not old.get("complete"):

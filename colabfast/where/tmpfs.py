@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 
 from colabfast.errors import NotEnoughSpace, StageRefused
 from colabfast.where import env, mounttable
-from colabfast.where._fileio import PathLike, human_bytes
+from colabfast.where._fileio import PathLike, human_bytes, locked, state_name
 
 __all__ = ["RamDisk", "ramdisk", "release_ramdisk", "ramdisk_path", "default_path"]
 
@@ -136,6 +136,9 @@ def ramdisk(size: Union[int, str, None] = None, path: Optional[PathLike] = None)
         path: mount point. Default: ``/content/ramdisk`` in Colab, ``<tempdir>/colabfast-data-<uid>/ramdisk``
             elsewhere. It must be missing, empty, or already a tmpfs.
 
+    Processes asking at once (torchrun's ranks) take turns, through a lock in colabfast's cache
+    folder: the first mounts, the others find its mount and reuse it.
+
     It stays mounted, holding what is stored in it, until :meth:`RamDisk.release` (or
     ``colabfast ramdisk --release``, or the machine's end); ``with ramdisk("8G") as rd:`` releases it
     when the block ends.
@@ -158,6 +161,14 @@ def ramdisk(size: Union[int, str, None] = None, path: Optional[PathLike] = None)
             f"at most {human_bytes(max(spare, 0))} can go to a RAM disk. Ask for less, or stage to disk."
         )
     target = Path(path) if path is not None else default_path()
+    # Processes mounting at one path at once (torchrun's ranks, each staging to="ram") would stack
+    # tmpfs mounts there, each hiding what the one below holds: one at a time, the next finds it mounted.
+    with locked(env.cache_dir() / "locks" / f"ramdisk-{state_name(target)}.lock", f"mounting a RAM disk at {target}"):
+        return _mounted(target, nbytes, size)
+
+
+def _mounted(target: Path, nbytes: int, size: Union[int, str, None]) -> RamDisk:
+    """:func:`ramdisk`'s mount at ``target`` (or its growth, or the fallback), under its lock."""
     if env.is_ram(target) and os.path.ismount(target):
         st = os.statvfs(target)
         if st.f_blocks * st.f_frsize < nbytes:
