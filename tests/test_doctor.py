@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from colabfast.diagnosis import doctor
-from colabfast.where import env, mounttable
+from colabfast.where import codec, env, mounttable
 from colabfast.where.mounttable import Mount
 
 
@@ -99,13 +99,14 @@ def test_describe_in_colab_with_a_gpu(quiet_machine, monkeypatch, tmp_path, stan
     marker.write_text("vm")
     monkeypatch.setattr(env, "COLAB_MARKER", str(marker))
     monkeypatch.setattr(env, "gpu", lambda: {"name": "Tesla T4", "memory": 15_000_000_000})
-    monkeypatch.setattr(env, "gpu_decode_available", lambda: True)
+    monkeypatch.setattr(codec, "gpu_decode_available", lambda: True)
     monkeypatch.setattr(env, "drive_mounts", lambda: [])
     text = doctor.describe()
     assert text.startswith("platform  Google Colab")
     assert "Tesla T4, 15.0 GB; JPEG decode on GPU: yes" in text
     assert "Drive is not mounted: colabfast.mount() mounts it" in text
-    assert "torchvision.io.decode_jpeg(data, device='cuda')" in text
+    assert f"{codec.jpeg_codec().name}.decode_jpeg(data, device='cuda')" in text
+    assert f"JPEGs     decoded by {codec.jpeg_codec()}" in text
 
 
 @pytest.fixture

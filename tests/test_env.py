@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from colabfast.where import env, mounttable
+from colabfast.where import codec, env, mounttable
 from colabfast.where import standin as standin_module
 from colabfast.where.env import DriveMount
 
@@ -169,7 +169,7 @@ def test_gpu_falls_back_to_nvml(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     assert env.gpu() is None
-    assert env.gpu_decode_available() is False
+    assert codec.gpu_decode_available() is False
     nvml = types.SimpleNamespace(
         nvmlInit=lambda: None,
         nvmlDeviceGetHandleByIndex=lambda i: "h0",
@@ -186,4 +186,4 @@ def test_gpu_decoder_on_a_real_gpu():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     assert env.gpu()["memory"] > 0
-    assert env.gpu_decode_available() is True
+    assert codec.gpu_decode_available() is True

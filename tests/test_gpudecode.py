@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image
+from torchvision.io import ImageReadMode
+from torchvision.io import decode_image as tv_decode_image
 
 from colabfast.images.decode import Encoded, EncodedImages, decode_batch, decode_cpu, decode_hwc, is_encoded, is_jpeg
 from colabfast.testing.data import encode, photo
+from colabfast.where.codec import quiet_torchvision
 
 cuda = pytest.mark.cuda
 
@@ -29,6 +31,12 @@ def as_tensor(data: bytes) -> torch.Tensor:
 def jpeg_files(n=5, size=(48, 32), seed=0) -> list[torch.Tensor]:
     rng = np.random.default_rng(seed)
     return [as_tensor(encode(photo(*size, rng))) for _ in range(n)]
+
+
+def decode_image(data: torch.Tensor, mode: ImageReadMode) -> torch.Tensor:
+    """torchvision.io.decode_image, the oracle (deprecated by torchvision 0.29: its warning silenced here)."""
+    with quiet_torchvision():
+        return tv_decode_image(data, mode=mode)
 
 
 def pil_rgb(data: bytes) -> torch.Tensor:

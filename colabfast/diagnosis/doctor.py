@@ -18,7 +18,7 @@ from typing import Optional
 
 from colabfast.staging.destination import Destination, check_space, default_destination
 from colabfast.staging.extract import archive_suffix, extracted_size, strip_archive_suffix
-from colabfast.where import env, mounttable
+from colabfast.where import codec, env, mounttable
 from colabfast.where import standin as standin
 from colabfast.where._fileio import PathLike, human_bytes
 
@@ -50,15 +50,15 @@ def describe(data: Optional[PathLike] = None) -> str:
             Its size is summed by listing it for at most 5 seconds.
 
     Returns:
-        Lines ``name  value`` for platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive and GPU,
-        then an ``advice`` list, led by what is broken in this Python's install
-        (:func:`colabfast.where.env.install_problems`: a required package that does not import, a
-        torch/torchvision pair not built together).
+        Lines ``name  value`` for platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive, GPU and
+        the JPEG decoder (:func:`colabfast.where.codec.jpeg_codec`), then an ``advice`` list, led by what
+        is broken in this Python's install (:func:`colabfast.where.env.install_problems`: a required
+        package that does not import, a torch/torchvision pair not built together).
     """
     broken = env.install_problems()
     work = env.work_dir()
     gpu_info = env.gpu()
-    decode = gpu_info is not None and env.gpu_decode_available()
+    decode = gpu_info is not None and codec.gpu_decode_available()
     drives = env.drive_mounts()
     rows = _machine_rows(work, gpu_info, decode, drives)
 
@@ -111,6 +111,7 @@ def _machine_rows(
     else:
         on_gpu = "yes" if decode else "no"
         rows.append(("GPU", f"{gpu_info['name']}, {human_bytes(gpu_info['memory'])}; JPEG decode on GPU: {on_gpu}"))
+    rows.append(("JPEGs", f"decoded by {codec.jpeg_codec()}"))  # colabfast.where.codec: torchcodec or torchvision.io
     return rows
 
 
@@ -242,7 +243,7 @@ def _compute_advice(gpu_info: Optional[dict], decode: bool) -> list[str]:
     if decode:
         return [
             line,
-            "the GPU decodes JPEGs (nvJPEG): torchvision.io.decode_jpeg(data, device='cuda') "
+            f"the GPU decodes JPEGs (nvJPEG): {codec.jpeg_codec().name}.decode_jpeg(data, device='cuda') "
             "takes decoding off the CPUs",
         ]
     return [line, "this torchvision cannot decode JPEGs on the GPU: decoding stays on the CPU workers"]

@@ -2,7 +2,8 @@
 
 A 2-vCPU Colab VM decodes about 2k ImageNet-size JPEGs per second at best (``colabfast bench loader``,
 benchmarks/README.md); nvJPEG
-through ``torchvision.io.decode_jpeg(list_of_tensors, device="cuda")`` decodes a whole batch in one
+through ``decode_jpeg(list_of_tensors, device="cuda")`` (TorchCodec's, or torchvision.io's where
+torchcodec >= 0.16 is missing: :mod:`colabfast.where.codec`) decodes a whole batch in one
 call and leaves the CPUs only reading bytes. Files arrive from the workers packed in one tensor
 (:class:`EncodedImages`): hundreds of small tensors would each cost a shared-memory segment when
 crossing from a worker process.
@@ -13,26 +14,25 @@ GPU and CPU pixels agree within a few levels, not exactly.
 
 Bytes from a file are not trusted. Every decoder here reads the image's size from its header first
 and refuses one over ``PIL.Image.MAX_IMAGE_PIXELS`` (:func:`check_encoded`: a few kilobytes of JPEG
-can declare 16000x16000 pixels, 768 MB decoded), and only libjpeg (simplejpeg, torchvision, nvJPEG)
-and PIL see the bytes: torchvision 0.29's PNG decoder segfaults the process on a corrupt IDAT
-(libpng's "incorrect data check"), so PNG, GIF and WebP are decoded by PIL, which raises instead.
+can declare 16000x16000 pixels, 768 MB decoded), and only libjpeg (simplejpeg, torchcodec or
+torchvision, nvJPEG) and PIL see the bytes: torchvision 0.29's PNG decoder segfaults the process on a
+corrupt IDAT (libpng's "incorrect data check"), so PNG, GIF and WebP are decoded by PIL, which raises
+instead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
-import warnings
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 import simplejpeg
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from colabfast.errors import ImageSizeError
+from colabfast.where.codec import decode_jpeg
 
 __all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "check_pixels", "decode_batch", "decode_cpu",
            "decode_pil", "encoded_size", "is_encoded", "is_jpeg"]
@@ -123,14 +123,6 @@ def is_encoded(x: object) -> bool:
 def is_jpeg(data: torch.Tensor) -> bool:
     """True when the 1-D uint8 tensor starts with the JPEG signature."""
     return data.numel() >= 3 and bytes(data[:3].tolist()) == JPEG_MAGIC
-
-
-@contextlib.contextmanager
-def _quiet_torchvision() -> Iterator[None]:
-    # torchvision 0.29 warns on every decode call that its decoders move to TorchCodec.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torchvision\.io")
-        yield
 
 
 def encoded_size(data: np.ndarray) -> tuple[int, int]:
@@ -257,11 +249,10 @@ def decode_hwc(data: Union[torch.Tensor, np.ndarray], where: Union[str, int] = "
     h, w = check_encoded(raw, where, size)
     try:
         hwc = simplejpeg.decode_jpeg(raw, colorspace="RGB", buffer=buffer)
-    except ValueError:  # a libjpeg warning (strict mode) or a corrupt file: torchvision says which
+    except ValueError:  # a libjpeg warning (strict mode) or a corrupt file: torchcodec/torchvision says which
         try:
-            with _quiet_torchvision():
-                chw = decode_jpeg(torch.from_numpy(raw), mode=ImageReadMode.RGB)
-        except RuntimeError as exc:
+            chw = decode_jpeg(torch.from_numpy(raw))
+        except (RuntimeError, ValueError) as exc:
             raise ValueError(
                 f"cannot decode the image at {_label(where)} ({raw.size} bytes, starting "
                 f"{raw[:8].tobytes()!r}): {str(exc).rstrip('.')}. Re-pack or remove that file."
@@ -284,7 +275,8 @@ def decode_cpu(
     same (tested), straight into ``out`` when given, with the GIL released for the decode, and faster
     than ``torchvision.io.decode_image`` (benchmarks/README.md, "Batch reader vs worker processes and
     FFCV"). JPEGs that libjpeg decodes
-    only with a warning (e.g. extraneous bytes before a marker) go to ``torchvision.io.decode_jpeg``.
+    only with a warning (e.g. extraneous bytes before a marker) go to TorchCodec's or torchvision.io's
+    ``decode_jpeg`` (:mod:`colabfast.where.codec`).
     Other formats (PNG, GIF, WebP) are decoded by PIL (:func:`decode_pil`; a KITTI PNG decodes about
     as fast as by torchvision, whose libpng binding crashes the process on corrupt data).
 
@@ -318,7 +310,8 @@ def _label(where: Union[str, int]) -> str:
 def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> list[torch.Tensor]:
     """Decode a batch of encoded files onto ``device``: JPEGs in one nvJPEG call on CUDA.
 
-    On a CUDA device the JPEGs go to ``torchvision.io.decode_jpeg(list, device=...)`` in one call;
+    On a CUDA device the JPEGs go to ``decode_jpeg(list, device=...)`` in one call (TorchCodec's, or
+    torchvision.io's: :func:`colabfast.where.codec.jpeg_codec`);
     if nvJPEG rejects the batch, each JPEG is retried alone and the ones it still rejects (e.g. CMYK or
     corrupt files) are decoded on the CPU. Other formats (PNG, ...) are decoded on the CPU and copied.
     On a CPU device everything is decoded on the CPU. Runs on the current CUDA stream.
@@ -339,24 +332,28 @@ def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> lis
     files = list(images)
     out: list[Optional[torch.Tensor]] = [None] * len(files)
     jpegs = [i for i, f in enumerate(files) if device.type == "cuda" and is_jpeg(f)]
+    sizes = {}
     for i in jpegs:  # nvJPEG allocates what the header says: check it first (the CPU path checks its own)
-        check_encoded(files[i].numpy(), images.where(i))
+        sizes[i] = check_encoded(files[i].numpy(), images.where(i))
     if jpegs:
         # torchvision allocates the outputs on the current stream but nvJPEG writes them on its own
         # stream, which does not wait for work still queued on ours: let that work finish first so a
-        # just-freed block cannot be overwritten while a queued kernel still reads it.
+        # just-freed block cannot be overwritten while a queued kernel still reads it. (torchcodec
+        # decodes on the current stream, DecodeJpegCuda.cpp; the wait is kept for it too until a GPU
+        # test shows it can go.)
         # A blocking event rather than stream.synchronize(): the wait sleeps instead of spinning a CPU,
         # which on 2 CPUs the training thread and the DataLoader workers need.
         done = torch.cuda.Event(blocking=True)
         done.record(torch.cuda.current_stream(device))
         done.synchronize()
-        with _quiet_torchvision():
-            try:
-                decoded = decode_jpeg([files[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
-            except RuntimeError:  # one bad file fails the whole call: find it
-                decoded = [_decode_one_on_gpu(files[i], device) for i in jpegs]
+        decoded: Sequence[Optional[torch.Tensor]]
+        try:
+            decoded = decode_jpeg([files[i] for i in jpegs], device=device)
+        except (RuntimeError, ValueError):  # one bad file fails the whole call: find it
+            decoded = [_decode_one_on_gpu(files[i], device) for i in jpegs]
         for i, img in zip(jpegs, decoded):
-            out[i] = img
+            # the header's size, or (a file whose EXIF orientation got applied anyway) the CPU decodes it
+            out[i] = img if img is not None and tuple(img.shape[1:]) == sizes[i] else None
     for i, f in enumerate(files):
         if out[i] is None:
             out[i] = decode_cpu(f, images.where(i)).to(device, non_blocking=True)
@@ -365,6 +362,6 @@ def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> lis
 
 def _decode_one_on_gpu(data: torch.Tensor, device: torch.device) -> Optional[torch.Tensor]:
     try:
-        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError:
+        return decode_jpeg(data, device=device)
+    except (RuntimeError, ValueError):
         return None  # decode_batch decodes it on the CPU, or names it in the error

@@ -28,7 +28,7 @@ from colabfast.where.mounttable import Mount
 __all__ = ["DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "drive_kind", "drive_mounts",
            "standin_mountpoints", "drivefs_dir", "cache_dir", "work_dir",
            "storage", "is_ram", "is_fuse", "cpu_count", "ram_total", "ram_available", "ram_headroom", "disk_free",
-           "can_mount", "has_fuse", "shm_size", "recommended_num_workers", "gpu", "gpu_decode_available",
+           "can_mount", "has_fuse", "shm_size", "recommended_num_workers", "gpu",
            "gpu_utilization", "REQUIRED", "install_problems"]
 
 MIRRORS_FOLDER = "colabfast-mirrors"  # at the top of My Drive, or beside a source that is not on Drive
@@ -323,21 +323,6 @@ def _nvml() -> Optional[tuple]:
         return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
     except Exception:  # NVML raises its own error types for "no driver", "no device", ...
         return None
-
-
-def gpu_decode_available() -> bool:
-    """True when torchvision decodes JPEGs on the GPU (nvJPEG, ``torchvision.io.decode_jpeg(data,
-    device="cuda")``); tried on a tiny JPEG, so it costs a CUDA initialisation."""
-    if gpu() is None:
-        return False
-    try:
-        import torch
-        import torchvision.io
-
-        data = torchvision.io.encode_jpeg(torch.zeros(3, 16, 16, dtype=torch.uint8))
-        return tuple(torchvision.io.decode_jpeg(data, device="cuda").shape) == (3, 16, 16)
-    except Exception:  # no CUDA build of torchvision, no nvJPEG, driver too old: all mean "no"
-        return False
 
 
 def gpu_utilization() -> Optional[float]:

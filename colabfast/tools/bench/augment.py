@@ -59,6 +59,7 @@ from colabfast.testing import data
 from colabfast.tools.bench.detection import as_lists
 from colabfast.tools.bench.loader import _rates
 from colabfast.tools.bench.timing import Result
+from colabfast.where.codec import decode_jpeg, jpeg_codec
 
 CROP = 224
 OURS = "colabfast.DataLoader (defaults)"
@@ -116,7 +117,6 @@ class _Boxes(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[Any, dict[str, Any]]:
         from torchvision import tv_tensors
-        from torchvision.io import decode_jpeg
 
         image = tv_tensors.Image(decode_jpeg(self.blobs[i]))
         h, w = image.shape[-2:]
@@ -314,7 +314,8 @@ def _detection(src: Path, tmp: Path, n: int, repeats: int, min_seconds: float, b
                                             collate_fn=as_lists),
     }
     notes = {OURS: f"batch {batch_size}, targets per sample; {_reader(ours)}",
-             source: "JPEG bytes in RAM, torchvision.io.decode_jpeg per item, list collate, persistent, prefetch 4"}
+             source: f"JPEG bytes in RAM, {jpeg_codec().name}.decode_jpeg per item, list collate, persistent, "
+                     "prefetch 4"}
     return _rows("augment/detection v2", loaders, {"x worker processes": procs, "x torch DataLoader": source}, notes,
                  len(blobs), repeats, min_seconds)
 

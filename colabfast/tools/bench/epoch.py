@@ -15,7 +15,8 @@ image on one core, which FFCV's rows do not pay either:
 - colabfast's encoded and raw mirrors (:func:`colabfast.pack`, :class:`colabfast.H5ImageFolder`,
   :class:`colabfast.DataLoader`); from Drive also the mirror staged to local disk first;
 - the peers of :mod:`colabfast.tools.bench.peers` (WebDataset, LitData, MosaicML Streaming, Efficio, FFCV);
-- the decode-only ceiling (local only): torchvision.io on the encoded files already in RAM;
+- the decode-only ceiling (local only): TorchCodec or torchvision.io (:mod:`colabfast.where.codec`) on the
+  encoded files already in RAM;
 - for a peer whose crop yields strided views of the uncropped batches (FFCV: its torch transforms run
   on whole batches), the same loader with each batch made dense (local only, a reference row: the copy
   a model's first layer or ``.cuda()`` makes of such a batch, which every other method's batches have
@@ -54,6 +55,7 @@ from colabfast.testing import data
 from colabfast.tools.bench import peers as peer_module
 from colabfast.tools.bench.timing import Result
 from colabfast.where import env
+from colabfast.where.codec import decode_jpeg, jpeg_codec
 
 # (width, height): pre-resized ImageNet (FFCV's and most recipes' 256 px) and ImageNet's average size.
 IMAGE_SIZES = {"256px": (256, 256), "500x375": (500, 375)}
@@ -103,7 +105,8 @@ class NaiveH5(torch.utils.data.Dataset):
 
 
 class EncodedInRAM(torch.utils.data.Dataset):
-    """The decode-only ceiling: the encoded files as uint8 tensors in RAM, decoded by torchvision.io
+    """The decode-only ceiling: the encoded files as uint8 tensors in RAM, decoded by TorchCodec or torchvision.io
+    (whichever :func:`colabfast.where.codec.jpeg_codec` names)
     (the decoder of colabfast's encoded mirror), so nothing but decoding and the transform costs."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable) -> None:
@@ -115,9 +118,7 @@ class EncodedInRAM(torch.utils.data.Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        from torchvision.io import ImageReadMode, decode_image
-
-        return self.transform(decode_image(self.files[index], mode=ImageReadMode.RGB)), self.labels[index]
+        return self.transform(decode_jpeg(self.files[index])), self.labels[index]
 
 
 class PixelsInRAM(torch.utils.data.Dataset):
@@ -126,13 +127,11 @@ class PixelsInRAM(torch.utils.data.Dataset):
     nothing but indexing, the transform and batching costs."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable) -> None:
-        from torchvision.io import ImageReadMode, decode_image
-
-        first = decode_image(torch.frombuffer(bytearray(Path(samples[0][0]).read_bytes()), dtype=torch.uint8))
+        first = decode_jpeg(torch.frombuffer(bytearray(Path(samples[0][0]).read_bytes()), dtype=torch.uint8))
         self.pixels = torch.empty((len(samples), first.shape[1], first.shape[2], 3), dtype=torch.uint8)
         for i, (p, _) in enumerate(samples):
             data = torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8)
-            self.pixels[i] = decode_image(data, mode=ImageReadMode.RGB).permute(1, 2, 0)
+            self.pixels[i] = decode_jpeg(data).permute(1, 2, 0)
         self.labels = [label for _, label in samples]
         self.transform = transform
 
@@ -247,7 +246,7 @@ def _methods(samples: list[tuple[str, int]], image_size: tuple[int, int], batch_
                 missing=peer.missing(), reference=True, drive=False,
                 note="the row above, each batch made dense as a model's first layer or .cuda() makes a strided "
                      "batch: x.contiguous(memory_format=torch.channels_last)"))
-    methods.append(_Method("decode-only ceiling (torchvision.io, JPEGs in RAM)",
+    methods.append(_Method(f"decode-only ceiling ({jpeg_codec().name}, JPEGs in RAM)",
                            lambda root, cache: ours(EncodedInRAM(samples, crop)), reference=True, drive=False,
                            note="the same decoder on the same bytes already in RAM: no I/O"))
     methods.append(_Method("decoded pixels in RAM (TensorDataset-like)",
