@@ -199,7 +199,8 @@ def test_second_call_and_second_runtime_pack_nothing(local, monkeypatch):
     before_export = contents(local / "drive/ds")
     data = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
     packed, written = tree(mirrors), tree(data.parent)
-    assert sorted(p.rsplit("-", 1)[0] for p in packed) == ["ds", "ds"]  # one mirror per split
+    assert sorted(p.rsplit("-", 1)[0] for p in packed if p.endswith(".h5")) == ["ds", "ds"]  # one mirror per split
+    assert [p for p in packed if not p.endswith(".h5")] == [record_of(local / "drive/ds", mirrors).name]
 
     def no_pack(*args, **kwargs):
         raise AssertionError("packed again")
@@ -322,7 +323,7 @@ def test_export_without_split_folders(local):
     data = cf.ultralytics_data(root, mirrors=local / "drive/mirrors", to="disk", progress=False)
     doc = yaml.safe_load(data.read_text())
     assert (doc["train"], doc["val"]) == ("images/all", "images/all")
-    assert len(list((local / "drive/mirrors").iterdir())) == 1  # one mirror for both keys
+    assert len(list((local / "drive/mirrors").glob("*.h5"))) == 1  # one mirror for both keys
     assert same_as_ultralytics(root / "images", data.parent / "images/all") == 2
 
 
@@ -356,7 +357,183 @@ def test_on_drive_first_runtime_packs_next_runtime_only_stages(my_drive, local):
     assert same_as_ultralytics(behind / "images/train", data.parent / "images/train") == 5
     printed, again = in_new_runtime(my_drive / "things", local, "runtime2")
     assert again.is_file() and again.is_relative_to(local / "runtime2/tmp")
-    assert "packed" not in printed and printed.count("found a mirror of it") == 2, printed
+    assert "packed" not in printed and "no per-file work" in printed and "staged its mirrors" in printed, printed
     assert ours() == packed and contents(behind) == exported  # nothing written beside the export
     assert contents(again.parent / "images") == contents(data.parent / "images")
     assert contents(again.parent / "labels") == contents(data.parent / "labels")
+
+
+def record_of(root: Path, mirrors: Path, split=None) -> Path:
+    """The record of the export at ``root`` (folder or zip) in the mirrors folder
+    (colabfast.opening.exportrecord)."""
+    from colabfast.opening.exportrecord import record_path
+
+    return record_path(mirrors, root, split)
+
+
+class Calls:
+    """The calls that list, stat or open a path below ``root`` (the export), made while watching:
+    ``os.scandir``, ``os.listdir``, ``os.stat``, ``os.lstat``, ``os.open``, ``open``/``io.open``."""
+
+    def __init__(self, root: Path, monkeypatch):
+        import builtins
+        import io
+
+        self.root, self.seen, self._lstat = os.path.realpath(root), [], os.lstat
+        for module, name in ((os, "scandir"), (os, "listdir"), (os, "stat"), (os, "lstat"), (os, "open"),
+                             (io, "open"), (builtins, "open")):
+            monkeypatch.setattr(module, name, self._watch(name, getattr(module, name)))
+
+    def _watch(self, name, real):
+        def call(path=".", *args, **kwargs):
+            if isinstance(path, (str, bytes, os.PathLike)) and not isinstance(path, int):
+                where = os.fsdecode(os.path.abspath(os.fspath(path)))
+                if where == self.root or where.startswith(self.root + os.sep):
+                    self.seen.append((name, os.path.relpath(where, self.root)))
+            return real(path, *args, **kwargs)
+        return call
+
+    def listed(self) -> list:
+        return [c for c in self.seen if c[0] in ("scandir", "listdir")]
+
+    def opened(self) -> list:
+        return [c for c in self.seen if c[0] in ("open", "io.open")]
+
+    def files_stated(self) -> list:
+        """Files (not folders) of the export that were stat'ed."""
+        import stat as st
+
+        def is_dir(rel: str) -> bool:
+            try:
+                return st.S_ISDIR(self._lstat(os.path.normpath(os.path.join(self.root, rel))).st_mode)
+            except FileNotFoundError:
+                return False
+
+        return sorted({rel for name, rel in list(self.seen) if name in ("stat", "lstat") and not is_dir(rel)})
+
+
+def new_runtime(local: Path) -> None:
+    """Local disk and cache emptied, as a new runtime finds them; the mirrors (on Drive) stay."""
+    import shutil
+
+    for name in ("tmp", "cache"):
+        shutil.rmtree(local / name, ignore_errors=True)
+    (local / "tmp").mkdir()
+
+
+def test_a_later_runtime_does_no_per_file_work_on_the_export(local, monkeypatch):
+    """The issue's "a second runtime does no per-file work on Drive": the record is read, the YAML
+    stat'ed and each folder of the splits listed once (names only); no file of the export opened or
+    stat'ed but the YAML, no folder listed twice; and a second call in that runtime stages nothing."""
+    from collections import Counter
+
+    from colabfast import packing
+    from colabfast.staging import pipeline
+
+    root = export(local / "drive/ds")
+    mirrors = local / "drive/mirrors"
+    data = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+    first = contents(data.parent)
+    assert record_of(root, mirrors).is_file()
+    new_runtime(local)
+    with monkeypatch.context() as m:
+        m.setattr(packing, "pack", lambda *a, **k: pytest.fail("packed again"))
+        calls = Calls(root, m)
+        again = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+    listed = Counter(rel for _, rel in calls.listed())
+    assert set(listed) == {".", "images/train", "images/train/sub", "labels/train", "labels/train/sub",
+                           "images/val", "labels/val"}, calls.seen  # "." : the YAML is found there
+    assert max(listed.values()) == 1 and calls.opened() == [], calls.seen
+    assert calls.files_stated() == ["data.yaml"], calls.seen
+    assert again == data and contents(again.parent) == first  # the same tree, from the staged mirrors
+    with monkeypatch.context() as m:  # the same runtime: the tree is complete, nothing is staged
+        m.setattr(pipeline, "stage", lambda *a, **k: pytest.fail("staged again"))
+        calls = Calls(root, m)
+        assert cf.ultralytics_data(root / "data.yaml", mirrors=mirrors, to="disk", progress=False) == data
+        assert calls.opened() == [] and calls.files_stated() == ["data.yaml"], calls.seen
+
+
+def relisted(calls: Calls) -> bool:
+    """Whether the export was read as open_dataset reads it (its YAML opened, its folders listed again),
+    not only checked against its record."""
+    from collections import Counter
+
+    return bool(calls.opened()) or max(Counter(rel for _, rel in calls.listed()).values(), default=0) > 1
+
+
+def test_a_changed_export_is_noticed_where_its_record_says(local, monkeypatch):
+    """Files added, removed or renamed, the YAML edited: noticed, the export listed and packed again.
+    A label file rewritten under its name: missed (the docstring says so) until relist=True."""
+    root = export(local / "drive/ds")
+    mirrors = local / "drive/mirrors"
+    cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+
+    def run(**kwargs) -> tuple[Path, Calls]:
+        new_runtime(local)
+        with monkeypatch.context() as m:
+            calls = Calls(root, m)
+            return cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False, **kwargs), calls
+
+    image(root / "images/train/sub/new.jpg", 40, 40)  # a file added in a subfolder
+    text(root / "labels/train/sub/new.txt", "1 0.5 0.5 0.5 0.5\n")
+    data, calls = run()
+    assert relisted(calls) and (data.parent / "labels/train/sub/new.txt").is_file()
+    data, calls = run()  # the new record: the export is not listed again
+    assert not relisted(calls) and (data.parent / "images/train/sub/new.jpg").is_file()
+    (root / "images/val/v.jpg").rename(root / "images/val/w.jpg")  # a rename
+    (root / "labels/val/v.txt").rename(root / "labels/val/w.txt")
+    data, calls = run()
+    assert relisted(calls) and sorted(p.name for p in (data.parent / "images/val").iterdir()) == ["w.jpg"]
+    text(root / "data.yaml", "path: .\ntrain: images/train\nval: images/val\nnc: 3\nnames: [cat, dog, cow]\n")
+    data, calls = run()
+    assert relisted(calls) and yaml.safe_load(data.read_text())["names"] == ["cat", "dog", "cow"]
+    (root / "labels/train/a.txt").write_text("2 0.5 0.5 0.2 0.4\n")  # rewritten in place: missed without relist
+    data, calls = run()
+    assert not relisted(calls) and len((data.parent / "labels/train/a.txt").read_text().splitlines()) == 2
+    data, calls = run(relist=True)
+    assert relisted(calls) and (data.parent / "labels/train/a.txt").read_text().startswith("2 0.5 0.5 0.2")
+    data, calls = run()  # relist wrote the record anew
+    assert not relisted(calls) and (data.parent / "labels/train/a.txt").read_text().startswith("2 0.5 0.5 0.2")
+
+
+def test_a_replaced_zip_is_noticed_and_a_deleted_mirror_packed_again(local, monkeypatch):
+    archive = roboflow_zip(local)
+    mirrors = local / "drive/mirrors"
+    data = cf.ultralytics_data(archive, mirrors=mirrors, to="disk", progress=False)
+    assert len(list((data.parent / "images/train").iterdir())) == 3
+    new_runtime(local)
+    with monkeypatch.context() as m:
+        calls = Calls(archive, m)
+        assert cf.ultralytics_data(archive, mirrors=mirrors, to="disk", progress=False) == data
+    assert calls.opened() == [] and calls.files_stated() == ["."], calls.seen  # the zip stat'ed, not opened
+    with zipfile.ZipFile(archive, "a") as z:  # the export downloaded again, one image more
+        z.writestr("train/images/extra.jpg", encode(photo(40, 30, RNG)))
+        z.writestr("train/labels/extra.txt", "0 0.5 0.5 0.5 0.5\n")
+    new_runtime(local)
+    data = cf.ultralytics_data(archive, mirrors=mirrors, to="disk", progress=False)
+    assert len(list((data.parent / "images/train").iterdir())) == 4
+    for mirror in mirrors.glob("*.h5"):  # the mirrors deleted: packed again, not an error
+        mirror.unlink()
+    new_runtime(local)
+    again = cf.ultralytics_data(archive, mirrors=mirrors, to="disk", progress=False)
+    assert again == data and len(list(mirrors.glob("*.h5"))) == 3
+
+
+def test_a_record_that_is_not_the_exports_is_not_trusted(local, capsys):
+    """A record naming a mirror that is not the one it recorded (another fingerprint) is not used: the
+    export is listed, its own mirror found by fingerprint."""
+    import json
+
+    root = export(local / "drive/ds")
+    mirrors = local / "drive/mirrors"
+    data = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+    record = record_of(root, mirrors)
+    rec = json.loads(record.read_text())
+    train, val = rec["mirrors"]["train"], rec["mirrors"]["val"]
+    rec["mirrors"]["train"], rec["mirrors"]["val"] = {**train, "name": val["name"]}, {**val, "name": train["name"]}
+    record.write_text(json.dumps(rec))
+    new_runtime(local)
+    again = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=True)
+    printed = capsys.readouterr().out
+    assert "is not the mirror the export's record names" in printed and "listed" in printed, printed
+    assert contents(again.parent) == contents(data.parent)

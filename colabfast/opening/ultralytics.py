@@ -3,7 +3,9 @@
 Ultralytics reads a dataset as thousands of small files (an image and a label file per sample,
 ``ultralytics/data/dataset.py``), which is what a Drive mount is slowest at. :func:`ultralytics_data`
 packs the export once per split into a mirror (:func:`colabfast.open_dataset`'s machinery: found
-again by its fingerprint in the mirrors folder, so a new runtime packs nothing), stages the mirror,
+again by its fingerprint in the mirrors folder, so a new runtime packs nothing; a record of the export
+kept beside the mirrors, :mod:`colabfast.opening.exportrecord`, lets it find them with no per-file
+work on Drive), stages the mirror,
 and writes it out as a YOLO tree on local disk with the dataset YAML's paths rewritten to it. Training
 then reads local files only. This module writes files: it does not import Ultralytics.
 """
@@ -20,7 +22,7 @@ import shutil
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from colabfast.errors import ExportRefused, SourceNotFound
 from colabfast.where import env
@@ -49,7 +51,16 @@ class _Export:
     yaml_rel: str
     doc: dict
     members: Optional[list[str]] = None  # an archive's file names, relative to the layout's root
+    text: str = ""  # the YAML as read
+    stamp: Optional[list[int]] = None  # the YAML's (a zip's) [size, mtime_ns], taken before it was read
     _splits: Optional[dict[str, str]] = None
+
+    @property
+    def stem(self) -> str:
+        """The start of the tree's name: the folder's or the zip's name."""
+        from colabfast.staging.extract import strip_archive_suffix
+
+        return strip_archive_suffix(self.src.name) if self.kind == "archive" else self.src.name
 
     def holds(self, rel: str) -> bool:
         if self.members is None:
@@ -91,24 +102,41 @@ def ultralytics_data(
     *,
     mirrors: Optional[PathLike] = None,
     to: str = "auto",
+    relist: bool = False,
     progress: bool = True,
 ) -> Path:
     """The path of a ``data.yaml`` on local storage that ``ultralytics.YOLO(...).train(data=...)``
     trains from without reading Drive, made from a YOLO export (Ultralytics' or Roboflow's) on Drive.
 
-    Each split the dataset YAML names is opened with :func:`colabfast.open_dataset` (``layout="yolo"``):
-    the first runtime packs it into a mirror in ``mirrors``, later ones find that mirror by its
-    fingerprint and only stage it (no per-file work on Drive). The mirror is then written out as a
-    YOLO tree in ``<colabfast.where.env.work_dir()>/ultralytics/<name>-<12 hex digits>/``: ``images/<split>/``
+    The first time, each split the dataset YAML names is opened with :func:`colabfast.open_dataset`
+    (``layout="yolo"``): listed, and packed into a mirror in ``mirrors`` (or that mirror found there by
+    its fingerprint), and a record of the export is kept beside the mirrors
+    (``<export name>.yolo-<12 hex digits>.json``, a few kB, one per export and ``split``:
+    :mod:`colabfast.opening.exportrecord`). A later runtime reads that record and checks the export
+    against it: a stat of a zip; for a folder, a stat of its YAML and one listing (names only) of each
+    folder the splits' images and labels are in, all at once; then it stages the mirrors the record
+    names (at once). No file of the export is opened or stat'ed one by one. A file added, removed or
+    renamed, or any change of a zip or of the YAML, is noticed: the export is then listed and what
+    changed packed again, as :func:`colabfast.open_dataset` does. Missed: a file of a folder export whose
+    bytes are rewritten under the same name (a label file edited in place); ``relist=True`` lists the
+    export and notices any change of a file's size or time, packing again what changed. Deleting the
+    record does the same once; deleting a mirror makes it be packed again. Drive does not change a
+    folder's time when a file is added to it, so the names are listed rather than a folder's time
+    stat'ed. The record is a small file Drive uploads in the background: a runtime that ends within
+    seconds of writing it may leave the next runtime to list the export once more.
+
+    The mirrors are then written out as a YOLO tree in
+    ``<colabfast.where.env.work_dir()>/ultralytics/<name>-<12 hex digits>/``: ``images/<split>/``
     and ``labels/<split>/`` (the split's folder name in the export: ``train``, ``valid``, ...; ``all``
     for an export with no split folders), each image at its path below the export's split folder, and
     ``data.yaml``: the export's YAML with ``path:`` set to the tree and each split key (``train:``,
     ``val:``, ``test:``, ``minival:``) set to its ``images/<split>`` folder, every other key
     (``names``, ``nc``, Roboflow's ``roboflow:`` block, ...) kept. The tree is written in a temporary
     folder and renamed into place with a marker file (``.colabfast-complete``); a later call in the same
-    runtime finds it complete and writes nothing. Nothing is written into the export or its folder;
-    the mirrors go to ``mirrors`` (as :func:`colabfast.open_dataset`'s, default ``colabfast-mirrors`` at
-    the top of My Drive for an export on Drive).
+    runtime finds it complete (by the record) and stages and writes nothing. Nothing is written into the
+    export or its folder; the mirrors and the record go to ``mirrors`` (as
+    :func:`colabfast.open_dataset`'s, default ``colabfast-mirrors`` at the top of My Drive for an export
+    on Drive).
 
     What Ultralytics reads from the tree is what it reads from the export (its ``verify_image_label``,
     ``ultralytics/data/utils.py``), as :class:`colabfast.layouts.Yolo` reads it (the rules and their
@@ -141,6 +169,9 @@ def ultralytics_data(
         mirrors: the folder of the mirrors (:func:`colabfast.open_dataset`'s ``mirrors``).
         to: where each mirror is staged: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`.
             The tree itself is on local disk.
+        relist: list the export (each file's size and time) as :func:`colabfast.open_dataset` does,
+            instead of checking it against its record's names: notices a file rewritten under its
+            name; what changed is packed again. The record is then written anew.
         progress: show progress bars and print what was done.
 
     Returns:
@@ -160,29 +191,162 @@ def ultralytics_data(
         StageRefused: a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
         OSError, MirrorError, PackError, StageError: as :func:`colabfast.open_dataset` raises them.
     """
-    from colabfast.opening.opener import open_dataset
-
     if to not in ("auto", "disk", "ram"):
         from colabfast.errors import StageRefused
 
         raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     start = time.perf_counter()
-    export = _export(Path(os.path.abspath(os.path.expanduser(path))))
+    given = Path(os.path.abspath(os.path.expanduser(path)))
+    root = given.parent if given.suffix.lower() in (".yaml", ".yml") else given  # the export's folder or zip
+    from colabfast.opening.exportrecord import record_path
+    from colabfast.opening.mirrors import default_mirrors
+
+    folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(root)
+    selection = split if split is None or isinstance(split, str) else list(split)
+    record = record_path(folder, root, selection)
+    said: list[str] = []
+    data = None if relist else _by_record(record, given, folder, to, progress, said)
+    if data is None:
+        data = _by_listing(given, split, folder, record, to, progress, said)
+    if progress:
+        print(f"ultralytics_data: {'; '.join(said)}; train with data={str(data)!r} "
+              f"({time.perf_counter() - start:.1f} s)")
+    return data
+
+
+def _by_listing(given: Path, split: Union[str, Sequence[str], None], folder: Path, record: Path, to: str,
+                progress: bool, said: list[str]) -> Path:
+    """:func:`ultralytics_data` the first time (or after a change): the export read and listed, each
+    split's mirror found by its fingerprint or packed (:func:`colabfast.open_dataset`), the tree written,
+    and the export's record written beside the mirrors."""
+    from colabfast.opening.exportrecord import stamps, write_record
+    from colabfast.opening.opener import open_dataset
+
+    export = _export(given)
     keys = _split_keys(export, split)  # YAML key -> the export's split ("" for images/ alone)
-    mirrors_by_split: dict[str, Any] = {}
-    for name in dict.fromkeys(keys.values()):
-        mirrors_by_split[name] = open_dataset(export.src, split=name or None, mirrors=mirrors, to=to,
-                                              progress=progress, output="bytes", layout="yolo")
-    tree = _tree_path(export, keys, mirrors_by_split)
+    splits = list(dict.fromkeys(keys.values()))
+    found = stamps(export.src, export.kind, export.yaml_rel, [export.splits()[s] for s in splits])
+    folder_ok = given == export.src or (export.yaml_rel in YAML_NAMES and not any(  # what the folder would name
+        (export.src / other).exists() for other in YAML_NAMES if other != export.yaml_rel))
+    datasets: dict[str, Any] = {}
+    for name in splits:
+        datasets[name] = open_dataset(export.src, split=name or None, mirrors=folder, to=to,
+                                      progress=progress, output="bytes", layout="yolo")
+    fingerprints = {name: _fingerprint(ds.path) for name, ds in datasets.items()}
+    tree = _tree_path(export.stem, export.doc, keys, fingerprints)
+    _written(tree, export.doc, str(export.src), keys, datasets.items(), said)
+    mirrors = {}
+    for name, ds in datasets.items():  # the staged copy has the mirror's name (colabfast.stage's default)
+        size, head = ds.path.stat().st_size, ds.reader.index.header
+        with contextlib.suppress(OSError):
+            if (folder / ds.path.name).stat().st_size == size:
+                mirrors[name] = {"name": ds.path.name, "fingerprint": fingerprints[name], "size": size,
+                                 "source": head.source, "split": head.split}
+    if len(mirrors) < len(datasets) or found.get(export.yaml_rel if export.kind == "folder" else "") != export.stamp:
+        said.append("no record of the export kept (it changed while read, or a mirror is not in the mirrors folder): "
+                    "the next runtime lists it again")
+        return tree / "data.yaml"
+    try:
+        if write_record(record, export.src, export.kind, export.yaml_rel, folder_ok, export.text, keys, found,
+                        mirrors):
+            said.append(f"kept a record of the export in {record}: the next runtime checks the export against it "
+                        "(no per-file work) and stages the mirrors it names")
+    except OSError as exc:
+        said.append(f"no record of the export kept ({exc.strerror or exc}): the next runtime lists it again")
+    return tree / "data.yaml"
+
+
+def _by_record(record: Path, given: Path, folder: Path, to: str, progress: bool, said: list[str]) -> Optional[Path]:
+    """:func:`ultralytics_data` from the export's record (:mod:`colabfast.opening.exportrecord`): the
+    export checked against it (a stat of the YAML or zip, a listing of each folder; no file opened)
+    while its mirrors are staged (a copy cancelled if the check fails), and the tree written, or found
+    complete; None (``said`` says why) where the record is missing, says another export, the export
+    changed, or a mirror it names is gone or not what it recorded."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from colabfast.errors import Error, MirrorError
+    from colabfast.layouts.yolo import load_yaml
+    from colabfast.opening.exportrecord import changed, read_record
+
+    rec = read_record(record, given.parent if given.suffix.lower() in (".yaml", ".yml") else given)
+    if rec is None or not (rec["yaml_rel"] == given.name if rec["src"] != str(given) else rec["folder_ok"]):
+        return None  # none, or of the export's other YAML
+    src = Path(rec["src"])
+    try:
+        doc = load_yaml(rec["yaml"], src / rec["yaml_rel"])
+    except Error:
+        doc = None
+    if not isinstance(doc, dict):
+        said.append(f"the export's record {record.name} holds no dataset YAML: listing the export")
+        return None
+    keys, mirrors = rec["keys"], rec["mirrors"]
+    stem = _Export(src, rec["kind"], rec["yaml_rel"], doc).stem
+    tree = _tree_path(stem, doc, keys, {name: m["fingerprint"] for name, m in mirrors.items()})
+    complete = (tree / COMPLETE).is_file()  # written before in this runtime: nothing to stage
+    cancel = threading.Event()
+    with ThreadPoolExecutor(len(mirrors), thread_name_prefix="colabfast-yolo-stage") as pool:
+        staging = {} if complete else {name: pool.submit(_staged_mirror, folder / m["name"], m, to, progress, cancel)
+                                       for name, m in mirrors.items()}
+        try:
+            why = changed(src, rec["stamps"])
+        except OSError as exc:
+            why = f"{src} cannot be read ({exc.strerror or exc})"
+        if why is not None:
+            cancel.set()  # the copies stop; waited for as the pool closes
+            said.append(f"{why} since the export's record ({record.name}): listing it")
+            return None
+        listed = sum(k.endswith("/") for k in rec["stamps"])
+        said.append(f"the export as its record says ({listed} folder{'s' * (listed != 1)} listed once, no file "
+                    "of it opened: no per-file work on it)")
+        if complete:
+            said.append(f"found {tree}, written before in this runtime: nothing staged or written")
+            return tree / "data.yaml"
+        said.append(f"staged its mirrors {', '.join(m['name'] for m in mirrors.values())}")
+        names = {future: name for name, future in staging.items()}
+        try:  # each split written as soon as its mirror is staged, while the others still copy
+            _written(tree, doc, rec["src"], keys, ((names[f], f.result()) for f in as_completed(names)), said)
+        except (FileNotFoundError, MirrorError) as exc:
+            cancel.set()
+            said[-1] = f"{exc}: listing the export"
+            return None
+    return tree / "data.yaml"
+
+
+def _staged_mirror(mirror: Path, m: dict, to: str, progress: bool, cancel: Any) -> Any:
+    """The mirror the record names (``m``), staged (or where it is: local and ``to="auto"``) and
+    opened (``output="bytes"``).
+
+    Raises:
+        FileNotFoundError: it is gone. MirrorError: not the mirror recorded (its fingerprint, source,
+            split or layout). OSError: ``errno.ECANCELED`` once ``cancel`` is set, as
+            :func:`colabfast.stage` raises it.
+    """
+    from colabfast.errors import MirrorError
+    from colabfast.opening.mirrors import drop_in
+    from colabfast.staging.pipeline import stage
+
+    local = mirror if to == "auto" and env.storage(mirror) in ("disk", "ram") else \
+        stage(mirror, to=to, progress=progress, cancel=cancel)
+    ds = drop_in(local, output="bytes")
+    head = ds.reader.index.header
+    if (head.fingerprint, head.source, head.split, head.layout) != (m["fingerprint"], m["source"], m["split"], "yolo"):
+        raise MirrorError(f"{mirror} is not the mirror the export's record names (another fingerprint, source or "
+                          "split)")
+    return ds
+
+
+def _written(tree: Path, doc: dict, source: str, keys: dict[str, str], datasets: Iterable[tuple[str, Any]],
+             said: list[str]) -> None:
+    """The tree at ``tree`` written from ``datasets`` (split name, mirror's dataset: taken as they come)
+    unless it is complete already (said in ``said``)."""
+    start = time.perf_counter()
     with locked(env.cache_dir() / "locks" / f"ultralytics-{tree.name}.lock", f"writing {tree}"):
         if (tree / COMPLETE).is_file():
-            said = f"found {tree}, written before in this runtime: nothing written"
+            said.append(f"found {tree}, written before in this runtime: nothing written")
         else:
-            count = _write_tree(tree, export, keys, mirrors_by_split)
-            said = f"wrote {count} images and their labels to {tree} in {time.perf_counter() - start:.1f} s"
-    if progress:
-        print(f"ultralytics_data: {said}; train with data={str(tree / 'data.yaml')!r}")
-    return tree / "data.yaml"
+            count = _write_tree(tree, doc, source, keys, datasets)
+            said.append(f"wrote {count} images and their labels to {tree} in {time.perf_counter() - start:.1f} s")
 
 
 def _export(src: Path) -> _Export:
@@ -201,9 +365,12 @@ def _export(src: Path) -> _Export:
         if not Path(os.path.realpath(src)).is_relative_to(os.path.realpath(src.parent)):
             raise ExportRefused(f"{src} is a link to {os.path.realpath(src)}, outside the export's folder: pass the "
                                 f"export's own dataset YAML, {CALL}('<export folder>/data.yaml')")
-        if src.stat().st_size > MAX_YAML_BYTES:
+        st = src.stat()
+        if st.st_size > MAX_YAML_BYTES:
             raise ExportRefused(f"{src} has over {MAX_YAML_BYTES} bytes: not a dataset YAML")
-        return _checked(_Export(src.parent, "folder", src.name, load_yaml(src.read_text("utf-8-sig"), src)))
+        text = src.read_text("utf-8-sig")
+        return _checked(_Export(src.parent, "folder", src.name, load_yaml(text, src), text=text,
+                                stamp=[st.st_size, st.st_mtime_ns]))
     kind = what_is(src)
     if kind == "folder":
         names = {p.name: p for p in src.iterdir() if p.is_file()}
@@ -218,6 +385,7 @@ def _export(src: Path) -> _Export:
                             f"YOLO export's folder, data.yaml or .zip: unzip it and call {CALL}('<folder>/data.yaml')")
     from colabfast.packing.unpacked import archive_layout
 
+    st = src.stat()
     with zipfile.ZipFile(src) as z:
         infos = {i.filename: i for i in z.infolist() if not i.is_dir()}
         names_all = list(infos)
@@ -235,7 +403,8 @@ def _export(src: Path) -> _Export:
         if info.file_size > MAX_YAML_BYTES:
             raise ExportRefused(f"{src}'s {info.filename} has over {MAX_YAML_BYTES} bytes: not a dataset YAML")
         text = z.read(info).decode("utf-8-sig")
-    return _checked(_Export(src, "archive", found[0], load_yaml(text, src / info.filename), members))
+    return _checked(_Export(src, "archive", found[0], load_yaml(text, src / info.filename), members, text,
+                            [st.st_size, st.st_mtime_ns]))
 
 
 def _no_yaml(src: Path, found: list[str]) -> str:
@@ -322,21 +491,19 @@ def _fingerprint(mirror: Path) -> str:
     return read_h5(mirror, lambda f: str(f.attrs.get("fingerprint", "")))
 
 
-def _tree_path(export: _Export, keys: dict[str, str], datasets: dict[str, Any]) -> Path:
-    """Where the tree of these mirrors and this YAML goes: one name per export version and options."""
+def _tree_path(stem: str, doc: Any, keys: dict[str, str], fingerprints: dict[str, str]) -> Path:
+    """Where the tree of these mirrors (their fingerprints) and this YAML goes: one name per export
+    version and options."""
     import yaml
 
-    from colabfast.staging.extract import strip_archive_suffix
-
-    doc = yaml.safe_dump(export.doc, sort_keys=False, allow_unicode=True)  # any keys (json sorts only str ones)
-    key = json.dumps({"writer": WRITER, "yaml": doc, "keys": keys,
-                      "mirrors": {s: _fingerprint(ds.path) for s, ds in datasets.items()}}, sort_keys=True,
+    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)  # any keys (json sorts only str ones)
+    key = json.dumps({"writer": WRITER, "yaml": text, "keys": keys, "mirrors": fingerprints}, sort_keys=True,
                      default=str)
-    stem = strip_archive_suffix(export.src.name) if export.kind == "archive" else export.src.name
     return env.work_dir() / TREE_FOLDER / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def _write_tree(tree: Path, export: _Export, keys: dict[str, str], datasets: dict[str, Any]) -> int:
+def _write_tree(tree: Path, export_doc: dict, source: str, keys: dict[str, str],
+                datasets: Iterable[tuple[str, Any]]) -> int:
     """Write the tree in a temporary folder beside ``tree``, then rename it into place; the number of
     images written. A failure leaves nothing."""
     import yaml
@@ -346,14 +513,14 @@ def _write_tree(tree: Path, export: _Export, keys: dict[str, str], datasets: dic
         shutil.rmtree(stale, ignore_errors=True)
     try:
         count = 0
-        for name, ds in datasets.items():
+        for name, ds in datasets:
             count += _write_split(tmp, name or "all", ds)
         doc: dict = {"path": str(tree)}
-        doc.update((k, v) for k, v in export.doc.items() if k != "path" and (k not in SPLIT_KEYS or k in keys))
+        doc.update((k, v) for k, v in export_doc.items() if k != "path" and (k not in SPLIT_KEYS or k in keys))
         for key, name in keys.items():
             doc[key] = f"images/{name or 'all'}"
         (tmp / "data.yaml").write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), "utf-8")
-        (tmp / COMPLETE).write_text(json.dumps({"source": str(export.src), "images": count}) + "\n")
+        (tmp / COMPLETE).write_text(json.dumps({"source": source, "images": count}) + "\n")
         if tree.exists():  # a tree without its marker: an interrupted write by an older colabfast
             shutil.rmtree(tree)
         os.rename(tmp, tree)
