@@ -455,9 +455,9 @@ def test_a_tree_of_split_folders_is_refused_without_split_and_opens_one_split(lo
     assert forced.classes == ["train", "val"]
 
 
-def make_kaggle(root: Path) -> list[tuple[str, str]]:
+def make_kaggle(root: Path, table: str = "train.csv") -> list[tuple[str, str]]:
     """A Kaggle competition folder (as dog-breed-identification's): train/<id>.jpg, test/<id>.jpg,
-    train.csv (id,breed) and sample_submission.csv (id, one column per class). Returns train.csv's rows."""
+    ``table`` (id,breed) and sample_submission.csv (id, one column per class). Returns the table's rows."""
     rng = np.random.default_rng(3)
     rows = []
     for split, n in (("train", 6), ("test", 3)):
@@ -467,7 +467,7 @@ def make_kaggle(root: Path) -> list[tuple[str, str]]:
             Image.fromarray(rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)).save(root / split / f"{image_id}.jpg")
             if split == "train":
                 rows.append((image_id, ["whippet", "basenji", "akita"][k % 3]))
-    (root / "train.csv").write_text("id,breed\n" + "".join(f"{i},{b}\n" for i, b in rows))
+    (root / table).write_text("id,breed\n" + "".join(f"{i},{b}\n" for i, b in rows))
     tests = sorted(p.stem for p in (root / "test").iterdir())
     (root / "sample_submission.csv").write_text("id,akita,basenji,whippet\n"
                                                 + "".join(f"{i},0.33,0.33,0.33\n" for i in tests))
@@ -498,6 +498,20 @@ def test_a_kaggle_folder_opens_as_its_label_table_with_imagefolders_classes(loca
 
     given = open_dataset(root, layout="csv", labels=root / "train.csv", progress=False)
     assert given.classes == classes and given.targets == ds.targets and "guessed" not in given.account
+
+
+def test_a_kaggle_folder_with_labels_csv_opens_as_that_table(local):
+    """dog-breed-identification ships labels.csv (not train.csv) beside sample_submission.csv: no table
+    was chosen, the folder read as splits train/ and test/, and split='train' gave classes [] and every
+    target -1 without a word."""
+    root = local / "dog-breed-identification"
+    rows = make_kaggle(root, table="labels.csv")
+    ds = open_dataset(root, progress=False)
+    classes = sorted({breed for _, breed in rows})
+    assert ds.header.layout == "csv" and ds.classes == classes and len(ds) == len(rows)
+    assert ds.targets == [classes.index(breed) for _, breed in rows]
+    assert ("(guessed: the table labels.csv, not sample_submission.csv (Kaggle's submission template: the test "
+            "images' ids, no labels): pass labels= to use another)" in ds.account)
 
 
 def make_yolo_splits(root: Path) -> Path:

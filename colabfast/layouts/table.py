@@ -7,7 +7,10 @@ The table's rules:
 
 - the table is ``labels=``, else the one ``.csv`` file at the folder's top, else, where there are
   several (Kaggle's ``train.csv`` beside ``sample_submission.csv``), the one named after a folder of
-  images beside it (``train.csv`` for ``train/``): a guess, which :meth:`Csv.describe` says;
+  images beside it (``train.csv`` for ``train/``), else the one that is not a Kaggle submission template
+  (``labels.csv`` beside ``sample_submission.csv``, as dog-breed-identification ships them: a
+  ``sample_submission*.csv`` lists the test images' ids with columns to fill in, never labels): a
+  guess, which :meth:`Csv.describe` says;
 - the first row names the columns; the path column is the first named one of ``PATH_COLUMNS``
   (any case), else the first column (a guess, also said); every other column is a label column;
 - a path is a file under ``root`` (``train/a.jpg``), or the end of exactly one image's path under
@@ -227,7 +230,8 @@ class Csv(Layout):
     @staticmethod
     def detect(root: Path) -> bool:
         """True if ``root`` holds images and one ``.csv`` file at its top, or several, one of which is
-        named after a folder of images beside it (Kaggle's ``train.csv`` for ``train/``)."""
+        named after a folder of images beside it (Kaggle's ``train.csv`` for ``train/``) or all but one
+        Kaggle submission templates (``labels.csv`` beside ``sample_submission.csv``)."""
         try:
             with os.scandir(root) as it:
                 top = [e for e in it if not e.name.startswith(".")]
@@ -237,7 +241,9 @@ class Csv(Layout):
             return False
         if len(tables) > 1:
             named = [name for name in folders if f"{name.lower()}.csv" in map(str.lower, tables)]
-            return len(named) == 1 and first_file(root / named[0], _is_image_name) is not None
+            if len(named) == 1:
+                return first_file(root / named[0], _is_image_name) is not None
+            return len(_labelling(tables)) == 1 and first_file(root, _is_image_name) is not None
         return len(tables) == 1 and first_file(root, _is_image_name) is not None
 
 
@@ -286,7 +292,8 @@ def _find_table(root: Path, files: list[FileEntry]) -> tuple[Path, str]:
     there was one table).
 
     Raises:
-        LayoutError: no table, or several and not exactly one named after a folder of images.
+        LayoutError: no table, or several and neither exactly one named after a folder of images nor
+            exactly one that is not a Kaggle submission template.
     """
     tables = [f.rel for f in files if "/" not in f.rel and f.rel.lower().endswith(".csv")]
     if len(tables) == 1:
@@ -294,12 +301,22 @@ def _find_table(root: Path, files: list[FileEntry]) -> tuple[Path, str]:
     # Kaggle's train.csv beside train/ (and sample_submission.csv beside test/, which has no labels to give)
     imaged = {f.rel.split("/", 1)[0].lower(): f.rel.split("/", 1)[0] for f in files if "/" in f.rel and is_image(f.rel)}
     named = [t for t in tables if t[: -len(".csv")].lower() in imaged]
-    if len(named) != 1:
-        found = f"found {', '.join(tables)}" if tables else "found none"
-        raise LayoutError(root, f"expected one .csv table at the top ({found})", fix="pass labels= the table")
-    others = ", ".join(t for t in tables if t != named[0])
-    return root / named[0], (f"the table {named[0]}, named after the folder {imaged[named[0][:-4].lower()]}/, not "
-                             f"{others}: pass labels= to use another")
+    if len(named) == 1:
+        others = ", ".join(t for t in tables if t != named[0])
+        return root / named[0], (f"the table {named[0]}, named after the folder {imaged[named[0][:-4].lower()]}/, "
+                                 f"not {others}: pass labels= to use another")
+    labelling = _labelling(tables)
+    if len(labelling) == 1:
+        others = ", ".join(t for t in tables if t != labelling[0])
+        return root / labelling[0], (f"the table {labelling[0]}, not {others} (Kaggle's submission template: the "
+                                     f"test images' ids, no labels): pass labels= to use another")
+    found = f"found {', '.join(tables)}" if tables else "found none"
+    raise LayoutError(root, f"expected one .csv table at the top ({found})", fix="pass labels= the table")
+
+
+def _labelling(tables: list[str]) -> list[str]:
+    """``tables`` that may hold labels: all but Kaggle's submission templates (``sample_submission*.csv``)."""
+    return [t for t in tables if not t.lower().startswith("sample_submission")]
 
 
 def _path_column(header: list[str]) -> int:
