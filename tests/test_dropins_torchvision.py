@@ -1,14 +1,16 @@
-"""Issue 39: H5CocoDetection, H5VOCDetection (each year torchvision reads) and H5VOCSegmentation put
-through the checks of torchvision's own dataset tests (``test/datasets_utils.py``'s ``DatasetTestCase``:
-not found, smoke, ``str``, feature types, number of examples, transforms; ``test/test_datasets.py``'s
-``CocoDetectionTestCase``, ``VOCDetectionTestCase`` and ``VOCSegmentationTestCase``: segmentation kinds,
+"""Issue 39: H5CocoDetection, H5VOCDetection (each year torchvision reads), H5VOCSegmentation,
+H5ImageFolder and H5Kitti put through the checks of torchvision's own dataset tests
+(``test/datasets_utils.py``'s ``DatasetTestCase``: not found, smoke, ``str``, feature types, number of
+examples, transforms; ``test/test_datasets.py``'s ``CocoDetectionTestCase``, ``VOCDetectionTestCase``,
+``VOCSegmentationTestCase``, ``ImageFolderTestCase`` and ``KittiTestCase``: segmentation kinds, classes,
 a slice, ``wrap_dataset_for_transforms_v2`` in the process and under spawned DataLoader workers), on fake
 data written as ``test_datasets.py`` writes it, item for item against ``CocoDetection``,
-``VOCDetection`` and ``VOCSegmentation`` on the same files; and ``H5CocoDetection.coco`` evaluated
-with ``COCOeval`` as torchvision's detection references evaluate."""
+``VOCDetection``, ``VOCSegmentation``, ``ImageFolder`` and ``Kitti`` on the same files; and
+``H5CocoDetection.coco`` evaluated with ``COCOeval`` as torchvision's detection references evaluate."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pickle
@@ -115,6 +117,33 @@ def tv_voc(tmp: Path, year: str, image_set: str) -> Path:
     return base
 
 
+def tv_imagefolder(tmp: Path) -> Path:
+    """``ImageFolderTestCase.inject_fake_data``: classes ``a`` and ``b``, 1 or 2 random images each
+    (``datasets_utils.create_image_folder``), named ``{cls}_{idx}.png``. Returns the root."""
+    rng = np.random.default_rng(7)
+    for cls in ("a", "b"):
+        for idx in range(int(rng.integers(1, 3))):
+            random_image(tmp / cls / f"{cls}_{idx}.png", rng)
+    return tmp
+
+
+KITTI_LINE = "Pedestrian 0.00 0 -0.20 712.40 143.00 810.73 307.92 1.89 0.48 1.20 1.84 1.47 8.41 0.01\n"
+
+
+def tv_kitti(tmp: Path) -> Path:
+    """``KittiTestCase.inject_fake_data``: ``Kitti/raw/training/image_2`` with 1 random image
+    ``{idx:06d}.png`` and its ``label_2`` file of one Pedestrian line, ``testing/image_2`` with 2 images, no
+    labels, no calibration. Returns the root torchvision's Kitti takes."""
+    rng = np.random.default_rng(8)
+    raw = tmp / "Kitti" / "raw"
+    for folder, count in (("training", 1), ("testing", 2)):
+        for idx in range(count):
+            random_image(raw / folder / "image_2" / f"{idx:06d}.png", rng)
+    (raw / "training" / "label_2").mkdir()
+    (raw / "training" / "label_2" / "000000.txt").write_text(KITTI_LINE)
+    return tmp
+
+
 # --- DatasetTestCase's checks -------------------------------------------------------------------------
 
 
@@ -130,13 +159,14 @@ def dataset_test_case(make_ours, make_theirs, feature_types: tuple, num_examples
     for value, kind in zip(item, feature_types):
         assert isinstance(value, kind), (type(value), kind)
     assert len(ours) == len(theirs) == num_examples
-    for kwarg in ("transform", "target_transform", "transforms"):
+    accepted = inspect.signature(type(theirs)).parameters  # ImageFolder takes no transforms=
+    for kwarg in [k for k in ("transform", "target_transform", "transforms") if k in accepted]:
         mock = unittest.mock.Mock(wraps=lambda *args: args[0] if len(args) == 1 else args)
         make_ours(**{kwarg: mock})[0]
         mock.assert_called()
     same_dataset(ours, theirs)
     same_dataset(wrap_v2(ours), wrap_v2(theirs))
-    if isinstance(theirs, (datasets.CocoDetection, datasets.VOCDetection)):  # the classes taking target_keys
+    if isinstance(theirs, (datasets.CocoDetection, datasets.VOCDetection, datasets.Kitti)):  # taking target_keys
         same_dataset(wrap_v2(ours, target_keys="all"), wrap_v2(theirs, target_keys="all"))
 
 
@@ -447,3 +477,121 @@ def test_open_dataset_passes_year(tmp_path):
                          mirrors=tmp_path / "mirrors", progress=False)
     assert isinstance(ds, cf.H5VOCDetection) and ds.year == "2011"
     assert os.path.basename(ds.images[0]) == "000003.jpg"
+
+
+# --- ImageFolder ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tvimagefolder(tmp_path) -> tuple[Path, Path]:
+    """torchvision's ImageFolder test data, packed: ``(root, mirror)``."""
+    root = tv_imagefolder(tmp_path / "src")
+    return root, pack(root, tmp_path / "folder.h5", layout="imagefolder")
+
+
+def test_imagefolder_dataset_test_case(tvimagefolder):
+    """ImageFolderTestCase: DatasetTestCase's checks (smoke, str, feature types, number of examples,
+    transforms, the v2 wrapper) and test_classes, item for item against torchvision's ImageFolder."""
+    root, m = tvimagefolder
+    theirs = datasets.ImageFolder(str(root))
+    dataset_test_case(lambda **kw: cf.H5ImageFolder(m, **kw), lambda **kw: datasets.ImageFolder(str(root), **kw),
+                      (Image.Image, int), len(theirs.samples))
+    ours = cf.H5ImageFolder(m)
+    assert ours.classes == theirs.classes == ["a", "b"]
+    assert ours.class_to_idx == theirs.class_to_idx and ours.targets == theirs.targets
+    assert [(Path(p).name, t) for p, t in ours.samples] == [(Path(p).name, t) for p, t in theirs.samples]
+
+
+def test_imagefolder_spawned_wrapper_and_slice(tvimagefolder):
+    """check_transforms_v2_wrapper_spawn with v2.Resize; a slice raises what torchvision's ImageFolder
+    raises for it (a TypeError: it opens a tuple of samples as a path), ours an instance of that type."""
+    root, m = tvimagefolder
+    spawned_like_torchvision(cf.H5ImageFolder(m, transform=RESIZE), datasets.ImageFolder(str(root), transform=RESIZE))
+    with pytest.raises(Exception) as theirs:
+        datasets.ImageFolder(str(root))[:2]
+    with pytest.raises(type(theirs.value)):
+        cf.H5ImageFolder(m)[:2]
+
+
+def test_imagefolder_not_found(tmp_path):
+    """DatasetTestCase.test_not_found_or_corrupted: torchvision's ImageFolder raises FileNotFoundError for a
+    missing root; so does pack for that root, and the drop-in for a missing mirror."""
+    with pytest.raises(FileNotFoundError):
+        datasets.ImageFolder(str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError) as info:
+        pack(tmp_path / "missing", tmp_path / "folder.h5", layout="imagefolder")
+    assert isinstance(info.value, cf.Error)
+    with pytest.raises(FileNotFoundError):
+        cf.H5ImageFolder(tmp_path / "missing.h5")
+
+
+# --- Kitti ----------------------------------------------------------------------------------------------
+
+
+def tv_kitti_by_name(root: Path, **kw):
+    """torchvision's Kitti with its images (and their label files) in file-name order, as the mirror indexes
+    them: torchvision lists them in ``os.listdir`` order."""
+    ds = datasets.Kitti(str(root), **kw)
+    order = sorted(range(len(ds.images)), key=lambda i: ds.images[i])
+    ds.images = [ds.images[i] for i in order]
+    ds.targets = [ds.targets[i] for i in order] if ds.targets else ds.targets
+    return ds
+
+
+@pytest.fixture
+def tvkitti(tmp_path) -> tuple[Path, Path]:
+    """torchvision's Kitti test data, packed: ``(root, mirror)``."""
+    root = tv_kitti(tmp_path / "src")
+    return root, pack(root, tmp_path / "kitti.h5", layout="kitti")
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_kitti_dataset_test_case(tvkitti, train):
+    """KittiTestCase (train=True and False): DatasetTestCase's checks, feature types (PIL image, a list of
+    objects or None for the test split), item for item against torchvision's Kitti."""
+    root, m = tvkitti
+    dataset_test_case(lambda **kw: cf.H5Kitti(m, train=train, **kw),
+                      lambda **kw: tv_kitti_by_name(root, train=train, **kw),
+                      (Image.Image, (list, type(None))), 1 if train else 2)
+    ours, theirs = cf.H5Kitti(m, train=train), tv_kitti_by_name(root, train=train)
+    assert [Path(p).name for p in ours.images] == [Path(p).name for p in theirs.images]
+    assert [Path(p).name for p in ours.targets] == [Path(p).name for p in theirs.targets]
+    if train:
+        assert ours[0][1] == theirs[0][1] and ours[0][1][0]["type"] == "Pedestrian"
+    else:
+        assert [target for _, target in ours] == [target for _, target in theirs] == [None, None]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_kitti_spawned_wrapper(tvkitti, train):
+    """check_transforms_v2_wrapper_spawn with v2.Resize, each split (the test split's targets are None)."""
+    root, m = tvkitti
+    spawned_like_torchvision(cf.H5Kitti(m, train=train, transform=RESIZE),
+                             tv_kitti_by_name(root, train=train, transform=RESIZE))
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError, reason="H5Kitti raises int()'s plain TypeError for a slice, "
+                   "not an IndexTypeError (an AttributeError too) as the h5dataset drop-ins do")
+@pytest.mark.parametrize("train", [True, False])
+def test_kitti_slice_raises_as_torchvision(tvkitti, train):
+    """A slice raises what torchvision's Kitti raises for it (an AttributeError: it hands a list to
+    PIL.Image.open), ours an instance of that type."""
+    root, m = tvkitti
+    with pytest.raises(Exception) as theirs:
+        datasets.Kitti(str(root), train=train)[:2]
+    with pytest.raises(type(theirs.value)):
+        cf.H5Kitti(m, train=train)[:2]
+
+
+def test_kitti_not_found(tmp_path):
+    """DatasetTestCase.test_not_found_or_corrupted, which takes FileNotFoundError or RuntimeError:
+    torchvision's Kitti raises RuntimeError for a root without its folders; pack a colabfast error that is
+    a FileNotFoundError (SourceNotFound), the drop-in FileNotFoundError for a missing mirror."""
+    (tmp_path / "src").mkdir()
+    with pytest.raises(RuntimeError, match="Dataset not found"):
+        datasets.Kitti(str(tmp_path / "src"))
+    with pytest.raises((FileNotFoundError, RuntimeError), match="no KITTI layout under") as info:
+        pack(tmp_path / "src", tmp_path / "kitti.h5", layout="kitti")
+    assert isinstance(info.value, cf.Error)
+    with pytest.raises(FileNotFoundError):
+        cf.H5Kitti(tmp_path / "missing.h5")
