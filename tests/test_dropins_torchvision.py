@@ -570,8 +570,6 @@ def test_kitti_spawned_wrapper(tvkitti, train):
                              tv_kitti_by_name(root, train=train, transform=RESIZE))
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="H5Kitti raises int()'s plain TypeError for a slice, "
-                   "not an IndexTypeError (an AttributeError too) as the h5dataset drop-ins do")
 @pytest.mark.parametrize("train", [True, False])
 def test_kitti_slice_raises_as_torchvision(tvkitti, train):
     """A slice raises what torchvision's Kitti raises for it (an AttributeError: it hands a list to

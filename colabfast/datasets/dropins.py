@@ -5,6 +5,7 @@ how they read safely in workers and how their two orders meet."""
 
 from __future__ import annotations
 
+import operator
 import os
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +20,7 @@ from torchvision.datasets import ImageFolder, Kitti, VisionDataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 from colabfast.datasets.mirrorreader import MirrorReader
-from colabfast.errors import MirrorError
+from colabfast.errors import IndexTypeError, MirrorError
 from colabfast.images.decode import ImageSizeError, check_encoded, decode_cpu, decode_pil
 from colabfast.mirror.format import Header
 from colabfast.mirror.index import read_paths
@@ -180,10 +181,16 @@ class MirrorDataset(VisionDataset):
 
         Raises:
             IndexError: an index outside the dataset (``for x in dataset`` stops there).
+            IndexTypeError: an index that is not an int (a slice, a float): a ``TypeError`` as
+                torchvision's ``ImageFolder`` raises, and an ``AttributeError`` as its ``Kitti`` does.
         """
         n, out = len(self), []
         for i in indices:
-            k = int(i)
+            try:
+                k = operator.index(i)  # ints, numpy ints and 0-d integer tensors
+            except TypeError:
+                raise IndexTypeError(f"{type(self).__name__} indices are ints, not {type(i).__name__}: index one "
+                                     "sample at a time (or take torch.utils.data.Subset(dataset, indices))") from None
             if not -n <= k < n:
                 raise IndexError(f"index {k} is out of range for {self.path}'s {n} samples")
             out.append(k + n if k < 0 else k)
