@@ -39,7 +39,8 @@ def _pil_image_open_restored():
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if CI and report.skipped and not hasattr(report, "wasxfail") and item.get_closest_marker("cuda") is None:
+    needs = item.get_closest_marker("cuda") or item.get_closest_marker("torchcodec")  # a GPU; a leg's torchcodec
+    if CI and report.skipped and not hasattr(report, "wasxfail") and needs is None:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, where every non-CUDA path must run: {reason}"

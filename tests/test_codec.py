@@ -104,6 +104,7 @@ def test_the_chosen_codec_gives_pils_stored_pixels():
     assert codec.jpeg_codec() is chosen  # chosen once
 
 
+@pytest.mark.torchcodec
 def test_torchcodec_is_chosen_where_it_is_new_enough():
     pytest.importorskip("torchcodec")
     version = metadata.version("torchcodec")
@@ -147,6 +148,7 @@ def test_a_torchcodec_that_decodes_wrong_pixels_falls_back(monkeypatch):
     assert chosen.name == "torchvision.io" and "not libjpeg-turbo's pixels" in chosen.why
 
 
+@pytest.mark.torchcodec
 def test_both_codecs_give_the_same_pixels(monkeypatch):
     pytest.importorskip("torchcodec")
     if codec.jpeg_codec().name != "torchcodec":
