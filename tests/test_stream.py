@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import RandomSampler
 
 import colabfast as cf
-from colabfast.datasets.stream import StreamCache
+from colabfast.datasets.stream import MountSource, StreamCache
 from colabfast.drive.simulator import DriveSim
 from colabfast.loading.streaming import streams_of
 from colabfast.testing import data
@@ -155,7 +155,7 @@ def test_streaming_from_the_drive_simulator_retries_and_then_names_the_offset(tm
     with DriveSim(drive, tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None, eio_read=1.0) as sim:
         ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
         cache = streams_of(ds)[0]  # its metadata read before the mount failed: every read fails now
-        cache.path, cache.version = sim.mountpoint / "m.h5", file_version(os.stat(sim.mountpoint / "m.h5"))
+        cache.source = MountSource(sim.mountpoint / "m.h5", file_version(os.stat(sim.mountpoint / "m.h5")))
         with pytest.raises(OSError, match=r"m\.h5: streaming image data at byte \d+ failed 6 times"):
             for _ in cf.DataLoader(ds, batch_size=16, shuffle=True):
                 pass
@@ -196,3 +196,29 @@ def test_a_mirror_in_source_order_streams_in_blocks_of_one(tmp_path):
     for x, y in zip(a, b):
         _same(x, y)
     assert cache.unit == 64
+
+
+def test_a_mirror_at_a_url_streams_through_fsspec_from_a_sparse_shell(tmp_path, mirror):
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    shutil.copy(mirror, bucket / "m.h5")
+    url = (bucket / "m.h5").as_uri()  # fsspec's local filesystem as the remote
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds = cf.open_dataset(url, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    assert f"streamed from {url}" in ds.account and "the image data left out" in ds.account
+    shell = ds.reader.path
+    assert shell.stat().st_size == mirror.stat().st_size
+    assert shell.stat().st_blocks * 512 < ds.reader.offsets[-1] / 2  # the image data is a hole
+    for workers in (None, 2):
+        kw = {} if workers is None else {"num_workers": workers}
+        for x, y in zip(*_loaders(staged, ds, **kw)):
+            _same(x, y)
+    assert streams_of(ds)[0].peak <= 1 << 20
+    assert torch.equal(ds[7][0], staged[7][0])  # outside the loop: read from the URL, not the shell's hole
+    with pytest.raises(cf.StageRefused, match="is a URL"):
+        cf.open_dataset(url, to="disk", progress=False)
+    with pytest.raises(cf.NothingToOpen, match="no such file"):
+        cf.open_dataset(url + "-missing", to="stream", progress=False)
+    (bucket / "not.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(200))
+    with pytest.raises(cf.MirrorError):
+        cf.open_dataset((bucket / "not.h5").as_uri(), to="stream", progress=False)

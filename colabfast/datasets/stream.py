@@ -58,7 +58,7 @@ import numpy as np
 from colabfast.errors import CacheLimitError, MirrorError
 from colabfast.where._fileio import file_version, human_bytes, is_transient, pread_retrying
 
-__all__ = ["FETCHERS", "UNIT_SAMPLES", "StreamCache"]
+__all__ = ["FETCHERS", "UNIT_SAMPLES", "MountSource", "RemoteSource", "StreamCache"]
 
 UNIT_SAMPLES = 64  # stored samples per unit: BlockShuffleSampler's default block
 FETCHERS = 4  # fetch threads: each a stream of large reads, so the mount's per-request latency overlaps
@@ -82,15 +82,17 @@ class StreamCache:
         CacheLimitError: ``limit`` is smaller than the largest unit.
     """
 
-    def __init__(self, reader: Any, directory: Path, limit: int, unit: int = UNIT_SAMPLES):
-        self.path, self.data_offset, self.version = Path(reader.path), int(reader.data_offset), reader._version
+    def __init__(self, reader: Any, directory: Path, limit: int, unit: int = UNIT_SAMPLES,
+                 source: Optional[Any] = None):
+        self.path, self.data_offset = Path(reader.path), int(reader.data_offset)
+        self.source = source if source is not None else MountSource(self.path, reader._version)
         self.directory, self.limit, self.unit = Path(directory), int(limit), int(unit)
         self.offsets = np.asarray(reader.offsets, dtype=np.int64)
         self._set_unit(self.unit)
         largest = int(self.sizes.max()) if len(self.sizes) else 0
         if self.limit < largest:
             raise CacheLimitError(f"cache_limit={human_bytes(self.limit)} cannot hold one block of {self.unit} samples "
-                                  f"of {self.path} (the largest is {human_bytes(largest)}): pass cache_limit="
+                                  f"of {self.source.name} (the largest is {human_bytes(largest)}): pass cache_limit="
                                   f"{largest} or more (a few times that lets the cache fetch ahead)")
         self.directory.mkdir(parents=True, exist_ok=True)
         self._owner = os.getpid()
@@ -127,7 +129,7 @@ class StreamCache:
         self._plan_mtime = -1
 
     def __getstate__(self) -> dict:
-        keep = ("path", "data_offset", "version", "directory", "limit", "unit", "offsets", "bounds", "sizes", "_owner")
+        keep = ("path", "data_offset", "source", "directory", "limit", "unit", "offsets", "bounds", "sizes", "_owner")
         return {k: vars(self)[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
@@ -174,11 +176,11 @@ class StreamCache:
             if need > self.limit:
                 size = int(np.bincount(batches).max())
                 bound = max(need, self.smallest_limit(size))
-                raise CacheLimitError(f"cache_limit={human_bytes(self.limit)} cannot hold what this epoch reads from "
-                                      f"{self.path} at once ({human_bytes(need)} in blocks of {self.unit} samples read "
-                                      f"before and after one batch): pass cache_limit={bound} or more, or a smaller "
-                                      "batch_size. A mirror packed without shuffle=True is read in blocks of 1, "
-                                      "samples from all over the file: pack it with shuffle=True to stream it")
+                raise CacheLimitError(f"cache_limit={human_bytes(self.limit)} cannot hold what this epoch reads "
+                                      f"from {self.source.name} at once ({human_bytes(need)} in blocks of {self.unit} "
+                                      f"samples read before and after one batch): pass cache_limit={bound} or more, "
+                                      "or a smaller batch_size. A mirror packed without shuffle=True is read in blocks "
+                                      "of 1, samples from all over the file: pack it with shuffle=True to stream it")
         # kept: cached units among the first the plan fetches, within the limit (fetched at once anyway)
         prefix = fetch[np.cumsum(self.sizes[fetch]) <= self.limit]
         cached = self._cached()
@@ -200,7 +202,7 @@ class StreamCache:
         _write_atomically(self.directory / "plan.npy", lambda f: np.save(f, self._planned))
         from colabfast.where import env
 
-        self._drivefs = env.drive_kind(self.path) == "drivefs"
+        self._drivefs = isinstance(self.source, MountSource) and env.drive_kind(self.path) == "drivefs"
         _unlink(self.directory / "error.txt")
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._fetching, args=(self._stop,), daemon=True,
@@ -243,7 +245,7 @@ class StreamCache:
             self._finalizer()
 
     def _fetching(self, stop: threading.Event) -> None:
-        fd = -1
+        handle = None
         try:
             while True:
                 with self._cond:
@@ -252,10 +254,9 @@ class StreamCache:
                             return
                         if self._refreshing or (self._drivefs and self._since_refresh >= self.limit):
                             self._refreshing = True  # every fetch thread lets go of the mount first
-                            if fd >= 0:
-                                with contextlib.suppress(OSError):
-                                    os.close(fd)
-                                fd = -1
+                            if handle is not None:
+                                self.source.close(handle)
+                                handle = None
                             if self._inflight == 0 and not self._refresher:
                                 self._refresher, refresh = True, True
                                 break
@@ -282,9 +283,9 @@ class StreamCache:
                             self._cond.notify_all()
                     continue
                 try:
-                    if fd < 0:
-                        fd = self._open()
-                    self._fetch_unit(fd, u)
+                    if handle is None:
+                        handle = self.source.open()
+                    self._fetch_unit(handle, u)
                 finally:
                     with self._cond:
                         self._inflight -= 1
@@ -302,70 +303,23 @@ class StreamCache:
             with contextlib.suppress(OSError):
                 _write_atomically(self.directory / "error.txt", lambda f: f.write(said))
         finally:
-            if fd >= 0:
-                with contextlib.suppress(OSError):  # the mount may be gone (unmounted, disconnected)
-                    os.close(fd)
+            if handle is not None:
+                self.source.close(handle)
 
-    def _open(self) -> int:
-        from colabfast.where._fileio import retry
-
-        try:
-            fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
-        except OSError as exc:
-            if not is_transient(exc):
-                raise
-            raise OSError(exc.errno, f"{self.path}: opening it to stream image data failed "
-                                     f"{getattr(exc, 'attempts', RETRIES + 1)} times ({exc.strerror}). The mount "
-                                     "(Google Drive?) is failing: try again, or remount "
-                                     "(colabfast.mount(force_remount=True))") from exc
-        if file_version(os.fstat(fd)) != self.version:
-            os.close(fd)
-            raise self._changed()
-        return fd
-
-    def _changed(self) -> MirrorError:
-        return MirrorError(f"{self.path} changed on the mount while it was streamed (replaced or rewritten: a new run "
-                           "of colabfast.pack?), so its index no longer describes the file. Open the dataset again "
-                           "once the file is final.")
-
-    def _fetch_unit(self, fd: int, u: int) -> None:
+    def _fetch_unit(self, handle: Any, u: int) -> None:
         start, end = int(self.bounds[u]), int(self.bounds[u + 1])
         target, part = self._file(u), self.directory / f".u{self.unit}-{u}.part"
         buffer = bytearray(min(PIECE, max(end - start, 1)))
-        handle = {"fd": fd}
-
-        def reopen() -> None:
-            with contextlib.suppress(OSError):
-                handle["fd"] = os.open(self.path, os.O_RDONLY)
-
         with open(part, "wb") as out:
             pos = start
             while pos < end:
                 view = memoryview(buffer)[: min(PIECE, end - pos)]
-                offset = self.data_offset + pos
-                try:
-                    n = pread_retrying(functools.partial(_preadv_into, handle, view), len(view), offset, RETRIES,
-                                       reopen)
-                except OSError as exc:
-                    if not is_transient(exc):
-                        raise
-                    raise OSError(exc.errno, f"{self.path}: streaming image data at byte {offset} failed "
-                                             f"{getattr(exc, 'attempts', RETRIES + 1)} times ({exc.strerror}). The "
-                                             "mount (Google Drive?) is failing: try again, or remount "
-                                             "(colabfast.mount(force_remount=True))") from exc
-                finally:
-                    if handle["fd"] != fd:
-                        with contextlib.suppress(OSError):
-                            os.close(handle["fd"])
-                        handle["fd"] = fd
-                if n == 0:
-                    raise MirrorError(f"{self.path} ended at byte {offset} while it was streamed: the file was "
-                                      "truncated or replaced. Open the dataset again once the file is final.")
+                n = self.source.read(handle, view, self.data_offset + pos)
                 out.write(view[:n])
                 pos += n
-        if file_version(os.stat(self.path)) != self.version:  # the path: an open handle keeps the old file
+        if self.source.changed():
             _unlink(part)
-            raise self._changed()
+            raise self.source.changed_error()
         os.replace(part, target)
         with self._cond:
             self.fetched += end - start
@@ -412,14 +366,27 @@ class StreamCache:
                 k = min(n - at, int(self.bounds[u + 1]) - b)
                 part = piece[at : at + k]
                 if not planned[u]:
-                    direct(part, b)
+                    self._direct(part, b, direct)
                 elif not self._read_cached(part, u, b):
                     later.append((part, u, b))
                 at += k
         for part, u, b in later:
             self._wait(u)
             if not self._read_cached(part, u, b):
-                direct(part, b)  # deleted since it arrived: the plan changed under a stray read
+                self._direct(part, b, direct)  # deleted since it arrived: the plan changed under a stray read
+
+    def _direct(self, part: np.ndarray, b: int, direct: Callable[[np.ndarray, int], None]) -> None:
+        """Image data bytes from ``b`` on into ``part``, from the source itself: the mirror's file through
+        ``direct`` (its reader's retrying read), or a remote one through a handle of this call's own."""
+        if isinstance(self.source, MountSource):
+            direct(part, b)
+            return
+        handle, view, done = self.source.open(), memoryview(part).cast("B"), 0  # type: ignore[arg-type]
+        try:
+            while done < len(view):
+                done += self.source.read(handle, view[done:], self.data_offset + b + done)
+        finally:
+            self.source.close(handle)
 
     def _plan(self) -> np.ndarray:
         if os.getpid() == self._owner:
@@ -443,8 +410,8 @@ class StreamCache:
             while done < len(view):
                 got = os.preadv(fd, [view[done:]], at + done)
                 if got <= 0:
-                    raise MirrorError(f"{self._file(u)}: the cached block of {self.path} ended early (the local disk "
-                                      "failed?). Open the dataset again.")
+                    raise MirrorError(f"{self._file(u)}: the cached block of {self.source.name} ended early (the "
+                                      "local disk failed?). Open the dataset again.")
                 done += got
             return True
         finally:
@@ -464,7 +431,7 @@ class StreamCache:
         while not self._file(u).exists():
             error = self.directory / "error.txt"
             if error.exists():
-                raise OSError(f"{self.path}: streaming failed: {error.read_text(errors='replace')}")
+                raise OSError(f"{self.source.name}: streaming failed: {error.read_text(errors='replace')}")
             if time.monotonic() > deadline or not self.directory.exists():
                 return  # read directly
             time.sleep(WAIT)
@@ -493,8 +460,128 @@ class StreamCache:
         return total
 
     def __repr__(self) -> str:
-        return (f"StreamCache({self.path}, limit={human_bytes(self.limit)}, {len(self.sizes)} blocks of {self.unit} "
-                f"samples, at {self.directory})")
+        return (f"StreamCache({self.source.name}, limit={human_bytes(self.limit)}, {len(self.sizes)} blocks of "
+                f"{self.unit} samples, at {self.directory})")
+
+
+class MountSource:
+    """Where a stream cache fetches from: the mirror's file on a mount (Drive), read with ``pread``.
+
+    ``read`` retries a transient error (a Drive disconnect, an ``EIO``) as :func:`colabfast.stage`
+    retries it (:func:`colabfast.where._fileio.pread_retrying`, through a handle of its own after a
+    failure), then raises an ``OSError`` naming the file and the byte offset."""
+
+    def __init__(self, path: Path, version: tuple) -> None:
+        self.path, self.version, self.name = Path(path), version, str(path)
+
+    def open(self) -> int:
+        from colabfast.where._fileio import retry
+
+        try:
+            fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
+        except OSError as exc:
+            if not is_transient(exc):
+                raise
+            raise OSError(exc.errno, f"{self.path}: opening it to stream image data failed "
+                                     f"{getattr(exc, 'attempts', RETRIES + 1)} times ({exc.strerror}). The mount "
+                                     "(Google Drive?) is failing: try again, or remount "
+                                     "(colabfast.mount(force_remount=True))") from exc
+        if file_version(os.fstat(fd)) != self.version:
+            os.close(fd)
+            raise self.changed_error()
+        return fd
+
+    def read(self, fd: int, view: memoryview, offset: int) -> int:
+        """Read into ``view`` from byte ``offset``: the bytes read, at least one."""
+        handle = {"fd": fd}
+
+        def reopen() -> None:
+            with contextlib.suppress(OSError):
+                handle["fd"] = os.open(self.path, os.O_RDONLY)
+
+        try:
+            n = pread_retrying(functools.partial(_preadv_into, handle, view), len(view), offset, RETRIES, reopen)
+        except OSError as exc:
+            if not is_transient(exc):
+                raise
+            raise OSError(exc.errno, f"{self.path}: streaming image data at byte {offset} failed "
+                                     f"{getattr(exc, 'attempts', RETRIES + 1)} times ({exc.strerror}). The mount "
+                                     "(Google Drive?) is failing: try again, or remount "
+                                     "(colabfast.mount(force_remount=True))") from exc
+        finally:
+            if handle["fd"] != fd:
+                with contextlib.suppress(OSError):
+                    os.close(handle["fd"])
+        if n == 0:
+            raise MirrorError(f"{self.path} ended at byte {offset} while it was streamed: the file was truncated or "
+                              "replaced. Open the dataset again once the file is final.")
+        return n
+
+    def close(self, fd: int) -> None:
+        with contextlib.suppress(OSError):  # the mount may be gone (unmounted, disconnected)
+            os.close(fd)
+
+    def changed(self) -> bool:
+        """Whether the file at the path is another version now (an open handle keeps the old file)."""
+        return file_version(os.stat(self.path)) != self.version
+
+    def changed_error(self) -> MirrorError:
+        return MirrorError(f"{self.path} changed on the mount while it was streamed (replaced or rewritten: a new run "
+                           "of colabfast.pack?), so its index no longer describes the file. Open the dataset again "
+                           "once the file is final.")
+
+
+class RemoteSource:
+    """Where a stream cache fetches from: a mirror at an fsspec URL (``gs://``, ``s3://``, ``https://``,
+    ``memory://``; https://filesystem-spec.readthedocs.io), read with ``seek`` and ``read`` of the file
+    fsspec opens. Its version is what ``fs.info`` says of it (size, and its modification time or ETag
+    where the filesystem gives them).
+
+    Raises:
+        ImportError: fsspec is not installed (``pip install fsspec``, and ``gcsfs`` for ``gs://``).
+        FileNotFoundError: nothing at ``url``.
+    """
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.name = url
+        self.fs, self.remote = fsspec.core.url_to_fs(url)
+        self.version = self._version()
+
+    def _version(self) -> tuple:
+        info = self.fs.info(self.remote)
+        keys = ("size", "mtime", "LastModified", "updated", "ETag", "etag", "created")
+        return tuple(str(info.get(k)) for k in keys)
+
+    @property
+    def size(self) -> int:
+        return int(self.version[0])
+
+    def open(self) -> Any:
+        if self._version() != self.version:
+            raise self.changed_error()
+        return self.fs.open(self.remote, "rb")
+
+    def read(self, f: Any, view: memoryview, offset: int) -> int:
+        f.seek(offset)
+        data = f.read(len(view))
+        if not data:
+            raise MirrorError(f"{self.name} ended at byte {offset} while it was streamed: the file was truncated or "
+                              "replaced. Open the dataset again once the file is final.")
+        view[: len(data)] = data
+        return len(data)
+
+    def close(self, f: Any) -> None:
+        with contextlib.suppress(Exception):
+            f.close()
+
+    def changed(self) -> bool:
+        return self._version() != self.version
+
+    def changed_error(self) -> MirrorError:
+        return MirrorError(f"{self.name} changed while it was streamed (replaced or rewritten), so its index no longer "
+                           "describes the file. Open the dataset again once the file is final.")
 
 
 def _preadv_into(handle: dict, view: memoryview, n: int, offset: int) -> int:

@@ -107,9 +107,12 @@ def streams_of(dataset: Any) -> list[StreamCache]:
     return out
 
 
-def stream(dataset: Any, limit: int, directory: Path, unit: int = UNIT_SAMPLES) -> list[StreamCache]:
+def stream(dataset: Any, limit: int, directory: Path, unit: int = UNIT_SAMPLES,
+           source: Optional[Any] = None) -> list[StreamCache]:
     """Make ``dataset`` (a mirror drop-in, or a ``Subset`` of one) read its image data through stream
-    caches in ``directory``: one per image column, sharing ``limit`` bytes in proportion to their data.
+    caches in ``directory``: one per image column, sharing ``limit`` bytes in proportion to their data;
+    fetched from ``source`` (:class:`~colabfast.datasets.stream.RemoteSource`), default the dataset's
+    file itself (:class:`~colabfast.datasets.stream.MountSource`).
 
     Raises:
         CacheLimitError: a column's share cannot hold its largest block of ``unit`` samples.
@@ -119,7 +122,7 @@ def stream(dataset: Any, limit: int, directory: Path, unit: int = UNIT_SAMPLES) 
     out = []
     for k, r in enumerate(readers):
         share = limit if len(readers) == 1 else limit * int(r.offsets[-1]) // total
-        r.stream = StreamCache(r, Path(directory) / f"column-{k}", share, unit)
+        r.stream = StreamCache(r, Path(directory) / f"column-{k}", share, unit, source)
         out.append(r.stream)
     weakref.finalize(dataset, remove, Path(directory), os.getpid())  # the folder, once the dataset goes
     return out

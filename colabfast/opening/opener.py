@@ -120,7 +120,8 @@ def open_dataset(
 
     Args:
         path: a mirror file, a dataset folder, or an archive (see :data:`ACCEPTS`), as a ``str`` or
-            ``os.PathLike``; or a Hugging Face ``datasets.Dataset``, ``DatasetDict`` or
+            ``os.PathLike``; a mirror's fsspec URL (``gs://bucket/imagenet.h5``: streamed, see
+            :mod:`colabfast.opening.remote`); or a Hugging Face ``datasets.Dataset``, ``DatasetDict`` or
             ``IterableDataset`` (or ``IterableDatasetDict``).
         split: a ``DatasetDict``'s split (a ``Dataset``'s own split is accepted too); KITTI's
             ``"training"`` (default) or ``"testing"``; what pack reads of a VOC tree (the image set), a
@@ -202,8 +203,19 @@ def open_dataset(
             from colabfast.errors import CacheLimitError
 
             raise CacheLimitError(f"cache_limit must be a positive number of bytes, not {cache_limit!r}")
-        dataset = _open(path, split, transform, target_transform, output, image_size, mirrors, to, progress,
-                        pack_options, stack, cache_limit)
+        from colabfast.opening.remote import is_url, open_remote
+
+        if is_url(path):  # a bucket's mirror (fsspec), streamed
+            if image_size is not None or mirrors is not None or pack_options:
+                from colabfast.packing import PackRefused
+
+                raise PackRefused(f"{path} is a URL: only a mirror is opened from one, so image_size, mirrors and "
+                                  "pack's options do not apply; pack the dataset first and open its mirror's URL")
+            dataset = open_remote(str(path), split, transform=transform, target_transform=target_transform,
+                                  output=output, to=to, cache_limit=cache_limit)
+        else:
+            dataset = _open(path, split, transform, target_transform, output, image_size, mirrors, to, progress,
+                            pack_options, stack, cache_limit)
         if progress:
             print(dataset.account)
         return dataset
