@@ -222,3 +222,26 @@ def test_a_mirror_at_a_url_streams_through_fsspec_from_a_sparse_shell(tmp_path, 
     (bucket / "not.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(200))
     with pytest.raises(cf.MirrorError):
         cf.open_dataset((bucket / "not.h5").as_uri(), to="stream", progress=False)
+
+
+def test_drives_own_cache_is_dropped_after_each_limit_streamed(mirror, monkeypatch):
+    import colabfast.drive.mounting as mounting
+    from colabfast.where import env
+
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    (cache,) = streams_of(ds)
+    cache.limit = cache.smallest_limit(16)
+    refreshed = []
+
+    def refresh(path, quiet=False):
+        with cache._cond:
+            refreshed.append(cache._inflight)  # no fetch reading the mount meanwhile
+        return None
+
+    monkeypatch.setattr(env, "drive_kind", lambda path: "drivefs")  # as if the mirror were on Colab's Drive
+    monkeypatch.setattr(mounting, "refresh_drive", refresh)
+    for x, y in zip(*_loaders(staged, ds)):
+        _same(x, y)
+    total = int(cache.sizes.sum())
+    assert len(refreshed) >= total // cache.limit - 1 and set(refreshed) == {0}
