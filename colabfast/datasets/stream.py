@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import os
 import shutil
 import threading
@@ -114,6 +115,7 @@ class StreamCache:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._present: dict[int, int] = {}  # unit -> its last batch in the plan
+        self._expiry: list[tuple[int, int]] = []  # heap of (last batch, unit) of the units present
         self._planned = np.zeros(len(self.sizes), dtype=bool)
         self._fetch: np.ndarray = np.zeros(0, dtype=np.int64)
         self._last: np.ndarray = np.zeros(0, dtype=np.int64)
@@ -194,6 +196,7 @@ class StreamCache:
         with self._cond:
             self._fetch, self._last = fetch, last
             self._present = {u: int(last[u]) for u in keep}
+            self._expiry = sorted((b, u) for u, b in self._present.items())  # a sorted list is a heap
             self._used = int(self.sizes[list(keep)].sum()) if keep else 0
             self._next, self._done, self._error = 0, 0, None
             self._planned = np.zeros(count, dtype=bool)
@@ -221,11 +224,13 @@ class StreamCache:
         """``done`` batches of the plan have been read: delete the units no later batch reads."""
         with self._cond:
             self._done = max(self._done, done)
-            gone = [u for u, b in self._present.items() if b < self._done]
-            for u in gone:
-                del self._present[u]
-                _unlink(self._file(u))
-                self._used -= int(self.sizes[u])
+            gone = False
+            while self._expiry and self._expiry[0][0] < self._done:
+                _, u = heapq.heappop(self._expiry)
+                if self._present.pop(u, None) is not None:
+                    _unlink(self._file(u))
+                    self._used -= int(self.sizes[u])
+                    gone = True
             if gone:
                 self._cond.notify_all()
 
@@ -291,6 +296,7 @@ class StreamCache:
                         self._inflight -= 1
                 with self._cond:
                     self._present[u] = int(self._last[u])
+                    heapq.heappush(self._expiry, (int(self._last[u]), u))
                     self.peak = max(self.peak, self._used)
                     self._cond.notify_all()
                 if self._done > self._last[u]:  # the epoch is past it already (read directly meanwhile)
