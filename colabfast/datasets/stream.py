@@ -400,7 +400,10 @@ class StreamCache:
         try:
             mtime = os.stat(self.directory / "plan.npy").st_mtime_ns
             if mtime != self._plan_mtime:
-                self._planned, self._plan_mtime = np.load(self.directory / "plan.npy"), mtime
+                planned = np.load(self.directory / "plan.npy")
+                if len(planned) != len(self.sizes):  # units of another size than this copy's: read directly
+                    planned = np.zeros(len(self.sizes), dtype=bool)
+                self._planned, self._plan_mtime = planned, mtime
         except (OSError, ValueError):
             pass  # no plan yet: every read is direct
         return self._planned
