@@ -552,7 +552,11 @@ class RemoteSource:
     """
 
     def __init__(self, url: str) -> None:
-        import fsspec
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise ImportError(f"streaming {url} needs fsspec: pip install 'colabfast[bucket]' (and gcsfs for gs://, "
+                              "s3fs for s3://)") from exc
 
         self.name = url
         self.fs, self.remote = fsspec.core.url_to_fs(url)

@@ -63,10 +63,7 @@ def open_remote(url: str, split: Optional[str], *, transform: Optional[Callable]
         raise StageRefused(f"{url} is a URL: its mirror is streamed (to='stream' or 'auto'), not staged to={to!r}. "
                            "To stage it, copy it to local disk first (fsspec's fs.get) and open the copy.")
     try:
-        source = RemoteSource(url)
-    except ImportError as exc:
-        raise ImportError(f"opening {url} needs fsspec: pip install fsspec (and gcsfs for gs://, s3fs for s3://)") \
-            from exc
+        source = RemoteSource(url)  # ImportError without fsspec, saying what to install
     except FileNotFoundError:
         raise NothingToOpen(f"nothing to open: {url}: no such file (fsspec finds nothing there)") from None
     root = env.work_dir() / ".colabfast-stream"
@@ -124,9 +121,14 @@ def _shell_main(url: str, shell: str) -> None:
     contiguous storage) found with h5py on the fsspec file, the other bytes copied into ``shell`` (a
     sparse file of the mirror's size, written as ``.<name>.part`` and renamed), the ranges printed as
     JSON; exit 3 with the reason for a file that is not a mirror, 4 for no file."""
-    import fsspec
     import h5py
     import numpy as np
+
+    try:
+        import fsspec
+    except ImportError:
+        print(f"reading {url} needs fsspec: pip install 'colabfast[bucket]'")
+        sys.exit(3)
 
     fs, remote = fsspec.core.url_to_fs(url)
     try:
