@@ -453,6 +453,38 @@ def test_a_later_runtime_does_no_per_file_work_on_the_export(local, monkeypatch)
         assert calls.opened() == [] and calls.files_stated() == ["data.yaml"], calls.seen
 
 
+def test_a_later_runtime_vets_the_mirrors_as_they_are_staged(local, monkeypatch):
+    """Issue 42 item 4: a later runtime vets each mirror's copy in the mirrors folder (in a child
+    process, while it is staged), and trusts the staged copy of that version instead of vetting it
+    again after the copy; a mirror that fails the vetting is still refused."""
+    from colabfast.errors import MirrorError
+    from colabfast.mirror import safety
+
+    root = export(local / "drive/ds")
+    mirrors = local / "drive/mirrors"
+    data = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+    first = contents(data.parent)
+    real_vet, vetted = safety.vet, []
+
+    def vet(path, *args, **kwargs):  # the calls that start a child: the file's version not vetted before
+        key = safety._key(Path(path))
+        if key not in safety._vetted and key not in safety._cached():
+            vetted.append(Path(path))
+        return real_vet(path, *args, **kwargs)
+
+    new_runtime(local)
+    monkeypatch.setattr(safety, "_vetted", set())  # a new process remembers no vetting (the cache is gone)
+    monkeypatch.setattr(safety, "vet", vet)
+    again = cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+    assert again == data and contents(again.parent) == first
+    assert sorted(vetted) == sorted(mirrors.glob("*.h5")), vetted  # each where it is kept, none of the copies
+
+    new_runtime(local)  # a mirror the vetting refuses: not trusted, so its staged copy is vetted, and refused
+    monkeypatch.setattr(safety, "vet", lambda path, *a, **k: (_ for _ in ()).throw(MirrorError(f"{path}: bad")))
+    with pytest.raises(MirrorError, match="bad"):
+        cf.ultralytics_data(root, mirrors=mirrors, to="disk", progress=False)
+
+
 def relisted(calls: Calls) -> bool:
     """Whether the export was read as open_dataset reads it (its YAML opened, its folders listed again),
     not only checked against its record."""

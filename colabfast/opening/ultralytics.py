@@ -322,12 +322,24 @@ def _staged_mirror(mirror: Path, m: dict, to: str, progress: bool, cancel: Any) 
             split or layout). OSError: ``errno.ECANCELED`` once ``cancel`` is set, as
             :func:`colabfast.stage` raises it.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from colabfast.errors import MirrorError
+    from colabfast.mirror.safety import trust
+    from colabfast.opening.early import vetted_version
     from colabfast.opening.mirrors import drop_in
     from colabfast.staging.pipeline import stage
+    from colabfast.where._fileio import file_version
 
-    local = mirror if to == "auto" and env.storage(mirror) in ("disk", "ram") else \
-        stage(mirror, to=to, progress=progress, cancel=cancel)
+    if to == "auto" and env.storage(mirror) in ("disk", "ram"):
+        local = mirror
+    else:  # the copy on Drive vetted while it is copied, as open_dataset's early staging does
+        before = file_version(os.stat(mirror))
+        with ThreadPoolExecutor(1, thread_name_prefix="colabfast-yolo-vet") as one:
+            vetting = one.submit(vetted_version, mirror, before)
+            local = stage(mirror, to=to, progress=progress, cancel=cancel)
+            if vetting.result() is not None and file_version(os.stat(mirror)) == before:
+                trust(local)  # the same bytes as the vetted copy on Drive
     ds = drop_in(local, output="bytes")
     head = ds.reader.index.header
     if (head.fingerprint, head.source, head.split, head.layout) != (m["fingerprint"], m["source"], m["split"], "yolo"):
