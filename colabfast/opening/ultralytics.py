@@ -115,7 +115,9 @@ def ultralytics_data(
     :mod:`colabfast.opening.exportrecord`). A later runtime reads that record and checks the export
     against it: a stat of a zip; for a folder, a stat of its YAML and one listing (names only) of each
     folder the splits' images and labels are in, all at once; then it stages the mirrors the record
-    names (at once). No file of the export is opened or stat'ed one by one. A file added, removed or
+    names (at once; each mirror's metadata is checked on Drive in a child process while it copies,
+    :func:`colabfast.mirror.safety.vet`, and its staged copy of that version trusted). No file of the
+    export is opened or stat'ed one by one. A file added, removed or
     renamed, or any change of a zip or of the YAML, is noticed: the export is then listed and what
     changed packed again, as :func:`colabfast.open_dataset` does. Missed: a file of a folder export whose
     bytes are rewritten under the same name (a label file edited in place); ``relist=True`` lists the
