@@ -558,8 +558,8 @@ SPDL = _SPDLPeer(
     imports=("spdl.io", "spdl.pipeline"),
     install="apt-get install libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavfilter8 "
             "libavdevice59 (Debian 12's FFmpeg 5; spdl.io loads FFmpeg 4 to 9 on first use), then pip install spdl",
-    note="reads the JPEG files in place from a file list; num_workers are threads (decode concurrency and "
-         "the pipeline's thread pool); the crop runs in FFmpeg's filter graph",
+    note="reads the JPEG files in place from a file list (disk MB: the list); num_workers are threads (decode "
+         "concurrency and the pipeline's thread pool)",
 )
 
 PEERS: tuple[Peer, ...] = (WEBDATASET, LITDATA, MOSAICML_STREAMING, EFFICIO, FFCV_JPG, FFCV_RAW, SPDL)
