@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from colabfast.testing import data
 from colabfast.tools.bench import cli, epoch, gpufeed, packing, peers, report, staging
 from colabfast.tools.bench.timing import Result
 
@@ -445,6 +446,8 @@ def test_augment_scenario(tmp_path):
         else:
             assert ffcv.metrics["x FFCV"] == 1.0 and "FFCV 1." in ffcv.note
             assert ours.metrics["x FFCV"] == pytest.approx(ours.metrics["images/s"] / ffcv.metrics["images/s"])
+        spdl = got[augment.SPDL]  # the same files through SPDL's pipeline, or a row saying why not
+        assert (spdl.seconds is None) == bool(peers.SPDL.missing()) and "SPDL" in spdl.note
     assert not list(tmp_path.iterdir())  # its data is gone
 
 
@@ -457,7 +460,73 @@ def test_augment_one_case_without_ffcv(monkeypatch, tmp_path):
     assert {r.scenario for r in rows} == {"augment/raw 256px"}
     by = {r.method: r for r in rows}
     assert set(by) == {augment.OURS, "colabfast.DataLoader(num_workers=1)",
-                       "torchvision ImageFolder + v2, 1 tuned workers", augment.FFCV}
+                       "torchvision ImageFolder + v2, 1 tuned workers", augment.FFCV, augment.SPDL}
     assert by[augment.FFCV].seconds is None and "not installed" in by[augment.FFCV].note
-    assert all(r.metrics["images/s"] > 0 and "x FFCV" not in r.metrics for r in rows if r.method != augment.FFCV)
+    # SPDL: measured where it imports, else a row saying why
+    assert (by[augment.SPDL].seconds is None) == bool(peers.SPDL.missing())
+    assert all(r.metrics["images/s"] > 0 and "x FFCV" not in r.metrics for r in rows if r.seconds is not None)
     assert "### augment/raw 256px" in report.markdown(rows)  # a row that did not run shows its note
+
+
+def test_spdl_peer_center_crop_is_torchvisions(tmp_path):
+    """SPDL's epoch loader, where spdl imports: every image once per epoch, uint8 [B, 3, 224, 224]
+    channels-last, and the pixels of colabfast's decoder + CenterCrop(224) up to FFmpeg's colour
+    conversion (a crop one pixel off differs several times more). Elsewhere it is reported missing."""
+    from torchvision.datasets import ImageFolder
+
+    from colabfast.where.codec import decode_jpeg
+
+    why = peers.SPDL.missing()
+    if why:  # not installed, or installed without FFmpeg: the benchmark's rows say so, and how to install
+        assert "libavcodec59" in why and "pip install spdl" in why
+        return
+    assert peers.by_name(["spdl"]) == [peers.SPDL]
+    # one image per class, so a label names its image; odd sizes: odd centre offsets
+    tree = data.make_imagefolder(tmp_path / "imagefolder", classes=5, per_class=1, size=(331, 283), vary=0.1)
+    samples = ImageFolder(tree).samples
+    peers.SPDL.prepare(samples, tmp_path / "spdl", (331, 283), 2)
+    loader = peers.SPDL.loader(tmp_path / "spdl", epoch.transform(), 2, 2, None)
+    for _ in range(2):  # re-iterable
+        batches = list(loader)
+        assert [len(x) for x, _ in batches] == [2, 2, 1]
+        labels = torch.cat([y for _, y in batches])
+        assert sorted(labels.tolist()) == list(range(5))
+    for x, y in batches:
+        assert x.dtype == torch.uint8 and x.shape[1:] == (3, 224, 224)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        for image, label in zip(x, y.tolist()):
+            full = decode_jpeg(torch.frombuffer(bytearray(Path(samples[label][0]).read_bytes()), dtype=torch.uint8))
+            h, w = full.shape[1:]
+            top, left = round((h - 224) / 2), round((w - 224) / 2)
+            errors = [(image.int() - full[:, top + dy: top + dy + 224, left + dx: left + dx + 224].int()).abs()
+                      .float().mean().item() for dy, dx in ((0, 0), (1, 0), (0, 1))]
+            assert errors[0] < 3.0 and errors[0] < min(errors[1:]) / 2, errors
+
+
+def test_spdl_augment_filter_gives_random_crops_of_224(tmp_path):
+    """augment's SPDL row: RandomResizedCrop(224) + flip in FFmpeg's filter, one crop per image and epoch."""
+    from torchvision.datasets import ImageFolder
+
+    from colabfast.tools.bench import augment
+
+    if peers.SPDL.missing():
+        return  # test_spdl_peer_center_crop_is_torchvisions checks the message
+    tree = data.make_imagefolder(tmp_path / "src", classes=2, per_class=3, size=(320, 240))
+    loader = peers.SPDLLoader(ImageFolder(tree).samples, augment._spdl_crop_flip, 6, 2)
+    (a, _), (b, _) = next(iter(loader)), next(iter(loader))
+    assert a.dtype == torch.uint8 and a.shape == b.shape == (6, 3, 224, 224)
+    assert not torch.equal(a.sort(0).values, b.sort(0).values)  # new crops every epoch, whatever the order
+    assert 20 < a.float().mean() < 235  # pictures, not a blank frame
+
+
+def test_spdl_without_ffmpeg_is_missing(monkeypatch):
+    """Installed, but none of the FFmpeg libraries spdl.io loads on first use: a note with the apt-get line."""
+    if not peers.SPDL.missing():
+        import spdl.io
+
+        def no_ffmpeg(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("Failed to import libspdl.")
+
+        monkeypatch.setattr(spdl.io, "cpu_storage", no_ffmpeg)
+    why = peers.SPDL.missing()
+    assert "libavcodec59" in why and "pip install spdl" in why

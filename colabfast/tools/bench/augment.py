@@ -225,6 +225,7 @@ def run(size: float = 1.0, repeats: int = 3, min_seconds: float = 2.0, batch_siz
                      FFCV: f"FFCV {FFCV_RAW.version()}, {workers} threads, write_mode={'raw' if raw else 'jpg'}"}
             baselines = {"x FFCV": FFCV, "x worker processes": procs, "x torchvision": tv, "of decode ceiling": CEILING}
             scenario = f"augment/{case}"
+            rows += _spdl(loaders, notes, files, scenario, batch_size, workers)
             rows += _rows(scenario, loaders, baselines, notes, n, repeats, min_seconds)
             if ffcv_missing:
                 rows.append(Result(scenario, FFCV, None, note=f"FFCV {ffcv_missing}"))
@@ -329,3 +330,41 @@ def _export(ds: H5ImageFolder, out: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{i:06d}.jpg").write_bytes(data_.numpy().tobytes())
     return out
+
+
+SPDL = "SPDL"
+
+
+def _spdl_crop_flip(width: int, height: int) -> str:
+    """One image's ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip`` as an FFmpeg filter: the crop
+    drawn by torchvision's own ``RandomResizedCrop.get_params`` (scale (0.08, 1), ratio (3/4, 4/3)), cut in
+    the decoder's YUV, scaled bilinearly to 224 x 224, flipped with p = 0.5, converted to rgb24."""
+    import spdl.io
+    from torchvision.transforms import RandomResizedCrop
+
+    shape = torch.empty(1, 1, 1).expand(3, height, width)  # get_params reads only the size
+    i, j, h, w = RandomResizedCrop.get_params(shape, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3])
+    flip = ",hflip" if torch.rand(1).item() < 0.5 else ""
+    return spdl.io.get_video_filter_desc(
+        filter_desc=f"crop=w={w}:h={h}:x={j}:y={i}:exact=1,scale=w={CROP}:h={CROP}:flags=bilinear{flip}",
+        pix_fmt="rgb24")
+
+
+def _spdl(loaders: dict[str, Iterable], notes: dict[str, str], files: Path, scenario: str, batch_size: int,
+          workers: int) -> list[Result]:
+    """Add the ``SPDL`` row's loader to ``loaders`` (and its note): SPDL's pipeline
+    (:class:`colabfast.tools.bench.peers.SPDLLoader`: ``PipelineBuilder``, ``workers`` decoding threads,
+    FFmpeg decoding each JPEG file of ``files`` with :func:`_spdl_crop_flip`'s filter); where it cannot
+    run, return the row saying why instead."""
+    from torchvision.datasets import ImageFolder
+
+    from colabfast.tools.bench.peers import SPDL as PEER
+    from colabfast.tools.bench.peers import SPDLLoader
+
+    why = PEER.missing()
+    if why:
+        return [Result(scenario, SPDL, None, note=f"SPDL {why}")]
+    loaders[SPDL] = SPDLLoader(ImageFolder(str(files)).samples, _spdl_crop_flip, batch_size, workers)
+    notes[SPDL] = (f"SPDL {PEER.version()}, PipelineBuilder, {workers} threads, the JPEG files decoded by FFmpeg "
+                   "with the crop, scale and flip in its filter graph")
+    return []

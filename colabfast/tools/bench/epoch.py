@@ -14,7 +14,7 @@ image on one core, which FFCV's rows do not pay either:
 - the naive h5 Dataset of the seeds (:class:`NaiveH5`): vlen JPEG bytes, ``num_workers=0``;
 - colabfast's encoded and raw mirrors (:func:`colabfast.pack`, :class:`colabfast.H5ImageFolder`,
   :class:`colabfast.DataLoader`); from Drive also the mirror staged to local disk first;
-- the peers of :mod:`colabfast.tools.bench.peers` (WebDataset, LitData, MosaicML Streaming, Efficio, FFCV);
+- the peers of :mod:`colabfast.tools.bench.peers` (WebDataset, LitData, MosaicML Streaming, Efficio, FFCV, SPDL);
 - the decode-only ceiling (local only): TorchCodec or torchvision.io (:mod:`colabfast.where.codec`) on the
   encoded files already in RAM;
 - for a peer whose crop yields strided views of the uncropped batches (FFCV: its torch transforms run

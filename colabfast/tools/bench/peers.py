@@ -4,7 +4,7 @@ Every peer turns the same ImageFolder samples into its own format (:attr:`Peer.p
 caller, which also records the size on disk) and reads them back (:attr:`Peer.loader`) into the same
 output as every other method of the epoch scenario: batches ``(images, labels)`` with images a uint8
 tensor ``[B, 3, h, w]`` after the same ``transform``, with the same batch size and ``num_workers``.
-Each peer decodes with the decoder its documentation uses (PIL, torchvision.io, FFCV's own), named in
+Each peer decodes with the decoder its documentation uses (PIL, torchvision.io, FFCV's own, SPDL's FFmpeg), named in
 :attr:`Peer.decoder` so the tables can say what a row measures.
 
 Peers are optional (``pip install ".[bench]"`` from a clone): :meth:`Peer.missing` says why one cannot run,
@@ -426,7 +426,143 @@ FFCV_RAW = Peer(
     views=True,
 )
 
-PEERS: tuple[Peer, ...] = (WEBDATASET, LITDATA, MOSAICML_STREAMING, EFFICIO, FFCV_JPG, FFCV_RAW)
+
+# --- SPDL --------------------------------------------------------------------------------------------
+# The pipeline of SPDL's ImageNet example (examples/imagenet_classification.py in facebookresearch/spdl:
+# a source of (path, label), PipelineBuilder, .pipe(decode, concurrency=N), .aggregate(batch_size),
+# .add_sink, .build(num_threads=N)), each image through the four steps of its "Decoding Process
+# Overview" (https://facebookresearch.github.io/spdl/: demux_image, decode_packets with an FFmpeg filter
+# description that crops, scales and converts to rgb24, convert_frames merging a batch's frames into
+# one buffer, to_torch). The example decodes a batch with one filter for all (load_image_batch); here
+# each image is decoded by itself so that each may get its own filter (a random crop per image).
+
+FilterFor = Callable[[int, int], str]  # (width, height) of the stored image -> FFmpeg filter description
+
+
+def spdl_center_crop(size: int) -> FilterFor:
+    """The FFmpeg filter of torchvision's ``CenterCrop(size)``: the same offsets (``round((H - size) / 2)``).
+    Even offsets are cropped in the decoder's YUV before the conversion to rgb24, as SPDL's
+    ``get_video_filter_desc(crop_width=..., pix_fmt="rgb24")`` does (the cheap order; both benchmark sizes
+    have even offsets); odd ones would split 4:2:0 chroma samples (a mean error of 3.6 levels against
+    torchvision's crop, measured), so those images are converted whole first."""
+    def filter_for(width: int, height: int) -> str:
+        import spdl.io
+
+        x, y = int(round((width - size) / 2.0)), int(round((height - size) / 2.0))
+        crop = f"crop=w={size}:h={size}:x={x}:y={y}"
+        if x % 2 or y % 2:
+            return f"format=pix_fmts=rgb24,{crop}"
+        return spdl.io.get_video_filter_desc(filter_desc=crop, pix_fmt="rgb24")
+
+    return filter_for
+
+
+class SPDLLoader:
+    """Shuffled batches ``(uint8 images [B, 3, h, w], int64 labels [B])`` of ``items`` (JPEG file, label)
+    through an SPDL pipeline; re-iterable, one pipeline (and a fresh permutation) per epoch.
+
+    Each image is decoded by FFmpeg with ``filter_for(width, height)`` (FFmpeg filter syntax; the
+    output must be rgb24 of one size for every image), then ``transform`` (uint8 ``[3, H, W]``), if
+    given, runs on it; batches are NCHW views of SPDL's NHWC buffer: channels-last, as colabfast's and
+    FFCV's. ``num_workers`` is both the decode stage's concurrency and the pipeline's thread count.
+    """
+
+    def __init__(self, items: Sequence[tuple[str, int]], filter_for: FilterFor, batch_size: int, num_workers: int,
+                 transform: Optional[Transform] = None) -> None:
+        self.items, self.filter_for, self.transform = list(items), filter_for, transform
+        self.batch_size, self.num_workers = batch_size, max(1, num_workers)
+
+    def _decode(self, item: tuple[str, int]) -> tuple[Any, int]:
+        import spdl.io
+
+        path, label = item
+        packets = spdl.io.demux_image(path)
+        frames = spdl.io.decode_packets(packets, filter_desc=self.filter_for(packets.width, packets.height))
+        if self.transform is None:
+            return frames, label
+        return self.transform(spdl.io.to_torch(spdl.io.convert_frames(frames)).permute(2, 0, 1)), label
+
+    def _collate(self, decoded: list[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        import spdl.io
+
+        labels = torch.tensor([label for _, label in decoded], dtype=torch.int64)
+        if self.transform is not None:
+            return torch.stack([x for x, _ in decoded]), labels
+        # [B, H, W, 3] in one buffer -> [B, 3, H, W] channels-last
+        return spdl.io.to_torch(spdl.io.convert_frames([f for f, _ in decoded])).permute(0, 3, 1, 2), labels
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        from spdl.pipeline import PipelineBuilder
+
+        order = torch.randperm(len(self.items)).tolist()
+        pipeline = (
+            PipelineBuilder()
+            .add_source([self.items[i] for i in order])
+            .pipe(self._decode, concurrency=self.num_workers)
+            .aggregate(self.batch_size)
+            .pipe(self._collate)
+            .add_sink()
+            .build(num_threads=self.num_workers, max_failures=0)  # an image that fails fails the epoch
+        )
+        with pipeline.auto_stop():
+            yield from pipeline.get_iterator()
+
+
+def _spdl_prepare(samples: Samples, out: Path, image_size: tuple[int, int], workers: int) -> None:
+    # SPDL reads the JPEG files in place; its ImageNet example takes a list of them (`find val -name
+    # '*.JPEG' > flist` and a --prefix): the files' paths relative to the folder above ``out``, so the
+    # same list serves the copy on Drive.
+    out.mkdir(parents=True, exist_ok=True)
+    lines = (f"{os.path.relpath(path, out.parent)}\t{label}\n" for path, label in samples)
+    (out / "flist.tsv").write_text("".join(lines))
+
+
+def _spdl_loader(out: Path, transform: Transform, batch_size: int, num_workers: int, cache: Optional[Path]) -> Iterable:
+    from torchvision.transforms import v2
+
+    items = [(str(out.parent / rel), int(label))
+             for rel, label in (line.split("\t") for line in (out / "flist.tsv").read_text().splitlines())]
+    if isinstance(transform, v2.CenterCrop) and transform.size[0] == transform.size[1]:
+        return SPDLLoader(items, spdl_center_crop(transform.size[0]), batch_size, num_workers)
+    # Any other transform: FFmpeg decodes to rgb24, the transform runs on each decoded image.
+    return SPDLLoader(items, lambda width, height: "format=pix_fmts=rgb24", batch_size, num_workers, transform)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SPDLPeer(Peer):
+    """SPDL is missing also where it is installed but none of the FFmpeg libraries it loads (versions
+    4-9) is: ``import spdl.io`` succeeds and its first call fails."""
+
+    def missing(self) -> str:
+        why = super().missing()
+        if why:
+            return why
+        try:
+            import spdl.io
+
+            spdl.io.cpu_storage(1, pin_memory=False)  # the first call into libspdl loads FFmpeg
+        except Exception as exc:
+            return f"FFmpeg's libraries not found ({self.install}): " + f"{type(exc).__name__}: {exc}"[:200]
+        return ""
+
+
+SPDL = _SPDLPeer(
+    name="SPDL",
+    module="spdl",
+    distribution="spdl",
+    docs="https://facebookresearch.github.io/spdl/ (PipelineBuilder; demux_image, decode_packets with a filter, "
+         "convert_frames) and examples/imagenet_classification.py in github.com/facebookresearch/spdl",
+    decoder="FFmpeg (libavcodec, through spdl.io), crop in its filter graph",
+    prepare=_spdl_prepare,
+    loader=_spdl_loader,
+    imports=("spdl.io", "spdl.pipeline"),
+    install="apt-get install libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavfilter8 "
+            "libavdevice59 (Debian 12's FFmpeg 5; spdl.io loads FFmpeg 4 to 9 on first use), then pip install spdl",
+    note="reads the JPEG files in place from a file list (disk MB: the list); num_workers are threads (decode "
+         "concurrency and the pipeline's thread pool)",
+)
+
+PEERS: tuple[Peer, ...] = (WEBDATASET, LITDATA, MOSAICML_STREAMING, EFFICIO, FFCV_JPG, FFCV_RAW, SPDL)
 
 
 def by_name(names: Sequence[str]) -> list[Peer]:

@@ -19,7 +19,7 @@ OURS = "colabfast"
 SCHEMA = 1  # version of the JSON layout written by to_json
 # Distributions whose versions a report records (the peers' too, when installed).
 PACKAGES = ("colabfast", "torch", "torchvision", "numpy", "h5py", "pillow", "mfusepy", "matplotlib",
-            "webdataset", "litdata", "mosaicml-streaming", "efficio", "ffcv")
+            "webdataset", "litdata", "mosaicml-streaming", "efficio", "ffcv", "spdl")
 COLOURS = {"ours": "#e8710a", "alternative": "#80868b", "reference": "#c6dafc"}
 
 
