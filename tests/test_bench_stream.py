@@ -22,11 +22,11 @@ def test_stream_scenario(need_fuse, tmp_path):
         pytest.skip("mounting the small tmpfs needs root")
     # cache_limit half the tmpfs: Streaming's local use runs over its cache_limit (1.5x it measured here
     # with 2 workers), and a full tmpfs would fail its row rather than test the plumbing.
-    rows = streaming.run(size=0.03, repeats=1, batch_size=16, workers=1, image_size=96, cache_fraction=0.5,
+    rows = streaming.run(size=0.03, repeats=1, batch_size=16, workers=1, image_size=96, cache_fractions=(0.5,),
                          drive=QUICK_DRIVE, work=tmp_path)
     by = {r.method: r for r in rows}
-    mds = streaming._streaming_name()
-    assert list(by) == [streaming.LINK, streaming.STAGED, mds, streaming.OURS]
+    mds, ours = streaming.method_names((0.5,))
+    assert list(by) == [streaming.LINK, streaming.STAGED, mds, ours]
     n = 300
     for method in (streaming.LINK, streaming.STAGED):
         row = by[method]
@@ -41,9 +41,9 @@ def test_stream_scenario(need_fuse, tmp_path):
     import colabfast
 
     if "cache_limit" in inspect.signature(colabfast.open_dataset).parameters:
-        streamed.append(by[streaming.OURS])
+        streamed.append(by[ours])
     else:  # issue 43's API not in this colabfast yet: the row says why it did not run
-        assert by[streaming.OURS].seconds is None and "cache_limit" in by[streaming.OURS].note
+        assert by[ours].seconds is None and "cache_limit" in by[ours].note
     for row in streamed:
         assert row.seconds is not None, row.note
         assert not row.reference
@@ -59,14 +59,15 @@ def test_stream_without_root_says_why(monkeypatch, tmp_path):
     monkeypatch.setattr(env, "is_root", lambda: False)
     rows = streaming.run(size=0.01, work=tmp_path)
     assert [r.seconds for r in rows] == [None, None, None]
+    assert [r.method for r in rows] == [streaming.STAGED, *streaming.method_names((0.8,))]
     assert all("needs root" in r.note or "Drive simulator unavailable" in r.note for r in rows)
 
 
 def test_stream_rejects_a_disk_larger_than_the_mirror():
     with pytest.raises(ValueError, match="mirror_to_disk > 1"):
         streaming.run(mirror_to_disk=0.5)
-    with pytest.raises(ValueError, match="cache_fraction"):
-        streaming.run(cache_fraction=1.5)
+    with pytest.raises(ValueError, match="cache fraction"):
+        streaming.run(cache_fractions=(0.8, 1.5))
 
 
 @pytest.mark.parametrize("small_tmpfs", ["8m"], indirect=True)
@@ -103,7 +104,10 @@ def test_epochs_check_the_batches():
 
 def test_cli_stream_options():
     parser = cli.build_parser(argparse.ArgumentParser())
-    args = parser.parse_args(["stream", "--mirror-to-disk", "4", "--cache-fraction", "0.5"])
-    assert (args.scenario, args.mirror_to_disk, args.cache_fraction) == ("stream", 4.0, 0.5)
-    assert "--mirror-to-disk 4 --cache-fraction 0.5" in cli._command(args)
+    args = parser.parse_args(["stream", "--mirror-to-disk", "4", "--cache-fraction", "0.8,0.5"])
+    assert (args.scenario, args.mirror_to_disk, args.cache_fraction) == ("stream", 4.0, (0.8, 0.5))
+    assert "--mirror-to-disk 4 --cache-fraction 0.8,0.5" in cli._command(args)
     assert "--mirror-to-disk" not in cli._command(parser.parse_args(["stream"]))
+    for bad in ("0", "1.5", "0.8,x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["stream", "--cache-fraction", bad])

@@ -53,10 +53,22 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "latency in ms, MB/s); eio_open=P,eio_read=P inject EIO faults with probability P")
     parser.add_argument("--mirror-to-disk", type=float, default=3.0,
                         help="stream scenario: the mirror's size over the small local disk's, a tmpfs (default 3)")
-    parser.add_argument("--cache-fraction", type=float, default=0.8,
-                        help="stream scenario: cache_limit as a fraction of that tmpfs (default 0.8)")
+    parser.add_argument("--cache-fraction", type=_fractions, default=(0.8,), metavar="F[,F...]",
+                        help="stream scenario: cache_limit as a fraction of that tmpfs; several, comma-separated, "
+                             "run both engines at each (default 0.8)")
     parser.add_argument("--work", help="folder for the generated data (default: a temp folder)")
     return parser
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    """``"0.8,0.5"`` -> ``(0.8, 0.5)``, each in (0, 1]."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"need fractions such as 0.8 or 0.8,0.5; got {text!r}") from None
+    if not values or not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"each fraction must be in (0, 1]; got {text!r}")
+    return values
 
 
 def _drive_settings(text: str) -> dict[str, float]:
@@ -115,7 +127,7 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
                                            drive=args.drive, work=args.work),
         "stream": lambda: streaming.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                         workers=args.workers or 2, mirror_to_disk=args.mirror_to_disk,
-                                        cache_fraction=args.cache_fraction, drive=args.drive, work=args.work),
+                                        cache_fractions=args.cache_fraction, drive=args.drive, work=args.work),
     }
 
 
@@ -145,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         results += rows
     settings = {"scenarios": list(names), "size": args.size, "repeats": args.repeats, "workers": args.workers,
                 "batch_size": args.batch_size, "peers": args.peers, "drive": DriveSimParams(**args.drive).live(),
-                "mirror_to_disk": args.mirror_to_disk, "cache_fraction": args.cache_fraction,
+                "mirror_to_disk": args.mirror_to_disk, "cache_fraction": list(args.cache_fraction),
                 "seconds": round(time.perf_counter() - started, 1)}
     md = out / "bench.md"
     md.write_text(f"# colabfast bench\n\n`{_command(args)}` on {report.machine_line(machine)}\n\n"
@@ -169,8 +181,9 @@ def _command(args: argparse.Namespace) -> str:
         parts.append(f"--batch-size {args.batch_size}")
     if args.peers is not None:
         parts.append(f"--peers {args.peers}")
-    if args.scenario in ("stream", "all") and (args.mirror_to_disk, args.cache_fraction) != (3.0, 0.8):
-        parts.append(f"--mirror-to-disk {args.mirror_to_disk:g} --cache-fraction {args.cache_fraction:g}")
+    if args.scenario in ("stream", "all") and (args.mirror_to_disk, args.cache_fraction) != (3.0, (0.8,)):
+        parts.append(f"--mirror-to-disk {args.mirror_to_disk:g} --cache-fraction "
+                     + ",".join(f"{f:g}" for f in args.cache_fraction))
     if args.drive:
         parts.append("--drive " + ",".join(f"{k}={v:g}" for k, v in args.drive.items()))
     return " ".join(parts)

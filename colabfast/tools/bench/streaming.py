@@ -6,7 +6,8 @@ One process, one run. An ImageNet-like ImageFolder (photo-like JPEGs of about 50
 into a mirror (``image_size`` short side, shuffled) in the simulator's backing folder, and the
 mirror's own JPEG bytes are exported once, in the mirror's order, as MDS shards beside it: both
 engines read the same samples. "The small local disk" is a tmpfs sized so that the mirror is
-``mirror_to_disk`` times it (3 by default); ``cache_limit`` is ``cache_fraction`` of it (0.8).
+``mirror_to_disk`` times it (3 by default); ``cache_limit`` is a fraction of it (0.8 by default; with
+several fractions both engines run at each).
 
 Rows, each two epochs with the same batch size and the same output (uint8 ``[B, 3, S, S]`` after
 ``CenterCrop(S)``, S the packed short side), timed from making the dataset to the last batch:
@@ -44,7 +45,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -56,12 +57,12 @@ CLASSES = 10
 EPOCHS = 2
 SOURCE_SIZE = (500, 375)  # (width, height) of the source JPEGs, each side varied by up to 20%
 LINK, STAGED = "link: the mirror at the link's bandwidth", "staged: the mirror on local disk, colabfast.DataLoader"
-OURS = 'colabfast stream: open_dataset(to="stream", cache_limit)'
+OURS = 'colabfast stream: open_dataset(to="stream")'
 CHECKED = 8  # samples compared by index with the staged mirror's
 POLL_S = 0.005
 # A row waiting this long for a batch fails (its note says so) instead of hanging the run: a Streaming
 # worker whose shard copy failed (ENOSPC on the small disk) waits for that shard forever.
-STALL_S = 120.0
+STALL_S = 60.0
 
 
 class PeakUse:
@@ -219,7 +220,7 @@ def _export_mds(mirror: Path, out: Path, scratch: Path, shard_bytes: int) -> Non
 
 
 def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int = 2, image_size: int = 256,
-        mirror_to_disk: float = 3.0, cache_fraction: float = 0.8, drive: Optional[dict] = None,
+        mirror_to_disk: float = 3.0, cache_fractions: Sequence[float] = (0.8,), drive: Optional[dict] = None,
         work: Optional[Union[str, Path]] = None) -> list[Result]:
     """Two epochs of a mirror streamed from the Drive simulator through a bounded cache on a small tmpfs.
 
@@ -227,22 +228,24 @@ def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int 
         size: scale: 1.0 is 10000 JPEGs (10 classes), about 210 MB as a mirror at 256 px.
         repeats: rounds; in each every row runs once, in turn, with an empty cache (median reported).
         batch_size: images per batch, for every row.
-        workers: torch DataLoader workers of the Streaming row (colabfast's loader chooses its own).
+        workers: torch DataLoader workers of the Streaming rows (colabfast's loader chooses its own).
         image_size: the short side the mirror is packed at; every row yields ``CenterCrop(image_size)``.
         mirror_to_disk: the mirror's size over the tmpfs's (3: a mirror 3x the local disk).
-        cache_fraction: ``cache_limit`` as a fraction of the tmpfs (in (0, 1]).
+        cache_fractions: each a ``cache_limit`` as a fraction of the tmpfs (in (0, 1]); both engines run
+            at each.
         drive: simulator settings over :class:`~colabfast.drive.simfs.DriveSimParams`' defaults (100 ms
             per open, 2 ms per read request, 60 MB/s).
         work: where to put the data (default: a temp folder); the staged copy goes there too.
 
     Returns:
-        The rows :data:`LINK`, :data:`STAGED` (references), MosaicML Streaming and :data:`OURS`, with
-        ``images/s``; the streaming rows also ``x min(link, staged)``, ``local peak MB``, ``cache_limit
-        MB``, ``Drive MB`` and ``same samples``. A row that cannot run carries a note instead (a missing
-        peer, no root for the tmpfs, no FUSE, an API not in this colabfast).
+        The rows :data:`LINK`, :data:`STAGED` (references), then per cache fraction MosaicML Streaming
+        and colabfast's stream (:func:`method_names`), with ``images/s``; the streaming rows also ``x
+        min(link, staged)``, ``local peak MB``, ``cache_limit MB``, ``Drive MB`` and ``same samples``. A
+        row that cannot run carries a note instead (a missing peer, no root for the tmpfs, no FUSE, an
+        API not in this colabfast, a full tmpfs).
 
     Raises:
-        ValueError: ``size``, ``repeats``, ``mirror_to_disk`` or ``cache_fraction`` out of range.
+        ValueError: ``size``, ``repeats``, ``mirror_to_disk`` or a cache fraction out of range.
     """
     from torchvision.transforms import v2
 
@@ -254,14 +257,15 @@ def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int 
     from colabfast.testing import data
     from colabfast.where import env
 
-    if size <= 0 or repeats < 1 or mirror_to_disk <= 1 or not 0 < cache_fraction <= 1:
-        raise ValueError(f"need size > 0, repeats >= 1, mirror_to_disk > 1 and 0 < cache_fraction <= 1; got "
-                         f"{size}, {repeats}, {mirror_to_disk}, {cache_fraction}")
-    methods = (STAGED, _streaming_name(), OURS)
+    fractions = tuple(cache_fractions)
+    if size <= 0 or repeats < 1 or mirror_to_disk <= 1 or not fractions or not all(0 < f <= 1 for f in fractions):
+        raise ValueError(f"need size > 0, repeats >= 1, mirror_to_disk > 1 and each cache fraction in (0, 1]; got "
+                         f"{size}, {repeats}, {mirror_to_disk}, {fractions}")
+    names = method_names(fractions)
     ok, why = available()
     if not ok or not env.is_root():
         why = f"Drive simulator unavailable: {why}" if not ok else "mounting the small tmpfs needs root"
-        return [Result(SCENARIO, m, None, note=why, reference=m == STAGED) for m in methods]
+        return [Result(SCENARIO, m, None, note=why, reference=m == STAGED) for m in [STAGED, *names]]
     params = DriveSimParams(**(drive or {}))
     crop = v2.CenterCrop(image_size)
     per_class = max(2, round(10000 * size / CLASSES))
@@ -276,8 +280,8 @@ def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int 
         shutil.rmtree(src)
         nbytes = mirror.stat().st_size
         disk = int(nbytes / mirror_to_disk)
-        cache_limit = int(cache_fraction * disk)
-        shard_bytes = min(64 << 20, cache_limit // 8)
+        limits = {f: int(f * disk) for f in fractions}
+        shard_bytes = min(64 << 20, min(limits.values()) // 8)  # one export for every limit
         if not streaming_missing:
             try:
                 peers.MOSAICML_STREAMING.load()
@@ -292,50 +296,72 @@ def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int 
         def run_staged(small: Path, sim: Any) -> tuple[Iterable, Any]:
             return DataLoader(staged, batch_size, shuffle=True, device="cpu"), staged
 
-        def run_streaming(small: Path, sim: Any) -> tuple[Iterable, Any]:
-            loader = peers._mds_loader(sim.mountpoint / "mds", crop, batch_size, workers, small / "mds-cache",
-                                       cache_limit=cache_limit, timeout=STALL_S if workers else 0)
-            return loader, loader.dataset
+        def run_streaming(cache_limit: int) -> Callable[[Path, Any], tuple[Iterable, Any]]:
+            def make(small: Path, sim: Any) -> tuple[Iterable, Any]:
+                loader = peers._mds_loader(sim.mountpoint / "mds", crop, batch_size, workers, small / "mds-cache",
+                                           cache_limit=cache_limit, timeout=STALL_S if workers else 0)
+                return loader, loader.dataset
+            return make
 
-        def run_ours(small: Path, sim: Any) -> tuple[Iterable, Any]:
-            import colabfast
+        def run_ours(cache_limit: int) -> Callable[[Path, Any], tuple[Iterable, Any]]:
+            def make(small: Path, sim: Any) -> tuple[Iterable, Any]:
+                import colabfast
 
-            ds = colabfast.open_dataset(sim.mountpoint / "mirror.h5", to="stream", cache_limit=cache_limit,
-                                        transform=crop, output="tensor", progress=False)
-            return DataLoader(ds, batch_size, shuffle=True, device="cpu"), ds
+                # Its cache goes under colabfast's work_dir, in the temp folder: the small tmpfs here.
+                with temp_folder(small):
+                    ds = colabfast.open_dataset(sim.mountpoint / "mirror.h5", to="stream", cache_limit=cache_limit,
+                                                transform=crop, output="tensor", progress=False)
+                return DataLoader(ds, batch_size, shuffle=True, device="cpu"), ds
+            return make
 
-        runs: dict[str, Callable[[Path, Any], tuple[Iterable, Any]]] = {
-            STAGED: run_staged, methods[1]: run_streaming, OURS: run_ours}
-        figures: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
+        runs: dict[str, tuple[Callable[[Path, Any], tuple[Iterable, Any]], Optional[int]]] = {
+            STAGED: (run_staged, None)}
+        for (mds, ours), f in zip(zip(names[::2], names[1::2]), fractions):
+            runs[mds] = (run_streaming(limits[f]), limits[f])
+            runs[ours] = (run_ours(limits[f]), limits[f])
+        figures: dict[str, list[dict[str, float]]] = {m: [] for m in runs}
         notes: dict[str, str] = {}
         if streaming_missing:
-            notes[methods[1]] = streaming_missing
+            notes.update({m: streaming_missing for m in names[::2]})
         with _terminated_as_exit(), tmpfs(tmp / "small", disk) as small, DriveSim(backing, tmp / "mnt", params) as sim:
             for _ in range(repeats):  # rounds: the machine's load drifts alike for every row
-                for method in methods:
+                for method, (make, limit) in runs.items():
                     if method in notes:
                         continue
                     try:
-                        figures[method].append(_one(runs[method], small, sim, image_size, staged, n,
-                                                    streams=method != STAGED))
+                        figures[method].append(_one(make, small, sim, image_size, staged, n, streams=limit is not None,
+                                                    ours=method in names[1::2]))
                     except Exception as exc:  # e.g. the stream API not in this colabfast yet
                         notes[method] = str(exc)
                     finally:
                         _empty(small)
-    return _rows(figures, notes, n, nbytes, disk, cache_limit, shard_bytes, params, batch_size, workers, image_size)
+    rows = _rows(figures, notes, {m: limit for m, (_, limit) in runs.items()}, n, nbytes, params)
+    rows[0].note = (f"{n} JPEGs (~{SOURCE_SIZE[0]}x{SOURCE_SIZE[1]}) packed at {image_size} px: mirror "
+                    f"{nbytes / 1e6:.1f} MB on the Drive simulator ({params.open_ms:g} ms/open, {params.read_ms:g} "
+                    f"ms/read, {params.mbps:g} MB/s); local disk a tmpfs of {disk / 1e6:.1f} MB (the mirror / "
+                    f"{mirror_to_disk:g}); {EPOCHS} epochs, batch {batch_size}, CenterCrop({image_size}), uint8")
+    for r in rows:
+        if r.method in names[::2] and r.seconds is not None:
+            r.note = "; ".join(filter(None, [r.note, (
+                f"MDS shards of {shard_bytes / 1e6:.2f} MB (the least cache_limit / 8: Streaming wants 4 shards in its "
+                f"cache), py1e shuffle, remote=<mount>/mds, local=<tmpfs>/mds-cache, torch DataLoader with {workers} "
+                f"workers; decode: {peers.MOSAICML_STREAMING.decoder}")]))
+    return rows
 
 
-def _streaming_name() -> str:
+def method_names(fractions: Sequence[float]) -> list[str]:
+    """The streaming rows' names, two per cache fraction: MosaicML Streaming's, then colabfast's."""
     version = peers.MOSAICML_STREAMING.version()
-    return f"{peers.MOSAICML_STREAMING.name} {version}".strip()
+    mds = f"{peers.MOSAICML_STREAMING.name} {version}".strip()
+    return [name for f in fractions for name in (f"{mds}, cache_limit {f:g} x disk", f"{OURS}, {f:g} x disk")]
 
 
 def _one(make: Callable[[Path, Any], tuple[Iterable, Any]], small: Path, sim: Any, side: int, staged: Any, n: int,
-         streams: bool) -> dict[str, float]:
+         streams: bool, ours: bool) -> dict[str, float]:
     """One row's two epochs: seconds, images, Drive bytes, the tmpfs's peak, same samples."""
     loader = dataset = None
     before = sim.stats()["bytes_read"]
-    with temp_folder(small), PeakUse(small) as peak:
+    with PeakUse(small) as peak, (temp_folder(small) if ours else contextlib.nullcontext()):
         try:
             start = time.perf_counter()
             loader, dataset = make(small, sim)
@@ -360,46 +386,34 @@ def _one(make: Callable[[Path, Any], tuple[Iterable, Any]], small: Path, sim: An
     return out
 
 
-def _rows(figures: dict[str, list[dict[str, float]]], notes: dict[str, str], n: int, nbytes: int, disk: int,
-          cache_limit: int, shard_bytes: int, params: Any, batch_size: int, workers: int,
-          image_size: int) -> list[Result]:
+def _rows(figures: dict[str, list[dict[str, float]]], notes: dict[str, str], limits: dict[str, Optional[int]], n: int,
+          nbytes: int, params: Any) -> list[Result]:
     link_s = EPOCHS * nbytes / (params.mbps * 1e6) if params.mbps else None
     rows = []
     if link_s is not None:
         rows.append(Result(SCENARIO, LINK, link_s, link_s, link_s, 1, {"images/s": EPOCHS * n / link_s,
                                                                        "Drive MB": EPOCHS * nbytes / 1e6},
-                           reference=True,
-                           note=f"{n} JPEGs (~{SOURCE_SIZE[0]}x{SOURCE_SIZE[1]}) packed at {image_size} px: mirror "
-                                f"{nbytes / 1e6:.1f} MB on the Drive simulator ({params.open_ms:g} ms/open, "
-                                f"{params.read_ms:g} ms/read, {params.mbps:g} MB/s); local disk a tmpfs of "
-                                f"{disk / 1e6:.1f} MB, cache_limit {cache_limit / 1e6:.1f} MB; {EPOCHS} epochs, "
-                                f"batch {batch_size}, CenterCrop({image_size}), uint8"))
+                           reference=True))
     floor = None
     for method, runs in figures.items():
+        limit = limits[method]
         if method in notes or not runs:
-            rows.append(Result(SCENARIO, method, None, note=notes.get(method, "did not run"),
-                               reference=method == STAGED))
+            rows.append(Result(SCENARIO, method, None, note=notes.get(method, "did not run"), reference=limit is None))
             continue
         seconds = [r["seconds"] for r in runs]
         med = statistics.median(seconds)
         metrics = {"images/s": runs[0]["images"] / med, "Drive MB": max(r["Drive MB"] for r in runs)}
-        if method == STAGED:
+        if limit is None:  # the staged mirror
             floor = min(metrics["images/s"], EPOCHS * n / link_s) if link_s else metrics["images/s"]
         else:
             if floor:
                 metrics["x min(link, staged)"] = metrics["images/s"] / floor
             metrics["local peak MB"] = max(r["local peak MB"] for r in runs)
-            metrics["cache_limit MB"] = cache_limit / 1e6
+            metrics["cache_limit MB"] = limit / 1e6
             metrics["same samples"] = min(r["same samples"] for r in runs)
         note = ""
         if any(r["images"] != EPOCHS * n for r in runs):
             note = f"{runs[0]['images']} images in {EPOCHS} epochs of a {n}-image mirror"
-        if method != STAGED and method != OURS:
-            note = "; ".join(filter(None, [note, f"MDS shards of {shard_bytes / 1e6:.2f} MB (cache_limit / 8: "
-                                                 "Streaming wants 4 shards in its cache), py1e shuffle, "
-                                                 "remote=<mount>/mds, local=<tmpfs>/mds-cache, torch DataLoader "
-                                                 f"with {workers} workers; decode: "
-                                                 f"{peers.MOSAICML_STREAMING.decoder}"]))
         rows.append(Result(SCENARIO, method, med, min(seconds), max(seconds), len(seconds), metrics, note=note,
-                           reference=method == STAGED))
+                           reference=limit is None))
     return rows
