@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-from colabfast.tools.bench.gpufeed import MEAN, STD
 
 from colabfast.datasets.dropins import H5ImageFolder
 from colabfast.images import transforms
@@ -28,6 +27,7 @@ from colabfast.loading.feedprocess import pack, packed_size
 from colabfast.loading.loader import DataLoader
 from colabfast.packing import pack as pack_mirror
 from colabfast.testing import data
+from colabfast.tools.bench.gpufeed import MEAN, STD
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-from colabfast.tools.bench.gpufeed import MEAN, STD, _train_step
 
 from colabfast.datasets.dropins import H5ImageFolder
 from colabfast.images import transforms
@@ -33,6 +32,7 @@ from colabfast.loading import reader
 from colabfast.loading.loader import DataLoader
 from colabfast.packing import pack
 from colabfast.testing import data
+from colabfast.tools.bench.gpufeed import MEAN, STD, _train_step
 
 BATCH, CROP, CLASSES = 128, 224, 10
 

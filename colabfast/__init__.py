@@ -72,6 +72,7 @@ _EXPORTS = {
     "Report": "colabfast.diagnosis",
     "ultralytics_data": "colabfast.opening.ultralytics",
     "ExportRefused": "colabfast.opening.ultralytics",
+    "CacheLimitError": "colabfast.errors",
 }
 
 # modules users reach by their short names (cf.env, cf.doctor; `from colabfast import transforms`)

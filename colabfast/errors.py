@@ -44,6 +44,7 @@ The classes, by the stage that raises them (bases in brackets)::
         LoaderStateError (Error, ValueError)
         SamplerRefused (Error, ValueError)
         ExportRefused (Error, ValueError)
+        CacheLimitError (Error, ValueError)
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused",
            "NotEnoughSpace", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
            "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "LayoutError",
            "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
-           "FeedProcessError", "LoaderStateError", "SamplerRefused", "ExportRefused"]
+           "FeedProcessError", "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
 
 
 class Error(Exception):
@@ -349,3 +350,9 @@ class ExportRefused(Error, ValueError):
     """:func:`ultralytics_data` was given something it does not turn into a local YOLO tree (a YAML
     naming folders outside the dataset or a split the export lacks, an archive of another layout, a
     pose or classification export): the message names what was found and the call to make."""
+
+
+class CacheLimitError(Error, ValueError):
+    """A mirror streamed through a local cache (``open_dataset(..., to="stream", cache_limit=...)``,
+    :mod:`colabfast.datasets.stream`) was given a ``cache_limit`` too small to hold what one batch of
+    the epoch reads: the message gives the smallest limit that works."""

@@ -268,7 +268,7 @@ def test_refusals_are_colabfast_errors_that_stay_value_errors(local):
         (lambda: open_dataset(local / "notes.txt"), cf.MirrorError, "neither an HDF5 mirror nor an archive"),
         (lambda: open_dataset(src, "train", progress=False), cf.PackRefused, "split='train': a mirror of the "
                                                                              "imagefolder layout has one set"),
-        (lambda: open_dataset(src, to="cloud"), cf.StageRefused, "to must be 'auto', 'disk' or 'ram'"),
+        (lambda: open_dataset(src, to="cloud"), cf.StageRefused, "to must be 'auto', 'disk', 'ram' or 'stream'"),
     ]
     for call, cls, message in refused:
         with pytest.raises(cls, match=message) as caught:

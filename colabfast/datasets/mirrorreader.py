@@ -22,6 +22,8 @@ from colabfast.where._fileio import PathLike, file_version, human_bytes, is_tran
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+    from colabfast.datasets.stream import StreamCache
+
 __all__ = ["MirrorReader", "stored_positions"]
 
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
@@ -66,6 +68,8 @@ class MirrorReader:
         self._load_metadata()
         self._version = self._loaded  # the file version the dataset is made from: the only one any process reads
         self.blob: Optional[torch.Tensor] = None
+        # reads of the image data through a bounded local cache (colabfast.datasets.stream), where streamed
+        self.stream: Optional[StreamCache] = None
         if in_memory:
             self.blob = self._load_all()
             if self._fd is not None:
@@ -87,12 +91,13 @@ class MirrorReader:
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "split": self.split, "column": self.column, "blob": self.blob,
-                "version": self._version}
+                "version": self._version, "stream": self.stream}
 
     def __setstate__(self, state: dict) -> None:
         self.path, self.split, self.column, self.blob = state["path"], state["split"], state["column"], state["blob"]
         self._load_metadata()  # a spawned worker: refused at its first read if the file changed since (_handles)
         self._version = state["version"]
+        self.stream = state.get("stream")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -127,6 +132,15 @@ class MirrorReader:
             MirrorError: the file ends early (truncated, or replaced by a shorter one).
             OSError: a read still fails after the retries.
         """
+        if self.stream is not None:
+            outs = [out] if isinstance(out, np.ndarray) else list(out)
+            flat = [np.frombuffer(memoryview(cast("Buffer", o)).cast("B"), dtype=np.uint8) for o in outs]
+            at = list(itertools.accumulate((len(f) for f in flat), initial=start))[:-1]
+            return self.stream.read(flat, at, self._read_direct)
+        self._read_direct(out, start)
+
+    def _read_direct(self, out: Union[np.ndarray, Sequence[np.ndarray]], start: int) -> None:
+        """:meth:`read_into` from the file itself, never through :attr:`stream`."""
         # numpy's stubs declare ndarray a Buffer only from Python 3.12 on
         pieces = [memoryview(cast("Buffer", o)).cast("B") for o in ([out] if isinstance(out, np.ndarray) else out)]
         ends = list(itertools.accumulate(len(piece) for piece in pieces))
@@ -164,6 +178,13 @@ class MirrorReader:
         per-range setup (the rows of each image a crop covers, :class:`colabfast.loading.reader.BatchReader`). A
         range that fails or reads short is read again through :meth:`read_into`, whose retries and
         errors it then has. Raises as :meth:`read_into`."""
+        if self.stream is not None:
+            at = 0
+            pieces = []
+            for n in lengths:
+                pieces.append(memory[at : at + n])
+                at += n
+            return self.stream.read(pieces, starts, self._read_direct)
         try:
             fd: Optional[int] = self._handles()
         except OSError:

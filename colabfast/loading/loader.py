@@ -19,7 +19,7 @@ from colabfast.datasets import dropins as datasets
 from colabfast.errors import LoaderStateError
 from colabfast.images import transforms
 from colabfast.images.decode import Encoded, decode_cpu, is_encoded, is_jpeg
-from colabfast.loading import reader, resume, stages, threadworkers
+from colabfast.loading import reader, resume, stages, streaming, threadworkers
 from colabfast.loading.feedprocess import FeedProcess
 from colabfast.loading.planning import _WARNED, SAMPLER_PLANS, BlockPlan, plan
 from colabfast.loading.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize
@@ -303,6 +303,8 @@ class DataLoader(torch.utils.data.DataLoader):
         if transform is not None:
             fused = p.reader is not None and p.reader.fused is not None
             self.choices["transform"] = (transform, _where_transform_runs(transform, cuda, fused))
+        if (stream := streaming.choice(self, dataset)) is not None:
+            self.choices["stream"] = stream
         self._convert = BatchConverter(p.device, self.normalize, transform if cuda else None, non_blocking=cuda)
         self._reader: Optional[reader.BatchReader] = None
         self._threads: Optional[threadworkers.ThreadWorkers] = None
@@ -350,6 +352,12 @@ class DataLoader(torch.utils.data.DataLoader):
         """The epoch's host batches, before converting: of ``batch_indices`` (default: the loader's batch
         sampler); ``base_seed`` restarts the reader threads' random streams (default: as torch would);
         ``start`` and ``states``: resuming, as :meth:`ThreadWorkers.batches` takes them."""
+        inner = self.dataset.dataset if isinstance(self.dataset, _Prepared) else self.dataset
+        return streaming.planned(self, inner, batch_indices,  # the plan first: workers read once started
+                                 lambda: self._host_batches(batch_indices, base_seed, start=start, states=states))
+
+    def _host_batches(self, batch_indices: Optional[Iterable], base_seed: Optional[int], *, start: int,
+                      states: Optional[list]) -> Iterator:
         # the reader runs only with a batch_size and no batch_sampler: torch made a BatchSampler
         indices = batch_indices if batch_indices is not None else self.batch_sampler
         if self._threads is not None:

@@ -56,7 +56,7 @@ class _Early:
         """Start staging the newest mirror of ``src`` in ``folder`` (of ``split`` and ``layout``, where
         given: see :meth:`_fits`), where that is a slow mount (a mirror on local disk is opened where
         it is); None where there is nothing to start."""
-        if env.drive_kind(folder) is None and not env.is_fuse(folder):
+        if to == "stream" or (env.drive_kind(folder) is None and not env.is_fuse(folder)):
             return None
         return cls(src, folder, to, progress, split, layout)
 

@@ -26,7 +26,7 @@ from colabfast.opening.found import (
 from colabfast.opening.kinds import OWN_ARGUMENTS, _empty, what_is
 from colabfast.opening.mirrors import default_mirrors, drop_in
 from colabfast.where import env
-from colabfast.where._fileio import PathLike
+from colabfast.where._fileio import PathLike, human_bytes
 
 if TYPE_CHECKING:
     from colabfast.datasets.dropins import MirrorDataset
@@ -54,6 +54,7 @@ def open_dataset(
     image_size: Optional[Any] = None,
     mirrors: Optional[PathLike] = None,
     to: str = "auto",
+    cache_limit: Optional[int] = None,
     progress: bool = True,
     **pack_options: Any,
 ) -> MirrorDataset:
@@ -119,7 +120,8 @@ def open_dataset(
 
     Args:
         path: a mirror file, a dataset folder, or an archive (see :data:`ACCEPTS`), as a ``str`` or
-            ``os.PathLike``; or a Hugging Face ``datasets.Dataset``, ``DatasetDict`` or
+            ``os.PathLike``; a mirror's fsspec URL (``gs://bucket/imagenet.h5``: streamed, see
+            :mod:`colabfast.opening.remote`); or a Hugging Face ``datasets.Dataset``, ``DatasetDict`` or
             ``IterableDataset`` (or ``IterableDatasetDict``).
         split: a ``DatasetDict``'s split (a ``Dataset``'s own split is accepted too); KITTI's
             ``"training"`` (default) or ``"testing"``; what pack reads of a VOC tree (the image set), a
@@ -136,7 +138,17 @@ def open_dataset(
             for a source on Drive, else beside the source; see :func:`default_mirrors`; for a Hugging
             Face dataset :func:`default_dataset_mirrors`). Mirrors are
             named ``<source name>-<12 hex digits of the fingerprint>.h5`` (:func:`mirror_name`).
-        to: where the mirror is staged: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`.
+        to: where the mirror is staged: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`;
+            or ``"stream"``: not staged, but read where it is through a local cache of at most
+            ``cache_limit`` bytes, fetched ahead along each epoch's order and emptied behind it
+            (:mod:`colabfast.datasets.stream`; docs/streaming.md), for a mirror larger than local
+            storage. ``"auto"`` streams a mirror on a slow mount that stage's space rule says does not
+            fit (the account says so).
+        cache_limit: bytes the stream cache's files may take on local disk (``to="stream"``, or
+            ``"auto"`` when it streams); default: half the local disk's free space at
+            :func:`colabfast.where.env.work_dir`, divided among torchrun's ``LOCAL_WORLD_SIZE`` ranks
+            (each streams into a cache of its own). On Colab, Drive's own cache of what is streamed
+            is dropped after each ``cache_limit`` bytes, so the local peak stays within twice it.
         progress: show pack's and stage's progress bars and print the account.
         **pack_options: :func:`colabfast.pack`'s ``layout``, ``labels``, ``year``, ``store``, ``quality``,
             ``shuffle``, ``seed``, ``workers``, ``on_error``, ``retries`` (for a Hugging Face dataset:
@@ -168,7 +180,11 @@ def open_dataset(
         OpenRefused: (a ``TypeError``) ``path`` is neither a path nor a Hugging Face dataset (a
             torch ``Dataset``: the message says to ``colabfast.pack`` it and open the mirror).
         FieldError: a Hugging Face dataset's first row that no mirror holds.
-        StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
+        StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"``, ``"ram"`` or
+            ``"stream"``; ``cache_limit`` with ``"disk"`` or ``"ram"``.
+        CacheLimitError: (a ``ValueError``) a ``cache_limit`` smaller than the mirror's largest block
+            of 64 samples (the message gives the smallest that works); :class:`colabfast.DataLoader`
+            raises it too for one that cannot hold the blocks one batch reads.
         TypeError: an option that is not pack's.
         OSError: the mirrors folder cannot be written (read-only or full Drive; the message says to
             pass ``mirrors=`` elsewhere), or as pack and stage raise.
@@ -178,27 +194,46 @@ def open_dataset(
         PackError, UnsafeArchiveError, StageError, DriveError: as the steps raise them.
     """
     with contextlib.ExitStack() as stack:  # an IterableDataset's rows, read to local disk, go once packed
-        return _open(path, split, transform, target_transform, output, image_size, mirrors, to, progress,
-                     pack_options, stack)
+        if to not in ("auto", "disk", "ram", "stream") or (cache_limit is not None and to in ("disk", "ram")):
+            from colabfast.errors import StageRefused
+
+            raise StageRefused(f"to must be 'auto', 'disk', 'ram' or 'stream', not {to!r}" if to not in
+                               ("disk", "ram") else f"cache_limit is for to='stream' (or 'auto'), not to={to!r}")
+        if cache_limit is not None and (not isinstance(cache_limit, int) or cache_limit < 1):
+            from colabfast.errors import CacheLimitError
+
+            raise CacheLimitError(f"cache_limit must be a positive number of bytes, not {cache_limit!r}")
+        from colabfast.opening.remote import is_url, open_remote
+
+        if is_url(path):  # a bucket's mirror (fsspec), streamed
+            if image_size is not None or mirrors is not None or pack_options:
+                from colabfast.packing import PackRefused
+
+                raise PackRefused(f"{path} is a URL: only a mirror is opened from one, so image_size, mirrors and "
+                                  "pack's options do not apply; pack the dataset first and open its mirror's URL")
+            dataset = open_remote(str(path), split, transform=transform, target_transform=target_transform,
+                                  output=output, to=to, cache_limit=cache_limit)
+        else:
+            dataset = _open(path, split, transform, target_transform, output, image_size, mirrors, to, progress,
+                            pack_options, stack, cache_limit)
+        if progress:
+            print(dataset.account)
+        return dataset
 
 
 def _open(path: Any, split: Optional[str], transform: Optional[Callable], target_transform: Optional[Callable],
           output: str, image_size: Any, mirrors: Optional[PathLike], to: str, progress: bool, pack_options: dict,
-          stack: contextlib.ExitStack) -> MirrorDataset:
+          stack: contextlib.ExitStack, cache_limit: Optional[int] = None) -> MirrorDataset:
     unknown = sorted(set(pack_options) - set(_pack_options())) if pack_options else []  # (imports packing)
     if unknown:
         raise OpenRefused(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
                           f"{', '.join(_pack_options())}")
-    if to not in ("auto", "disk", "ram"):
-        from colabfast.errors import StageRefused
-
-        raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     steps: list[str] = []
     if not isinstance(path, (str, os.PathLike)):  # a Hugging Face dataset, packed as pack packs it
         rows, wanted = _dataset_wanted(path, split, image_size, mirrors, pack_options, progress, steps, stack)
         mirror, check = _found_or_packed(rows, wanted, "dataset", None, image_size, progress, pack_options, steps)
         return _staged_and_opened(rows, "dataset", None, mirror, check, None, image_size, to, progress, pack_options,
-                                  steps, transform, target_transform, output)
+                                  steps, transform, target_transform, output, cache_limit)
     src = Path(os.path.abspath(os.path.expanduser(path)))
     kind = what_is(src)
     # before anything is imported or listed with retries (an empty folder took 13 s to be refused)
@@ -244,22 +279,24 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
             if early is not None:
                 early.stop()  # a no-op once the listing named what it staged (then it is taken below)
     return _staged_and_opened(src, kind, split, mirror, check, early, image_size, to, progress, pack_options, steps,
-                              transform, target_transform, output)
+                              transform, target_transform, output, cache_limit)
 
 
 def _staged_and_opened(src: Union[Path, _InMemory], kind: str, split: Optional[str], mirror: Path,
                        check: Optional[_Wanted], early: Optional[_Early], image_size: Any, to: str, progress: bool,
                        pack_options: dict, steps: list[str], transform: Optional[Callable],
-                       target_transform: Optional[Callable], output: str) -> MirrorDataset:
+                       target_transform: Optional[Callable], output: str,
+                       cache_limit: Optional[int] = None) -> MirrorDataset:
     """:func:`open_dataset`'s last steps: ``mirror`` (of ``src``: given, found or packed) staged,
     checked, and opened as its drop-in dataset, whose ``account`` is ``steps``."""
     # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
     # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
     at = len(steps)
     local = (early.take(mirror, steps) if early is not None else None) or _staged(mirror, to, progress, steps)
+    streamed = local is _STREAM
     while kind == "mirror" or check is not None:
         try:
-            steps.insert(at, _checked(mirror, local, src, check))
+            steps.insert(at, _checked(mirror, mirror if streamed else local, src, check))
             break
         except _Impostor as exc:  # a file claiming this source's fingerprint: packed beside, never overwritten
             assert check is not None  # only a mirror looked for is checked for what it holds
@@ -268,28 +305,73 @@ def _staged_and_opened(src: Union[Path, _InMemory], kind: str, split: Optional[s
                                              passed=check.passed + [mirror])
             at = len(steps)
             local = _staged(mirror, to, progress, steps)
+            streamed = local is _STREAM
     if kind != "mirror" and _packs_split(kind, pack_options):
         split = None  # it chose what pack read
-    dataset = drop_in(local, split, transform=transform, target_transform=target_transform, output=output)
+    dataset = drop_in(mirror if streamed else local, split, transform=transform, target_transform=target_transform,
+                      output=output)
+    if streamed:
+        steps.append(_streamed(dataset, mirror, cache_limit, steps.pop()))
     steps.append(f"opened as {type(dataset).__name__}: {len(dataset):,} {'samples' if kind == 'dataset' else 'images'}"
                  + (f" in {len(dataset.classes)} classes" if getattr(dataset, "classes", None) else ""))
     dataset.account = "\n".join(steps)
-    if progress:
-        print(dataset.account)
     return dataset
 
 
+_STREAM = Path("<streamed>")  # what _staged returns for a mirror read where it is through a stream cache
+
+
 def _staged(mirror: Path, to: str, progress: bool, steps: list[str]) -> Path:
-    """``mirror`` staged by :func:`colabfast.stage`'s rule (or where it is, when local and ``to="auto"``)."""
+    """``mirror`` staged by :func:`colabfast.stage`'s rule (or where it is, when local and ``to="auto"``);
+    ``_STREAM`` for one to stream (``to="stream"``, or ``"auto"`` where it does not fit), the reason the
+    last of ``steps``."""
+    from colabfast.errors import NotEnoughSpace
     from colabfast.staging.copy import copied_last
     from colabfast.staging.pipeline import stage
 
     where = env.storage(mirror)
+    if to == "stream":
+        steps.append("to='stream'")
+        return _STREAM
     if to == "auto" and where in ("disk", "ram"):
         steps.append(f"opened in place: it is on local {'RAM' if where == 'ram' else 'disk'} already")
         return mirror
     before = _before_staging(mirror, to)
     start = time.perf_counter()
-    local = stage(mirror, to=to, progress=progress)
+    try:
+        local = stage(mirror, to=to, progress=progress)
+    except NotEnoughSpace as exc:
+        if to != "auto":
+            raise
+        steps.append(f"it does not fit on local storage ({exc.strerror or exc})")
+        return _STREAM
     steps.append(_staging_words(local, before, time.perf_counter() - start, copied=copied_last()))
     return local
+
+
+def _streamed(dataset: MirrorDataset, mirror: Path, cache_limit: Optional[int], why: str) -> str:
+    """Make ``dataset`` (opened on ``mirror`` where it is) read through a stream cache; the account's line."""
+    import shutil
+    import tempfile
+
+    from colabfast.datasets.stream import UNIT_SAMPLES
+    from colabfast.loading.streaming import stream
+
+    root = env.work_dir() / ".colabfast-stream"
+    root.mkdir(exist_ok=True)
+    if cache_limit is None:  # torchrun's ranks on this machine stream a cache each
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        cache_limit = env.disk_free(root) // 2 // ranks
+        how = "half the local disk's free space" + (f", shared by {ranks} local ranks" if ranks > 1 else "")
+    else:
+        how = "cache_limit"
+    directory = Path(tempfile.mkdtemp(prefix=f"{mirror.stem}-", dir=root))
+    try:
+        caches = stream(dataset, cache_limit, directory)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    blocks = sum(len(c.sizes) for c in caches)
+    return (f"streamed from {mirror} through a local cache of at most {human_bytes(cache_limit)} ({how}) at "
+            f"{directory}: {blocks:,} blocks of {UNIT_SAMPLES} samples, fetched ahead along each epoch's order by "
+            f"colabfast.DataLoader ({why})")

@@ -1,0 +1,142 @@
+"""How :class:`colabfast.DataLoader` drives the stream caches of a streamed mirror
+(:mod:`colabfast.datasets.stream`): each epoch's read order given to them before the epoch starts, and
+its progress as batches come out of the readers.
+
+The order is known ahead without drawing from any random stream, so an epoch streamed reads the
+same batches as the same epoch staged: a :class:`colabfast.BlockShuffleSampler`'s ``order(epoch)``
+(what :class:`colabfast.DataLoader` uses for ``shuffle=True`` on a mirror), a ``SequentialSampler``'s
+``0 .. n-1``, or the explicit batches of a resumed epoch. Any other sampler's order is drawn as the
+epoch runs: its reads then go to the mount directly, with no cache (``loader.choices`` says so).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import numpy as np
+from torch.utils.data import BatchSampler, SequentialSampler
+
+from colabfast.datasets.dropins import through_subsets
+from colabfast.datasets.stream import UNIT_SAMPLES, StreamCache, remove
+from colabfast.loading.sampler import BlockShuffleSampler
+from colabfast.where._fileio import human_bytes
+
+__all__ = ["choice", "known_order", "planned", "stream", "streams_of"]
+
+
+def known_order(loader: Any) -> Optional[np.ndarray]:
+    """The dataset indices (int64) the loader's next epoch reads in order, where its sampler says them
+    ahead without drawing; None otherwise."""
+    batch_sampler = loader.batch_sampler
+    if type(batch_sampler) is not BatchSampler:  # a caller's batch sampler: its grouping is its own
+        return None
+    sampler = batch_sampler.sampler
+    if isinstance(sampler, BlockShuffleSampler):
+        order = sampler.order(sampler.epoch)
+    elif type(sampler) is SequentialSampler:
+        order = np.arange(len(sampler), dtype=np.int64)
+    else:
+        return None
+    size = batch_sampler.batch_size
+    return order[: len(order) // size * size] if batch_sampler.drop_last else order
+
+
+def choice(loader: Any, dataset: Any) -> Optional[tuple[str, str]]:
+    """``loader.choices["stream"]`` for a loader of a streamed ``dataset``: what its caches do, and why;
+    None for a dataset that does not stream."""
+    streams = streams_of(dataset)
+    if not streams:
+        return None
+    limit = human_bytes(sum(s.limit for s in streams))
+    if getattr(getattr(loader, "plan", None), "feed", "thread") == "process":
+        return "read from the mount", "feed='process': the subprocess's loader is not given the epoch's order"
+    if known_order(loader) is not None:
+        return (f"fetched ahead, at most {limit}", f"{type(loader.batch_sampler.sampler).__name__} says each epoch's "
+                "order before it starts: its blocks are fetched in that order and deleted once read")
+    return ("read from the mount", "the sampler draws its order as the epoch runs (not a BlockShuffleSampler or "
+            "sequential): no block can be fetched ahead; pass shuffle=True or sampler=BlockShuffleSampler(dataset)")
+
+
+def planned(loader: Any, dataset: Any, batch_indices: Optional[Iterable], batches: Callable[[], Iterator]) -> Iterator:
+    """``batches()`` (the epoch's host batches, from the readers of ``dataset``, the loader's own under any
+    wrapper of the loader's) with the dataset's stream caches told
+    the epoch's plan first and each batch's progress as it comes out; ``batches`` unchanged for a
+    dataset that does not stream. ``batch_indices``: the epoch's batches where given (a resumed
+    epoch's rest, empty placeholders included), else the loader's sampler's."""
+    streams = streams_of(dataset)
+    if not streams:
+        return batches()
+    if isinstance(batch_indices, list):
+        lists = [b for b in batch_indices if len(b)]
+        indices = np.asarray([i for b in lists for i in b], dtype=np.int64)
+        which = np.repeat(np.arange(len(lists), dtype=np.int64), [len(b) for b in lists])
+    elif batch_indices is None and (order := known_order(loader)) is not None:
+        indices = order
+        which = np.arange(len(order), dtype=np.int64) // loader.batch_size
+    else:
+        for s in streams:
+            s.start([], [])  # no plan: every read goes to the mount
+        return batches()
+    positions = _positions(dataset, indices)
+    sampler = getattr(loader.batch_sampler, "sampler", None)
+    block = sampler.block_size if isinstance(sampler, BlockShuffleSampler) else None
+    for s in streams:  # units no larger than the sampler's blocks: each one stretch of the order
+        s.start(positions, which, unit=min(block, UNIT_SAMPLES) if block is not None else UNIT_SAMPLES)
+    return _advancing(batches(), streams)
+
+
+def _positions(dataset: Any, indices: np.ndarray) -> np.ndarray:
+    inner, mapping = through_subsets(dataset)
+    if mapping is not None:
+        indices = mapping[indices]
+    at = getattr(getattr(inner, "reader", None), "positions", None)
+    return indices if at is None else at[indices]
+
+
+def streams_of(dataset: Any) -> list[StreamCache]:
+    """The stream caches of ``dataset``'s mirror readers (through ``Subset`` wrappers); [] for a dataset
+    that does not stream."""
+    out: list[StreamCache] = []
+    for r in _readers(through_subsets(dataset)[0]):
+        s = getattr(r, "stream", None)
+        if s is not None and s not in out:
+            out.append(s)
+    return out
+
+
+def stream(dataset: Any, limit: int, directory: Path, unit: int = UNIT_SAMPLES,
+           source: Optional[Any] = None) -> list[StreamCache]:
+    """Make ``dataset`` (a mirror drop-in, or a ``Subset`` of one) read its image data through stream
+    caches in ``directory``: one per image column, sharing ``limit`` bytes in proportion to their data;
+    fetched from ``source`` (:class:`~colabfast.datasets.stream.RemoteSource`), default the dataset's
+    file itself (:class:`~colabfast.datasets.stream.MountSource`).
+
+    Raises:
+        CacheLimitError: a column's share cannot hold its largest block of ``unit`` samples.
+    """
+    readers = [r for r in _readers(through_subsets(dataset)[0]) if int(r.offsets[-1]) > 0 and r.blob is None]
+    total = sum(int(r.offsets[-1]) for r in readers)
+    out = []
+    for k, r in enumerate(readers):
+        share = limit if len(readers) == 1 else limit * int(r.offsets[-1]) // total
+        r.stream = StreamCache(r, Path(directory) / f"column-{k}", share, unit, source)
+        out.append(r.stream)
+    weakref.finalize(dataset, remove, Path(directory), os.getpid())  # the folder, once the dataset goes
+    return out
+
+
+def _readers(dataset: Any) -> list[Any]:
+    readers = list(getattr(dataset, "_readers", {}).values())
+    if getattr(dataset, "reader", None) is not None and dataset.reader not in readers:
+        readers.append(dataset.reader)
+    return readers
+
+
+def _advancing(batches: Iterator, streams: list[StreamCache]) -> Iterator:
+    for k, batch in enumerate(batches, 1):
+        for s in streams:
+            s.advance(k)  # batches 0 .. k-1 are read: what only they read can go
+        yield batch

@@ -1,0 +1,247 @@
+"""Mirrors streamed through a bounded local cache (open_dataset(to="stream"), colabfast.datasets.stream):
+the same samples and batches as the staged mirror, the cache within its limit, the limit checked with
+the smallest that works, resumable, and the failures of a staged read."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from torch.utils.data import RandomSampler
+
+import colabfast as cf
+from colabfast.datasets.stream import MountSource, StreamCache
+from colabfast.drive.simulator import DriveSim
+from colabfast.loading.streaming import streams_of
+from colabfast.testing import data
+from colabfast.where._fileio import file_version
+
+pytestmark = pytest.mark.usefixtures("local")  # the stream caches go under this test's own work_dir
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    src = data.make_imagefolder(root / "src", classes=4, per_class=90, size=(48, 40), vary=0.25)
+    (root / "drive").mkdir()
+    return cf.pack(src, root / "drive" / "m.h5", shuffle=True, progress=False)
+
+
+def _same(a, b):
+    (x1, y1), (x2, y2) = a, b
+    assert torch.equal(y1, y2)
+    assert len(x1) == len(x2) and all(torch.equal(p, q) for p, q in zip(x1, x2))
+
+
+def _loaders(staged, streamed, **kw):
+    return [cf.DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(7), **kw)
+            for ds in (staged, streamed)]
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_streamed_epochs_equal_the_staged_mirror_within_the_limit(mirror, workers):
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    probe = StreamCache(staged.reader, mirror.parent / "probe", 1 << 40)
+    largest = probe.sizes.max()
+    probe.close()
+    assert not (mirror.parent / "probe").exists()
+    limit = int(3 * largest)
+    ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=limit, progress=False)
+    assert "streamed from" in ds.account and "to='stream'" in ds.account
+    (cache,) = streams_of(ds)
+    kw = {} if workers is None else {"num_workers": workers}
+    a, b = _loaders(staged, ds, **kw)
+    for _ in range(2):
+        batches = 0
+        for x, y in zip(a, b):
+            _same(x, y)
+            batches += 1
+        assert batches == len(a)
+        assert 0 < cache.peak <= limit
+        assert cache.local_bytes() < largest  # the epoch is over: only the plan is left
+    assert cache.fetched >= 2 * int(cache.sizes.sum())  # every block fetched in each epoch
+    for i in (0, 5, len(ds) - 1):  # out of the loop: read from the mirror itself
+        assert torch.equal(ds[i][0], staged[i][0]) and ds[i][1] == staged[i][1]
+
+
+def test_a_limit_below_one_block_is_refused_with_the_smallest_that_works(mirror):
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    with pytest.raises(cf.CacheLimitError, match=r"pass cache_limit=(\d+)") as info:
+        cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1000, progress=False)
+    smallest = int(info.value.args[0].split("pass cache_limit=")[1].split()[0])
+    ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=smallest, progress=False)
+    # a batch of 100 reads two blocks or more: the loader says what a batch needs in any epoch, and it works
+    loader = cf.DataLoader(ds, batch_size=100, shuffle=True)
+    with pytest.raises(cf.CacheLimitError, match=r"at once") as info:
+        next(iter(loader))
+    need = int(info.value.args[0].split("pass cache_limit=")[1].split()[0])
+    assert need > smallest
+    for workers in (None, 2):
+        tight = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=need, progress=False)
+        kw = {} if workers is None else {"num_workers": workers}
+        a, b = [cf.DataLoader(d, batch_size=100, shuffle=True, generator=torch.Generator().manual_seed(5), **kw)
+                for d in (staged, tight)]
+        for _ in range(2):
+            for x, y in zip(a, b):  # fetched in first-use order, deleted after last use: no deadlock at the limit
+                _same(x, y)
+        assert streams_of(tight)[0].peak <= need
+
+
+def test_bad_arguments_are_refused(mirror):
+    with pytest.raises(cf.StageRefused, match="cache_limit is for to='stream'"):
+        cf.open_dataset(mirror, to="disk", cache_limit=10 << 20, progress=False)
+    with pytest.raises(cf.StageRefused, match="'stream'"):
+        cf.open_dataset(mirror, to="cloud", progress=False)
+    with pytest.raises(cf.CacheLimitError, match="positive number of bytes"):
+        cf.open_dataset(mirror, to="stream", cache_limit=0, progress=False)
+
+
+def test_a_resumed_streamed_epoch_yields_the_batches_left(mirror):
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    whole = [b for b in _loaders(staged, ds)[0]]
+    loader = _loaders(staged, ds)[1]
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    again = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    resumed = _loaders(staged, again)[1]
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(whole) - 3
+    for x, y in zip(whole[3:], rest):
+        _same(x, y)
+
+
+def test_an_order_not_known_ahead_reads_the_mirror_directly(mirror):
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    loaders = [cf.DataLoader(d, batch_size=16, sampler=RandomSampler(d, generator=torch.Generator().manual_seed(3)))
+               for d in (staged, ds)]
+    for x, y in zip(*loaders):
+        _same(x, y)
+    assert streams_of(ds)[0].fetched == 0
+
+
+def test_a_mirror_replaced_while_it_streams_is_refused(tmp_path, mirror):
+    m = tmp_path / "m.h5"
+    shutil.copy(mirror, m)
+    ds = cf.open_dataset(m, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    (cache,) = streams_of(ds)
+    cache.limit = cache.smallest_limit(16)  # the fetch keeps just ahead of the loop
+    it = iter(cf.DataLoader(ds, batch_size=16, shuffle=True))
+    next(it)
+    shutil.copy(mirror, tmp_path / "new.h5")
+    os.replace(tmp_path / "new.h5", m)  # the same bytes, another file: its index may no longer be it
+    with pytest.raises(cf.MirrorError, match="changed"):
+        for _ in it:
+            pass
+
+
+@pytest.mark.fuse
+def test_streaming_from_the_drive_simulator_retries_and_then_names_the_offset(tmp_path, mirror):
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    shutil.copy(mirror, drive / "m.h5")
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    with DriveSim(drive, tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None, eio_read=0.2, seed=1) as sim:
+        ds = cf.open_dataset(sim.mountpoint / "m.h5", output="tensor", to="stream", cache_limit=1 << 20,
+                             progress=False)
+        for x, y in zip(*_loaders(staged, ds)):  # read errors retried as stage retries them
+            _same(x, y)
+    with DriveSim(drive, tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None, eio_read=1.0) as sim:
+        ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+        cache = streams_of(ds)[0]  # its metadata read before the mount failed: every read fails now
+        cache.source = MountSource(sim.mountpoint / "m.h5", file_version(os.stat(sim.mountpoint / "m.h5")))
+        with pytest.raises(OSError, match=r"m\.h5: streaming image data at byte \d+ failed 6 times"):
+            for _ in cf.DataLoader(ds, batch_size=16, shuffle=True):
+                pass
+
+
+@pytest.mark.fuse
+def test_auto_streams_a_mirror_on_a_slow_mount_that_does_not_fit(tmp_path, mirror, monkeypatch):
+    from colabfast.where import env
+
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    shutil.copy(mirror, drive / "m.h5")
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    with DriveSim(drive, tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None) as sim:
+        monkeypatch.setattr(env, "disk_free", lambda path: 1000)  # local disk all but full
+        ds = cf.open_dataset(sim.mountpoint / "m.h5", output="tensor", cache_limit=1 << 20, progress=False)
+        assert "it does not fit on local storage (not enough free space" in ds.account
+        assert "streamed from" in ds.account
+        for x, y in zip(*_loaders(staged, ds)):
+            _same(x, y)
+        assert streams_of(ds)[0].fetched > 0
+        del ds
+
+
+def test_a_mirror_in_source_order_streams_in_blocks_of_one(tmp_path):
+    src = data.make_imagefolder(tmp_path / "src", classes=3, per_class=40, size=(40, 32), vary=0.25)
+    m = cf.pack(src, tmp_path / "m.h5", progress=False)  # class-sorted: the loader shuffles single samples
+    staged = cf.open_dataset(m, output="tensor", progress=False)
+    ds = cf.open_dataset(m, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    a, b = _loaders(staged, ds)
+    assert b.sampler.block_size == 1
+    for x, y in zip(a, b):
+        _same(x, y)
+    (cache,) = streams_of(ds)
+    assert cache.unit == 1 and cache.fetched == int(cache.sizes.sum())
+    # and in order, no shuffle: blocks of 64 again
+    a, b = [cf.DataLoader(d, batch_size=16) for d in (staged, ds)]
+    for x, y in zip(a, b):
+        _same(x, y)
+    assert cache.unit == 64
+
+
+def test_a_mirror_at_a_url_streams_through_fsspec_from_a_sparse_shell(tmp_path, mirror):
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    shutil.copy(mirror, bucket / "m.h5")
+    url = (bucket / "m.h5").as_uri()  # fsspec's local filesystem as the remote
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds = cf.open_dataset(url, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    assert f"streamed from {url}" in ds.account and "the image data left out" in ds.account
+    shell = ds.reader.path
+    assert shell.stat().st_size == mirror.stat().st_size
+    assert shell.stat().st_blocks * 512 < ds.reader.offsets[-1] / 2  # the image data is a hole
+    for workers in (None, 2):
+        kw = {} if workers is None else {"num_workers": workers}
+        for x, y in zip(*_loaders(staged, ds, **kw)):
+            _same(x, y)
+    assert streams_of(ds)[0].peak <= 1 << 20
+    assert torch.equal(ds[7][0], staged[7][0])  # outside the loop: read from the URL, not the shell's hole
+    with pytest.raises(cf.StageRefused, match="is a URL"):
+        cf.open_dataset(url, to="disk", progress=False)
+    with pytest.raises(cf.NothingToOpen, match="no such file"):
+        cf.open_dataset(url + "-missing", to="stream", progress=False)
+    (bucket / "not.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(200))
+    with pytest.raises(cf.MirrorError):
+        cf.open_dataset((bucket / "not.h5").as_uri(), to="stream", progress=False)
+
+
+def test_drives_own_cache_is_dropped_after_each_limit_streamed(mirror, monkeypatch):
+    import colabfast.drive.mounting as mounting
+    from colabfast.where import env
+
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    (cache,) = streams_of(ds)
+    cache.limit = cache.smallest_limit(16)
+    refreshed = []
+
+    def refresh(path, quiet=False):
+        with cache._cond:
+            refreshed.append(cache._inflight)  # no fetch reading the mount meanwhile
+        return None
+
+    monkeypatch.setattr(env, "drive_kind", lambda path: "drivefs")  # as if the mirror were on Colab's Drive
+    monkeypatch.setattr(mounting, "refresh_drive", refresh)
+    for x, y in zip(*_loaders(staged, ds)):
+        _same(x, y)
+    total = int(cache.sizes.sum())
+    assert len(refreshed) >= total // cache.limit - 1 and set(refreshed) == {0}
