@@ -19,7 +19,7 @@ Rows, each two epochs with the same batch size and the same output (uint8 ``[B, 
 - ``MosaicML Streaming``: ``StreamingDataset(remote=<mount>/mds, local=<tmpfs>/mds-cache,
   cache_limit=..., shuffle=True, batch_size=...)`` through torch's DataLoader with ``workers``
   workers, decoding with PIL as its docs do. It refuses a ``cache_limit`` under 4 shards, so the
-  shards are cut to ``cache_limit / 8`` (at most its default 64 MB).
+  shards are cut to the least ``cache_limit / 8`` (at most its default 64 MB).
 - ``colabfast stream``: ``colabfast.open_dataset(<mount>/mirror.h5, to="stream", cache_limit=...)``
   and ``colabfast.DataLoader(ds, batch_size, shuffle=True)``; its cache goes under
   :func:`colabfast.where.env.work_dir` (``<tempdir>/colabfast-data-<uid>`` outside Colab), so the
@@ -29,7 +29,9 @@ Each streaming row's ``x min(link, staged)`` is its rate over the lower of the t
 (issue 43's target: 0.8 or more); ``local peak MB`` is the most the tmpfs held while the row ran
 (``os.statvfs`` polled every 5 ms by a thread), against ``cache_limit MB``; ``Drive MB`` is what it
 read through the simulator; ``same samples`` how many of 8 samples, by index, equal the staged
-mirror's (image pixels and label).
+mirror's (image pixels and label). A row that hands out no batch for :data:`STALL_S` seconds (a
+Streaming worker whose shard copy failed on the full tmpfs waits for it forever) fails with a note
+saying what the tmpfs held.
 """
 
 from __future__ import annotations
