@@ -46,7 +46,8 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, help="DataLoader workers for every method (default: the CPU count)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per batch for every loader (default 64)")
     parser.add_argument("--peers", help="comma-separated peers for the epoch scenario, e.g. 'webdataset,ffcv', "
-                                        "or 'none' (default: all; those not installed get a note)")
+                                        "or 'none' (default: all; those not installed get a note); the stream "
+                                        "scenario runs MosaicML Streaming unless --peers leaves it out")
     parser.add_argument("--drive", type=_drive_settings, default={}, metavar="KEY=VALUE,...",
                         help="Drive simulator settings for the staging, epoch, coldreads, open, detection and stream "
                              "scenarios, over the defaults open_ms=100,read_ms=2,mbps=60 (per-open and per-read "
@@ -127,7 +128,8 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
                                            drive=args.drive, work=args.work),
         "stream": lambda: streaming.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
                                         workers=args.workers or 2, mirror_to_disk=args.mirror_to_disk,
-                                        cache_fractions=args.cache_fraction, drive=args.drive, work=args.work),
+                                        cache_fractions=args.cache_fraction, drive=args.drive, work=args.work,
+                                        with_streaming=chosen is None or peers.MOSAICML_STREAMING in chosen),
     }
 
 

@@ -223,7 +223,7 @@ def _export_mds(mirror: Path, out: Path, scratch: Path, shard_bytes: int) -> Non
 
 def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int = 2, image_size: int = 256,
         mirror_to_disk: float = 3.0, cache_fractions: Sequence[float] = (0.8,), drive: Optional[dict] = None,
-        work: Optional[Union[str, Path]] = None) -> list[Result]:
+        work: Optional[Union[str, Path]] = None, with_streaming: bool = True) -> list[Result]:
     """Two epochs of a mirror streamed from the Drive simulator through a bounded cache on a small tmpfs.
 
     Args:
@@ -238,6 +238,7 @@ def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int 
         drive: simulator settings over :class:`~colabfast.drive.simfs.DriveSimParams`' defaults (100 ms
             per open, 2 ms per read request, 60 MB/s).
         work: where to put the data (default: a temp folder); the staged copy goes there too.
+        with_streaming: run MosaicML Streaming's rows (False: they say they were left out; no MDS export).
 
     Returns:
         The rows :data:`LINK`, :data:`STAGED` (references), then per cache fraction MosaicML Streaming
@@ -272,7 +273,7 @@ def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int 
     crop = v2.CenterCrop(image_size)
     per_class = max(2, round(10000 * size / CLASSES))
     n = per_class * CLASSES
-    streaming_missing = peers.MOSAICML_STREAMING.missing()
+    streaming_missing = peers.MOSAICML_STREAMING.missing() if with_streaming else "left out of this run (--peers)"
     with tempfile.TemporaryDirectory(prefix="colabfast-bench-", dir=work) as name:
         tmp = Path(name)
         backing = tmp / "drive"
