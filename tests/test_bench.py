@@ -396,7 +396,7 @@ def test_cli_drive_settings():
 def test_cli_module_help():
     done = subprocess.run([sys.executable, "-m", "colabfast.tools.bench.cli", "--help"], capture_output=True, text=True,
                           cwd=ROOT, check=True)
-    assert "staging,epoch,coldreads,pack,loader,augment,gpu,open,detection,all" in done.stdout
+    assert "staging,epoch,coldreads,pack,loader,augment,gpu,open,detection,stream,all" in done.stdout
     assert "--size" in done.stdout
 
 

@@ -1,5 +1,5 @@
-"""``colabfast bench [staging|epoch|coldreads|pack|loader|augment|gpu|open|detection|all]``: run scenarios, print the
-tables, write Markdown, JSON and a PNG chart into ``--out``.
+"""``colabfast bench [staging|epoch|coldreads|pack|loader|augment|gpu|open|detection|stream|all]``: run scenarios,
+print the tables, write Markdown, JSON and a PNG chart into ``--out``.
 
 The top-level CLI mounts this module as its ``bench`` subcommand: ``build_parser(parser)`` adds the
 arguments to the subparser it is given and ``run(args)`` executes them.
@@ -14,7 +14,7 @@ from typing import Callable
 
 from colabfast.tools.bench.timing import Result
 
-SCENARIOS = ("staging", "epoch", "coldreads", "pack", "loader", "augment", "gpu", "open", "detection")
+SCENARIOS = ("staging", "epoch", "coldreads", "pack", "loader", "augment", "gpu", "open", "detection", "stream")
 # --size's default: all scenarios at this scale take about 5 minutes on 2 vCPU (staging ~1.5, epoch
 # ~3.5: per-file Drive latency and the peers' start-up costs dominate). 1.0 is the full-size run
 # (2000 small files and a 1 GB file to stage, 2000 images per image size): about 50 minutes.
@@ -30,7 +30,8 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "Streaming, Efficio, FFCV), pack throughput, CPU augmentation (RandomResizedCrop + flip: the loader's reader "
         "threads vs its worker processes, torchvision, FFCV), GPU feeding (CUDA only), and the time from a Drive "
         "folder to the first batch with open_dataset (vs cp -r, cp + unzip, stage -> pack -> stage by hand), and a "
-        "COCO detection dataset (its mirror vs torchvision CocoDetection, locally and from Drive; pack vs decoding). "
+        "COCO detection dataset (its mirror vs torchvision CocoDetection, locally and from Drive; pack vs decoding), "
+        "and streaming a mirror 3x the local disk from Drive through a bounded cache (vs MosaicML Streaming). "
         "Prints Markdown tables and writes bench.md, bench.json and bench.png into --out."
     )
     parser.add_argument("scenario", nargs="?", choices=[*SCENARIOS, "all"], default="all",
@@ -45,13 +46,30 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, help="DataLoader workers for every method (default: the CPU count)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per batch for every loader (default 64)")
     parser.add_argument("--peers", help="comma-separated peers for the epoch scenario, e.g. 'webdataset,ffcv', "
-                                        "or 'none' (default: all; those not installed get a note)")
+                                        "or 'none' (default: all; those not installed get a note); the stream "
+                                        "scenario runs MosaicML Streaming unless --peers leaves it out")
     parser.add_argument("--drive", type=_drive_settings, default={}, metavar="KEY=VALUE,...",
-                        help="Drive simulator settings for the staging, epoch, coldreads, open and detection "
+                        help="Drive simulator settings for the staging, epoch, coldreads, open, detection and stream "
                              "scenarios, over the defaults open_ms=100,read_ms=2,mbps=60 (per-open and per-read "
                              "latency in ms, MB/s); eio_open=P,eio_read=P inject EIO faults with probability P")
+    parser.add_argument("--mirror-to-disk", type=float, default=3.0,
+                        help="stream scenario: the mirror's size over the small local disk's, a tmpfs (default 3)")
+    parser.add_argument("--cache-fraction", type=_fractions, default=(0.8,), metavar="F[,F...]",
+                        help="stream scenario: cache_limit as a fraction of that tmpfs; several, comma-separated, "
+                             "run both engines at each (default 0.8)")
     parser.add_argument("--work", help="folder for the generated data (default: a temp folder)")
     return parser
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    """``"0.8,0.5"`` -> ``(0.8, 0.5)``, each in (0, 1]."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"need fractions such as 0.8 or 0.8,0.5; got {text!r}") from None
+    if not values or not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"each fraction must be in (0, 1]; got {text!r}")
+    return values
 
 
 def _drive_settings(text: str) -> dict[str, float]:
@@ -84,6 +102,7 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
         packing,
         peers,
         staging,
+        streaming,
     )
 
     chosen = None if args.peers is None else [] if args.peers.strip().lower() == "none" else \
@@ -107,6 +126,10 @@ def _scenarios(args: argparse.Namespace) -> dict[str, Callable[[], list[Result]]
                                     workers=args.workers or 2, drive=args.drive, work=args.work),
         "detection": lambda: detection.run(size=args.size, repeats=args.repeats, workers=args.workers or 2,
                                            drive=args.drive, work=args.work),
+        "stream": lambda: streaming.run(size=args.size, repeats=args.repeats, batch_size=args.batch_size,
+                                        workers=args.workers or 2, mirror_to_disk=args.mirror_to_disk,
+                                        cache_fractions=args.cache_fraction, drive=args.drive, work=args.work,
+                                        with_streaming=chosen is None or peers.MOSAICML_STREAMING in chosen),
     }
 
 
@@ -136,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         results += rows
     settings = {"scenarios": list(names), "size": args.size, "repeats": args.repeats, "workers": args.workers,
                 "batch_size": args.batch_size, "peers": args.peers, "drive": DriveSimParams(**args.drive).live(),
+                "mirror_to_disk": args.mirror_to_disk, "cache_fraction": list(args.cache_fraction),
                 "seconds": round(time.perf_counter() - started, 1)}
     md = out / "bench.md"
     md.write_text(f"# colabfast bench\n\n`{_command(args)}` on {report.machine_line(machine)}\n\n"
@@ -159,6 +183,9 @@ def _command(args: argparse.Namespace) -> str:
         parts.append(f"--batch-size {args.batch_size}")
     if args.peers is not None:
         parts.append(f"--peers {args.peers}")
+    if args.scenario in ("stream", "all") and (args.mirror_to_disk, args.cache_fraction) != (3.0, (0.8,)):
+        parts.append(f"--mirror-to-disk {args.mirror_to_disk:g} --cache-fraction "
+                     + ",".join(f"{f:g}" for f in args.cache_fraction))
     if args.drive:
         parts.append("--drive " + ",".join(f"{k}={v:g}" for k, v in args.drive.items()))
     return " ".join(parts)

@@ -236,13 +236,14 @@ LITDATA = Peer(
 # --- MosaicML Streaming ------------------------------------------------------------------------------
 
 
-def _mds_prepare(samples: Samples, out: Path, image_size: tuple[int, int], workers: int) -> None:
+def _mds_prepare(samples: Samples, out: Path, image_size: tuple[int, int], workers: int,
+                 size_limit: int | str = "64mb") -> None:
     from PIL import Image
     from streaming import MDSWriter
 
     # "jpeg" columns keep an opened JPEG file's own bytes; no compression (the writer's default):
-    # JPEG does not compress further.
-    with MDSWriter(out=str(out), columns={"image": "jpeg", "class": "int"}, size_limit="64mb") as writer:
+    # JPEG does not compress further. ``size_limit``: bytes per shard (a cache_limit must be >= 4 shards).
+    with MDSWriter(out=str(out), columns={"image": "jpeg", "class": "int"}, size_limit=size_limit) as writer:
         for path, label in samples:
             with Image.open(path) as image:
                 writer.write({"image": image, "class": label})
@@ -271,7 +272,8 @@ def _mds_dataset_class() -> type:
     return MDSImages
 
 
-def _mds_loader(out: Path, transform: Transform, batch_size: int, num_workers: int, cache: Optional[Path]) -> Iterable:
+def _mds_loader(out: Path, transform: Transform, batch_size: int, num_workers: int, cache: Optional[Path],
+                cache_limit: Optional[int] = None, timeout: float = 0) -> Iterable:
     from streaming.base.util import clean_stale_shared_memory
 
     # The docs' advice after an interrupted run (which notebooks have often): stale shared memory
@@ -280,8 +282,11 @@ def _mds_loader(out: Path, transform: Transform, batch_size: int, num_workers: i
     # Remote data (a plain path is a remote too) is named by remote= and copied shard by shard into the
     # local= cache; local data is read in place.
     where = {"local": str(out)} if cache is None else {"remote": str(out), "local": str(cache)}
-    dataset = _mds_dataset_class()(**where, shuffle=True, batch_size=batch_size, transform=transform)
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+    # cache_limit (bytes): Streaming evicts shards from local= to stay under it. timeout (seconds): a
+    # batch that long in coming raises, as a worker whose shard download failed waits forever.
+    dataset = _mds_dataset_class()(**where, shuffle=True, batch_size=batch_size, transform=transform,
+                                   cache_limit=cache_limit)
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, timeout=timeout)
 
 
 MOSAICML_STREAMING = Peer(
