@@ -273,7 +273,7 @@ def _mds_dataset_class() -> type:
 
 
 def _mds_loader(out: Path, transform: Transform, batch_size: int, num_workers: int, cache: Optional[Path],
-                cache_limit: Optional[int] = None, timeout: float = 0) -> Iterable:
+                cache_limit: Optional[int] = None, timeout: float = 0, **shuffle: Any) -> Iterable:
     from streaming.base.util import clean_stale_shared_memory
 
     # The docs' advice after an interrupted run (which notebooks have often): stale shared memory
@@ -284,8 +284,9 @@ def _mds_loader(out: Path, transform: Transform, batch_size: int, num_workers: i
     where = {"local": str(out)} if cache is None else {"remote": str(out), "local": str(cache)}
     # cache_limit (bytes): Streaming evicts shards from local= to stay under it. timeout (seconds): a
     # batch that long in coming raises, as a worker whose shard download failed waits forever.
+    # shuffle: StreamingDataset's shuffle_algo / shuffle_block_size, where the caller sizes them to the cache.
     dataset = _mds_dataset_class()(**where, shuffle=True, batch_size=batch_size, transform=transform,
-                                   cache_limit=cache_limit)
+                                   cache_limit=cache_limit, **shuffle)
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, timeout=timeout)
 
 
