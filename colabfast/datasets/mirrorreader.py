@@ -10,7 +10,7 @@ import errno
 import itertools
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union, cast
 
 import numpy as np
 import torch
@@ -22,9 +22,7 @@ from colabfast.where._fileio import PathLike, file_version, human_bytes, is_tran
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from colabfast.datasets.stream import StreamCache
-
-__all__ = ["MirrorReader", "stored_positions"]
+__all__ = ["MirrorReader", "mount_failed", "stored_positions"]
 
 MAX_READ = 64 << 20  # bytes: the largest single read of a run of consecutive samples
 RETRIES = 5  # retries of a transient read error at one offset, as colabfast.stage's default
@@ -68,8 +66,9 @@ class MirrorReader:
         self._load_metadata()
         self._version = self._loaded  # the file version the dataset is made from: the only one any process reads
         self.blob: Optional[torch.Tensor] = None
-        # reads of the image data through a bounded local cache (colabfast.datasets.stream), where streamed
-        self.stream: Optional[StreamCache] = None
+        # reads of the image data through a bounded local cache, where streamed: a
+        # colabfast.datasets.stream.StreamCache (which imports this module, so not named here)
+        self.stream: Optional[Any] = None
         if in_memory:
             self.blob = self._load_all()
             if self._fd is not None:
@@ -201,13 +200,7 @@ class MirrorReader:
             at += n
 
     def _mount_failed(self, exc: OSError, what: str) -> OSError:
-        """The error for a transient ``exc`` that outlasted the retries: what to do about the mount."""
-        from colabfast.drive.mounting import failure_advice
-
-        tries = getattr(exc, "attempts", RETRIES + 1)
-        advice = failure_advice(self.path, [exc]) or ("The mount it is on (Google Drive?) is failing. Try again, "
-                                                      "or stage the mirror to local disk first (colabfast.stage).")
-        return OSError(exc.errno, f"{self.path}: {what} failed {tries} times ({exc.strerror}). {advice}")
+        return mount_failed(self.path, exc, what)
 
     def index_of(self, position: int) -> int:
         """The dataset index of the sample stored at ``position`` (the inverse of ``positions``; for
@@ -270,6 +263,17 @@ class MirrorReader:
         for start in range(0, nbytes, step):
             self.read_into(blob[start : start + step].numpy(), start)
         return blob
+
+
+def mount_failed(path: Path, exc: OSError, what: str) -> OSError:
+    """The error for a transient ``exc`` at ``path`` that outlasted the retries (``what`` was being done):
+    what to do about the mount."""
+    from colabfast.drive.mounting import failure_advice
+
+    tries = getattr(exc, "attempts", RETRIES + 1)
+    advice = failure_advice(path, [exc]) or ("The mount it is on (Google Drive?) is failing. Try again, "
+                                             "or stage the mirror to local disk first (colabfast.stage).")
+    return OSError(exc.errno, f"{path}: {what} failed {tries} times ({exc.strerror}). {advice}")
 
 
 def _buffers(pieces: list[memoryview], ends: list[int], at: int, n: int) -> list[memoryview]:

@@ -56,6 +56,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from colabfast.datasets.mirrorreader import RETRIES, mount_failed
 from colabfast.errors import CacheLimitError, MirrorError
 from colabfast.where._fileio import file_version, human_bytes, is_transient, pread_retrying
 
@@ -64,7 +65,6 @@ __all__ = ["FETCHERS", "UNIT_SAMPLES", "MountSource", "RemoteSource", "StreamCac
 UNIT_SAMPLES = 64  # stored samples per unit: BlockShuffleSampler's default block
 FETCHERS = 4  # fetch threads: each a stream of large reads, so the mount's per-request latency overlaps
 PIECE = 8 << 20  # bytes per read of a unit from the mount
-RETRIES = 5  # as MirrorReader and stage
 WAIT = 0.002  # seconds between looks for a unit, in worker processes (threads wait on an event)
 PATIENCE = 600.0  # seconds a worker waits for one unit before it gives up (the fetch threads stopped)
 
@@ -491,10 +491,7 @@ class MountSource:
         except OSError as exc:
             if not is_transient(exc):
                 raise
-            raise OSError(exc.errno, f"{self.path}: opening it to stream image data failed "
-                                     f"{getattr(exc, 'attempts', RETRIES + 1)} times ({exc.strerror}). The mount "
-                                     "(Google Drive?) is failing: try again, or remount "
-                                     "(colabfast.mount(force_remount=True))") from exc
+            raise mount_failed(self.path, exc, "opening it to stream image data") from exc
         if file_version(os.fstat(fd)) != self.version:
             os.close(fd)
             raise self.changed_error()
@@ -513,10 +510,7 @@ class MountSource:
         except OSError as exc:
             if not is_transient(exc):
                 raise
-            raise OSError(exc.errno, f"{self.path}: streaming image data at byte {offset} failed "
-                                     f"{getattr(exc, 'attempts', RETRIES + 1)} times ({exc.strerror}). The mount "
-                                     "(Google Drive?) is failing: try again, or remount "
-                                     "(colabfast.mount(force_remount=True))") from exc
+            raise mount_failed(self.path, exc, f"streaming image data at byte {offset}") from exc
         finally:
             if handle["fd"] != fd:
                 with contextlib.suppress(OSError):

@@ -24,7 +24,7 @@ from colabfast.datasets.stream import UNIT_SAMPLES, StreamCache, remove
 from colabfast.loading.sampler import BlockShuffleSampler
 from colabfast.where._fileio import human_bytes
 
-__all__ = ["choice", "known_order", "planned", "stream", "streams_of"]
+__all__ = ["cache_folder", "choice", "default_limit", "known_order", "planned", "stream", "streams_of"]
 
 
 def known_order(loader: Any) -> Optional[np.ndarray]:
@@ -133,6 +133,27 @@ def _readers(dataset: Any) -> list[Any]:
     if getattr(dataset, "reader", None) is not None and dataset.reader not in readers:
         readers.append(dataset.reader)
     return readers
+
+
+def cache_folder(stem: str) -> Path:
+    """A new folder for one dataset's stream caches, ``<work_dir>/.colabfast-stream/<stem>-<random>``."""
+    import tempfile
+
+    from colabfast.where import env
+
+    root = env.work_dir() / ".colabfast-stream"
+    root.mkdir(exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{stem}-", dir=root))
+
+
+def default_limit(folder: Path) -> tuple[int, str]:
+    """``open_dataset``'s ``cache_limit`` when none is given, and why: half the free space where ``folder``
+    is, divided among torchrun's ``LOCAL_WORLD_SIZE`` ranks (each streams into a cache of its own)."""
+    from colabfast.where import env
+
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return (env.disk_free(folder) // 2 // ranks,
+            "half the local disk's free space" + (f", shared by {ranks} local ranks" if ranks > 1 else ""))
 
 
 def _advancing(batches: Iterator, streams: list[StreamCache]) -> Iterator:

@@ -352,20 +352,12 @@ def _staged(mirror: Path, to: str, progress: bool, steps: list[str]) -> Path:
 def _streamed(dataset: MirrorDataset, mirror: Path, cache_limit: Optional[int], why: str) -> str:
     """Make ``dataset`` (opened on ``mirror`` where it is) read through a stream cache; the account's line."""
     import shutil
-    import tempfile
 
     from colabfast.datasets.stream import UNIT_SAMPLES
-    from colabfast.loading.streaming import stream
+    from colabfast.loading.streaming import cache_folder, default_limit, stream
 
-    root = env.work_dir() / ".colabfast-stream"
-    root.mkdir(exist_ok=True)
-    if cache_limit is None:  # torchrun's ranks on this machine stream a cache each
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-        cache_limit = env.disk_free(root) // 2 // ranks
-        how = "half the local disk's free space" + (f", shared by {ranks} local ranks" if ranks > 1 else "")
-    else:
-        how = "cache_limit"
-    directory = Path(tempfile.mkdtemp(prefix=f"{mirror.stem}-", dir=root))
+    directory = cache_folder(mirror.stem)
+    cache_limit, how = default_limit(directory) if cache_limit is None else (cache_limit, "cache_limit")
     try:
         caches = stream(dataset, cache_limit, directory)
     except BaseException:

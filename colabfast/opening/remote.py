@@ -23,12 +23,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from colabfast.errors import MirrorError, NothingToOpen, StageRefused
-from colabfast.where import env
 from colabfast.where._fileio import human_bytes, python_child
 
 __all__ = ["is_url", "open_remote"]
@@ -55,7 +53,7 @@ def open_remote(url: str, split: Optional[str], *, transform: Optional[Callable]
         CacheLimitError: as :func:`colabfast.open_dataset` with ``to="stream"``.
     """
     from colabfast.datasets.stream import RemoteSource
-    from colabfast.loading.streaming import stream
+    from colabfast.loading.streaming import cache_folder, default_limit, stream
     from colabfast.mirror.safety import vet
     from colabfast.opening.mirrors import drop_in
 
@@ -66,20 +64,14 @@ def open_remote(url: str, split: Optional[str], *, transform: Optional[Callable]
         source = RemoteSource(url)  # ImportError without fsspec, saying what to install
     except FileNotFoundError:
         raise NothingToOpen(f"nothing to open: {url}: no such file (fsspec finds nothing there)") from None
-    root = env.work_dir() / ".colabfast-stream"
-    root.mkdir(exist_ok=True)
     name = url.rstrip("/").rsplit("/", 1)[-1] or "mirror.h5"
-    directory = Path(tempfile.mkdtemp(prefix=f"{Path(name).stem}-", dir=root))
+    directory = cache_folder(Path(name).stem)
     try:
         shell = directory / name
         holes = _shell(url, shell)
         vet(shell)
         dataset = drop_in(shell, split, transform=transform, target_transform=target_transform, output=output)
-        if cache_limit is None:
-            ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-            cache_limit, how = env.disk_free(root) // 2 // ranks, "half the local disk's free space"
-        else:
-            how = "cache_limit"
+        cache_limit, how = default_limit(directory) if cache_limit is None else (cache_limit, "cache_limit")
         caches = stream(dataset, cache_limit, directory / "cache", source=source)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
