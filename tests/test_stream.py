@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import RandomSampler
 
 import colabfast as cf
-from colabfast.datasets.stream import MountSource, StreamCache
+from colabfast.datasets.stream import FETCHERS, NEXT_UNITS, StreamCache
+from colabfast.datasets.streamsource import MountSource
 from colabfast.drive.simulator import DriveSim
 from colabfast.loading.streaming import streams_of
 from colabfast.testing import data
@@ -33,6 +35,13 @@ def _same(a, b):
     (x1, y1), (x2, y2) = a, b
     assert torch.equal(y1, y2)
     assert len(x1) == len(x2) and all(torch.equal(p, q) for p, q in zip(x1, x2))
+
+
+def _first_units(cache, positions):
+    """The units an epoch reading stored ``positions`` in order fetches first, in order."""
+    units = positions // cache.unit
+    _, at = np.unique(units, return_index=True)
+    return units[np.sort(at)].tolist()
 
 
 def _loaders(staged, streamed, **kw):
@@ -60,8 +69,16 @@ def test_streamed_epochs_equal_the_staged_mirror_within_the_limit(mirror, worker
             batches += 1
         assert batches == len(a)
         assert 0 < cache.peak <= limit
-        assert cache.local_bytes() < largest  # the epoch is over: only the plan is left
-    assert cache.fetched >= 2 * int(cache.sizes.sum())  # every block fetched in each epoch
+        # the epoch is over: left are the blocks the next epoch reads first, fetched while this one ended
+        for t in cache._threads:
+            t.join(timeout=60)  # done once the next epoch's first blocks are in
+        sampler = b.batch_sampler.sampler
+        first = _first_units(cache, ds.reader.positions[sampler.order(sampler.epoch)])
+        first = first[: min(NEXT_UNITS, int((np.cumsum(cache.disk[first]) <= limit - cache.overhead).sum()))]
+        left = sorted(int(p.name.split("-")[1]) for p in cache.directory.glob("u*"))
+        assert left == sorted(first) and 0 < cache.local_bytes() <= limit
+    total = int(cache.sizes.sum())
+    assert 2 * total - limit <= cache.fetched <= 2 * total + limit  # each block in each epoch, or kept; the next
     for i in (0, 5, len(ds) - 1):  # out of the loop: read from the mirror itself
         assert torch.equal(ds[i][0], staged[i][0]) and ds[i][1] == staged[i][1]
 
@@ -162,6 +179,38 @@ def test_streaming_from_the_drive_simulator_retries_and_then_names_the_offset(tm
 
 
 @pytest.mark.fuse
+def test_each_epoch_comes_over_the_mount_through_handles_opened_once(tmp_path, mirror):
+    """The mirror's metadata is read through one open, the fetch threads keep their handles from one
+    epoch to the next, and still every epoch's blocks come over the mount: the kernel's copy of each
+    block is dropped once fetched (a handle kept open would otherwise serve the next epoch from RAM)."""
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    shutil.copy(mirror, drive / "m.h5")
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    with DriveSim(drive, tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None) as sim:
+        limit = 3 * 100_000 + 8192  # three blocks of about 100 kB: each epoch fetches most blocks again
+        ds = cf.open_dataset(sim.mountpoint / "m.h5", output="tensor", to="stream", cache_limit=limit,
+                             progress=False)
+        opened, before = sim.stats()["opens"], sim.stats()["bytes_read"]
+        # what the path is, the vetting child's, the metadata through one h5py open, the stream's first handle
+        assert opened <= 4
+        (cache,) = streams_of(ds)
+        a, b = _loaders(staged, ds)
+        for _ in range(3):
+            for x, y in zip(a, b):
+                _same(x, y)
+        assert sim.stats()["opens"] <= opened + FETCHERS + 1  # no open after the first epoch's
+        assert int(cache.sizes.max()) <= 100_000 and cache.overhead <= 8192
+        # each epoch's blocks fetched, but those kept from the epoch before (within the limit), and every
+        # byte fetched came over the mount (a handle kept open would read the kernel's copy instead)
+        assert cache.fetched >= 3 * int(cache.sizes.sum()) - 2 * limit
+        assert sim.stats()["bytes_read"] - before >= cache.fetched
+    for name in cache.directory.glob("*"):  # the limit counts whole pages: what the files take on disk
+        blocks = os.stat(name).st_blocks * 512
+        assert blocks <= (cache.overhead // 2 if name.name == "plan.npy" else int(cache.disk.max()))
+
+
+@pytest.mark.fuse
 def test_auto_streams_a_mirror_on_a_slow_mount_that_does_not_fit(tmp_path, mirror, monkeypatch):
     from colabfast.where import env
 
@@ -190,7 +239,8 @@ def test_a_mirror_in_source_order_streams_in_blocks_of_one(tmp_path):
     for x, y in zip(a, b):
         _same(x, y)
     (cache,) = streams_of(ds)
-    assert cache.unit == 1 and cache.fetched == int(cache.sizes.sum())
+    total = int(cache.sizes.sum())  # every sample once, and the next epoch's first few ahead
+    assert cache.unit == 1 and total <= cache.fetched <= total + NEXT_UNITS * int(cache.sizes.max())
     # and in order, no shuffle: blocks of 64 again
     a, b = [cf.DataLoader(d, batch_size=16) for d in (staged, ds)]
     for x, y in zip(a, b):

@@ -18,6 +18,13 @@ the epoch is past it.
   first-use order and evicting on last use cannot deadlock when the limit holds the units of any one
   batch (a unit's samples are one stretch of the order): :meth:`start` refuses a smaller limit with
   the smallest that works, and the constructor one smaller than the largest unit.
+- **Across epochs.** The plan can name the next epoch's order too: once this epoch's units are all
+  claimed, the threads fetch the few units that order reads first (:data:`NEXT_UNITS`, as far as the
+  room allows), so the next epoch's first batches find their units. The handles on the source stay
+  open between epochs (an open on Drive is a round trip), and one is opened as the cache is made.
+- **The limit** counts the disk the files take (whole pages, and the plan's file), not only their
+  bytes, so a filesystem as small as the limit never fills. The kernel's page cache of the mirror is
+  dropped as each unit is fetched: the cache holds those bytes already.
 - **Readers** (threads, or torch's worker processes, which share the cache folder) read a range from
   its unit's file, waiting for a unit the plan has yet to fetch. A range of no planned unit (a
   ``dataset[i]`` outside the loop, a sampler whose order is not known ahead) is read from the mount
@@ -43,7 +50,6 @@ reader threads and resumable epochs. Both measured side by side: ``colabfast ben
 from __future__ import annotations
 
 import contextlib
-import functools
 import heapq
 import os
 import shutil
@@ -56,14 +62,18 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from colabfast.datasets.mirrorreader import RETRIES, mount_failed
+from colabfast.datasets.streamsource import MountSource
 from colabfast.errors import CacheLimitError, MirrorError
-from colabfast.where._fileio import file_version, human_bytes, is_transient, pread_retrying
+from colabfast.where._fileio import human_bytes
 
-__all__ = ["FETCHERS", "UNIT_SAMPLES", "MountSource", "RemoteSource", "StreamCache"]
+__all__ = ["FETCHERS", "NEXT_UNITS", "UNIT_SAMPLES", "StreamCache"]
 
 UNIT_SAMPLES = 64  # stored samples per unit: BlockShuffleSampler's default block
 FETCHERS = 4  # fetch threads: each a stream of large reads, so the mount's per-request latency overlaps
+# Units of the next epoch fetched ahead once this epoch's are all claimed: enough for its first batches
+# while the threads start again; more would hold the disk (and the link, after the last epoch) for
+# nothing, as the epoch's tail is read from the cache already.
+NEXT_UNITS = 2 * FETCHERS
 PIECE = 8 << 20  # bytes per read of a unit from the mount
 WAIT = 0.002  # seconds between looks for a unit, in worker processes (threads wait on an event)
 PATIENCE = 600.0  # seconds a worker waits for one unit before it gives up (the fetch threads stopped)
@@ -89,16 +99,22 @@ class StreamCache:
         self.source = source if source is not None else MountSource(self.path, reader._version)
         self.directory, self.limit, self.unit = Path(directory), int(limit), int(unit)
         self.offsets = np.asarray(reader.offsets, dtype=np.int64)
-        self._set_unit(self.unit)
-        largest = int(self.sizes.max()) if len(self.sizes) else 0
-        if self.limit < largest:
-            raise CacheLimitError(f"cache_limit={human_bytes(self.limit)} cannot hold one block of {self.unit} samples "
-                                  f"of {self.source.name} (the largest is {human_bytes(largest)}): pass cache_limit="
-                                  f"{largest} or more (a few times that lets the cache fetch ahead)")
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.page = _page(self.directory)
+        self._set_unit(self.unit)
+        largest = int(self.disk.max()) + self.overhead if len(self.sizes) else 0
+        if self.limit < largest:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise CacheLimitError(f"cache_limit={human_bytes(self.limit)} cannot hold one block of {self.unit} samples "
+                                  f"of {self.source.name} (the largest takes {human_bytes(largest)} on local disk): "
+                                  f"pass cache_limit={largest} or more (a few times that lets the cache fetch ahead)")
         self._owner = os.getpid()
-        self._finalizer: Optional[weakref.finalize] = weakref.finalize(self, remove, self.directory, self._owner)
         self._init_local()
+        self._finalizer: Optional[weakref.finalize] = weakref.finalize(self, _release, self.directory, self._owner,
+                                                                       self._handles, self.source)
+        # One handle opened now, while the dataset and its loader are made: the first epoch's first block
+        # then starts over the link at once, without an open's round trip in the first batch's wait.
+        threading.Thread(target=self._warm, daemon=True, name="colabfast-stream-open").start()
         self.fetched = 0  # bytes fetched from the mount by this process's threads, all epochs
         self.peak = 0  # most bytes the cache's files took at once (this process's account)
         self.plan_bytes = 0  # what the current plan fetches
@@ -108,6 +124,10 @@ class StreamCache:
         self.unit = unit
         self.bounds = self.offsets[np.r_[np.arange(0, n, unit), n]] if n else self.offsets[:1].copy()
         self.sizes = np.diff(self.bounds)
+        # What the limit counts: the disk each unit's file takes (whole pages), and the plan's file.
+        self.disk = -(-self.sizes // self.page) * self.page
+        # plan.npy (a byte a unit and a header), twice: the next one is written beside it, then renamed
+        self.overhead = 2 * -(-(len(self.sizes) + 128) // self.page) * self.page
 
     def _init_local(self) -> None:
         """The state that stays in the process that made it (threads, locks), fresh after unpickling."""
@@ -120,6 +140,14 @@ class StreamCache:
         self._fetch: np.ndarray = np.zeros(0, dtype=np.int64)
         self._last: np.ndarray = np.zeros(0, dtype=np.int64)
         self._next = 0  # next position in _fetch to claim
+        self._then: np.ndarray = np.zeros(0, dtype=np.int64)  # units the next epoch fetches first (a guess)
+        self._then_next = 0  # next position in _then to claim, once _fetch is all claimed
+        self._pinned: set[int] = set()  # units on disk for the next epoch: advance() leaves them
+        self._fetching_now: set[int] = set()  # units being fetched
+        self._handles: list[Any] = []  # open handles on the source that no fetch thread holds now
+        self._closed = False
+        self._trash: list[int] = []  # units read for the last time, whose files are yet to be deleted
+        self._running = 0  # fetch threads that will look at _trash again
         self._used = 0  # bytes of the units present or being fetched
         self._done = 0  # batches read (advance)
         self._error: Optional[BaseException] = None
@@ -131,7 +159,8 @@ class StreamCache:
         self._plan_mtime = -1
 
     def __getstate__(self) -> dict:
-        keep = ("path", "data_offset", "source", "directory", "limit", "unit", "offsets", "bounds", "sizes", "_owner")
+        keep = ("path", "data_offset", "source", "directory", "limit", "unit", "offsets", "bounds", "sizes", "disk",
+                "overhead", "page", "_owner")
         return {k: vars(self)[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
@@ -142,12 +171,19 @@ class StreamCache:
 
     # --- the owner: plans and fetch threads ------------------------------------------------------
 
-    def start(self, order: Any, batches: Any, unit: Optional[int] = None) -> None:
+    def start(self, order: Any, batches: Any, unit: Optional[int] = None, then: Optional[Any] = None) -> None:
         """Plan an epoch and start fetching: ``order`` (int64 ``[M]``) the stored positions in the order
         they will be read, ``batches`` (int64 ``[M]``) the batch each is read in, non-decreasing from 0;
         ``unit``: stored samples per unit from now on (the sampler's block, where it is smaller than
         the units so far: a unit must be one stretch of the order for the cache to stay small).
         Units already cached that the plan fetches first are kept; every other file is deleted.
+
+        ``then`` (int64, optional): the stored positions the next epoch will likely read, in order.
+        Once every unit of this plan is fetched or being fetched, the threads go on with the first
+        :data:`NEXT_UNITS` units that epoch fetches (as far as the limit's room allows, and no further
+        than the units the next :meth:`start` keeps), so the next epoch's first batches do not wait
+        for the link. A wrong guess costs those fetches only: the next :meth:`start` deletes what its
+        plan does not fetch first.
 
         Raises:
             CacheLimitError: the limit cannot hold the units that are live (read before and after) at
@@ -172,9 +208,9 @@ class StreamCache:
             # the bytes live at each batch (first use <= batch <= last use): fetching in first-use order and
             # deleting after the last use never waits forever when the limit holds the most live at once
             live = np.zeros(int(batches[-1]) + 2, dtype=np.int64)
-            np.add.at(live, batches[first[used]], self.sizes[used])
-            np.add.at(live, last[used] + 1, -self.sizes[used])
-            need = int(np.cumsum(live).max())
+            np.add.at(live, batches[first[used]], self.disk[used])
+            np.add.at(live, last[used] + 1, -self.disk[used])
+            need = int(np.cumsum(live).max()) + self.overhead
             if need > self.limit:
                 size = int(np.bincount(batches).max())
                 bound = max(need, self.smallest_limit(size))
@@ -184,7 +220,7 @@ class StreamCache:
                                       "or a smaller batch_size. A mirror packed without shuffle=True is read in blocks "
                                       "of 1, samples from all over the file: pack it with shuffle=True to stream it")
         # kept: cached units among the first the plan fetches, within the limit (fetched at once anyway)
-        prefix = fetch[np.cumsum(self.sizes[fetch]) <= self.limit]
+        prefix = self._first(fetch)
         cached = self._cached()
         keep = set(cached) & set(prefix.tolist())
         for u in cached:
@@ -197,42 +233,63 @@ class StreamCache:
             self._fetch, self._last = fetch, last
             self._present = {u: int(last[u]) for u in keep}
             self._expiry = sorted((b, u) for u, b in self._present.items())  # a sorted list is a heap
-            self._used = int(self.sizes[list(keep)].sum()) if keep else 0
-            self._next, self._done, self._error = 0, 0, None
+            self._used = int(self.disk[list(keep)].sum()) if keep else 0
+            self._next, self._done, self._error, self._trash = 0, 0, None, []
+            self._then, self._then_next, self._pinned = self._first(_first_uses(np.asarray(
+                then if then is not None else [], dtype=np.int64) // self.unit))[:NEXT_UNITS], 0, set()
             self._planned = np.zeros(count, dtype=bool)
             self._planned[used] = True
-            self.plan_bytes = int(self.sizes[fetch].sum()) - self._used
+            self.plan_bytes = int(self.sizes[fetch].sum()) - (int(self.sizes[list(keep)].sum()) if keep else 0)
         _write_atomically(self.directory / "plan.npy", lambda f: np.save(f, self._planned))
         from colabfast.where import env
 
         self._drivefs = isinstance(self.source, MountSource) and env.drive_kind(self.path) == "drivefs"
         _unlink(self.directory / "error.txt")
         self._stop = threading.Event()
+        self._running = FETCHERS
         self._threads = [threading.Thread(target=self._fetching, args=(self._stop,), daemon=True,
                                           name=f"colabfast-stream-{k}") for k in range(FETCHERS)]
         for t in self._threads:
             t.start()
+
+    def _first(self, units: np.ndarray) -> np.ndarray:
+        """The first of ``units`` (in fetch order) that the limit holds together."""
+        return units[np.cumsum(self.disk[units]) <= self.limit - self.overhead]
 
     def smallest_limit(self, batch_size: int) -> int:
         """The smallest ``limit`` that holds what a batch of ``batch_size`` consecutive samples of any
         epoch's order reads: the largest units such a batch can touch (every unit is one stretch of the
         order, ``unit`` long but the last)."""
         touched = min(len(self.sizes), 3 + (max(batch_size, 1) - 1) // self.unit)
-        return int(np.sort(self.sizes)[::-1][:touched].sum())
+        return int(np.sort(self.disk)[::-1][:touched].sum()) + self.overhead
 
     def advance(self, done: int) -> None:
-        """``done`` batches of the plan have been read: delete the units no later batch reads."""
+        """``done`` batches of the plan have been read: delete the units no later batch reads.
+
+        The files are deleted by a fetch thread where one runs (it frees the room it waits for), else
+        here: the training thread that calls this makes no system call then. A system call gives up
+        the GIL, and taking it back waits for the reader threads' switch interval (5 ms)."""
         with self._cond:
             self._done = max(self._done, done)
-            gone = False
             while self._expiry and self._expiry[0][0] < self._done:
                 _, u = heapq.heappop(self._expiry)
-                if self._present.pop(u, None) is not None:
-                    _unlink(self._file(u))
-                    self._used -= int(self.sizes[u])
-                    gone = True
-            if gone:
+                if self._present.pop(u, None) is not None and u not in self._pinned:  # pinned: the next epoch's
+                    self._trash.append(u)
+            if not self._trash:
+                return
+            if self._running:
                 self._cond.notify_all()
+                return
+            trash, self._trash = self._trash, []
+        self._empty(trash)
+
+    def _empty(self, trash: list[int]) -> None:
+        """Delete the units in ``trash`` (no longer present), then count their room free."""
+        for u in trash:
+            _unlink(self._file(u))
+        with self._cond:
+            self._used -= int(self.disk[trash].sum())
+            self._cond.notify_all()
 
     def stop(self) -> None:
         """Stop the fetch threads (the files stay, for :meth:`start` to keep or delete)."""
@@ -244,41 +301,81 @@ class StreamCache:
         self._threads = []
 
     def close(self) -> None:
-        """Stop fetching and delete the cache folder."""
+        """Stop fetching, let go of the source, and delete the cache folder."""
+        with self._cond:
+            self._closed = True
         self.stop()
         if self._finalizer is not None:
             self._finalizer()
+        else:
+            _release(self.directory, -1, self._handles, self.source)  # a copy's handles (feed="process")
+
+    def _warm(self) -> None:
+        try:
+            handle = self.source.open()
+        except Exception:  # noqa: BLE001 (a fetch thread opens again, and reports what fails)
+            return
+        with self._cond:
+            if not self._closed and not self._refreshing:
+                self._handles.append(handle)
+                return
+        self.source.close(handle)
 
     def _fetching(self, stop: threading.Event) -> None:
-        handle = None
+        handle, running = None, True
         try:
             while True:
+                trash, refresh = [], False
                 with self._cond:
                     while True:
-                        if stop.is_set() or self._next >= len(self._fetch):
+                        if stop.is_set():
                             return
+                        if self._trash:  # deleted outside the lock: readers and advance() go on meanwhile
+                            trash, self._trash = self._trash, []
+                            break
                         if self._refreshing or (self._drivefs and self._since_refresh >= self.limit):
                             self._refreshing = True  # every fetch thread lets go of the mount first
                             if handle is not None:
                                 self.source.close(handle)
                                 handle = None
+                            while self._handles:
+                                self.source.close(self._handles.pop())
                             if self._inflight == 0 and not self._refresher:
                                 self._refresher, refresh = True, True
                                 break
                             self._cond.wait(0.5)
                             continue
-                        u = int(self._fetch[self._next])
-                        if u in self._present:  # kept from the last epoch
-                            self._next += 1
-                            continue
-                        if self._used + int(self.sizes[u]) > self.limit:
+                        if self._next < len(self._fetch):
+                            u, ahead = int(self._fetch[self._next]), False
+                            if u in self._present:  # kept from the last epoch
+                                self._next += 1
+                                continue
+                        elif self._then_next < len(self._then):  # this plan's all claimed: the next epoch's
+                            u, ahead = int(self._then[self._then_next]), True
+                            if u in self._present or u in self._fetching_now or u in self._pinned:
+                                self._pinned.add(u)  # this epoch's copy stays for the next
+                                self._then_next += 1
+                                continue
+                        else:
+                            self._running -= 1  # under the lock that saw _trash empty: advance() deletes now
+                            running = False
+                            return
+                        if self._used + int(self.disk[u]) > self.limit - self.overhead:
                             self._cond.wait(0.5)  # until advance() deletes what the epoch is past
                             continue
-                        self._next += 1
-                        self._used += int(self.sizes[u])
+                        if ahead:
+                            self._then_next += 1
+                        else:
+                            self._next += 1
+                        self._used += int(self.disk[u])
                         self._inflight += 1
-                        refresh = False
+                        self._fetching_now.add(u)
+                        if handle is None and self._handles:
+                            handle = self._handles.pop()
                         break
+                if trash:
+                    self._empty(trash)
+                    continue
                 if refresh:
                     try:
                         self._drop_drive_cache()
@@ -294,14 +391,21 @@ class StreamCache:
                 finally:
                     with self._cond:
                         self._inflight -= 1
+                        self._fetching_now.discard(u)
                 with self._cond:
-                    self._present[u] = int(self._last[u])
-                    heapq.heappush(self._expiry, (int(self._last[u]), u))
-                    self.peak = max(self.peak, self._used)
+                    if ahead:
+                        self._pinned.add(u)
+                    else:
+                        self._present[u] = int(self._last[u])
+                        heapq.heappush(self._expiry, (int(self._last[u]), u))
+                    self.peak = max(self.peak, self._used + self.overhead)
                     self._cond.notify_all()
-                if self._done > self._last[u]:  # the epoch is past it already (read directly meanwhile)
+                if not ahead and self._done > self._last[u]:  # the epoch is past it already (read directly)
                     self.advance(self._done)
         except BaseException as exc:  # noqa: BLE001 (handed to the readers waiting for units)
+            if handle is not None:
+                self.source.close(handle)
+                handle = None
             with self._cond:
                 self._error = exc
                 self._cond.notify_all()
@@ -309,8 +413,17 @@ class StreamCache:
             with contextlib.suppress(OSError):
                 _write_atomically(self.directory / "error.txt", lambda f: f.write(said))
         finally:
-            if handle is not None:
-                self.source.close(handle)
+            with self._cond:
+                if running:
+                    self._running -= 1
+                if handle is not None:  # kept open for the next epoch's threads: an open is a round trip
+                    self._handles.append(handle)
+                if not self._running and self._trash:
+                    trash, self._trash = self._trash, []
+                else:
+                    trash = []
+            if trash:
+                self._empty(trash)
 
     def _fetch_unit(self, handle: Any, u: int) -> None:
         start, end = int(self.bounds[u]), int(self.bounds[u + 1])
@@ -323,6 +436,7 @@ class StreamCache:
                 n = self.source.read(handle, view, self.data_offset + pos)
                 out.write(view[:n])
                 pos += n
+        self.source.forget(handle, self.data_offset + start, end - start)
         if self.source.changed():
             _unlink(part)
             raise self.source.changed_error()
@@ -360,8 +474,25 @@ class StreamCache:
         """
         later: list[tuple[np.ndarray, int, int]] = []
         planned = self._plan()
-        for piece, start in zip(pieces, starts):
+        fds: dict[int, int] = {}  # a unit's file, opened once per call (a batch reads a few units)
+        try:
+            self._read(pieces, starts, direct, planned, later, fds)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def _read(self, pieces: Sequence[np.ndarray], starts: Sequence[int], direct: Callable[[np.ndarray, int], None],
+              planned: np.ndarray, later: list, fds: dict[int, int]) -> None:
+        first = np.searchsorted(self.bounds, np.asarray(starts, dtype=np.int64), side="right") - 1  # one call a batch
+        count = len(self.sizes)
+        for piece, start, u0 in zip(pieces, starts, first.tolist()):
             n = len(piece)
+            if not n:
+                continue
+            if 0 <= u0 < count and planned[u0] and int(start) + n <= self.bounds[u0 + 1]:  # one unit's: most reads
+                if not self._read_cached(piece, u0, int(start), fds):
+                    later.append((piece, u0, int(start)))
+                continue
             at = 0
             while at < n:
                 b = int(start) + at
@@ -373,12 +504,12 @@ class StreamCache:
                 part = piece[at : at + k]
                 if not planned[u]:
                     self._direct(part, b, direct)
-                elif not self._read_cached(part, u, b):
+                elif not self._read_cached(part, u, b, fds):
                     later.append((part, u, b))
                 at += k
         for part, u, b in later:
             self._wait(u)
-            if not self._read_cached(part, u, b):
+            if not self._read_cached(part, u, b, fds):
                 self._direct(part, b, direct)  # deleted since it arrived: the plan changed under a stray read
 
     def _direct(self, part: np.ndarray, b: int, direct: Callable[[np.ndarray, int], None]) -> None:
@@ -408,23 +539,22 @@ class StreamCache:
             pass  # no plan yet: every read is direct
         return self._planned
 
-    def _read_cached(self, part: np.ndarray, u: int, b: int) -> bool:
-        try:
-            fd = os.open(self._file(u), os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            view, at = memoryview(part).cast("B"), b - int(self.bounds[u])  # type: ignore[arg-type]
-            done = 0
-            while done < len(view):
-                got = os.preadv(fd, [view[done:]], at + done)
-                if got <= 0:
-                    raise MirrorError(f"{self._file(u)}: the cached block of {self.source.name} ended early (the "
-                                      "local disk failed?). Open the dataset again.")
-                done += got
-            return True
-        finally:
-            os.close(fd)
+    def _read_cached(self, part: np.ndarray, u: int, b: int, fds: dict[int, int]) -> bool:
+        fd = fds.get(u)
+        if fd is None:
+            try:
+                fd = fds[u] = os.open(self._file(u), os.O_RDONLY)
+            except FileNotFoundError:
+                return False
+        view, at = memoryview(part).cast("B"), b - int(self.bounds[u])  # type: ignore[arg-type]
+        done = 0
+        while done < len(view):
+            got = os.preadv(fd, [view[done:]], at + done)
+            if got <= 0:
+                raise MirrorError(f"{self._file(u)}: the cached block of {self.source.name} ended early (the local "
+                                  "disk failed?). Open the dataset again.")
+            done += got
+        return True
 
     def _wait(self, u: int) -> None:
         if os.getpid() == self._owner:
@@ -473,128 +603,6 @@ class StreamCache:
                 f"{self.unit} samples, at {self.directory})")
 
 
-class MountSource:
-    """Where a stream cache fetches from: the mirror's file on a mount (Drive), read with ``pread``.
-
-    ``read`` retries a transient error (a Drive disconnect, an ``EIO``) as :func:`colabfast.stage`
-    retries it (:func:`colabfast.where._fileio.pread_retrying`, through a handle of its own after a
-    failure), then raises an ``OSError`` naming the file and the byte offset."""
-
-    def __init__(self, path: Path, version: tuple) -> None:
-        self.path, self.version, self.name = Path(path), version, str(path)
-
-    def open(self) -> int:
-        from colabfast.where._fileio import retry
-
-        try:
-            fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
-        except OSError as exc:
-            if not is_transient(exc):
-                raise
-            raise mount_failed(self.path, exc, "opening it to stream image data") from exc
-        if file_version(os.fstat(fd)) != self.version:
-            os.close(fd)
-            raise self.changed_error()
-        return fd
-
-    def read(self, fd: int, view: memoryview, offset: int) -> int:
-        """Read into ``view`` from byte ``offset``: the bytes read, at least one."""
-        handle = {"fd": fd}
-
-        def reopen() -> None:
-            with contextlib.suppress(OSError):
-                handle["fd"] = os.open(self.path, os.O_RDONLY)
-
-        try:
-            n = pread_retrying(functools.partial(_preadv_into, handle, view), len(view), offset, RETRIES, reopen)
-        except OSError as exc:
-            if not is_transient(exc):
-                raise
-            raise mount_failed(self.path, exc, f"streaming image data at byte {offset}") from exc
-        finally:
-            if handle["fd"] != fd:
-                with contextlib.suppress(OSError):
-                    os.close(handle["fd"])
-        if n == 0:
-            raise MirrorError(f"{self.path} ended at byte {offset} while it was streamed: the file was truncated or "
-                              "replaced. Open the dataset again once the file is final.")
-        return n
-
-    def close(self, fd: int) -> None:
-        with contextlib.suppress(OSError):  # the mount may be gone (unmounted, disconnected)
-            os.close(fd)
-
-    def changed(self) -> bool:
-        """Whether the file at the path is another version now (an open handle keeps the old file)."""
-        return file_version(os.stat(self.path)) != self.version
-
-    def changed_error(self) -> MirrorError:
-        return MirrorError(f"{self.path} changed on the mount while it was streamed (replaced or rewritten: a new run "
-                           "of colabfast.pack?), so its index no longer describes the file. Open the dataset again "
-                           "once the file is final.")
-
-
-class RemoteSource:
-    """Where a stream cache fetches from: a mirror at an fsspec URL (``gs://``, ``s3://``, ``https://``,
-    ``memory://``; https://filesystem-spec.readthedocs.io), read with ``seek`` and ``read`` of the file
-    fsspec opens. Its version is what ``fs.info`` says of it (size, and its modification time or ETag
-    where the filesystem gives them).
-
-    Raises:
-        ImportError: fsspec is not installed (``pip install fsspec``, and ``gcsfs`` for ``gs://``).
-        FileNotFoundError: nothing at ``url``.
-    """
-
-    def __init__(self, url: str) -> None:
-        try:
-            import fsspec
-        except ImportError as exc:
-            raise ImportError(f"streaming {url} needs fsspec: pip install 'colabfast[bucket]' (and gcsfs for gs://, "
-                              "s3fs for s3://)") from exc
-
-        self.name = url
-        self.fs, self.remote = fsspec.core.url_to_fs(url)
-        self.version = self._version()
-
-    def _version(self) -> tuple:
-        info = self.fs.info(self.remote)
-        keys = ("size", "mtime", "LastModified", "updated", "ETag", "etag", "created")
-        return tuple(str(info.get(k)) for k in keys)
-
-    @property
-    def size(self) -> int:
-        return int(self.version[0])
-
-    def open(self) -> Any:
-        if self._version() != self.version:
-            raise self.changed_error()
-        return self.fs.open(self.remote, "rb")
-
-    def read(self, f: Any, view: memoryview, offset: int) -> int:
-        f.seek(offset)
-        data = f.read(len(view))
-        if not data:
-            raise MirrorError(f"{self.name} ended at byte {offset} while it was streamed: the file was truncated or "
-                              "replaced. Open the dataset again once the file is final.")
-        view[: len(data)] = data
-        return len(data)
-
-    def close(self, f: Any) -> None:
-        with contextlib.suppress(Exception):
-            f.close()
-
-    def changed(self) -> bool:
-        return self._version() != self.version
-
-    def changed_error(self) -> MirrorError:
-        return MirrorError(f"{self.name} changed while it was streamed (replaced or rewritten), so its index no longer "
-                           "describes the file. Open the dataset again once the file is final.")
-
-
-def _preadv_into(handle: dict, view: memoryview, n: int, offset: int) -> int:
-    return os.preadv(handle["fd"], [view[:n]], offset)
-
-
 def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     with open(tmp, "wb") as f:
@@ -605,6 +613,27 @@ def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
 def _unlink(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _page(folder: Path) -> int:
+    """The unit of space a file takes in ``folder``'s filesystem (4096 bytes on a tmpfs or ext4)."""
+    try:
+        return max(512, os.statvfs(folder).f_frsize)
+    except (OSError, AttributeError):
+        return 4096
+
+
+def _first_uses(units: np.ndarray) -> np.ndarray:
+    """The distinct values of ``units`` in the order of their first occurrence."""
+    _, at = np.unique(units, return_index=True)
+    return units[np.sort(at)]
+
+
+def _release(directory: Path, owner: int, handles: list, source: Any) -> None:
+    """Close the idle ``handles`` on ``source``, and delete ``directory`` from process ``owner``."""
+    while handles:
+        source.close(handles.pop())
+    remove(directory, owner)
 
 
 def remove(directory: Path, owner: int) -> None:

@@ -27,15 +27,17 @@ from colabfast.where._fileio import human_bytes
 __all__ = ["cache_folder", "choice", "default_limit", "known_order", "planned", "stream", "streams_of"]
 
 
-def known_order(loader: Any) -> Optional[np.ndarray]:
+def known_order(loader: Any, later: int = 0) -> Optional[np.ndarray]:
     """The dataset indices (int64) the loader's next epoch reads in order, where its sampler says them
-    ahead without drawing; None otherwise."""
+    ahead without drawing; None otherwise. ``later=1``: the epoch after that one's, as far as it can be
+    told now (a ``BlockShuffleSampler`` at the next ``epoch``, which is what it takes by itself and
+    what a loop calling ``set_epoch`` gives it)."""
     batch_sampler = loader.batch_sampler
     if type(batch_sampler) is not BatchSampler:  # a caller's batch sampler: its grouping is its own
         return None
     sampler = batch_sampler.sampler
     if isinstance(sampler, BlockShuffleSampler):
-        order = sampler.order(sampler.epoch)
+        order = sampler.order(sampler.epoch + later)
     elif type(sampler) is SequentialSampler:
         order = np.arange(len(sampler), dtype=np.int64)
     else:
@@ -69,6 +71,7 @@ def planned(loader: Any, dataset: Any, batch_indices: Optional[Iterable], batche
     streams = streams_of(dataset)
     if not streams:
         return batches()
+    then = None  # the epoch after this one's order: its first blocks are fetched once this one's are
     if isinstance(batch_indices, list):
         lists = [b for b in batch_indices if len(b)]
         indices = np.asarray([i for b in lists for i in b], dtype=np.int64)
@@ -76,6 +79,8 @@ def planned(loader: Any, dataset: Any, batch_indices: Optional[Iterable], batche
     elif batch_indices is None and (order := known_order(loader)) is not None:
         indices = order
         which = np.arange(len(order), dtype=np.int64) // loader.batch_size
+        after = known_order(loader, later=1)
+        then = _positions(dataset, after) if after is not None else None
     else:
         for s in streams:
             s.start([], [])  # no plan: every read goes to the mount
@@ -84,7 +89,7 @@ def planned(loader: Any, dataset: Any, batch_indices: Optional[Iterable], batche
     sampler = getattr(loader.batch_sampler, "sampler", None)
     block = sampler.block_size if isinstance(sampler, BlockShuffleSampler) else None
     for s in streams:  # units no larger than the sampler's blocks: each one stretch of the order
-        s.start(positions, which, unit=min(block, UNIT_SAMPLES) if block is not None else UNIT_SAMPLES)
+        s.start(positions, which, unit=min(block, UNIT_SAMPLES) if block is not None else UNIT_SAMPLES, then=then)
     return _advancing(batches(), streams)
 
 
@@ -111,8 +116,8 @@ def stream(dataset: Any, limit: int, directory: Path, unit: int = UNIT_SAMPLES,
            source: Optional[Any] = None) -> list[StreamCache]:
     """Make ``dataset`` (a mirror drop-in, or a ``Subset`` of one) read its image data through stream
     caches in ``directory``: one per image column, sharing ``limit`` bytes in proportion to their data;
-    fetched from ``source`` (:class:`~colabfast.datasets.stream.RemoteSource`), default the dataset's
-    file itself (:class:`~colabfast.datasets.stream.MountSource`).
+    fetched from ``source`` (:class:`~colabfast.datasets.streamsource.RemoteSource`), default the dataset's
+    file itself (:class:`~colabfast.datasets.streamsource.MountSource`).
 
     Raises:
         CacheLimitError: a column's share cannot hold its largest block of ``unit`` samples.

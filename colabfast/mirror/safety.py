@@ -4,6 +4,7 @@ limits (:func:`vet`), and an open survives a flaky mount (:func:`open_h5`, :func
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -39,6 +40,7 @@ from colabfast.where._fileio import (
     human_bytes,
     lagging,
     python_child,
+    scoped_files,
 )
 
 __all__ = ["open_h5", "read_h5", "vet", "trust"]
@@ -98,8 +100,20 @@ def read_h5(path: PathLike, read: Callable[[h5py.File], T]) -> T:
     path = Path(path)
 
     def attempt() -> T:
-        with _open_vetted(path) as f:
+        files = scoped_files()
+        if files is None:
+            with _open_vetted(path) as f:
+                return read(f)
+        key = _key(path)  # this version of the file: a file replaced meanwhile is opened anew
+        f = files.get(key)
+        if f is None or not f.id.valid:
+            f = files[key] = _open_vetted(path)
+        try:
             return read(f)
+        except Exception:
+            with contextlib.suppress(Exception):
+                files.pop(key).close()  # a failed read may have left the file object in any state
+            raise
 
     return _on_flaky_mount(path, attempt)
 

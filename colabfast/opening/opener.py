@@ -214,8 +214,11 @@ def open_dataset(
             dataset = open_remote(str(path), split, transform=transform, target_transform=target_transform,
                                   output=output, to=to, cache_limit=cache_limit)
         else:
-            dataset = _open(path, split, transform, target_transform, output, image_size, mirrors, to, progress,
-                            pack_options, stack, cache_limit)
+            from colabfast.where._fileio import one_open
+
+            with one_open():  # the header, layout and index read through one open of the mirror
+                dataset = _open(path, split, transform, target_transform, output, image_size, mirrors, to,
+                                progress, pack_options, stack, cache_limit)
         if progress:
             print(dataset.account)
         return dataset

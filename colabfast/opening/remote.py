@@ -6,7 +6,7 @@ mirror's size holding all of its bytes but the image data, which is left a hole 
 disk for it). The drop-in dataset opens the shell as it would open the mirror (its index, labels,
 columns), and reads the image data through a stream cache
 (:mod:`colabfast.datasets.stream`) that fetches it from the URL
-(:class:`~colabfast.datasets.stream.RemoteSource`), ahead of the loop and within ``cache_limit``.
+(:class:`~colabfast.datasets.streamsource.RemoteSource`), ahead of the loop and within ``cache_limit``.
 
 The URL's HDF5 metadata comes from a stranger as much as a downloaded mirror does: it is read by a
 child process (libhdf5 crashes on some corrupt files, :func:`colabfast.mirror.safety.vet`), which
@@ -52,7 +52,7 @@ def open_remote(url: str, split: Optional[str], *, transform: Optional[Callable]
         MirrorError: not a mirror, or one whose metadata libhdf5 cannot read safely.
         CacheLimitError: as :func:`colabfast.open_dataset` with ``to="stream"``.
     """
-    from colabfast.datasets.stream import RemoteSource
+    from colabfast.datasets.streamsource import RemoteSource
     from colabfast.loading.streaming import cache_folder, default_limit, stream
     from colabfast.mirror.safety import vet
     from colabfast.opening.mirrors import drop_in

@@ -522,3 +522,34 @@ def file_version(st: os.stat_result) -> tuple[int, ...]:
     and change time, inode and device. A copy, a rewrite or a replacement (``os.replace``, as pack and
     stage publish) changes it."""
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+_scope = threading.local()  # .files: the files kept open in this thread within one_open()
+
+
+def scoped_files() -> Optional[dict]:
+    """The files :func:`one_open` keeps open in this thread (a dict the reader fills, by its own key),
+    or None outside it."""
+    return getattr(_scope, "files", None)
+
+
+@contextlib.contextmanager
+def one_open() -> Iterator[None]:
+    """Within the block, :func:`colabfast.mirror.safety.read_h5` opens each version of a file once in
+    this thread and reads it through that one ``h5py.File``, closed when the block ends.
+
+    :func:`colabfast.open_dataset` reads a mirror's header, layout and index in separate steps: on
+    Drive each open is a round trip (about 0.1 s on Colab), and on a streamed mirror, read where it is,
+    those opens were most of the time to the first batch. (Here, not in the h5py module: entering
+    the block imports nothing.)"""
+    if scoped_files() is not None:  # nested: the outer block's files
+        yield
+        return
+    _scope.files = {}
+    try:
+        yield
+    finally:
+        files, _scope.files = _scope.files, None
+        for f in files.values():
+            with contextlib.suppress(Exception):
+                f.close()
