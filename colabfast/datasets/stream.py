@@ -141,6 +141,8 @@ class StreamCache:
         self._last: np.ndarray = np.zeros(0, dtype=np.int64)
         self._next = 0  # next position in _fetch to claim
         self._then: np.ndarray = np.zeros(0, dtype=np.int64)  # units the next epoch fetches first (a guess)
+        self._then_from: Optional[Callable[[], Any]] = None  # what gives _then's positions, until a thread asks
+        self._then_busy = False  # a fetch thread is computing _then
         self._then_next = 0  # next position in _then to claim, once _fetch is all claimed
         self._pinned: set[int] = set()  # units on disk for the next epoch: advance() leaves them
         self._fetching_now: set[int] = set()  # units being fetched
@@ -171,15 +173,18 @@ class StreamCache:
 
     # --- the owner: plans and fetch threads ------------------------------------------------------
 
-    def start(self, order: Any, batches: Any, unit: Optional[int] = None, then: Optional[Any] = None) -> None:
+    def start(self, order: Any, batches: Any, unit: Optional[int] = None,
+              then: Optional[Callable[[], Any]] = None) -> None:
         """Plan an epoch and start fetching: ``order`` (int64 ``[M]``) the stored positions in the order
         they will be read, ``batches`` (int64 ``[M]``) the batch each is read in, non-decreasing from 0;
         ``unit``: stored samples per unit from now on (the sampler's block, where it is smaller than
         the units so far: a unit must be one stretch of the order for the cache to stay small).
         Units already cached that the plan fetches first are kept; every other file is deleted.
 
-        ``then`` (int64, optional): the stored positions the next epoch will likely read, in order.
-        Once every unit of this plan is fetched or being fetched, the threads go on with the first
+        ``then`` (optional): a function giving the stored positions (int64) the next epoch will likely
+        read, in order; called by a fetch thread once every unit of this plan is fetched or being
+        fetched (an order of a large dataset takes a while: not before the first batch). The threads
+        then go on with the first
         :data:`NEXT_UNITS` units that epoch fetches (as far as the limit's room allows, and no further
         than the units the next :meth:`start` keeps), so the next epoch's first batches do not wait
         for the link. A wrong guess costs those fetches only: the next :meth:`start` deletes what its
@@ -235,8 +240,8 @@ class StreamCache:
             self._expiry = sorted((b, u) for u, b in self._present.items())  # a sorted list is a heap
             self._used = int(self.disk[list(keep)].sum()) if keep else 0
             self._next, self._done, self._error, self._trash = 0, 0, None, []
-            self._then, self._then_next, self._pinned = self._first(_first_uses(np.asarray(
-                then if then is not None else [], dtype=np.int64) // self.unit))[:NEXT_UNITS], 0, set()
+            self._then, self._then_from, self._then_busy = np.zeros(0, dtype=np.int64), then, False
+            self._then_next, self._pinned = 0, set()
             self._planned = np.zeros(count, dtype=bool)
             self._planned[used] = True
             self.plan_bytes = int(self.sizes[fetch].sum()) - (int(self.sizes[list(keep)].sum()) if keep else 0)
@@ -310,6 +315,17 @@ class StreamCache:
         else:
             _release(self.directory, -1, self._handles, self.source)  # a copy's handles (feed="process")
 
+    def _plan_next(self, then: Callable[[], Any]) -> None:
+        """Compute the next epoch's first units from ``then`` (outside the lock); none where it fails: a
+        guess that cannot be made is no error of this epoch's."""
+        try:
+            units = self._first(_first_uses(np.asarray(then(), dtype=np.int64) // self.unit))[:NEXT_UNITS]
+        except Exception:  # noqa: BLE001
+            units = np.zeros(0, dtype=np.int64)
+        with self._cond:
+            self._then, self._then_busy = units, False
+            self._cond.notify_all()
+
     def _warm(self) -> None:
         try:
             handle = self.source.open()
@@ -325,7 +341,7 @@ class StreamCache:
         handle, running = None, True
         try:
             while True:
-                trash, refresh = [], False
+                trash, refresh, then = [], False, None
                 with self._cond:
                     while True:
                         if stop.is_set():
@@ -350,7 +366,13 @@ class StreamCache:
                             if u in self._present:  # kept from the last epoch
                                 self._next += 1
                                 continue
-                        elif self._then_next < len(self._then):  # this plan's all claimed: the next epoch's
+                        elif self._then_from is not None:  # this plan's all claimed: what the next epoch reads first
+                            then, self._then_from, self._then_busy = self._then_from, None, True
+                            break
+                        elif self._then_busy:
+                            self._cond.wait(0.5)
+                            continue
+                        elif self._then_next < len(self._then):  # the next epoch's first units
                             u, ahead = int(self._then[self._then_next]), True
                             if u in self._present or u in self._fetching_now or u in self._pinned:
                                 self._pinned.add(u)  # this epoch's copy stays for the next
@@ -375,6 +397,9 @@ class StreamCache:
                         break
                 if trash:
                     self._empty(trash)
+                    continue
+                if then is not None:
+                    self._plan_next(then)
                     continue
                 if refresh:
                     try:
@@ -483,21 +508,13 @@ class StreamCache:
 
     def _read(self, pieces: Sequence[np.ndarray], starts: Sequence[int], direct: Callable[[np.ndarray, int], None],
               planned: np.ndarray, later: list, fds: dict[int, int]) -> None:
-        first = np.searchsorted(self.bounds, np.asarray(starts, dtype=np.int64), side="right") - 1  # one call a batch
         count = len(self.sizes)
-        for piece, start, u0 in zip(pieces, starts, first.tolist()):
-            n = len(piece)
-            if not n:
-                continue
-            if 0 <= u0 < count and planned[u0] and int(start) + n <= self.bounds[u0 + 1]:  # one unit's: most reads
-                if not self._read_cached(piece, u0, int(start), fds):
-                    later.append((piece, u0, int(start)))
-                continue
-            at = 0
-            while at < n:
+        units = np.searchsorted(self.bounds, np.asarray(starts, dtype=np.int64), side="right") - 1  # one call
+        for piece, start, u in zip(pieces, starts, units.tolist()):
+            n, at = len(piece), 0
+            while at < n:  # a piece runs on into the next units (they are contiguous)
                 b = int(start) + at
-                u = int(np.searchsorted(self.bounds, b, side="right")) - 1
-                if u < 0 or u >= len(self.sizes):
+                if u < 0 or u >= count:
                     direct(piece[at:], b)  # outside the image data (another column's bytes)
                     break
                 k = min(n - at, int(self.bounds[u + 1]) - b)
@@ -506,7 +523,7 @@ class StreamCache:
                     self._direct(part, b, direct)
                 elif not self._read_cached(part, u, b, fds):
                     later.append((part, u, b))
-                at += k
+                at, u = at + k, u + 1
         for part, u, b in later:
             self._wait(u)
             if not self._read_cached(part, u, b, fds):
