@@ -12,7 +12,18 @@ from PIL import Image
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as tv_decode_image
 
-from colabfast.images.decode import Encoded, EncodedImages, decode_batch, decode_cpu, decode_hwc, is_encoded, is_jpeg
+from colabfast.images.decode import (
+    Encoded,
+    EncodedImages,
+    check_encoded,
+    checked_jpeg_sizes,
+    decode_batch,
+    decode_cpu,
+    decode_hwc,
+    is_encoded,
+    is_jpeg,
+    jpeg_mask,
+)
 from colabfast.testing.data import encode, photo
 from colabfast.where.codec import quiet_torchvision
 
@@ -60,6 +71,39 @@ def test_pack_puts_the_files_back_to_back_and_gives_them_back():
     assert anonymous.indices is None and anonymous.where(2) == "batch position 2"
     assert EncodedImages.pack(files, shared=True).data.is_shared()
     assert not packed.data.is_shared()
+
+
+def test_a_batch_of_headers_is_checked_as_check_encoded_checks_each(monkeypatch):
+    """checked_jpeg_sizes passes exactly the files check_encoded passes with the declared size, and
+    sends every other one (a wrong size, cut short, not a JPEG, over the pixel limit, empty) to it."""
+    rng = np.random.default_rng(1)
+    good = [encode(photo(40, 30, rng)) for _ in range(3)]
+    files = [good[0], good[1][:40], encode(photo(40, 30, rng), "PNG"), b"", good[2], encode(photo(30, 40, rng)),
+             b"\xff\xd8\xff\xe0garbage"]
+    packed = EncodedImages.pack([as_tensor(f) for f in files])
+    data, lengths = packed.data.numpy(), packed.lengths.numpy()
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    declared = np.array([[30, 40, 3]] * len(files))
+    assert jpeg_mask(data, starts, lengths).tolist() == [True, True, False, False, True, True, True]
+    sizes, passed = checked_jpeg_sizes(data, starts, lengths, declared)
+    assert sizes.dtype == np.int64 and sizes.tolist() == [[30, 40]] * len(files)
+    assert passed.tolist() == [True, False, False, False, True, False, False]
+
+    def full(k):
+        try:
+            check_encoded(data[starts[k] : starts[k] + lengths[k]], k, declared[k][:2])
+            return True
+        except ValueError:
+            return False
+
+    # every file the batch check passed passes the full check; the PNG passes only the full check
+    assert [full(k) for k in range(len(files))] == [True, False, True, False, True, False, False]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 30 * 40 - 1)
+    assert not checked_jpeg_sizes(data, starts, lengths, declared)[1].any()
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    assert checked_jpeg_sizes(data, starts, lengths, declared)[1].tolist() == passed.tolist()
+    empty = np.zeros(0, np.uint8)
+    assert jpeg_mask(empty, np.zeros(2, np.int64), np.zeros(2, np.int64)).tolist() == [False, False]
 
 
 def test_encoded_files_are_told_by_their_signature():

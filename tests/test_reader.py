@@ -19,7 +19,7 @@ from torch.utils.data import Subset
 import colabfast as cf
 from colabfast.datasets.dropins import H5ImageFolder
 from colabfast.errors import MirrorError
-from colabfast.images.decode import EncodedImages
+from colabfast.images.decode import EncodedImages, encoded_size
 from colabfast.loading import reader
 from colabfast.loading.collate import collate
 from colabfast.loading.loader import _Prepared
@@ -163,6 +163,9 @@ def test_bytes_batches_equal_the_collated_worker_batches(mirrors):
     assert isinstance(images, EncodedImages) and isinstance(images_ref, EncodedImages)
     assert torch.equal(images.data, images_ref.data) and torch.equal(images.lengths, images_ref.lengths)
     assert torch.equal(images.indices, images_ref.indices) and torch.equal(targets, targets_ref)
+    # every header read once here and handed on, so decode_batch does not read them again
+    assert images.sizes.tolist() == [list(encoded_size(f.numpy())) for f in images]
+    assert images_ref.sizes is None  # the worker path's collate leaves the check to decode_batch
     batches = list(r.batches([indices[:3], indices[3:]]))
     assert torch.equal(torch.cat([b[0].data for b in batches]), images.data)
     # threads=0 (the CUDA feeder reading its own batches): the same batches, read in the calling
@@ -182,6 +185,28 @@ def test_bytes_batches_equal_the_collated_worker_batches(mirrors):
     second = next(got)
     assert torch.equal(second[0].data, batches[1][0].data) and torch.equal(second[1], batches[1][1])
     assert threading.get_ident() == caller and threading.active_count() == threads_before
+
+
+def test_bytes_batches_refuse_a_header_unlike_its_declared_size(mirrors, tmp_path):
+    """The batch's one header read per file (checked_jpeg_sizes) sends a file whose header disagrees
+    with the mirror's declared size to the full check, which names the sample and the fix."""
+    import shutil
+
+    import h5py
+
+    from colabfast.mirror.index import write_array
+
+    bad = tmp_path / "declared.h5"
+    shutil.copy(mirrors["encoded-vary"], bad)
+    with h5py.File(bad, "r+") as f:
+        shapes = f["image_shapes"][:]
+        shapes[5, 1] += 1
+        del f["image_shapes"]
+        write_array(f, "image_shapes", shapes)
+    r = reader.BatchReader(H5ImageFolder(bad, output="bytes"), threads=0)
+    r.read([3, 4])  # the others still read
+    with pytest.raises(MirrorError, match=rf"{bad}: sample 5: .*not the {shapes[5, 1]}x{shapes[5, 0]} declared"):
+        r.read([3, 4, 5, 6])
 
 
 def test_where_the_reader_does_not_apply_the_loader_says_why(mirrors):

@@ -34,8 +34,8 @@ from PIL import Image
 from colabfast.errors import ImageSizeError
 from colabfast.where.codec import decode_jpeg
 
-__all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "check_pixels", "decode_batch", "decode_cpu",
-           "decode_pil", "encoded_size", "is_encoded", "is_jpeg"]
+__all__ = ["Encoded", "EncodedImages", "ImageSizeError", "check_encoded", "check_pixels", "checked_jpeg_sizes",
+           "decode_batch", "decode_cpu", "decode_pil", "encoded_size", "is_encoded", "is_jpeg", "jpeg_mask"]
 
 # File signatures of the formats decoded here (JPEG, PNG, GIF, WebP).
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -68,11 +68,15 @@ class EncodedImages:
         lengths: int64 tensor ``[B]``, bytes per file.
         indices: int64 tensor ``[B]`` of dataset indices, or None when unknown (then errors name the
             position in the batch).
+        sizes: int64 tensor ``[B, 2]``, each file's ``(H, W)`` as its header gives it, set by a reader that
+            checked every header already (:func:`checked_jpeg_sizes`) so :func:`decode_batch` does not parse
+            them again; None: :func:`decode_batch` checks each header itself.
     """
 
     data: torch.Tensor
     lengths: torch.Tensor
     indices: Optional[torch.Tensor] = None
+    sizes: Optional[torch.Tensor] = None
 
     @classmethod
     def pack(
@@ -123,6 +127,61 @@ def is_encoded(x: object) -> bool:
 def is_jpeg(data: torch.Tensor) -> bool:
     """True when the 1-D uint8 tensor starts with the JPEG signature."""
     return data.numel() >= 3 and bytes(data[:3].tolist()) == JPEG_MAGIC
+
+
+def jpeg_mask(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Which of the files packed back to back in ``data`` start with the JPEG signature, in one numpy
+    expression (no Python per file).
+
+    Args:
+        data: uint8 array ``[total_bytes]``.
+        starts: int64 array ``[B]``, each file's first byte in ``data``.
+        lengths: int64 array ``[B]``, bytes per file.
+
+    Returns:
+        bool array ``[B]``.
+    """
+    if not len(data):
+        return np.zeros(len(lengths), dtype=bool)
+    head = data[np.minimum(starts[:, None] + np.arange(3), len(data) - 1)]
+    return (lengths >= 3) & (head == np.frombuffer(JPEG_MAGIC, np.uint8)).all(axis=1)
+
+
+def checked_jpeg_sizes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                       declared: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(H, W)`` headers of JPEGs packed back to back, checked against the sizes declared for them,
+    with one libjpeg-turbo header read per file (``simplejpeg.decode_jpeg_header``) and no other Python
+    per file: the fast path of :func:`check_encoded` for a batch headed to nvJPEG.
+
+    Args:
+        data: uint8 array ``[total_bytes]``.
+        starts: int64 array ``[B]``, each file's first byte.
+        lengths: int64 array ``[B]``, bytes per file.
+        declared: integer array ``[B, >=2]``, the ``(H, W, ...)`` declared for each file.
+
+    Returns:
+        ``(sizes, passed)``: int64 ``[B, 2]``, the declared ``(H, W)`` where the file passed; bool ``[B]``,
+        True where the file is a JPEG whose header reads and gives the declared size, within
+        ``PIL.Image.MAX_IMAGE_PIXELS``. A file that did not pass is one for :func:`check_encoded`, which
+        says why (or passes it: not a JPEG, say).
+    """
+    sizes = np.ascontiguousarray(declared[:, :2], dtype=np.int64)
+    passed = jpeg_mask(data, starts, lengths)
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None:
+        passed &= sizes[:, 0] * sizes[:, 1] <= limit
+    header = simplejpeg.decode_jpeg_header
+    expected = sizes.tolist()
+    for k in np.flatnonzero(passed).tolist():
+        a = int(starts[k])
+        try:
+            h, w, _, _ = header(data[a : a + int(lengths[k])], strict=False)
+        except Exception:  # ValueError, or KeyError on a header cut short: check_encoded names it
+            passed[k] = False
+            continue
+        if [h, w] != expected[k]:
+            passed[k] = False
+    return sizes, passed
 
 
 def encoded_size(data: np.ndarray) -> tuple[int, int]:
@@ -331,10 +390,24 @@ def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> lis
     device = torch.device(device)
     files = list(images)
     out: list[Optional[torch.Tensor]] = [None] * len(files)
-    jpegs = [i for i, f in enumerate(files) if device.type == "cuda" and is_jpeg(f)]
-    sizes = {}
-    for i in jpegs:  # nvJPEG allocates what the header says: check it first (the CPU path checks its own)
-        sizes[i] = check_encoded(files[i].numpy(), images.where(i))
+    keys = None if images.indices is None else images.indices.tolist()
+
+    def where(i: int) -> Union[str, int]:
+        return f"batch position {i}" if keys is None else int(keys[i])
+
+    jpegs: list[int] = []
+    sizes: list = []
+    if device.type == "cuda" and files:
+        lengths = images.lengths.numpy()
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        jpegs = np.flatnonzero(jpeg_mask(images.data.numpy(), starts, lengths)).tolist()
+        # nvJPEG allocates what the header says: check it first (the CPU path checks its own), unless
+        # the reader that made the batch did (images.sizes)
+        if images.sizes is not None:
+            known = images.sizes.tolist()
+            sizes = [tuple(known[i]) for i in jpegs]
+        else:
+            sizes = [check_encoded(files[i].numpy(), where(i)) for i in jpegs]
     if jpegs:
         # torchvision allocates the outputs on the current stream but nvJPEG writes them on its own
         # stream, which does not wait for work still queued on ours: let that work finish first so a
@@ -351,12 +424,12 @@ def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> lis
             decoded = decode_jpeg([files[i] for i in jpegs], device=device)
         except (RuntimeError, ValueError):  # one bad file fails the whole call: find it
             decoded = [_decode_one_on_gpu(files[i], device) for i in jpegs]
-        for i, img in zip(jpegs, decoded):
+        for i, img, size in zip(jpegs, decoded, sizes):
             # the header's size, or (a file whose EXIF orientation got applied anyway) the CPU decodes it
-            out[i] = img if img is not None and tuple(img.shape[1:]) == sizes[i] else None
+            out[i] = img if img is not None and tuple(img.shape[1:]) == size else None
     for i, f in enumerate(files):
         if out[i] is None:
-            out[i] = decode_cpu(f, images.where(i)).to(device, non_blocking=True)
+            out[i] = decode_cpu(f, where(i)).to(device, non_blocking=True)
     return out  # type: ignore[return-value]
 
 

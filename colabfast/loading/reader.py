@@ -35,7 +35,14 @@ from colabfast.datasets.h5dataset import H5Dataset
 from colabfast.datasets.mirrorreader import MAX_READ
 from colabfast.errors import MirrorError
 from colabfast.images.augment import FusedTransform, fuse, scratch
-from colabfast.images.decode import JPEG_MAGIC, EncodedImages, check_encoded, check_pixels, decode_cpu
+from colabfast.images.decode import (
+    EncodedImages,
+    check_encoded,
+    check_pixels,
+    checked_jpeg_sizes,
+    decode_cpu,
+    jpeg_mask,
+)
 from colabfast.loading.collate import collate_value
 from colabfast.loading.prefetch import ImageList
 from colabfast.loading.stages import COLLATE, DECODE, READ, StageClock, now
@@ -324,17 +331,20 @@ class BatchReader:
         files = data.split(lengths.tolist())
         if self.dataset.verify:
             self.dataset.reader.index.check_samples(indices, [f.numpy() for f in files])
-        for i, f in zip(indices, files):  # the declared sizes, within the pixel limit, before nvJPEG allocates
-            self._check(i, f)
+        # The declared sizes, within the pixel limit, before nvJPEG allocates: one header read per file
+        # (checked_jpeg_sizes); a file that fails it goes through the full check, which says why.
+        sizes, passed = checked_jpeg_sizes(data.numpy(), starts[:-1], lengths.numpy(),
+                                           self.dataset.reader.shapes[indices])
+        for k in np.flatnonzero(~passed).tolist():
+            self._check(indices[k], files[k])
         # Only JPEGs go to nvJPEG (the worker path decodes others on the CPU): the signature of every
         # file at once, no per-sample Python.
-        head = data.numpy()[np.minimum(starts[:-1, None] + np.arange(3), len(data) - 1)]
-        jpeg = (lengths.numpy() >= 3) & (head == np.frombuffer(JPEG_MAGIC, np.uint8)).all(axis=1)
+        jpeg = jpeg_mask(data.numpy(), starts[:-1], lengths.numpy())
         if not jpeg.all():
             k = int(np.flatnonzero(~jpeg)[0])
             raise MirrorError(f"{self.dataset.path}: sample {keys[k]} is not a JPEG, and decode='gpu' decodes "
                               "JPEGs only: pass decode='cpu'")
-        return EncodedImages(data, lengths, torch.tensor(keys, dtype=torch.int64))
+        return EncodedImages(data, lengths, torch.tensor(keys, dtype=torch.int64), torch.from_numpy(sizes))
 
     def _read_images(self, indices: list[int], given: Optional[torch.Tensor] = None) -> Any:
         """The images at stored positions ``indices`` (into ``given`` where it has the batch's shape)."""

@@ -322,6 +322,8 @@ def _dali(mirror: Path, batch: int, crop: int, threads: int) -> Union[str, Calla
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
     except ImportError:
         return "NVIDIA DALI is not installed (pip install nvidia-dali-cuda130); not measured"
+    except Exception as exc:  # installed but its libraries do not load (OSError, RuntimeError): the row says so
+        return f"NVIDIA DALI does not import: {type(exc).__name__}: {exc}"[:200]
 
     source = DaliSource(mirror, batch)
 
