@@ -5,13 +5,13 @@
 #
 #     OUT=/some/folder BUDGET_S=480 STEPS="tests bench probe" bash benchmarks/gpu_session.sh
 #
-# STEPS picks what runs (default, or empty: all three; "none": nothing but the DALI pieces). Writes machine.txt, cuda-tests.log, bench.md/.json/.png,
-# bench.log and probe.log under $OUT. Wheels the GPU image lacks (simplejpeg, defusedxml, pytest-timeout
+# STEPS picks what runs (default, or empty: all three; "none": nothing but the DALI pieces). Writes
+# machine.txt, cuda-tests.log, bench.md/.json/.png, bench.log and probe.log under $OUT. Wheels the GPU image lacks (simplejpeg, defusedxml, pytest-timeout
 # for Python 3.12) travel in .whl/.
 #
 # NVIDIA DALI is larger than one call may carry (64 MiB): its wheel and what it needs, unpacked, stripped
-# of other Pythons' modules and packed as one tar.xz (167 MB for DALI 2.4.0), travel in pieces of 56 MiB in .dali/,
-# one piece a call while the machine stays warm (it keeps /tmp between calls): every call appends the
+# of other Pythons' modules and packed as one tar.xz (167 MB for DALI 2.4.0), travel in pieces of 56 MiB
+# in .dali/, one piece a call while the machine stays warm (it keeps /tmp between calls): every call appends the
 # pieces it carries to /tmp/dali.tar.xz, and a call whose STEPS holds "dali" unpacks the whole into
 # /tmp/dali-site (checked against DALI_SHA256) and puts it on PYTHONPATH for the steps after it.
 # benchmarks/dali_pieces.sh makes the pieces and prints DALI_SHA256. On 2026-11-28 (three calls):
