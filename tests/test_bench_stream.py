@@ -92,6 +92,43 @@ def test_epochs_fail_a_loader_that_stalls(monkeypatch):
     never.set()
 
 
+def test_the_stall_alarm_keeps_an_outer_alarm(monkeypatch):
+    """pytest-timeout's signal method is an outer SIGALRM timer: the stall alarm must neither cancel it
+    (the test would lose its timeout) nor outlast it (its handler is called when its time comes)."""
+    import signal
+
+    fired = []
+
+    def outer(signum, frame):
+        fired.append(time.monotonic())
+
+    before = signal.signal(signal.SIGALRM, outer)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30.0)
+        with streaming._stall_alarm(5.0) as rearm:
+            rearm()
+            assert signal.getitimer(signal.ITIMER_REAL)[0] <= 5.0
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 25.0 < left <= 30.0 and signal.getsignal(signal.SIGALRM) is outer  # set again, for what is left
+        signal.setitimer(signal.ITIMER_REAL, 0.3)  # the outer deadline comes inside the block
+        start = time.monotonic()
+        with streaming._stall_alarm(5.0) as rearm:
+            rearm()
+            while not fired and time.monotonic() - start < 3:
+                time.sleep(0.01)
+        assert fired and fired[0] - start < 2.0, "the outer handler was not called at its deadline"
+        time.sleep(0.1)
+        assert len(fired) == 1 and signal.getitimer(signal.ITIMER_REAL)[0] == 0  # called once, not set again
+        # and with no outer alarm, none is left behind
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        with streaming._stall_alarm(5.0) as rearm:
+            rearm()
+        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
 def test_epochs_check_the_batches():
     batch = (torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.zeros(2))
     assert streaming._epochs([batch, batch], 8) == 2 * 4

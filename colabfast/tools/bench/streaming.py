@@ -155,22 +155,42 @@ def _empty(folder: Path) -> None:
 @contextlib.contextmanager
 def _stall_alarm(seconds: float) -> Iterator[Callable[[], None]]:
     """Yields ``rearm()``; unless it is called every ``seconds``, TimeoutError is raised in the main thread
-    (SIGALRM), so a loader that stops handing out batches fails its row instead of hanging the run."""
+    (SIGALRM), so a loader that stops handing out batches fails its row instead of hanging the run.
+
+    An alarm already set around it (pytest-timeout's ``signal`` method, say) keeps its deadline and its
+    handler: the stall timer never runs past that deadline, the outer handler is called when the deadline
+    comes inside the block, and the outer timer is set again, for what is left of it, on the way out."""
     import signal
 
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
         return
+    outer = signal.getsignal(signal.SIGALRM)
+    left, _ = signal.getitimer(signal.ITIMER_REAL)
+    deadline = time.monotonic() + left if left > 0 else None
+    called: list[bool] = []  # the outer handler, once its time came
+
+    def remaining() -> float:
+        return max((deadline or 0.0) - time.monotonic(), 1e-3)
 
     def stalled(signum: int, frame: Any) -> None:
+        if deadline is not None and time.monotonic() >= deadline - 1e-3 and callable(outer):
+            called.append(True)
+            outer(signum, frame)  # the outer alarm's time came first
+            return
         raise TimeoutError(f"no batch in {seconds:g} s")
 
-    before = signal.signal(signal.SIGALRM, stalled)
+    def rearm() -> None:
+        signal.setitimer(signal.ITIMER_REAL, seconds if deadline is None else min(seconds, remaining()))
+
+    signal.signal(signal.SIGALRM, stalled)
     try:
-        yield lambda: signal.setitimer(signal.ITIMER_REAL, seconds)
+        yield rearm
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
+        signal.signal(signal.SIGALRM, outer)
+        if deadline is not None and not called:
+            signal.setitimer(signal.ITIMER_REAL, remaining())
 
 
 def _epochs(loader: Iterable, side: int) -> int:
