@@ -191,6 +191,24 @@ def test_pack_passes_retries_labels_and_split(monkeypatch, capsys, tmp_path):
     assert capsys.readouterr().out.splitlines() == [str(dst), str(dst)]
 
 
+def test_pack_command_covers_every_pack_keyword_with_its_default(monkeypatch):
+    """`colabfast pack` with no options calls pack() with each keyword at pack()'s own default, and with
+    every keyword but fields= (the columns of a map-style dataset, which a command line cannot give):
+    a keyword added to pack() fails here until the command has its flag."""
+    import inspect
+
+    from colabfast import cli, packing
+
+    params = inspect.signature(packing.pack).parameters
+    calls = []
+    monkeypatch.setattr(packing, "pack", lambda *args, **kwargs: calls.append(kwargs))
+    assert cli.main(["pack", "src", "dst.h5"]) == 0
+    (kwargs,) = calls
+    keywords = {name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(kwargs) == keywords - {"fields"}
+    assert kwargs == {k: params[k].default for k in kwargs}
+
+
 def test_pack_layouts_are_the_librarys():
     """The command spells out the archive layouts (no numpy import for --help): they must be archivesource's."""
     from colabfast import cli
