@@ -162,8 +162,8 @@ def checked_jpeg_sizes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
     Returns:
         ``(sizes, passed)``: int64 ``[B, 2]``, the declared ``(H, W)`` of every file (its header's too
         where it passed); bool ``[B]``, True where the file is a JPEG whose header reads and gives the
-        declared size, within ``PIL.Image.MAX_IMAGE_PIXELS``. A file that did not pass is one for :func:`check_encoded`, which
-        says why (or passes it: not a JPEG, say).
+        declared size, within ``PIL.Image.MAX_IMAGE_PIXELS``. A file that did not pass is one for
+        :func:`check_encoded`, which says why (or passes it: not a JPEG, say).
     """
     sizes = np.ascontiguousarray(declared[:, :2], dtype=np.int64)
     passed = jpeg_mask(data, starts, lengths)
