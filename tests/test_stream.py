@@ -172,7 +172,12 @@ def test_streaming_from_the_drive_simulator_retries_and_then_names_the_offset(tm
     with DriveSim(drive, tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None, eio_read=1.0) as sim:
         ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
         cache = streams_of(ds)[0]  # its metadata read before the mount failed: every read fails now
-        cache.source = MountSource(sim.mountpoint / "m.h5", file_version(os.stat(sim.mountpoint / "m.h5")))
+        cache._warming.join()  # the handle it opened ahead reads the local mirror: let go of it first
+        local, cache.source = cache.source, MountSource(sim.mountpoint / "m.h5",
+                                                        file_version(os.stat(sim.mountpoint / "m.h5")))
+        with cache._cond:
+            while cache._handles:
+                local.close(cache._handles.pop())
         with pytest.raises(OSError, match=r"m\.h5: streaming image data at byte \d+ failed 6 times"):
             for _ in cf.DataLoader(ds, batch_size=16, shuffle=True):
                 pass

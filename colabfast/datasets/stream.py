@@ -114,7 +114,8 @@ class StreamCache:
                                                                        self._handles, self.source)
         # One handle opened now, while the dataset and its loader are made: the first epoch's first block
         # then starts over the link at once, without an open's round trip in the first batch's wait.
-        threading.Thread(target=self._warm, daemon=True, name="colabfast-stream-open").start()
+        self._warming = threading.Thread(target=self._warm, daemon=True, name="colabfast-stream-open")
+        self._warming.start()
         self.fetched = 0  # bytes fetched from the mount by this process's threads, all epochs
         self.peak = 0  # most bytes the cache's files took at once (this process's account)
         self.plan_bytes = 0  # what the current plan fetches
