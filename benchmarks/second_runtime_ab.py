@@ -7,6 +7,7 @@ machine load. Prints every run, then each checkout's median as a multiple of the
 
     taskset -c 0,1 python benchmarks/second_runtime_ab.py open /path/to/A /path/to/B --pairs 10
     taskset -c 0,1 python benchmarks/second_runtime_ab.py ultralytics /path/to/A /path/to/B --pairs 4
+    taskset -c 0,1 python benchmarks/second_runtime_ab.py ultralytics /path/to/A /path/to/A --pairs 3 --images 1500
 
 A and B are folders holding a ``colabfast`` package (a checkout, or a copy of one); each is compiled to
 bytecode first, as ``pip install`` does. Measured numbers: benchmarks/README.md, "From a Drive folder to the
@@ -32,18 +33,25 @@ def main() -> None:
     parser.add_argument("a", type=Path, help="checkout A (a folder holding colabfast/)")
     parser.add_argument("b", type=Path, help="checkout B")
     parser.add_argument("--pairs", type=int, default=6, help="pairs of runs (default: 6)")
+    parser.add_argument("--images", type=int, default=300,
+                        help="ultralytics: images in the export, 80%% train (default: 300)")
     args = parser.parse_args()
     trees = [str(args.a.resolve()), str(args.b.resolve())]
     for tree in trees:
         compileall.compile_dir(Path(tree) / "colabfast", quiet=2)
     times: dict[str, list[float]] = {t: [] for t in trees}
     with tempfile.TemporaryDirectory(prefix="cf-ab-") as tmp:
-        limit = (_open if args.what == "open" else _ultralytics)(Path(tmp), trees, args.pairs, times)
+        if args.what == "open":
+            limit = _open(Path(tmp), trees, args.pairs, times)
+        else:
+            limit = _ultralytics(Path(tmp), trees, args.pairs, times, args.images)
     print(f"link's limit {limit:.3f} s")
     for tree, ts in times.items():
         med = statistics.median(ts)
         print(f"{tree}: median {med:.3f} s = {med / limit:.3f}x the link's limit (runs {min(ts) / limit:.3f}-"
               f"{max(ts) / limit:.3f}x, n={len(ts)})")
+    if len(times) < 2:  # A and B the same folder: its runs alone
+        return
     diffs = [b - a for a, b in zip(*times.values())]
     print(f"B - A per pair: {', '.join(f'{d:+.3f}' for d in diffs)} s; median {statistics.median(diffs):+.3f} s")
 
@@ -74,8 +82,9 @@ def _open(tmp: Path, trees: list[str], pairs: int, times: dict[str, list[float]]
     return mirror / 60e6 + 0.1
 
 
-def _ultralytics(tmp: Path, trees: list[str], pairs: int, times: dict[str, list[float]]) -> float:
-    """ultralytics_data's next runtime: benchmarks/ultralytics_data.py's export (300 images), a fresh mount each."""
+def _ultralytics(tmp: Path, trees: list[str], pairs: int, times: dict[str, list[float]], images: int) -> float:
+    """ultralytics_data's next runtime: benchmarks/ultralytics_data.py's export (``images``, 80% train, half
+    of train EXIF-turned), a fresh mount each."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import ultralytics_data as bench
 
@@ -83,8 +92,9 @@ def _ultralytics(tmp: Path, trees: list[str], pairs: int, times: dict[str, list[
     from colabfast.testing.layouts import make_yolo
 
     drive = tmp / "drive"
-    make_yolo(drive / "export", 240, split="train", orientation=6)
-    make_yolo(drive / "export", 60, split="val", seed=1)
+    train = images * 4 // 5
+    make_yolo(drive / "export", train, split="train", orientation=6)
+    make_yolo(drive / "export", images - train, split="val", seed=1)
     (drive / "export/data.yaml").write_text("path: .\ntrain: images/train\nval: images/val\nnc: 3\n"
                                             "names: [person, car, dog]\n")
     real_env = bench.runtime_env

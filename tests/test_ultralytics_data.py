@@ -569,3 +569,23 @@ def test_a_record_that_is_not_the_exports_is_not_trusted(local, capsys):
     printed = capsys.readouterr().out
     assert "is not the mirror the export's record names" in printed and "listed" in printed, printed
     assert contents(again.parent) == contents(data.parent)
+
+
+def test_an_image_not_of_its_declared_size_fails_the_tree_and_leaves_nothing(local, monkeypatch):
+    """The writer checks each image's header against the size its mirror declares, as reading it does:
+    a mirror that disagrees raises MirrorError naming the sample, and no tree is left."""
+    from colabfast.datasets import mirrorreader
+    from colabfast.errors import MirrorError
+
+    root = export(local / "drive/ds")
+    real = mirrorreader.MirrorReader.__init__
+
+    def wrong_size(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.shapes = self.shapes.copy()
+        self.shapes[0, 0] += 1  # the first stored image declared a pixel taller than its header
+    monkeypatch.setattr(mirrorreader.MirrorReader, "__init__", wrong_size)
+    with pytest.raises(MirrorError, match=r"sample \d+"):
+        cf.ultralytics_data(root, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    assert not any((env.work_dir() / "ultralytics").glob("*/images")), "a partial tree was left"
+
