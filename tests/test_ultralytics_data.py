@@ -272,10 +272,15 @@ def test_bad_inputs_are_refused_with_the_call_to_make(local):
     assert_refused(call(classify), local, "classification export", "open_dataset")
 
 
+@pytest.mark.fuse
 def test_ultralytics_trains_one_epoch_from_the_local_tree(local, monkeypatch):
     """The issue's "done when": YOLOv8n (from its YAML: no weights downloaded) trains one epoch on the
-    CPU at imgsz=64 from what ultralytics_data returns, every image it reads on local disk."""
+    CPU at imgsz=64 from what ultralytics_data returns for an export on the Drive simulator (its mirrors
+    kept there too), with the simulator unmounted before training: every file it reads is local."""
     from ultralytics import YOLO
+
+    from colabfast.drive.simulator import DriveSim
+    from colabfast.where import mounttable
 
     root = local / "drive/ds"
     for k in range(4):
@@ -285,7 +290,11 @@ def test_ultralytics_trains_one_epoch_from_the_local_tree(local, monkeypatch):
         image(root / f"images/val/{k}.jpg", 64, 48)
         text(root / f"labels/val/{k}.txt", f"{k % CLASSES} 0.4 0.5 0.3 0.6\n")
     text(root / "data.yaml", "train: images/train\nval: images/val\nnames: [a, b, c]\n")
-    data = cf.ultralytics_data(root, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    with DriveSim(local / "drive", local / "mnt", open_ms=1, read_ms=0, mbps=None) as sim:
+        data = cf.ultralytics_data(sim.mountpoint / "ds", mirrors=sim.mountpoint / "mirrors", to="disk",
+                                   progress=False)
+    assert not any(m.mountpoint == str(local / "mnt") for m in mounttable.mounts())  # Drive is gone
+    assert not os.path.ismount(local / "mnt") and any((local / "drive/mirrors").glob("*.h5"))
     monkeypatch.chdir(local)
     model = YOLO("yolov8n.yaml")
     model.train(data=data, epochs=1, imgsz=64, batch=2, device="cpu", workers=0, plots=False, amp=False,
