@@ -20,6 +20,8 @@ from colabfast.loading.streaming import streams_of
 from colabfast.testing import data
 from colabfast.where._fileio import file_version
 
+READAHEAD = 128 << 10  # the kernel's default readahead window (read_ahead_kb, FUSE's max_readahead)
+
 pytestmark = pytest.mark.usefixtures("local")  # the stream caches go under this test's own work_dir
 
 
@@ -207,9 +209,11 @@ def test_each_epoch_comes_over_the_mount_through_handles_opened_once(tmp_path, m
         assert sim.stats()["opens"] <= opened + FETCHERS + 1  # no open after the first epoch's
         assert int(cache.sizes.max()) <= 100_000 and cache.overhead <= 8192
         # each epoch's blocks fetched, but those kept from the epoch before (within the limit), and every
-        # byte fetched came over the mount (a handle kept open would read the kernel's copy instead)
+        # byte fetched came over the mount (a handle kept open would read the kernel's copy instead: most
+        # of three epochs). The kernel may keep what it read ahead of the metadata, before `before`, and
+        # serve the first block's start from it once (CI saw 5 kB): one readahead window is allowed.
         assert cache.fetched >= 3 * int(cache.sizes.sum()) - 2 * limit
-        assert sim.stats()["bytes_read"] - before >= cache.fetched
+        assert sim.stats()["bytes_read"] - before >= cache.fetched - READAHEAD
     for name in cache.directory.glob("*"):  # the limit counts whole pages: what the files take on disk
         blocks = os.stat(name).st_blocks * 512
         assert blocks <= (cache.overhead // 2 if name.name == "plan.npy" else int(cache.disk.max()))
