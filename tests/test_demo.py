@@ -9,7 +9,11 @@ FAST = {"open_ms": 5.0, "read_ms": 1.0, "mbps": None}
 
 
 def test_demo_measures_every_row():
-    rows = demo.run(classes=2, per_class=3, size=(64, 48), workers=1, drive=FAST)
+    # workers=0: a DataLoader worker over the FUSE simulator sometimes exits with code 1 as its loader
+    # shuts down, and torch's SIGCHLD handler then raises "worker exited unexpectedly" in whatever runs
+    # next (CI: a warning in most runs, once a failure inside stage). test_quick_demo_runs_every_row
+    # keeps the demo's workers.
+    rows = demo.run(classes=2, per_class=3, size=(64, 48), workers=0, drive=FAST)
     assert [r.what.split(" (")[0].split(",")[0] for r in rows] == [
         "ImageFolder + DataLoader", "colabfast.stage", "ImageFolder + DataLoader", "colabfast.pack",
         "H5ImageFolder mirror"]
