@@ -146,16 +146,14 @@ def _drivesim(args: argparse.Namespace) -> int:
 
 
 class _LayoutChoices:
-    """``--layout``'s choices: ``auto``, the registered layouts (:mod:`colabfast.layouts.registry`), then
-    the archive layouts (:data:`colabfast.packing.archivesource.LAYOUTS`). Looked up when argparse checks a
-    value or prints a command's usage, so that ``colabfast --help`` imports neither the layouts nor
-    numpy."""
+    """``--layout``'s choices: ``auto`` and the registered layouts (:mod:`colabfast.layouts.registry`,
+    the archives' among them). Looked up when argparse checks a value or prints a command's usage, so
+    that ``colabfast --help`` imports neither the layouts nor numpy."""
 
     def _names(self) -> list[str]:
         from colabfast.layouts import REGISTRY
-        from colabfast.packing.archivesource import LAYOUTS
 
-        return ["auto", *REGISTRY, *(name for name in LAYOUTS if name not in REGISTRY)]
+        return ["auto", *REGISTRY]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names())

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import colabfast as cf
-from colabfast.layouts import sources
+from colabfast.layouts import images as sources
 from colabfast.staging import destination as staging
 from colabfast.where import tmpfs
 

@@ -254,7 +254,7 @@ def test_bad_arguments(inet, tmp_path):
 
 
 def test_space_preflight_counts_the_mirror_and_warns_about_drive_cache(inet, tmp_path, monkeypatch):
-    from colabfast.layouts.sources import is_image
+    from colabfast.layouts.images import is_image
     from colabfast.where import env
 
     src_bytes = sum(p.stat().st_size for p in inet.rglob("*") if is_image(p.relative_to(inet).as_posix()))

@@ -40,13 +40,9 @@ class Tiles(Layout):
         rel = self.paths[i]
         return ImageFile((self.root / rel).read_bytes(), rel), int(rel.split("/")[1].split("-")[0])
 
-    @staticmethod
-    def worth_asking(top) -> bool:
-        return bool(top.get("tiles"))
-
-    @staticmethod
-    def detect(root: Path) -> bool:
-        return (root / "tiles").is_dir()
+    @classmethod
+    def detect(cls, tree, **hints) -> bool:
+        return tree.is_dir("tiles")
 
 
 @pytest.fixture
@@ -142,7 +138,7 @@ def test_resolve_decides_the_kind_and_the_registered_layout_once(tiles, tmp_path
 
     assert (resolve(tiles).kind, resolve(tiles).layout, resolve(tiles).columns) == ("folder", "tiles", True)
     zipped = shutil.make_archive(str(tmp_path / "export"), "zip", tiles.parent, tiles.name)
-    assert (resolve(zipped).kind, resolve(zipped).layout) == ("archive", "auto")  # no member names say tiles
+    assert (resolve(zipped).kind, resolve(zipped).layout) == ("archive", "tiles")  # a zip resolves as its folder
     plain = tmp_path / "plain"
     (plain / "cats").mkdir(parents=True)
     r = resolve(plain)

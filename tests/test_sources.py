@@ -1,4 +1,4 @@
-"""colabfast.layouts.sources: layout detection and the samples of an ImageFolder tree, a KITTI tree and a list
+"""colabfast.layouts.images: layout detection and the samples of an ImageFolder tree, a KITTI tree and a list
 of files, in torchvision's order and with its labels, from small real trees."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from torchvision.datasets import Kitti
 from torchvision.datasets.folder import IMG_EXTENSIONS as TORCHVISION_EXTENSIONS
 from torchvision.datasets.folder import find_classes, make_dataset
 
-from colabfast.layouts.sources import IMG_EXTENSIONS, detect_layout, is_image, read_source
+from colabfast.layouts import detect_layout
+from colabfast.layouts.images import IMG_EXTENSIONS, is_image, read_source
 from colabfast.testing.data import encode, make_imagefolder, make_kitti, photo
 
 
@@ -29,14 +30,14 @@ def test_image_names_are_torchvisions_minus_hidden_ones():
 
 def test_detect_layout(tmp_path):
     kitti = make_kitti(tmp_path / "kitti", train=1, test=0, size=(40, 20))
-    assert detect_layout(kitti) == "kitti"
+    assert detect_layout(kitti).name == "kitti"
     make_kitti(tmp_path / "tv" / "Kitti" / "raw", train=0, test=1, size=(40, 20))
-    assert detect_layout(tmp_path / "tv") == "kitti"  # torchvision's root
-    assert detect_layout(make_imagefolder(tmp_path / "inet", classes=1, per_class=1, size=(16, 16))) == "imagefolder"
+    assert detect_layout(tmp_path / "tv").name == "kitti"  # torchvision's root
+    assert detect_layout(make_imagefolder(tmp_path / "inet", classes=1, per_class=1, size=(16, 16))).name == "imagefolder"
     flat = tmp_path / "flat"
     (flat / ".ipynb_checkpoints").mkdir(parents=True)  # a hidden folder is no class
     (flat / "a.jpg").write_bytes(encode(photo(16, 16, np.random.default_rng(0))))
-    assert detect_layout(flat) == "files"
+    assert detect_layout(flat).name == "files"
 
 
 # --- ImageFolder ------------------------------------------------------------------------------------

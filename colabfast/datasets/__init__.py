@@ -16,6 +16,7 @@ a dataset in stored order, so a block of consecutive stored samples is still one
 
 from __future__ import annotations
 
+from colabfast.datasets import h5dataset  # noqa: F401, I001 (it registers its drop-ins with colabfast.layouts.registry)
 from colabfast.datasets.dropins import H5ImageFolder, H5Kitti, MirrorDataset, read_order, through_subsets, unwrap
 from colabfast.datasets.mirrorreader import MirrorReader, stored_positions
 

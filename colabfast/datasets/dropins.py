@@ -22,7 +22,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 from colabfast.datasets.mirrorreader import MirrorReader
 from colabfast.errors import IndexTypeError, MirrorError
 from colabfast.images.decode import ImageSizeError, check_encoded, decode_cpu, decode_pil
-from colabfast.mirror.format import Header
+from colabfast.layouts.registry import register_drop_in
+from colabfast.mirror.format import KITTI, Header
 from colabfast.mirror.index import read_paths
 from colabfast.mirror.safety import read_h5
 from colabfast.where._fileio import PathLike
@@ -339,7 +340,7 @@ class H5ImageFolder(MirrorDataset, ImageFolder):
         in_memory: bool = False,
         verify: bool = False,
     ):
-        if _layout(path) == "kitti":
+        if _layout(path) == KITTI:
             raise ValueError(f"{path} is a KITTI mirror: open it with colabfast.H5Kitti")
         super().__init__(path, "", output=output, in_memory=in_memory, verify=verify, transform=transform,
                          target_transform=target_transform)
@@ -421,7 +422,7 @@ class H5Kitti(MirrorDataset, Kitti):
     ):
         split = "training" if train else "testing"
         layout = _layout(path)
-        if layout != "kitti":
+        if layout != KITTI:
             raise ValueError(f"{path} is not a KITTI mirror (layout {layout!r}): open it with colabfast.H5ImageFolder")
         super().__init__(path, split, output=output, in_memory=in_memory, verify=verify, transforms=transforms,
                          transform=transform, target_transform=target_transform)
@@ -476,3 +477,7 @@ class H5Kitti(MirrorDataset, Kitti):
         if self.transforms:
             image, target = self.transforms(image, target)
         return image, target
+
+
+register_drop_in(H5ImageFolder, "images", "stream")
+register_drop_in(H5Kitti, KITTI)

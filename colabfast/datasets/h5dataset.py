@@ -28,6 +28,7 @@ from colabfast.datasets.dropins import MirrorDataset, compact, undecodable
 from colabfast.datasets.mirrorreader import MirrorReader
 from colabfast.errors import IndexTypeError, MirrorError
 from colabfast.images.decode import check_encoded, decode_cpu
+from colabfast.layouts.registry import drop_in_of, register_drop_in
 from colabfast.mirror import columns as col
 from colabfast.mirror.format import IMAGE_LAYOUTS, NO_IMAGES, Header
 from colabfast.mirror.index import Stored, load_columns
@@ -512,9 +513,14 @@ class H5VOCSegmentation(_VOCDropIn, datasets.VOCSegmentation):
 
 
 def _reads(layout: str) -> str:
-    """The name of the class that reads a mirror of ``layout``: its registered layout's ``drop_in``
-    (:mod:`colabfast.layouts.registry`), ``H5Dataset`` for a layout not registered."""
-    from colabfast.layouts import REGISTRY
+    """The name of the class that reads a mirror of ``layout`` (`colabfast.layouts.registry.drop_in_of`),
+    ``H5Dataset`` for a layout not registered."""
+    try:
+        return drop_in_of(layout)[0].__name__
+    except (KeyError, LookupError):
+        return "H5Dataset"
 
-    drop_in = REGISTRY[layout].drop_in if layout in REGISTRY else "H5Dataset"
-    return drop_in if isinstance(drop_in, str) else drop_in.__name__
+
+register_drop_in(H5Dataset, "columns")
+for _dataset in (H5CocoDetection, H5VOCDetection, H5VOCSegmentation):
+    register_drop_in(_dataset, *_dataset.layouts)

@@ -30,7 +30,7 @@ def check_on_error(on_error: str) -> None:
 
 def hidden(rel: str) -> bool:
     """A hidden file or one in a hidden folder (``._x.jpg``, ``.ipynb_checkpoints/``), left out as
-    :func:`colabfast.layouts.sources.is_image` leaves them out."""
+    :func:`colabfast.layouts.images.is_image` leaves them out."""
     return any(part.startswith(".") for part in rel.split("/"))
 
 

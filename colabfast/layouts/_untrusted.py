@@ -128,7 +128,7 @@ _STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
 def safe_rel(name: object) -> Union[str, None]:
     """``name`` (a file name from an annotation) as a POSIX path inside the source folder, or None
     where it is not one: not a string, empty, absolute, with ``..`` or a NUL, or hidden (a part
-    starting with ``.``, which colabfast skips as :func:`colabfast.layouts.sources.is_image` does).
+    starting with ``.``, which colabfast skips as :func:`colabfast.layouts.images.is_image` does).
     ``.`` parts and doubled slashes are dropped."""
     if not isinstance(name, str) or "\0" in name or name.startswith("/"):
         return None

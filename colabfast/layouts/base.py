@@ -14,13 +14,13 @@ here, registered in :data:`colabfast.layouts.LAYOUTS`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Optional, Sequence, Union
+from typing import Any, ClassVar, Optional, Sequence
 
 from colabfast.errors import LayoutError, LayoutFileNotFoundError, LayoutNotFoundError, PackRefused
 from colabfast.mirror.encoding import ImageFile
-from colabfast.where._fileio import FileEntry
+from colabfast.where._fileio import FileEntry, PathLike
 
-__all__ = ["ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError"]
+__all__ = ["BaseLayout", "ImageFile", "Layout", "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError"]
 
 
 def refuse_split(layout: str, split: str) -> None:
@@ -33,7 +33,48 @@ def refuse_split(layout: str, split: str) -> None:
                       "split), or the part of Kaggle's ImageNet zip to pack")
 
 
-class Layout:
+class BaseLayout:
+    """What every registered layout says of itself (see `colabfast.layouts.registry`): its name, how its
+    mirrors are packed and opened, its splits, and whether a source is one (`detect`).
+
+    Attributes:
+        name: the layout's name (``pack(layout=...)``, what its mirrors record).
+        packed: ``"columns"`` (`Layout`: a dataset over the folder, a mirror of columns), ``"images"``
+            (`ImageLayout`: an image mirror) or ``"stream"`` (`ArchiveLayout`: an archive read front
+            to back into an image mirror).
+        drop_in: the dataset class its mirrors open as; None: the one the `colabfast.datasets` stage
+            registers for its kind (`colabfast.layouts.registry.drop_in_of`).
+        packs_split: ``split=`` picks what is packed (VOC's image set, a YOLO export's split, Kaggle's part).
+        labels_suffixes: a ``labels=`` file ending so names this layout for ``layout="auto"``.
+    """
+
+    name: ClassVar[str]
+    packed: ClassVar[str]
+    drop_in: ClassVar[Optional[type]] = None
+    packs_split: ClassVar[bool] = False
+    labels_suffixes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """True if the source whose names are ``tree`` (a `colabfast.layouts.tree.Tree`, or a folder's
+        path) holds this layout: cheap, a few listings at most, no parsing. ``labels`` and ``split`` are
+        the caller's. Default: never (the layout is packed when named)."""
+        return False
+
+    @classmethod
+    def split_args(cls, split: Optional[str]) -> dict:
+        """The drop-in's arguments for ``open_dataset(..., split=split)`` of a mirror of this layout:
+        none. A layout that ``packs_split`` packed the split asked for; any other holds one set of
+        samples, so a ``split`` is refused.
+
+        Raises:
+            PackRefused: (a ``ValueError``) a ``split`` for a layout without splits."""
+        if split is not None and not cls.packs_split:
+            refuse_split(cls.name, split)
+        return {}
+
+
+class Layout(BaseLayout):
     """A source folder read as a map-style dataset (see the module's docstring).
 
     Subclasses set ``name`` and implement ``__init__`` (list and parse; an image read no further
@@ -57,10 +98,7 @@ class Layout:
             stored in the mirror.
     """
 
-    name: ClassVar[str]
-    drop_in: ClassVar[Union[str, type]] = "H5Dataset"  # the class its mirrors open as (a name: colabfast.<name>)
-    packs_split: ClassVar[bool] = False  # split= picks what is packed (VOC's image set, a YOLO split)
-    labels_suffixes: ClassVar[tuple[str, ...]] = ()  # a labels= file that names this layout for "auto"
+    packed = "columns"
     root: Path
     paths: list[str]
     files: list[FileEntry]
@@ -73,39 +111,6 @@ class Layout:
 
     def __getitem__(self, index: int) -> Any:
         raise NotImplementedError
-
-    @staticmethod
-    def detect(root: Path) -> bool:
-        """True if ``root`` looks like this layout (cheap: a few listings, no parsing)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def detect_names(parts: Sequence[Sequence[str]]) -> bool:
-        """True if an archive whose files are ``parts`` (each member's path split at ``/``; folders left
-        out) holds this layout: how ``layout="auto"`` tells a zip's layout from its central directory,
-        reading no member. Default: never (the layout is then packed from a zip only when named)."""
-        return False
-
-    @staticmethod
-    def worth_asking(top: Mapping[str, bool]) -> bool:
-        """Whether :meth:`detect` is worth calling on a folder whose top level holds ``top`` (entry
-        name -> is a folder; hidden entries left out): ``layout="auto"`` lists a folder once and asks
-        only the layouts this lets through, as on Drive each probe of a path is a round trip (asking
-        every layout about an ImageFolder tree of 10 classes took 0.7 s on the simulator). Default:
-        always."""
-        return True
-
-    @classmethod
-    def split_args(cls, split: Optional[str]) -> dict:
-        """The drop-in's arguments for ``open_dataset(..., split=split)`` of a mirror of this layout:
-        none. A layout that ``packs_split`` packed the split asked for; any other holds one set of
-        samples, so a ``split`` is refused.
-
-        Raises:
-            PackRefused: (a ``ValueError``) a ``split`` for a layout without splits."""
-        if split is not None and not cls.packs_split:
-            refuse_split(cls.name, split)
-        return {}
 
     def describe(self) -> str:
         return f"{self.name} layout, {len(self)} images"

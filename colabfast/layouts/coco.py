@@ -9,7 +9,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 from colabfast.layouts._untrusted import (
     MAX_ANNOTATION_BYTES,
@@ -24,6 +24,7 @@ from colabfast.layouts._untrusted import (
 )
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.layouts.registry import register
+from colabfast.layouts.tree import tree_of
 from colabfast.where._fileio import FileEntry, PathLike, read_regular, retry
 
 __all__ = ["Coco", "ROBOFLOW_JSON"]
@@ -82,7 +83,6 @@ class Coco(Layout):
     """
 
     name = "coco"
-    drop_in = "H5CocoDetection"
     labels_suffixes = (".json",)
 
     def __init__(self, root: PathLike, labels: Optional[PathLike] = None, *, on_error: str = "raise",
@@ -183,18 +183,10 @@ class Coco(Layout):
         return {"image": ImageFile(data, rel), "id": self.ids[index], "target": self.targets[index],
                 "coco": {"image": self.entries[index]}}
 
-    @staticmethod
-    def worth_asking(top: Mapping[str, bool]) -> bool:
-        return ROBOFLOW_JSON in top
-
-    @staticmethod
-    def detect_names(parts: Sequence[Sequence[str]]) -> bool:
-        return any(p[-1] == ROBOFLOW_JSON for p in parts)
-
-    @staticmethod
-    def detect(root: Path) -> bool:
-        """True if ``root`` holds Roboflow's ``_annotations.coco.json`` (for another JSON, pass ``labels=``)."""
-        return (root / ROBOFLOW_JSON).is_file()
+    @classmethod
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """True if the folder holds Roboflow's ``_annotations.coco.json`` (for another JSON, pass ``labels=``)."""
+        return tree_of(tree).is_file(ROBOFLOW_JSON)
 
     def describe(self) -> str:
         read = "; read as pycocotools reads it: " + "; ".join(what for _, what in self.notes) if self.notes else ""

@@ -16,12 +16,16 @@ import io
 import os
 import tarfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from colabfast.errors import PackRefused, SourceNotFound
+from colabfast.layouts.images import ImageLayout
+from colabfast.layouts.registry import register
+from colabfast.layouts.tree import tree_of
 from colabfast.where._fileio import PathLike, open_regular, read_regular
 
-__all__ = ["ImageNetLabels", "read_devkit", "read_kaggle_labels"]
+__all__ = ["ImageNetLabels", "read_devkit", "read_kaggle_labels", "ArchiveLayout", "ImageNetTrain", "ImageNetVal",
+           "KaggleTrain", "KaggleVal"]
 
 DEVKIT_META = "data/meta.mat"
 DEVKIT_VAL_TRUTH = "data/ILSVRC2012_validation_ground_truth.txt"
@@ -138,3 +142,62 @@ def read_kaggle_labels(synsets: str, solution: Optional[str], origin: str) -> Im
         by_stem = {row["ImageId"]: row["PredictionString"].split()[0]
                    for row in csv.DictReader(io.StringIO(solution)) if row.get("PredictionString")}
     return ImageNetLabels(class_names, None, by_stem, origin)
+
+
+class ArchiveLayout(ImageLayout):
+    """ImageNet as its own archives hold it, read front to back into an image mirror, never extracted
+    (`colabfast.packing.archivesource.ArchiveSource` reads them): the classes, targets and sample order
+    of ``torchvision.datasets.ImageNet``."""
+
+    packed = "stream"
+    streams = True
+
+
+@register
+class ImageNetTrain(ArchiveLayout):
+    """``ILSVRC2012_img_train.tar``: a tar of per-class tars (``n01440764.tar``, ...)."""
+
+    name = "imagenet-train"
+
+    @classmethod
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """A tar whose first member is a tar."""
+        tree = tree_of(tree)
+        return not tree.listed and (tree.first or "").endswith(".tar")
+
+
+@register
+class ImageNetVal(ArchiveLayout):
+    """``ILSVRC2012_img_val.tar``: one flat folder of JPEGs, labelled by the devkit (``labels=``)."""
+
+    name = "imagenet-val"
+
+    @classmethod
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """A tar of images given ``labels=`` (the devkit)."""
+        tree = tree_of(tree)
+        return not tree.listed and labels is not None and not (tree.first or "").endswith(".tar")
+
+
+@register
+class KaggleTrain(ArchiveLayout):
+    """Kaggle's ``imagenet-object-localization-challenge.zip``, ``ILSVRC/Data/CLS-LOC/train/<wnid>/``
+    (``split="train"``, the default), labelled by its ``LOC_synset_mapping.txt``."""
+
+    name = "kaggle-train"
+    packs_split = True
+    part = "train"
+
+    @classmethod
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """A zip holding ``LOC_synset_mapping.txt`` at its top, for ``split`` None or this part."""
+        tree = tree_of(tree)
+        return tree.archive and tree.listed and tree.is_file(KAGGLE_SYNSETS) and (split or "train") == cls.part
+
+
+@register
+class KaggleVal(KaggleTrain):
+    """Kaggle's ImageNet zip, its flat ``val/`` labelled by ``LOC_val_solution.csv`` (``split="val"``)."""
+
+    name = "kaggle-val"
+    part = "val"

@@ -5,11 +5,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Optional
 
 from colabfast.layouts._folder import (
     check_on_error,
-    first_file,
     image_size,
     list_files,
     read_file,
@@ -19,8 +18,9 @@ from colabfast.layouts._folder import (
 )
 from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.images import IMG_EXTENSIONS, is_image
 from colabfast.layouts.registry import register
-from colabfast.layouts.sources import IMG_EXTENSIONS, is_image
+from colabfast.layouts.tree import tree_of
 from colabfast.where._fileio import FileEntry, PathLike
 
 __all__ = ["Segmentation"]
@@ -121,25 +121,17 @@ class Segmentation(Layout):
                               f"{image} is {image_size_[0]}x{image_size_[1]}", fix="a mask has its image's size")
         return ImageFile(image_data, image), ImageFile(mask_data, mask, kind="mask")
 
-    @staticmethod
-    def worth_asking(top: Mapping[str, bool]) -> bool:
-        return any(top.get(name) for name in ("images", "train", "valid", "val", "test"))
-
-    @staticmethod
-    def detect_names(parts: Sequence[Sequence[str]]) -> bool:
-        """True if the archive holds files under an ``images`` folder and under a ``masks`` folder."""
-        return any("images" in p[:-1] for p in parts) and any("masks" in p[:-1] for p in parts)
-
-    @staticmethod
-    def detect(root: Path) -> bool:
-        """True if ``root`` holds ``images/`` and a ``masks/`` with images in it, or a ``labels/``
+    @classmethod
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """True if the folder holds ``images/`` and a ``masks/`` with images in it, or a ``labels/``
         with images and no ``.txt`` (which would be YOLO's labels)."""
-        if not (root / "images").is_dir():
+        tree = tree_of(tree)
+        if not tree.is_dir("images"):
             return False
-        if first_file(root / "masks", _is_image_name) is not None:
+        if tree.first_file("masks", _is_image_name) is not None:
             return True
-        return (first_file(root / "labels", _is_image_name) is not None
-                and first_file(root / "labels", lambda name: name.lower().endswith(".txt")) is None)
+        return (tree.first_file("labels", _is_image_name) is not None
+                and tree.first_file("labels", lambda name: name.lower().endswith(".txt")) is None)
 
 
 def _is_image_name(name: str) -> bool:

@@ -30,13 +30,14 @@ import itertools
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
-from colabfast.layouts._folder import check_on_error, first_file, list_files, read_file, reject, stem
+from colabfast.layouts._folder import check_on_error, list_files, read_file, reject, stem
 from colabfast.layouts._untrusted import Skipped, read_limited
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.images import IMG_EXTENSIONS, is_image
 from colabfast.layouts.registry import register
-from colabfast.layouts.sources import IMG_EXTENSIONS, is_image
+from colabfast.layouts.tree import tree_of
 from colabfast.where._fileio import FileEntry, PathLike, human_bytes, retry
 
 __all__ = ["Csv", "PATH_COLUMNS", "MAX_TABLE_BYTES"]
@@ -223,28 +224,21 @@ class Csv(Layout):
         column = "column" if len(self.info["columns"]) == 1 else "columns"
         return f"{super().describe()}, labels from {self.table.name}, {column} {columns}{guessed}"
 
-    @staticmethod
-    def worth_asking(top: Mapping[str, bool]) -> bool:
-        return any(name.lower().endswith(".csv") and not is_dir for name, is_dir in top.items())
-
-    @staticmethod
-    def detect(root: Path) -> bool:
-        """True if ``root`` holds images and one ``.csv`` file at its top, or several, one of which is
+    @classmethod
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """True if the folder holds images and one ``.csv`` file at its top, or several, one of which is
         named after a folder of images beside it (Kaggle's ``train.csv`` for ``train/``) or all but one
         Kaggle submission templates (``labels.csv`` beside ``sample_submission.csv``)."""
-        try:
-            with os.scandir(root) as it:
-                top = [e for e in it if not e.name.startswith(".")]
-                tables = [e.name for e in top if e.name.lower().endswith(".csv") and e.is_file()]
-                folders = [e.name for e in top if e.is_dir()]
-        except OSError:
-            return False
+        tree = tree_of(tree)
+        top = tree.entries()
+        tables = [name for name, is_dir in top.items() if name.lower().endswith(".csv") and not is_dir]
+        folders = [name for name, is_dir in top.items() if is_dir]
         if len(tables) > 1:
             named = [name for name in folders if f"{name.lower()}.csv" in map(str.lower, tables)]
             if len(named) == 1:
-                return first_file(root / named[0], _is_image_name) is not None
-            return len(_labelling(tables)) == 1 and first_file(root, _is_image_name) is not None
-        return len(tables) == 1 and first_file(root, _is_image_name) is not None
+                return tree.first_file(named[0], _is_image_name) is not None
+            return len(_labelling(tables)) == 1 and tree.first_file("", _is_image_name) is not None
+        return len(tables) == 1 and tree.first_file("", _is_image_name) is not None
 
 
 def _is_image_name(name: str) -> bool:

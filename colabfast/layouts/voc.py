@@ -17,7 +17,7 @@ import collections
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence, Union
+from typing import Any, ClassVar, Optional, Union
 from xml.etree.ElementTree import Element, ParseError
 
 import defusedxml
@@ -35,12 +35,13 @@ from colabfast.layouts._untrusted import (
 )
 from colabfast.layouts.base import ImageFile, Layout, LayoutError, LayoutFileNotFoundError, LayoutNotFoundError
 from colabfast.layouts.registry import register
+from colabfast.layouts.tree import Tree, tree_of
 from colabfast.where._fileio import FileEntry, PathLike, read_regular, retry
 
 __all__ = ["VOCDetection", "VOCSegmentation", "parse_voc_xml"]
 
 YEAR_DIR = re.compile(r"VOC\d{4}")
-TRAINVAL_2011 = Path("TrainVal", "VOCdevkit", "VOC2011")  # torchvision's base_dir for 2011: its archive's tree
+TRAINVAL_2011 = "TrainVal/VOCdevkit/VOC2011"  # torchvision's base_dir for 2011: its archive's tree
 
 
 class _VOCBase(Layout):
@@ -124,22 +125,11 @@ class _VOCBase(Layout):
 
     packs_split = True  # the image set packed
 
-    @staticmethod
-    def worth_asking(top: Mapping[str, bool]) -> bool:
-        return any(top.get(name) for name in ("VOCdevkit", "ImageSets", "TrainVal")) or any(
-            name.startswith("VOC") and is_dir for name, is_dir in top.items())
-
     @classmethod
-    def detect_names(cls, parts: Sequence[Sequence[str]]) -> bool:
-        """True if a member is under ``ImageSets/<Main or Segmentation>`` (detection: and one under
-        ``Annotations``)."""
-        return any("ImageSets" in p and cls._SPLITS_DIR in p for p in parts) and (
-            cls._SPLITS_DIR != "Main" or any("Annotations" in p for p in parts))
-
-    @classmethod
-    def detect(cls, root: Path) -> bool:
-        """True if ``root`` is (or holds) a ``VOCdevkit/VOC20xx`` tree with ``ImageSets/<Main or Segmentation>``."""
-        return any((voc / "ImageSets" / cls._SPLITS_DIR).is_dir() for voc in voc_folders(root))
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """True if the folder is (or holds) a ``VOCdevkit/VOC20xx`` tree with ``ImageSets/<Main or Segmentation>``."""
+        tree = tree_of(tree)
+        return any(tree.is_dir(f"{voc}/ImageSets/{cls._SPLITS_DIR}".lstrip("/")) for voc in voc_trees(tree))
 
     def describe(self) -> str:
         return f"{self.name} layout (VOC{self.info['year']}, {self.info['split']}), {len(self)} images"
@@ -161,7 +151,6 @@ class VOCDetection(_VOCBase):
     """
 
     name = "voc-detection"
-    drop_in = "H5VOCDetection"
     _SPLITS_DIR, _TARGET_DIR, _TARGET_EXT = "Main", "Annotations", ".xml"
 
     def _parse(self, kept: list[tuple[str, int]], targets: dict[str, str], problems: Problems) -> list[tuple[str, int]]:
@@ -197,7 +186,6 @@ class VOCSegmentation(_VOCBase):
     """
 
     name = "voc-segmentation"
-    drop_in = "H5VOCSegmentation"
     _SPLITS_DIR, _TARGET_DIR, _TARGET_EXT = "Segmentation", "SegmentationClass", ".png"
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -206,23 +194,25 @@ class VOCSegmentation(_VOCBase):
                 "mask": ImageFile(self._read(mask), mask, kind="mask")}
 
 
-def voc_folders(root: Path) -> list[Path]:
-    """The ``VOC20xx`` folders ``root`` is or holds, by year: directly, in ``VOCdevkit/``, and VOC 2011
-    in ``TrainVal/VOCdevkit/`` (torchvision's ``DATASET_YEAR_DICT["2011"]["base_dir"]``, preferred there
-    where both hold it)."""
-    if YEAR_DIR.fullmatch(root.name) and (root / "ImageSets").is_dir():
-        return [root]
-    found: dict[str, Path] = {}
-    if (root / TRAINVAL_2011).is_dir():
-        found["VOC2011"] = root / TRAINVAL_2011
-    devkit = root / "VOCdevkit" if (root / "VOCdevkit").is_dir() else root
-    try:
-        for p in devkit.iterdir():
-            if YEAR_DIR.fullmatch(p.name) and p.is_dir():
-                found.setdefault(p.name, p)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
+def voc_trees(tree: Tree) -> list[str]:
+    """Where in ``tree`` its ``VOC20xx`` folders are (``""``: it is one), by year: itself, in
+    ``VOCdevkit/``, and VOC 2011 in ``TrainVal/VOCdevkit/`` (torchvision's
+    ``DATASET_YEAR_DICT["2011"]["base_dir"]``, preferred there where both hold it)."""
+    if YEAR_DIR.fullmatch(tree.name) and tree.is_dir("ImageSets"):
+        return [""]
+    found: dict[str, str] = {}
+    if tree.is_dir(TRAINVAL_2011):
+        found["VOC2011"] = TRAINVAL_2011
+    devkit = "VOCdevkit" if tree.is_dir("VOCdevkit") else ""
+    for name, is_dir in tree.entries(devkit).items():
+        if YEAR_DIR.fullmatch(name) and is_dir:
+            found.setdefault(name, f"{devkit}/{name}".lstrip("/"))
     return [found[name] for name in sorted(found)]
+
+
+def voc_folders(root: Path) -> list[Path]:
+    """The ``VOC20xx`` folders ``root`` is or holds (see `voc_trees`)."""
+    return [root / rel if rel else root for rel in voc_trees(tree_of(root))]
 
 
 def find_voc(root: Path, year: Union[str, int, None]) -> Path:

@@ -41,7 +41,7 @@ import dataclasses
 import io
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import yaml
@@ -49,7 +49,6 @@ from PIL import Image, ImageOps
 
 from colabfast.layouts._folder import (
     check_on_error,
-    first_file,
     list_files,
     parallel_map,
     read_file,
@@ -59,8 +58,9 @@ from colabfast.layouts._folder import (
 )
 from colabfast.layouts._untrusted import Skipped
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
+from colabfast.layouts.images import SPLIT_FOLDERS, is_image
 from colabfast.layouts.registry import register
-from colabfast.layouts.sources import is_image
+from colabfast.layouts.tree import tree_of
 from colabfast.mirror.encoding import oriented_size
 from colabfast.where._fileio import FileEntry, PathLike, open_regular, retry
 
@@ -260,29 +260,19 @@ class Yolo(Layout):
             target["segments"] = [(self._points[p:q] * size).tolist() for p, q in zip(ends[:-1], ends[1:])]
         return ImageFile(data, rel, orient=True), target
 
-    @staticmethod
-    def worth_asking(top: Mapping[str, bool]) -> bool:
-        return any(top.get(name) for name in ("images", "train", "valid", "val", "test"))
-
-    @staticmethod
-    def detect_names(parts: Sequence[Sequence[str]]) -> bool:
-        """True if the archive holds a ``data.yaml`` (or ``.yml``) and files under a ``labels`` folder."""
-        return any(p[-1] in ("data.yaml", "data.yml") for p in parts) and any("labels" in p[:-1] for p in parts)
-
-    @staticmethod
-    def detect(root: Path) -> bool:
-        """True if ``root`` holds ``images/`` beside a ``labels/`` with ``.txt`` files, or Roboflow's
+    @classmethod
+    def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
+        """True if the folder holds ``images/`` beside a ``labels/`` with ``.txt`` files, or Roboflow's
         ``<split>/images/`` beside ``<split>/labels/`` with ``.txt`` files."""
-        def has_labels(folder: Path) -> bool:
-            return (folder / "images").is_dir() and first_file(folder / "labels", _is_txt) is not None
+        tree = tree_of(tree)
 
-        if has_labels(root):
-            return True
-        try:
-            subdirs = [p for p in sorted(root.iterdir()) if not p.name.startswith(".") and p.is_dir()]
-        except OSError:
+        def has_labels(folder: str) -> bool:
+            return tree.is_dir(f"{folder}images") and tree.first_file(f"{folder}labels", _is_txt) is not None
+
+        top = tree.entries()
+        if not any(top.get(name) for name in ("images", *SPLIT_FOLDERS)):
             return False
-        return any(has_labels(p) for p in subdirs)
+        return has_labels("") or any(is_dir and has_labels(f"{name}/") for name, is_dir in sorted(top.items()))
 
     def describe(self) -> str:
         split = f" (split {self.split})" if self.split else ""

@@ -31,7 +31,8 @@ NULLS_VERSION = 4  # a mirror of columns with None values (a nulls array): colab
 READ_VERSIONS = (1, 2, 3, 4)
 # An image mirror's layouts (format version 2); a mirror of columns records its layout's registered name
 # (colabfast.layouts.registry), which the format only asks to be a name: the registry opens it.
-IMAGE_LAYOUTS = ("imagefolder", "kitti", "files")
+IMAGEFOLDER, KITTI, FILES = "imagefolder", "kitti", "files"
+IMAGE_LAYOUTS = (IMAGEFOLDER, KITTI, FILES)
 LAYOUT_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}\Z")
 STORES = ("encoded", "raw")
 KITTI_SPLITS = ("training", "testing")
@@ -314,7 +315,7 @@ def check(f: h5py.File, path: PathLike) -> None:
 def split_names(f: h5py.File) -> list[str]:
     """The sample tables in a mirror: ``[""]`` (the root group) or the KITTI splits present."""
     layout = f.attrs.get("layout")
-    if isinstance(layout, str) and layout == "kitti":
+    if isinstance(layout, str) and layout == KITTI:
         return [s for s in KITTI_SPLITS if isinstance(f.get(s, getlink=True), h5py.HardLink)]
     return [""]
 

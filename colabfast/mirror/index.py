@@ -15,6 +15,8 @@ import numpy as np
 
 from colabfast.errors import MirrorError
 from colabfast.mirror.format import (
+    IMAGEFOLDER,
+    KITTI,
     KITTI_CALIB_KEYS,
     MAX_PATH_BYTES,
     MIN_ENCODED_BYTES,
@@ -154,7 +156,7 @@ def load_index(path: PathLike, split: str = "", column: Optional[int] = None) ->
 
 
 def _group(f: h5py.File, path: Path, split: str, head: Header) -> h5py.Group:
-    if head.layout != "kitti" and not split:
+    if head.layout != KITTI and not split:
         return f
     if split not in split_names(f) or not isinstance(f[split], h5py.Group):
         raise MirrorError(f"{path} has no {split!r} split (it has: {', '.join(split_names(f)) or 'none'})")
@@ -202,16 +204,16 @@ def _load_index(f: h5py.File, path: Path, split: str, column: Optional[int] = No
     index = Index(path, split, head, images.id.get_offset() or 0, offsets, shapes, None,
                   _array(g, "image_crc32", path, "<u4", (n,), v) if v >= 2 else None,
                   _array(g, "order", path, "<i8", (n,), v))
-    if head.layout != "kitti":
+    if head.layout != KITTI:
         targets = _array(g, "targets", path, "<i8", (n,), v)
-        if head.layout == "imagefolder" and not head.classes:
+        if head.layout == IMAGEFOLDER and not head.classes:
             raise _bad(path, "an imagefolder mirror without classes")
         if head.classes is not None and n and (targets.min() < 0 or targets.max() >= len(head.classes)):
             raise _bad(path, f"a target is outside 0..{len(head.classes) - 1} (the {len(head.classes)} classes)")
         index.targets = targets
     elif split == "training":
         _kitti_objects(g, path, index)
-    if head.layout == "kitti" and "calib" in g:
+    if head.layout == KITTI and "calib" in g:
         calib = g["calib"]
         if not isinstance(calib, h5py.Group):
             raise _bad(path, f"{g.name}/calib is not a group")

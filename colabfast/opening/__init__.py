@@ -42,6 +42,7 @@ def _drop_ins() -> dict[str, tuple[type[MirrorDataset], Callable[[Optional[str]]
     """The layout a mirror records -> the dataset that reads it, and the function that makes its
     arguments from ``split``: each registered layout's ``drop_in`` and ``split_args``
     (:mod:`colabfast.layouts.registry`), and :class:`colabfast.H5Dataset` for a mirror of any dataset."""
+    import colabfast.datasets  # noqa: F401 (registers the drop-ins)
     from colabfast.layouts import REGISTRY
     from colabfast.layouts.registry import ANY_DATASET, drop_in_of
 

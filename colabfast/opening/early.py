@@ -46,6 +46,7 @@ class _Early:
         self.before: Any = None  # _before_staging's, for the account
         self.chosen, self.cancel = threading.Event(), threading.Event()
         self.copying = threading.Event()  # set once the copy is under way (or there is none)
+        self.imported = threading.Event()  # set once this thread imported what it uses (see _run)
         self._thread = threading.Thread(target=self._run, args=(src, folder, to, progress, split, layout),
                                         daemon=True, name="colabfast-open-stage")
         self._thread.start()
@@ -58,15 +59,23 @@ class _Early:
         it is); None where there is nothing to start."""
         if to == "stream" or (env.drive_kind(folder) is None and not env.is_fuse(folder)):
             return None
-        return cls(src, folder, to, progress, split, layout)
+        early = cls(src, folder, to, progress, split, layout)
+        early.imported.wait()  # the caller imports more next (see _run)
+        return early
 
     MAX_LOOKED_AT = 4  # headers read (a round trip or more each on Drive) to find the mirror of a split
 
     def _run(self, src: Path, folder: Path, to: str, progress: bool, split: Optional[str],
              layout: Optional[str]) -> None:
-        from colabfast.staging.copy import copied_last
-        from colabfast.staging.pipeline import stage
-
+        # Imported before the caller imports anything more: two threads importing the same package at
+        # once can deadlock in importlib (a _DeadlockError in one of them, seen under load), so the
+        # caller waits for `imported`, and the vetting thread finds these loaded.
+        try:
+            import colabfast.mirror  # noqa: F401 (the vetting's: colabfast.mirror.safety)
+            from colabfast.staging.copy import copied_last
+            from colabfast.staging.pipeline import stage
+        finally:
+            self.imported.set()
         try:
             stem = glob.escape(strip_archive_suffix(src.name))
             found = sorted(((p.stat().st_mtime_ns, p) for p in folder.glob(f"{stem}-*.h5")), reverse=True)
@@ -107,7 +116,7 @@ class _Early:
                 and layout in (None, m.header.layout))
 
     def _vet(self, candidate: Path, before: tuple[int, ...]) -> None:
-        self.copying.wait()  # importing the vetting (h5py) holds the GIL: the copy starts first
+        self.copying.wait()  # reading the metadata holds the GIL at times: the copy starts first
         self.vetted = vetted_version(candidate, before)
 
     def expect(self, mirror: Path) -> None:

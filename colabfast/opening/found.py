@@ -289,15 +289,16 @@ def _not_openable(obj: Any) -> str:
 def _folder_layout(src: Path, options: dict) -> str:
     """The layout pack reads the folder ``src`` as (given, or detected: a few listings), decided here
     once (:func:`colabfast.packing.resolve`) and handed to listing and packing by name."""
-    from colabfast.layouts.sources import detect_layout
+    from colabfast.layouts import detect_layout
+    from colabfast.layouts.tree import tree_of
     from colabfast.packing import resolve
 
     layout = resolve(src, options.get("layout", "auto"), options.get("labels")).layout
-    return detect_layout(src) if layout == "auto" else layout
+    return detect_layout(tree_of(src)).name if layout == "auto" else layout
 
 
 def _split_folder(src: Path, split: Optional[str], layout: str, options: dict, steps: list[str]) -> Optional[Path]:
-    """The folder of ``src`` to open where ``src`` is a tree of splits (:func:`colabfast.layouts.sources.split_folders`,
+    """The folder of ``src`` to open where ``src`` is a tree of splits (:func:`colabfast.layouts.images.split_folders`,
     e.g. PyTorch's tutorial ``hymenoptera/train/{ants,bees}`` and ``val/``) that was detected as an
     ImageFolder (its splits taken for classes) or a folder of images: ``src / split`` (said in
     ``steps``). None for any other folder, or a layout given.
@@ -306,7 +307,7 @@ def _split_folder(src: Path, split: Optional[str], layout: str, options: dict, s
         SplitRefused: (a ``PackRefused``) a tree of splits and ``split`` None or not one of them: the
             message lists them and the call to make.
     """
-    from colabfast.layouts.sources import split_folders
+    from colabfast.layouts.images import split_folders
     from colabfast.packing import SplitRefused
 
     if options.get("layout", "auto") != "auto" or options.get("labels") is not None or \

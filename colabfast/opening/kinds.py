@@ -63,7 +63,7 @@ def what_is(path: Path) -> str:
 def _one_file(path: Path) -> Optional[str]:
     """What a dataset's own file given alone (by its name: a CSV table, a COCO JSON, YOLO's data.yaml, an
     image) is, and what to pass instead; None for any other file."""
-    from colabfast.layouts.sources import IMG_EXTENSIONS
+    from colabfast.layouts.images import IMG_EXTENSIONS
 
     suffix = path.suffix.lower()
     if suffix == ".csv":

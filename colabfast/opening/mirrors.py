@@ -86,6 +86,7 @@ def drop_in(mirror: PathLike, split: Optional[str] = None, **kwargs: Any) -> Mir
         MirrorError: not a mirror this colabfast reads. PackRefused (a ``ValueError``): a ``split`` the
             layout lacks.
     """
+    import colabfast.datasets  # noqa: F401 (registers the drop-ins)
     from colabfast.errors import MirrorError
     from colabfast.layouts.registry import drop_in_of
     from colabfast.mirror.format import header

@@ -256,8 +256,6 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
         folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
         given = pack_options.get("layout", "auto")  # a folder's layout is the one its mirror records
         early = _Early.start(src, folder, to, progress, split, None if given == "auto" or kind != "folder" else given)
-        if early is not None:  # what follows imports the readers (h5py, the layouts: 0.3 s holding the GIL)
-            early.copying.wait(timeout=1.0)
         try:
             if kind == "folder":  # detected once (a listing of the folder on Drive), then given to pack
                 layout = _folder_layout(src, pack_options)

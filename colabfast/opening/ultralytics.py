@@ -80,7 +80,7 @@ class _Export:
         if self.members is not None:
             return yolo_splits(self.members)
         from colabfast.layouts._folder import first_file
-        from colabfast.layouts.sources import is_image
+        from colabfast.layouts.images import is_image
 
         found: dict[str, str] = {}
         with contextlib.suppress(OSError):

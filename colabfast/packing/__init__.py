@@ -149,7 +149,7 @@ def pack(
         split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train);
             for a folder layout, its split (VOC's image set, a YOLO export's split, an export zip's split
             folder, checked against a zip's listing before anything is extracted; for a tree of split
-            folders, :func:`colabfast.layouts.sources.split_folders`, the folder packed as an ImageFolder, as
+            folders, :func:`colabfast.layouts.images.split_folders`, the folder packed as an ImageFolder, as
             ``open_dataset`` opens it). The mirror records it (``colabfast info``).
         year: for the VOC layouts, torchvision's ``year`` (``"2007"`` to ``"2012"``): which
             ``VOC<year>`` folder to pack where the tree holds several (found where torchvision finds
@@ -263,19 +263,22 @@ PACK_PARAMETERS = tuple(inspect.signature(pack).parameters)  # pack's arguments,
 
 
 def _split_of_tree(src: Any, split: Optional[str]) -> tuple[Any, Optional[str]]:
-    """``src / split`` where ``src`` is a tree of split folders (:func:`colabfast.layouts.sources.split_folders`)
+    """``src / split`` where ``src`` is a tree of split folders (:func:`colabfast.layouts.images.split_folders`)
     read as an ImageFolder; else ``src``, ``split`` as given (refused next unless None).
 
     Raises:
         SplitRefused: a tree of splits and ``split`` None or not one of them (torchvision's
             ``ImageFolder`` would take the splits for classes): it lists them and the call to make.
     """
-    from colabfast.layouts.sources import detect_layout, split_folders
+    from colabfast.layouts import ImageFolderLayout, KittiLayout
+    from colabfast.layouts.images import split_folders
+    from colabfast.layouts.tree import tree_of
 
     if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
         return src, split
-    folders = split_folders(src)  # one listing; KITTI's tree is ruled out only where it matters
-    if folders is None or detect_layout(Path(src)) != "imagefolder":
+    tree = tree_of(src)
+    folders = split_folders(tree)  # one listing; KITTI's tree is ruled out only where it matters
+    if folders is None or KittiLayout.detect(tree) or not ImageFolderLayout.detect(tree):
         return src, split
     if split not in folders:
         raise SplitRefused(src, {name: f"{name}/" for name in folders}, split)

@@ -25,7 +25,9 @@ import numpy as np
 
 import colabfast.packing.common as common
 from colabfast.errors import MirrorError, NotEnoughSpace
-from colabfast.layouts.sources import Source, Split
+from colabfast.layouts.images import ImageListing as Source  # (renamed after the merge)
+from colabfast.layouts.images import Split
+from colabfast.mirror.format import IMAGEFOLDER
 from colabfast.mirror.safety import trust
 from colabfast.packing.archivesource import ArchiveSource, Position
 from colabfast.packing.common import (
@@ -237,7 +239,7 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
     paths, targets, classes, order = archive.samples(names, skip=superseded)
     files = [FileEntry(p, 0, 0) for p in paths]
     # An ImageFolder-shaped mirror (classes, targets) whatever the archive's layout; "labels" says whence.
-    source = Source("imagefolder", archive.path, [Split("", archive.path, files, targets=targets)], classes)
+    source = Source(IMAGEFOLDER, archive.path, [Split("", archive.path, files, targets=targets)], classes)
     part_paths = [work / f"stream-{k:06d}.npz" for k in range((len(names) + common.CHUNK - 1) // common.CHUNK)]
     failed = [(int(order[j]), m) for j, m in errors if order[j] >= 0]  # not a superseded copy's
     return source, {"": order}, _Parts(part_paths, {"": part_paths}, {"": failed})

@@ -39,8 +39,8 @@ from colabfast.layouts.imagenet import (
     read_devkit,
     read_kaggle_labels,
 )
-from colabfast.layouts.sources import is_image
-from colabfast.staging.extract import _decompressed, archive_suffix, open_tar, safe_relpath
+from colabfast.layouts.images import is_image
+from colabfast.staging.extract import archive_suffix, decompressed, open_tar, safe_relpath
 from colabfast.where._fileio import ReadaheadFile, retry
 
 __all__ = ["ArchiveReadError", "ArchiveSource", "Position"]
@@ -112,7 +112,7 @@ class ArchiveSource:
             raise PackRefused(f"layout {layout!r} is Kaggle's zip; {self.path} is a tar")
         if layout != "auto":
             return layout
-        with self._open_plain() as f, _decompressed(f) as stream:
+        with self._open_plain() as f, decompressed(f) as stream:
             try:
                 tar = open_tar(self.path, stream)
                 first = next((m for m in tar if m.isfile()), None)
@@ -216,7 +216,7 @@ class ArchiveSource:
         if start.member and not compressed:
             f.seek(start.member)  # tarfile starts at the current offset: resume without reading what is done
         current = "(the archive's start)"
-        with _decompressed(f) as stream:
+        with decompressed(f) as stream:
             try:
                 tar = open_tar(self.path, stream)
                 for member in tar:

@@ -1,7 +1,7 @@
 """Packing a folder of images (torchvision's ImageFolder, KITTI) or a list of image files:
 :func:`pack_folder`.
 
-The folder is listed first (:mod:`colabfast.layouts.sources`); images are then read by a thread pool
+The folder is listed first (:mod:`colabfast.layouts.images`); images are then read by a thread pool
 (overlapping Drive's round trips), decoded/checked/re-encoded by worker processes, and saved as part
 files named by what went into them; the mirror is assembled locally from the parts (which move into
 it one by one), verified, and published. An archive stream (:mod:`colabfast.packing.archives`) makes
@@ -32,7 +32,8 @@ from PIL import Image, UnidentifiedImageError
 
 import colabfast.packing.common as common
 from colabfast.errors import MirrorError, NotEnoughSpace
-from colabfast.layouts.sources import Source, Split, read_source
+from colabfast.layouts.images import ImageListing as Source  # (renamed after the merge)
+from colabfast.layouts.images import Split, read_source
 from colabfast.mirror.encoding import encode_image
 from colabfast.mirror.format import Header, check
 from colabfast.mirror.index import write_array

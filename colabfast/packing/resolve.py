@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 from typing import Any, Optional
 
 from colabfast.staging.extract import archive_suffix
@@ -34,7 +33,7 @@ class Resolved:
         layout: the registered layout that reads it as a dataset (``"coco"``, ``"yolo"``, a layout of
             your own; from a folder, or from an archive extracted); ``"dataset"`` for a dataset; else
             the layout as given: ``"auto"`` for a folder of images or an archive read as a stream
-            means what :mod:`colabfast.layouts.sources` and :mod:`colabfast.packing.archivesource` detect as they
+            means what :mod:`colabfast.layouts.images` and :mod:`colabfast.packing.archivesource` detect as they
             list it (ImageFolder, KITTI or plain files; ImageNet's or Kaggle's archives).
         labels: the ``labels=`` file, as given.
     """
@@ -95,21 +94,12 @@ def column_layout(src: Any, layout: str, labels: Optional[PathLike] = None) -> O
     detected for ``"auto"``: the first registered layout whose ``labels_suffixes`` end ``labels``,
     else whose ``detect`` says so of the folder, asking only those its one listing makes worth
     asking), or None."""
-    from colabfast.layouts import LAYOUTS
+    from colabfast.layouts import LAYOUTS, detect_layout
+    from colabfast.layouts.tree import tree_of
 
     if layout in LAYOUTS:
         return layout
     if layout != "auto" or not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
         return None
-    if labels is not None:
-        named = next((name for name, cls in LAYOUTS.items()
-                      if cls.labels_suffixes and str(labels).lower().endswith(cls.labels_suffixes)), None)
-        if named is not None:
-            return named
-    root = Path(os.path.abspath(src))
-    try:
-        with os.scandir(root) as entries:
-            top = {e.name: e.is_dir() for e in entries if not e.name.startswith(".")}
-    except OSError:
-        return None
-    return next((name for name, cls in LAYOUTS.items() if cls.worth_asking(top) and cls.detect(root)), None)
+    found = detect_layout(tree_of(src), labels)
+    return found.name if found.packed == "columns" else None

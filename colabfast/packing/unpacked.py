@@ -32,19 +32,19 @@ def archive_layout(path: PathLike, layout: str) -> Optional[str]:
     """The :mod:`colabfast.layouts` layout the archive at ``path`` is packed as: ``layout`` when it is
     one, else for ``"auto"`` what a zip's member names show (read from its central directory: no data
     read); None for anything else (ImageNet's archives and archives of an ImageFolder tree)."""
-    from colabfast.layouts import LAYOUTS
+    from colabfast.errors import ArchiveReadError
+    from colabfast.layouts import LAYOUTS, detect_layout
+    from colabfast.layouts.tree import tree_of
 
     if layout in LAYOUTS:
         return layout
     if layout != "auto" or archive_suffix(path) != ".zip":
         return None
     try:
-        with zipfile.ZipFile(path) as z:
-            names = [n for n in z.namelist() if not n.endswith("/")]
-    except (OSError, zipfile.BadZipFile):
+        found = detect_layout(tree_of(path))
+    except (OSError, ArchiveReadError):
         return None  # packing it as an archive stream says what is wrong
-    parts = [n.split("/") for n in names]
-    return next((name for name, cls in LAYOUTS.items() if cls.detect_names(parts)), None)
+    return found.name if found.packed == "columns" else None
 
 
 def check_split(path: PathLike, layout: str, labels: Optional[PathLike], split: Optional[str]) -> None:

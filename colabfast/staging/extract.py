@@ -256,7 +256,7 @@ def extract(
 def _extract_tar(out: _Extraction, f: io.BufferedReader[Any], report: Callable[[], None]) -> None:
     # tarfile's own stream mode re-slices its buffer on every read (1.5x slower here); a
     # decompressing file object read strictly forwards in "r:" mode is the same single pass.
-    with _decompressed(f) as stream, open_tar(out.archive, stream) as tar:
+    with decompressed(f) as stream, open_tar(out.archive, stream) as tar:
         for member in tar:
             name = check_tar_member(out.archive, member, allow_links=out.allow_links)
             if member.isdir():
@@ -277,7 +277,7 @@ def _ns(seconds: float) -> int:
     return whole * 1_000_000_000 + round((seconds - whole) * 1e9)
 
 
-def _decompressed(f: io.BufferedReader[Any]) -> contextlib.AbstractContextManager[Any]:
+def decompressed(f: io.BufferedReader[Any]) -> contextlib.AbstractContextManager[Any]:
     """A file object of the tar inside ``f``, by the compression's magic bytes (gzip, bzip2, xz)."""
     head = f.peek(6)[:6]
     if head.startswith(b"\x1f\x8b"):
