@@ -72,7 +72,7 @@ def main() -> None:
         return run
 
     print("| variant | batches/s | wall ms per batch | CPU ms per batch (this process) |\n|---|---|---|---|")
-    dl = DataLoader(H5ImageFolder(mirror, output="bytes"), feed="thread", **kw)
+    dl = DataLoader(H5ImageFolder(mirror, output="bytes"), **kw)
     timed("in-process feed (feeder thread), loader alone", forever(lambda: iter(dl)), args.batches)
     stream = torch.cuda.Stream()
     probe = next(iter(dl))

@@ -64,7 +64,6 @@ _EXPORTS = {
     "info": "colabfast.mirror",
     "BlockShuffleSampler": "colabfast.loading.sampler",
     "DataLoader": "colabfast.loading",
-    "FeedProcessError": "colabfast.loading.feedprocess",
     "LoaderStateError": "colabfast.loading.loader",
     "SamplerRefused": "colabfast.loading.sampler",
     "CUDAPrefetcher": "colabfast.loading.prefetch",

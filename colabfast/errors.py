@@ -40,7 +40,6 @@ The classes, by the stage that raises them (bases in brackets)::
         NothingToOpen (Error, FileNotFoundError)
         OpenRefused (Error, TypeError)
         IndexTypeError (Error, TypeError, AttributeError)
-        FeedProcessError (Error, RuntimeError)
         LoaderStateError (Error, ValueError)
         SamplerRefused (Error, ValueError)
         ExportRefused (Error, ValueError)
@@ -58,7 +57,7 @@ __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused",
            "NotEnoughSpace", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
            "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "LayoutError",
            "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
-           "FeedProcessError", "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
+           "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
 
 
 class Error(Exception):
@@ -328,15 +327,10 @@ class IndexTypeError(Error, TypeError, AttributeError):
     ``__getitem__`` hands ``self.images[index]``, a list, to ``PIL.Image.open``)."""
 
 
-class FeedProcessError(Error, RuntimeError):
-    """The feed subprocess ended without a word (killed, out of memory, a crash in native code)."""
-
-
 class LoaderStateError(Error, ValueError):
     """:meth:`colabfast.DataLoader.load_state_dict` was given a state this loader cannot resume (of
     another version, or saved by a loader of another dataset length, batch size, ``num_workers`` or
-    number of reader threads), or :meth:`~colabfast.DataLoader.state_dict` was asked of a loader that keeps none
-    (``feed="process"``): the message says what differs and what to build."""
+    number of reader threads): the message says what differs and what to build."""
 
 
 class SamplerRefused(Error, ValueError):

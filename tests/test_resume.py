@@ -272,13 +272,6 @@ def test_a_new_process_resumes_from_a_checkpoint_on_disk(mirror, tmp_path):
     _same(head + tail, whole)
 
 
-def test_feed_process_has_no_state_dict(mirror):
-    ds = cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP)
-    loader = cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu", feed="process")
-    with pytest.raises(cf.LoaderStateError, match='feed="thread"'):
-        loader.state_dict()
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("output", ["tensor", "bytes"])
 def test_on_cuda_the_feeder_threads_transform_resumes_exactly(mirror, output):

@@ -33,7 +33,8 @@ def test_detect_layout(tmp_path):
     assert detect_layout(kitti).name == "kitti"
     make_kitti(tmp_path / "tv" / "Kitti" / "raw", train=0, test=1, size=(40, 20))
     assert detect_layout(tmp_path / "tv").name == "kitti"  # torchvision's root
-    assert detect_layout(make_imagefolder(tmp_path / "inet", classes=1, per_class=1, size=(16, 16))).name == "imagefolder"
+    inet = make_imagefolder(tmp_path / "inet", classes=1, per_class=1, size=(16, 16))
+    assert detect_layout(inet).name == "imagefolder"
     flat = tmp_path / "flat"
     (flat / ".ipynb_checkpoints").mkdir(parents=True)  # a hidden folder is no class
     (flat / "a.jpg").write_bytes(encode(photo(16, 16, np.random.default_rng(0))))

@@ -360,8 +360,7 @@ def reseed(transform: object, seed: Union[int, torch.Generator, None]) -> bool:
 
 def draw_seed(transform: object, generator: Optional[torch.Generator]) -> Optional[int]:
     """The seed :func:`reseed` would draw from ``generator`` (None: torch's global RNG) for
-    ``transform``, drawn, or None (nothing drawn) where it has no step to reseed: what the training
-    process sends to a feed subprocess (:mod:`colabfast.loading.feedprocess`), which reseeds with it."""
+    ``transform``, drawn, or None (nothing drawn) where it has no step to reseed."""
     if not _own_random_steps(transform):
         return None
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())

@@ -26,10 +26,9 @@ import numpy as np
 from colabfast.errors import LayoutError, PackRefused, SourceNotAFolder, SourceNotFound
 from colabfast.layouts.base import BaseLayout
 from colabfast.layouts.registry import register
-from colabfast.layouts.tree import Tree, tree_of
+from colabfast.layouts.tree import SPLIT_FOLDERS, Tree, split_folders, tree_of
 from colabfast.mirror.format import FILES, IMAGEFOLDER, KITTI, KITTI_CALIB_KEYS, KITTI_SPLITS
 from colabfast.where._fileio import FileEntry, PathLike, read_regular, retry, scan_tree
-from colabfast.where.env import MIRRORS_FOLDER
 
 __all__ = ["ImageLayout", "ImageFolderLayout", "FilesLayout", "KittiLayout", "ImageListing", "Split", "KittiObjects",
            "split_folders", "SPLIT_FOLDERS", "read_source", "is_image", "IMG_EXTENSIONS"]
@@ -106,22 +105,6 @@ def _kitti_root(tree: Tree) -> Optional[str]:
         if any(tree.is_dir(f"{candidate}/{s}/image_2".lstrip("/")) for s in KITTI_SPLITS):
             return candidate
     return None
-
-
-SPLIT_FOLDERS = ("train", "val", "valid", "test")  # a folder holding only these holds splits, not classes
-
-
-def split_folders(tree: Union[PathLike, Tree]) -> Optional[list[str]]:
-    """The split folders of a tree of splits: every folder in it (hidden ones and colabfast's mirrors
-    folder aside) named one of ``SPLIT_FOLDERS`` in any case, as PyTorch's transfer-learning tutorial's
-    ``hymenoptera/train/{ants,bees}`` and ``val/``
-    (https://pytorch.org/tutorials/beginner/transfer_learning_tutorial.html) or a Kaggle folder's
-    ``train/`` and ``test/``. torchvision's ``ImageFolder`` would take those splits for classes. None
-    for any other folder, or one that cannot be listed. One listing."""
-    folders = sorted(name for name, is_dir in tree_of(tree).entries().items() if is_dir and name != MIRRORS_FOLDER)
-    if not folders or any(name.lower() not in SPLIT_FOLDERS for name in folders):
-        return None
-    return folders
 
 
 def read_source(

@@ -28,6 +28,7 @@ import re
 from typing import Any, Callable, Optional
 
 from colabfast.layouts.base import BaseLayout, Layout
+from colabfast.layouts.tree import split_folders, tree_of
 from colabfast.where._fileio import PathLike
 
 __all__ = ["REGISTRY", "LAYOUTS", "ANY_DATASET", "KINDS", "register", "unregister", "layout_class", "detect_layout",
@@ -93,8 +94,6 @@ def detect_layout(tree: Any, labels: Optional[PathLike] = None, split: Optional[
     end ``labels``; else the first that `BaseLayout.detect` says it is, asking mirrors of columns
     first (registration order), then archives, then image folders (``files`` last: any folder). A
     folder's or an archive's path may stand for its tree."""
-    from colabfast.layouts.tree import tree_of
-
     tree = tree_of(tree)
     if labels is not None:
         named = next((cls for cls in LAYOUTS.values()
@@ -105,8 +104,6 @@ def detect_layout(tree: Any, labels: Optional[PathLike] = None, split: Optional[
         for cls in REGISTRY.values():
             if cls.packed == kind and cls.detect(tree, labels=labels, split=split):
                 if kind == "images" and tree.archive:  # an export of split folders: its first split's layout
-                    from colabfast.layouts.images import split_folders
-
                     folders = split_folders(tree)
                     if folders:
                         inner = detect_layout(tree.sub(folders[0]), labels)

@@ -19,8 +19,9 @@ from typing import Callable, Optional, Union
 from colabfast.errors import ArchiveReadError
 from colabfast.staging.extract import archive_suffix, decompressed, open_tar, safe_relpath
 from colabfast.where._fileio import PathLike, retry
+from colabfast.where.env import MIRRORS_FOLDER
 
-__all__ = ["Tree", "tree_of"]
+__all__ = ["Tree", "tree_of", "split_folders", "SPLIT_FOLDERS"]
 
 
 class Tree:
@@ -190,3 +191,19 @@ def tree_of(path: Union[PathLike, Tree], retries: int = 5) -> Tree:
     except zipfile.BadZipFile as exc:
         raise ArchiveReadError(path, "(the central directory at its end)", str(exc)) from exc
     return _Names(path, names)
+
+
+SPLIT_FOLDERS = ("train", "val", "valid", "test")  # a folder holding only these holds splits, not classes
+
+
+def split_folders(tree: Union[PathLike, Tree]) -> Optional[list[str]]:
+    """The split folders of a tree of splits: every folder in it (hidden ones and colabfast's mirrors
+    folder aside) named one of ``SPLIT_FOLDERS`` in any case, as PyTorch's transfer-learning tutorial's
+    ``hymenoptera/train/{ants,bees}`` and ``val/``
+    (https://pytorch.org/tutorials/beginner/transfer_learning_tutorial.html) or a Kaggle folder's
+    ``train/`` and ``test/``. torchvision's ``ImageFolder`` would take those splits for classes. None
+    for any other folder, or one that cannot be listed. One listing."""
+    folders = sorted(name for name, is_dir in tree_of(tree).entries().items() if is_dir and name != MIRRORS_FOLDER)
+    if not folders or any(name.lower() not in SPLIT_FOLDERS for name in folders):
+        return None
+    return folders

@@ -20,7 +20,6 @@ from colabfast.errors import LoaderStateError
 from colabfast.images import transforms
 from colabfast.images.decode import Encoded, decode_cpu, is_encoded, is_jpeg
 from colabfast.loading import reader, resume, stages, streaming, threadworkers
-from colabfast.loading.feedprocess import FeedProcess
 from colabfast.loading.planning import _WARNED, SAMPLER_PLANS, BlockPlan, plan
 from colabfast.loading.prefetch import FEED_DEPTH, BatchConverter, Feeding, Floats, Normalize
 from colabfast.loading.stages import StageClock, StageTime
@@ -187,14 +186,6 @@ class DataLoader(torch.utils.data.DataLoader):
             (libjpeg-turbo's DCT scaling, :mod:`colabfast.images.augment`): faster on large photos, not
             the exact pixels of decode-then-crop (0.3 levels of 255 apart on average, measured in
             :meth:`colabfast.images.augment.FusedTransform._draft_scale`). Default False: torchvision's pixels.
-        feed: where the batch reader (and on CUDA the feeder) runs. ``"thread"``: threads of this
-            process. ``"process"``: one subprocess started by spawn, threads inside, batches handed
-            over through shared GPU memory (CUDA IPC) or shared memory (:mod:`colabfast.loading.feedprocess`):
-            the same batches under the same seed, the feed's CPU work and GIL out of the training
-            process, a few seconds to start, and the dataset and transforms must be picklable and
-            importable (not from ``__main__``). ``"auto"`` (default): ``"thread"``, which measured
-            ahead on an H200 pinned to 2 CPUs, as Colab's VMs have (benchmarks/README.md, "The feed in
-            a subprocess"). Only where a batch reader applies (``loader.choices["reader"]``).
 
     Per-sample random transforms on the CPU run in this process's reader threads, not in worker
     processes, where they fuse with decoding (:func:`colabfast.loading.reader.fused_for`): a mirror
@@ -209,8 +200,7 @@ class DataLoader(torch.utils.data.DataLoader):
     same batch, sooner (:meth:`colabfast.loading.reader.BatchReader.split`).
 
     Raises:
-        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a ``feed``
-            that cannot apply (see ``feed``), a mirror
+        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a mirror
             dataset giving PIL images (``output="pil"``, the default) that nothing makes tensors before
             batching (the message says what to pass), or any error ``torch.utils.data.DataLoader``
             raises for its arguments.
@@ -253,7 +243,6 @@ class DataLoader(torch.utils.data.DataLoader):
         transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         feed_depth: int = FEED_DEPTH,
         draft: bool = False,
-        feed: str = "auto",
         **kwargs: Any,
     ) -> None:
         if feed_depth < 1:
@@ -262,7 +251,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, worker_init_fn=worker_init_fn,
                  multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
                  persistent_workers=persistent_workers, device=device, memory_format=memory_format, decode=decode,
-                 transform=transform, draft=draft, feed=feed)
+                 transform=transform, draft=draft)
         cuda = p.device.type == "cuda"
         if num_workers is not None and num_workers > env.cpu_count() and num_workers not in _WARNED:
             _WARNED.add(num_workers)
@@ -309,7 +298,6 @@ class DataLoader(torch.utils.data.DataLoader):
         self._reader: Optional[reader.BatchReader] = None
         self._threads: Optional[threadworkers.ThreadWorkers] = None
         self._feeding: Optional[Feeding] = None
-        self._process: Optional[FeedProcess] = None
         self._persistent = persistent_workers is not False
         # what state_dict() describes: the epoch's start, batches yielded, the threads' marks (resume.py)
         self._start: Optional[resume.EpochStart] = None
@@ -319,20 +307,6 @@ class DataLoader(torch.utils.data.DataLoader):
         # torch's workers' random streams after their last batch handed out; what new ones start from
         self._worker_states: dict[int, tuple] = {}
         self._restore: Optional[dict[str, Any]] = None
-        if p.feed == "process":
-            assert p.reader is not None  # plan() allows it only so
-            # what the subprocess builds the same loader from (FeedProcess); the order and the seeds
-            # are drawn here and sent
-            self._recipe = functools.partial(
-                DataLoader, dataset, batch_size, drop_last=drop_last, prefetch_factor=prefetch_factor,
-                persistent_workers=persistent_workers, pin_memory=pin_memory, device=p.device, mean=mean, std=std,
-                dtype=dtype, memory_format=memory_format, decode=decode, transform=transform, feed_depth=feed_depth,
-                draft=draft, feed="thread")
-            self._fused = p.reader.fused is not None
-            self._slots = feed_depth + 1 if cuda else feed_depth
-            self._ahead = self._slots + p.reader.prefetch + p.reader.threads + 1
-            self._seeded = False
-            return
         if p.reader is not None:
             self._reader = reader.BatchReader(p.facts.inner, threads=p.reader.threads, prefetch=p.reader.prefetch,
                                               pin_memory=p.pin_memory, channels_last=p.layout == torch.channels_last,
@@ -389,8 +363,6 @@ class DataLoader(torch.utils.data.DataLoader):
 
     # A generator of converted batches, not torch's _BaseDataLoaderIter (see "Differences" above).
     def __iter__(self) -> Iterator:  # type: ignore[override]
-        if "_recipe" in vars(self):
-            return self._waited(self._from_process())
         if self._feeding is not None:
             # first: the last epoch's feeder thread may still be drawing from the transform's generator
             self._feeding.stop()
@@ -424,12 +396,7 @@ class DataLoader(torch.utils.data.DataLoader):
             ``weights_only=True``): the position in the epoch (batches yielded by the latest iterator;
             None between epochs), the epoch's start, the random streams of the reader threads, of the
             transform and of torch's worker processes.
-
-        Raises:
-            LoaderStateError: ``feed="process"``, whose threads run in another process.
         """
-        if "_recipe" in vars(self):
-            raise LoaderStateError('state_dict() needs the feed in this process: build the loader with feed="thread"')
         return resume.state_of(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -485,36 +452,18 @@ class DataLoader(torch.utils.data.DataLoader):
           normalising, a GPU transform); batches.
         - ``"wait"``: the training loop waiting for the next batch; batches.
 
-        Work in other processes (torch's worker processes; ``feed="process"``) is not counted: there only
+        Work in other processes (torch's worker processes) is not counted: there only
         ``"wait"`` (and ``"copy"``) show. Two ``perf_counter_ns`` calls per stage per batch (per sample
         where torch's fetcher reads), added per thread without locks (:mod:`colabfast.loading.stages`).
         :func:`colabfast.diagnose` names the stage that takes longest.
         """
         return self._clock.times()
 
-    def _from_process(self) -> Iterator:
-        """The epoch from the feed subprocess (started on the first epoch, and again after one died),
-        its random numbers drawn here in the order the in-process feed draws them."""
-        if self._process is None or not self._process.alive:
-            self._process = FeedProcess(self._recipe, self.device, slots=self._slots, ahead=self._ahead)
-        transform_seed = transforms.draw_seed(self.transform, self.generator) if self.transform is not None else None
-        base_seed = None
-        if self._fused and (not self._seeded or not self._persistent):
-            base_seed, self._seeded = threadworkers.base_seed(self.generator), True
-        return self._process.epoch((transform_seed, base_seed), self.batch_sampler)  # type: ignore[arg-type]
-
     def close(self) -> None:
-        """Stop what runs for this loader outside the training thread: the feed subprocess
-        (``feed="process"``) and the feeder thread. Iterating again starts them anew."""
-        if self._process is not None:
-            self._process.close()
-            self._process = None
+        """Stop what runs for this loader outside the training thread: the feeder thread. Iterating again
+        starts it anew."""
         if self._feeding is not None:
             self._feeding.stop()
-
-    def __del__(self) -> None:
-        if vars(self).get("_process") is not None:
-            self.close()
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the sampler (and batch sampler) that have ``set_epoch``, e.g. for DDP."""

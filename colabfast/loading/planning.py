@@ -204,8 +204,6 @@ class Plan:
             ``collate_fn``, or no batching.
         collate_fn: what torch collates with: :func:`colabfast.loading.collate.collate` in ``layout``, the
             caller's ``collate_fn``, or None (torch's ``default_convert``, without batching).
-        feed: where the reader and the converting run: ``"thread"`` (threads of this process) or
-            ``"process"`` (one subprocess with those threads inside, :mod:`colabfast.loading.feedprocess`).
         reasons: decision name -> why, for every field above.
         facts: what the plan was made from (:class:`DatasetFacts`); the loader builds from them too.
     """
@@ -222,13 +220,12 @@ class Plan:
     collate_fn: Optional[Callable]
     reasons: dict[str, str]
     facts: DatasetFacts = dataclasses.field(repr=False, compare=False)
-    feed: str = "thread"
 
     def choices(self) -> dict[str, tuple[Any, str]]:
         """The decisions as ``loader.choices`` lists them: name -> ``(value, why)``, in this order:
         ``device``, ``decode``, ``reader`` (``"none"`` without one), ``num_workers``,
         ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``sampler``, ``collate_fn``
-        (``"colabfast.loading.collate.collate"``, the caller's, or ``"default_convert"``), ``feed``."""
+        (``"colabfast.loading.collate.collate"``, the caller's, or ``"default_convert"``)."""
         collate_fn: Any = self.collate_fn
         if self.layout is not None:
             collate_fn = "colabfast.loading.collate.collate"
@@ -237,7 +234,7 @@ class Plan:
         shown = {"device": self.device, "decode": self.decode, "reader": self.reader or "none",
                  "num_workers": self.num_workers, "persistent_workers": self.persistent_workers,
                  "prefetch_factor": self.prefetch_factor, "pin_memory": self.pin_memory, "sampler": self.sampler,
-                 "collate_fn": collate_fn, "feed": self.feed}
+                 "collate_fn": collate_fn}
         return {name: (value, self.reasons[name]) for name, value in shown.items()}
 
 
@@ -260,7 +257,6 @@ def plan(
     decode: str = "auto",
     transform: Optional[Callable] = None,
     draft: bool = False,
-    feed: str = "auto",
 ) -> Plan:
     """What :class:`DataLoader` will do with these arguments: a :class:`Plan`.
 
@@ -281,9 +277,7 @@ def plan(
     Raises:
         ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or
             batching; a mirror dataset gives PIL images (``output="pil"``) that nothing turns into
-            tensors before they are batched; ``feed`` is not ``"auto"``, ``"thread"`` or
-            ``"process"``, or ``"process"`` where no batch reader applies or the dataset or a
-            transform comes from ``__main__``.
+            tensors before they are batched.
         RuntimeError: a CUDA ``device`` without a GPU.
         IndexError: a ``Subset`` holds an index outside the dataset it wraps (:func:`dataset_facts`).
     """
@@ -366,32 +360,9 @@ def plan(
     pin = choose("pin_memory", pin_memory, cuda,
                  "batches go to CUDA: asynchronous copies" if cuda else "batches stay on the CPU")
     order, reasons["sampler"] = _choose_sampler(facts, sampler, batch_sampler, shuffle, batch_size)
-    where, reasons["feed"] = _choose_feed(feed, batch_reader, reasons["reader"], facts, transform)
     return Plan(device=target, decode=decode, reader=batch_reader, num_workers=workers, persistent_workers=persistent,
                 prefetch_factor=factor, pin_memory=pin, sampler=order, layout=layout, collate_fn=collate_with,
-                reasons=reasons, feed=where, facts=facts)
-
-
-def _choose_feed(feed: str, batch_reader: Optional[ReaderPlan], why_not: str, facts: DatasetFacts,
-                 transform: Optional[Callable]) -> tuple[str, str]:
-    if feed not in ("auto", "thread", "process"):
-        raise ValueError(f"feed must be 'auto', 'thread' or 'process', got {feed!r}")
-    if feed == "thread":
-        return "thread", "set by caller"
-    if batch_reader is None:
-        if feed == "process":
-            raise ValueError(f"feed='process' runs the loader's batch reader in a subprocess, and no batch reader "
-                             f"applies here ({why_not}); use feed='thread'")
-        return "thread", "no batch reader to move to a subprocess"
-    if facts.from_main or _from_main(None, transform):
-        if feed == "process":
-            raise ValueError("feed='process' starts a subprocess by spawn, which cannot import what a notebook "
-                             "(__main__) defines: move the dataset class or transform into a module, or use "
-                             "feed='thread'")
-        return "thread", "the dataset or transform comes from __main__, which a spawned subprocess cannot import"
-    if feed == "process":
-        return "process", "set by caller"
-    return "thread", "threads of this process (feed='process' moves them to one subprocess)"
+                reasons=reasons, facts=facts)
 
 
 def _too_many_workers(num_workers: int, reader_fits: bool) -> str:

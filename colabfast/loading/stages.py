@@ -16,7 +16,7 @@ as SPDL's pipeline keeps statistics per stage (a count and the time spent, per s
 
 Each thread adds to its own accumulators (a list of ints: no lock, two ``perf_counter_ns`` calls per
 timed stretch); :meth:`StageClock.times` sums them when asked. Work done in other processes (torch's
-worker processes, ``feed="process"``) is not seen here.
+worker processes) is not seen here.
 """
 
 from __future__ import annotations

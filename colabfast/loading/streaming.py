@@ -66,8 +66,6 @@ def choice(loader: Any, dataset: Any) -> Optional[tuple[str, str]]:
     if not streams:
         return None
     limit = human_bytes(sum(s.limit for s in streams))
-    if getattr(getattr(loader, "plan", None), "feed", "thread") == "process":
-        return "read from the mount", "feed='process': the subprocess's loader is not given the epoch's order"
     if known_order(loader) is not None:
         return (f"fetched ahead, at most {limit}", f"{type(loader.batch_sampler.sampler).__name__} says each epoch's "
                 "order before it starts: its blocks are fetched in that order and deleted once read")

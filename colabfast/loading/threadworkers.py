@@ -125,8 +125,8 @@ class ThreadWorkers:
         """The batches for ``batch_indices`` (e.g. a ``BatchSampler``), in order, ``prefetch`` ahead.
 
         Args:
-            seed: the workers' base seed drawn already (by the training process, for a subprocess's
-                threads: :mod:`colabfast.loading.feedprocess`), else drawn here as torch does.
+            seed: the workers' base seed drawn already (resuming: the one the epoch began with), else drawn
+                here as torch does.
             start: the epoch's position of the first batch (resuming an epoch, the batches before it
                 left out of ``batch_indices``): batch ``k`` is still made by thread ``k % workers``.
             states: the threads' generator states to start from (:meth:`states_before`), instead of

@@ -3,9 +3,8 @@
 ``gpu/resnet50-imagenet``: ImageNet-style training, ResNet-50 (bf16 autocast, channels-last, SGD), batch
 128, photo-like JPEGs of about 500x375, ``RandomResizedCrop(224)`` + horizontal flip + normalisation.
 Rows: the data-on-GPU ceiling (one batch already on the GPU, the step alone); ``colabfast.DataLoader``
-with nvJPEG and :mod:`colabfast.images.transforms`, its feed in threads of the training process
-(``feed="thread"``) and in one subprocess (``feed="process"``, :mod:`colabfast.loading.feedprocess`); the
-in-process feed with torchvision's per-image v2 transforms; NVIDIA DALI where it is installed (``pip
+with nvJPEG and :mod:`colabfast.images.transforms`, its feed in threads of the training process; the
+same feed with torchvision's per-image v2 transforms; NVIDIA DALI where it is installed (``pip
 install nvidia-dali-cuda130``; its ResNet-50 example's pipeline: ``external_source`` over the same
 mirror's bytes, ``fn.decoders.image_random_crop(device="mixed")``, ``fn.resize``,
 ``fn.crop_mirror_normalize``). Each row gives images/s, the data wait share, the loader alone and the
@@ -52,10 +51,9 @@ SCENARIO = "gpu/resnet18"
 IMAGENET = "gpu/resnet50-imagenet"
 CEILING = "batch already on the GPU (ceiling)"
 IN_PROCESS = "colabfast.DataLoader (GPU decode, colabfast.images.transforms)"
-SUBPROCESS = "colabfast.DataLoader (GPU decode, colabfast.images.transforms, feed='process')"
 PER_IMAGE = "colabfast.DataLoader (GPU decode, torchvision v2 per image)"
 DALI = "NVIDIA DALI (mixed decode + random crop)"
-IMAGENET_METHODS = (CEILING, IN_PROCESS, SUBPROCESS, PER_IMAGE, DALI)
+IMAGENET_METHODS = (CEILING, IN_PROCESS, PER_IMAGE, DALI)
 METHODS = (
     "plain DataLoader (normalise in workers)",
     "apex-style prefetcher (uint8, side stream)",
@@ -271,12 +269,8 @@ def _imagenet(size: float, repeats: int, workers: int, steps: Optional[int],
         if ceiling:
             top.metrics["of ceiling"] = 1.0
         makers = {
-            IN_PROCESS: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=batched, feed="thread",
-                                           **ours),
-            SUBPROCESS: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=batched, feed="process",
-                                           **ours),
-            PER_IMAGE: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=per_image, feed="thread",
-                                          **ours),
+            IN_PROCESS: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=batched, **ours),
+            PER_IMAGE: lambda: DataLoader(H5ImageFolder(mirror, output="bytes"), transform=per_image, **ours),
         }
         for method, make in makers.items():
             rows.append(_measure(IMAGENET, method, make, step, repeats, steps, note, ceiling))
