@@ -169,9 +169,9 @@ def test_data_outside_the_file_is_refused(good):
     with h5py.File(good["encoded"], "r") as f:
         ds = f["images"]
         end = ds.id.get_offset() + ds.shape[0]
-        mirror_safety._check_storage(ds, "m.h5", end)  # exactly fits
+        mirror_safety.check_storage(ds, "m.h5", end)  # exactly fits
         with pytest.raises(MirrorError, match="outside the file"):
-            mirror_safety._check_storage(ds, "m.h5", end - 1)
+            mirror_safety.check_storage(ds, "m.h5", end - 1)
 
 
 def test_links_are_refused(good, tmp_path):

@@ -80,10 +80,10 @@ def test_interrupt_stops_promptly_and_resumes(tmp_path, monkeypatch):
     for rel in copied:
         assert (dst / rel).read_bytes() == (src / rel).read_bytes()
     assert not list(dst.rglob("*colabfast-partial"))
-    assert stage_mod_archives.read_json(stage_mod_destination._manifest_path(dst))["complete"] is False
+    assert stage_mod_archives.read_json(stage_mod_destination.manifest_path(dst))["complete"] is False
     stage(src, dst, progress=False)
     assert_same_tree(src, dst)
-    assert stage_mod_archives.read_json(stage_mod_destination._manifest_path(dst))["complete"] is True
+    assert stage_mod_archives.read_json(stage_mod_destination.manifest_path(dst))["complete"] is True
 
 
 def test_killed_process_resumes(tmp_path):
@@ -453,7 +453,7 @@ def test_sha256_resume_after_kill_reuses_verified_files(tmp_path, monkeypatch):
     stage(src, dst, verify="sha256", progress=False)
     assert_same_tree(src, dst)
     assert len(copied) <= 200 - done + 1  # at most the file being verified at the kill is redone
-    record = stage_mod_archives.read_json(stage_mod_destination._manifest_path(dst))
+    record = stage_mod_archives.read_json(stage_mod_destination.manifest_path(dst))
     assert record["complete"] and len(record["sha256"]) == 200
 
 

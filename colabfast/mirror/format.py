@@ -57,12 +57,12 @@ NO_IMAGES = -1  # load_index's column for a mirror of columns read without image
 T = TypeVar("T")
 
 
-def _bad(path: PathLike, what: str) -> MirrorError:
+def invalid(path: PathLike, what: str) -> MirrorError:
     return MirrorError(f"{path} is not a valid colabfast mirror: {what}. The file is corrupt or was not "
                        "written by colabfast.pack: copy it again, or pack it again.")
 
 
-def _as_mirror_error(fn: Callable[..., T]) -> Callable[..., T]:
+def as_mirror_error(fn: Callable[..., T]) -> Callable[..., T]:
     """Turn what h5py raises on a corrupt file (KeyError, OSError without errno, TypeError, ...) into
     MirrorError naming the file; a real I/O error (EIO on a mount) stays an OSError."""
 
@@ -75,16 +75,16 @@ def _as_mirror_error(fn: Callable[..., T]) -> Callable[..., T]:
         except OSError as exc:
             if exc.errno is not None:
                 raise
-            raise _bad(_name(f_or_path), f"HDF5 cannot read it ({exc})") from exc
+            raise invalid(_name(f_or_path), f"HDF5 cannot read it ({exc})") from exc
         except (KeyError, ValueError, TypeError, RuntimeError, IndexError, OverflowError) as exc:
-            if (code := _mount_errno(exc)) is not None:
+            if (code := mount_errno(exc)) is not None:
                 raise OSError(code, f"{_name(f_or_path)}: {exc}") from exc
-            raise _bad(_name(f_or_path), f"HDF5 cannot read it ({type(exc).__name__}: {exc})") from exc
+            raise invalid(_name(f_or_path), f"HDF5 cannot read it ({type(exc).__name__}: {exc})") from exc
 
     return wrapper
 
 
-def _mount_errno(exc: BaseException) -> Optional[int]:
+def mount_errno(exc: BaseException) -> Optional[int]:
     """The errno of ``exc`` if it is a flaky mount's transient error (EIO, ENOTCONN, ...: see
     :mod:`colabfast.where._fileio`), else None. h5py sets ``errno`` on most; where it raises another type,
     libhdf5's text still says ``errno = 5``."""
@@ -159,7 +159,7 @@ class Header:
             f.attrs[key] = value
 
     @staticmethod
-    @_as_mirror_error
+    @as_mirror_error
     def read(f: h5py.File, path: PathLike, complete: bool = True) -> Header:
         """Check and parse the root attributes of ``f``, the mirror at ``path``.
 
@@ -178,7 +178,7 @@ class Header:
         if not isinstance(fmt, str) or fmt != FORMAT:
             raise MirrorError(f"{path} is an HDF5 file but not a colabfast mirror (no format={FORMAT!r} attribute). "
                               "Make one with colabfast.pack().")
-        version = _int(attrs, "format_version", path, -1)
+        version = int_attr(attrs, "format_version", path, -1)
         if version not in READ_VERSIONS:
             raise MirrorError(f"{path} is a colabfast mirror of format version {version}; this colabfast reads "
                               f"versions {', '.join(map(str, READ_VERSIONS))}. Pack it again with this version, or "
@@ -187,38 +187,39 @@ class Header:
         if complete and not done:
             raise MirrorError(f"{path} is an incomplete mirror: packing it was interrupted before it finished. "
                               "Run colabfast.pack() again; it resumes where it stopped.")
-        if version >= 2 and _int(attrs, "header_crc32", path) != header_crc32(attrs):
-            raise _bad(path, "its root attributes do not match their checksum (header_crc32)")
+        if version >= 2 and int_attr(attrs, "header_crc32", path) != header_crc32(attrs):
+            raise invalid(path, "its root attributes do not match their checksum (header_crc32)")
         layout, store = _text(attrs, "layout", path), _text(attrs, "store", path)
         if layout is None or not LAYOUT_NAME.match(layout):
-            raise _bad(path, f"layout {(layout or '')[:80]!r} is not a layout's name (lowercase letters, digits "
+            raise invalid(path, f"layout {(layout or '')[:80]!r} is not a layout's name (lowercase letters, digits "
                              "and '-')")
         if store not in STORES:
             raise MirrorError(f"{path} stores images as {store!r}, which this colabfast does not know (it knows "
                               f"{', '.join(STORES)}). A newer colabfast may have written it: upgrade, or pack it "
                               "again.")
-        quality = _int(attrs, "quality", path)
+        quality = int_attr(attrs, "quality", path)
         if quality is not None and not 1 <= quality <= 100:
-            raise _bad(path, f"JPEG quality {quality} is not 1..100")
+            raise invalid(path, f"JPEG quality {quality} is not 1..100")
         from colabfast.mirror.columns import spec_problem
 
-        columns = _json(attrs, "columns", path, lambda v: True)
+        columns = json_attr(attrs, "columns", path, lambda v: True)
         if columns is not None and (problem := spec_problem(columns)) is not None:
-            raise _bad(path, problem)  # names the column
+            raise invalid(path, problem)  # names the column
         if columns is None and layout not in IMAGE_LAYOUTS:
-            raise _bad(path, f"unknown layout {layout!r} for an image mirror (its layout is one of "
+            raise invalid(path, f"unknown layout {layout!r} for an image mirror (its layout is one of "
                              f"{', '.join(IMAGE_LAYOUTS)}), and no columns attribute")
         if columns is not None and (layout in IMAGE_LAYOUTS or version < COLUMNS_VERSION):
-            raise _bad(path, f"a {layout} mirror of format version {version} with a columns attribute")
+            raise invalid(path, f"a {layout} mirror of format version {version} with a columns attribute")
         return Header(
-            layout=layout, store=store, classes=_json(attrs, "classes", path, lambda v: v is None or _str_list(v)),
-            image_size=_json(attrs, "image_size", path, _image_size), quality=quality,
-            shuffled=_flag(attrs, "shuffled", path), skipped=_json(attrs, "skipped", path, _skipped, []),
+            layout=layout, store=store,
+            classes=json_attr(attrs, "classes", path, lambda v: v is None or is_str_list(v)),
+            image_size=json_attr(attrs, "image_size", path, _image_size), quality=quality,
+            shuffled=_flag(attrs, "shuffled", path), skipped=json_attr(attrs, "skipped", path, _skipped, []),
             source=_text(attrs, "source", path) or "", created=_text(attrs, "created", path) or "",
-            colabfast_version=_text(attrs, "colabfast_version", path) or "", seed=_int(attrs, "seed", path),
+            colabfast_version=_text(attrs, "colabfast_version", path) or "", seed=int_attr(attrs, "seed", path),
             fingerprint=_text(attrs, "fingerprint", path), labels=_text(attrs, "labels", path),
-            class_names=_json(attrs, "class_names", path, _name_lists), columns=columns,
-            layout_info=_json(attrs, "layout_info", path, lambda v: isinstance(v, dict)),
+            class_names=json_attr(attrs, "class_names", path, _name_lists), columns=columns,
+            layout_info=json_attr(attrs, "layout_info", path, lambda v: isinstance(v, dict)),
             split=_text(attrs, "split", path), version=version, complete=done,
         )
 
@@ -252,42 +253,42 @@ def _text(attrs: Any, name: str, path: PathLike, default: Optional[str] = None) 
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError:
-            raise _bad(path, f"attribute {name!r} is not UTF-8 text") from None
+            raise invalid(path, f"attribute {name!r} is not UTF-8 text") from None
     if not isinstance(value, str):
-        raise _bad(path, f"attribute {name!r} is {type(value).__name__}, not text")
+        raise invalid(path, f"attribute {name!r} is {type(value).__name__}, not text")
     return value
 
 
-def _int(attrs: Any, name: str, path: PathLike, default: Optional[int] = None) -> Optional[int]:
+def int_attr(attrs: Any, name: str, path: PathLike, default: Optional[int] = None) -> Optional[int]:
     value = attrs.get(name)
     if value is None:
         return default
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise _bad(path, f"attribute {name!r} is {value!r}, not an integer")
+        raise invalid(path, f"attribute {name!r} is {value!r}, not an integer")
     return int(value)
 
 
 def _flag(attrs: Any, name: str, path: PathLike) -> bool:
     value = attrs.get(name, False)
     if not isinstance(value, (bool, np.bool_, int, np.integer)) or int(value) not in (0, 1):
-        raise _bad(path, f"attribute {name!r} is {value!r}, not true or false")
+        raise invalid(path, f"attribute {name!r} is {value!r}, not true or false")
     return bool(value)
 
 
-def _json(attrs: Any, name: str, path: PathLike, valid, default: Any = None) -> Any:
+def json_attr(attrs: Any, name: str, path: PathLike, valid, default: Any = None) -> Any:
     raw = _text(attrs, name, path)
     if raw is None:
         return default
     try:
         value = json.loads(raw)
     except ValueError:
-        raise _bad(path, f"attribute {name!r} is not JSON") from None
+        raise invalid(path, f"attribute {name!r} is not JSON") from None
     if not valid(value):
-        raise _bad(path, f"attribute {name!r} is not what the format says ({raw[:80]!r})")
+        raise invalid(path, f"attribute {name!r} is not what the format says ({raw[:80]!r})")
     return value
 
 
-def _str_list(v: Any) -> bool:
+def is_str_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
@@ -299,7 +300,7 @@ def _image_size(v: Any) -> bool:
 
 
 def _name_lists(v: Any) -> bool:
-    return isinstance(v, list) and all(_str_list(x) for x in v)
+    return isinstance(v, list) and all(is_str_list(x) for x in v)
 
 
 def _skipped(v: Any) -> bool:
@@ -320,7 +321,7 @@ def split_names(f: h5py.File) -> list[str]:
     return [""]
 
 
-def _member(g: h5py.Group, name: str) -> Any:
+def member(g: h5py.Group, name: str) -> Any:
     """``g[name]`` where that is a hard link, else None. Never through a soft or external link (another
     file); and a read that fails (EIO on a mount) raises, where ``g.get`` would say there is no member."""
     return g[name] if isinstance(g.get(name, getlink=True), h5py.HardLink) else None

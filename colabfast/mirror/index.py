@@ -24,17 +24,17 @@ from colabfast.mirror.format import (
     NULLS_VERSION,
     OBJECT_COLUMNS,
     RESIDENT_BYTES,
-    _as_mirror_error,
-    _bad,
-    _int,
-    _json,
-    _member,
-    _str_list,
+    as_mirror_error,
     attrs_crc32,
     header,
+    int_attr,
+    invalid,
+    is_str_list,
+    json_attr,
+    member,
     split_names,
 )
-from colabfast.mirror.safety import _check_storage, read_h5
+from colabfast.mirror.safety import check_storage, read_h5
 from colabfast.where._fileio import (
     PathLike,
 )
@@ -62,9 +62,9 @@ def _dataset(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple,
     """``g[name]``, checked to be a contiguous dataset of ``dtype`` and ``shape`` (None: any length;
     ``at_most``: the first dimension no longer than ``shape[0]``) inside the file; nothing read yet."""
     where = f"{g.name.rstrip('/')}/{name}"
-    ds = _member(g, name)
+    ds = member(g, name)
     if not isinstance(ds, h5py.Dataset):
-        raise _bad(path, f"it has no dataset {where}")
+        raise invalid(path, f"it has no dataset {where}")
 
     def fits(k: int, have: int, want: Optional[int]) -> bool:
         return want is None or (have <= want if at_most and k == 0 else have == want)
@@ -72,13 +72,13 @@ def _dataset(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple,
     if ds.dtype != np.dtype(dtype) or len(ds.shape) != len(shape) or not all(
             fits(k, have, want) for k, (have, want) in enumerate(zip(ds.shape, shape))):
         wanted = [("<=" if at_most and k == 0 else "") + ("*" if s is None else str(s)) for k, s in enumerate(shape)]
-        raise _bad(path, f"{where} is {ds.dtype} {list(ds.shape)}, expected {np.dtype(dtype)} "
+        raise invalid(path, f"{where} is {ds.dtype} {list(ds.shape)}, expected {np.dtype(dtype)} "
                          f"[{', '.join(wanted)}]")
-    _check_storage(ds, path, os.path.getsize(path))
+    check_storage(ds, path, os.path.getsize(path))
     return ds
 
 
-def _array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, version: int,
+def check_array(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, version: int,
            at_most: bool = False) -> np.ndarray:
     """Read ``g[name]`` after :func:`_dataset`'s checks; from version 2 on, check its ``crc32``."""
     return _read_checked(_dataset(g, name, path, dtype, shape, at_most), path, version)
@@ -89,14 +89,14 @@ def _read_checked(ds: h5py.Dataset, path: PathLike, version: int) -> np.ndarray:
     data = ds[()] if ds.size else np.zeros(ds.shape, ds.dtype)
     if version >= 2:
         attrs = {k: ds.attrs[k] for k in ds.attrs}
-        if _int(attrs, "crc32", path) != attrs_crc32(attrs, zlib.crc32(np.ascontiguousarray(data).data)):
-            raise _bad(path, f"{ds.name} does not match its checksum (flipped bytes?)")
+        if int_attr(attrs, "crc32", path) != attrs_crc32(attrs, zlib.crc32(np.ascontiguousarray(data).data)):
+            raise invalid(path, f"{ds.name} does not match its checksum (flipped bytes?)")
     return data
 
 
 def _offsets(data: np.ndarray, end: int, what: str, path: PathLike) -> None:
     if len(data) < 1 or data[0] != 0 or data[-1] != end or np.any(np.diff(data) < 0):
-        raise _bad(path, f"{what} do not rise from 0 to {end} (the size of what they index)")
+        raise invalid(path, f"{what} do not rise from 0 to {end} (the size of what they index)")
 
 
 @dataclasses.dataclass
@@ -136,7 +136,7 @@ class Index:
                                   "corrupt (flipped bytes on disk or in a copy). Copy it again, or pack it again.")
 
 
-@_as_mirror_error
+@as_mirror_error
 def load_index(path: PathLike, split: str = "", column: Optional[int] = None) -> Index:
     """Read and check the sample table of ``split`` (``""``, or ``"training"``/``"testing"`` for KITTI),
     or of image column ``column`` of a version 3 mirror (its ``images`` and the split's ``order``).
@@ -166,11 +166,11 @@ def _group(f: h5py.File, path: Path, split: str, head: Header) -> h5py.Group:
 def column_group(g: h5py.Group, path: PathLike, k: int, head: Header) -> h5py.Group:
     """The group of column ``k`` (version 3: ``columns/<k>``), checked to be one."""
     if head.columns is None or not 0 <= k < len(head.columns["fields"]):
-        raise _bad(path, f"it has no column {k}")
-    c = _member(g, "columns")
-    c = _member(c, str(k)) if isinstance(c, h5py.Group) else None
+        raise invalid(path, f"it has no column {k}")
+    c = member(g, "columns")
+    c = member(c, str(k)) if isinstance(c, h5py.Group) else None
     if not isinstance(c, h5py.Group):
-        raise _bad(path, f"it has no group {g.name.rstrip('/')}/columns/{k}")
+        raise invalid(path, f"it has no group {g.name.rstrip('/')}/columns/{k}")
     return c
 
 
@@ -185,39 +185,39 @@ def _load_index(f: h5py.File, path: Path, split: str, column: Optional[int] = No
         return _column_index(f, g, path, head, column)
     images = _dataset(g, "images", path, "u1", (None,))
     least = MIN_ENCODED_BYTES if head.store == "encoded" else 3  # bytes per sample: N bounded before reading
-    offsets = _array(g, "image_offsets", path, "<i8", (images.shape[0] // least + 1,), v, at_most=True)
+    offsets = check_array(g, "image_offsets", path, "<i8", (images.shape[0] // least + 1,), v, at_most=True)
     n = len(offsets) - 1
     _offsets(offsets, images.shape[0], "image_offsets", path)
-    shapes = _array(g, "image_shapes", path, "<i4", (n, 3), v)
+    shapes = check_array(g, "image_shapes", path, "<i4", (n, 3), v)
     if n and (shapes[:, :2].min() < 1 or np.any(shapes[:, 2] != 3)):
-        raise _bad(path, "image_shapes holds a shape that is not (H >= 1, W >= 1, 3)")
+        raise invalid(path, "image_shapes holds a shape that is not (H >= 1, W >= 1, 3)")
     sizes = np.diff(offsets)
     if head.store == "raw" and np.any(shapes.astype(np.int64).prod(axis=1) != sizes):
         i = int(np.flatnonzero(shapes.astype(np.int64).prod(axis=1) != sizes)[0])
-        raise _bad(path, f"raw image {i} has {sizes[i]} bytes but its shape {shapes[i].tolist()} needs "
+        raise invalid(path, f"raw image {i} has {sizes[i]} bytes but its shape {shapes[i].tolist()} needs "
                          f"{int(np.prod(shapes[i].astype(np.int64)))}")
     if head.store == "encoded" and np.any(sizes < MIN_ENCODED_BYTES):
         i = int(np.flatnonzero(sizes < MIN_ENCODED_BYTES)[0])
-        raise _bad(path, f"encoded image {i} has {sizes[i]} bytes, fewer than any JPEG or PNG")
+        raise invalid(path, f"encoded image {i} has {sizes[i]} bytes, fewer than any JPEG or PNG")
     for name, dtype, shape in (("paths", "u1", (n * MAX_PATH_BYTES,)), ("path_offsets", "<i8", (n + 1,))):
         _dataset(g, name, path, dtype, shape, at_most=name == "paths")  # read when asked for (read_paths, verify)
     index = Index(path, split, head, images.id.get_offset() or 0, offsets, shapes, None,
-                  _array(g, "image_crc32", path, "<u4", (n,), v) if v >= 2 else None,
-                  _array(g, "order", path, "<i8", (n,), v))
+                  check_array(g, "image_crc32", path, "<u4", (n,), v) if v >= 2 else None,
+                  check_array(g, "order", path, "<i8", (n,), v))
     if head.layout != KITTI:
-        targets = _array(g, "targets", path, "<i8", (n,), v)
+        targets = check_array(g, "targets", path, "<i8", (n,), v)
         if head.layout == IMAGEFOLDER and not head.classes:
-            raise _bad(path, "an imagefolder mirror without classes")
+            raise invalid(path, "an imagefolder mirror without classes")
         if head.classes is not None and n and (targets.min() < 0 or targets.max() >= len(head.classes)):
-            raise _bad(path, f"a target is outside 0..{len(head.classes) - 1} (the {len(head.classes)} classes)")
+            raise invalid(path, f"a target is outside 0..{len(head.classes) - 1} (the {len(head.classes)} classes)")
         index.targets = targets
     elif split == "training":
         _kitti_objects(g, path, index)
     if head.layout == KITTI and "calib" in g:
         calib = g["calib"]
         if not isinstance(calib, h5py.Group):
-            raise _bad(path, f"{g.name}/calib is not a group")
-        index.calib = {k: _array(calib, k, path, "<f8", (n, 9 if k == "R0_rect" else 12), v)
+            raise invalid(path, f"{g.name}/calib is not a group")
+        index.calib = {k: check_array(calib, k, path, "<f8", (n, 9 if k == "R0_rect" else 12), v)
                        for k in KITTI_CALIB_KEYS if k in calib}
     return index
 
@@ -229,19 +229,19 @@ def _column_index(f: h5py.File, g: h5py.Group, path: Path, head: Header, k: int)
     n = _dataset(g, "order", path, "<i8", (None,)).shape[0]
     images = _dataset(c, "images", path, "u1", (None,))
     if images.shape[0] < n * MIN_ENCODED_BYTES:
-        raise _bad(path, f"{c.name}/images holds {images.shape[0]} bytes, too few for {n} images")
-    offsets = _array(c, "image_offsets", path, "<i8", (n + 1,), v)
+        raise invalid(path, f"{c.name}/images holds {images.shape[0]} bytes, too few for {n} images")
+    offsets = check_array(c, "image_offsets", path, "<i8", (n + 1,), v)
     _offsets(offsets, images.shape[0], f"{c.name}/image_offsets", path)
-    shapes = _array(c, "image_shapes", path, "<i4", (n, 3), v)
+    shapes = check_array(c, "image_shapes", path, "<i4", (n, 3), v)
     if n and (shapes[:, :2].min() < 1 or shapes[:, 2].min() < 1 or shapes[:, 2].max() > 4):
-        raise _bad(path, f"{c.name}/image_shapes holds a shape that is not (H >= 1, W >= 1, 1..4)")
+        raise invalid(path, f"{c.name}/image_shapes holds a shape that is not (H >= 1, W >= 1, 1..4)")
     if n and np.diff(offsets).min() < MIN_ENCODED_BYTES:
-        raise _bad(path, f"an image of {c.name} has fewer bytes than any JPEG or PNG")
+        raise invalid(path, f"an image of {c.name} has fewer bytes than any JPEG or PNG")
     _dataset(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), at_most=True)
     _dataset(g, "path_offsets", path, "<i8", (n + 1,))
     store = "encoded"
     return Index(path, "", dataclasses.replace(head, store=store), images.id.get_offset() or 0, offsets, shapes, None,
-                 _array(c, "image_crc32", path, "<u4", (n,), v), _array(g, "order", path, "<i8", (n,), v))
+                 check_array(c, "image_crc32", path, "<u4", (n,), v), check_array(g, "order", path, "<i8", (n,), v))
 
 
 def _rows_index(g: h5py.Group, path: Path, head: Header) -> Index:
@@ -253,7 +253,8 @@ def _rows_index(g: h5py.Group, path: Path, head: Header) -> Index:
     _dataset(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), at_most=True)
     _dataset(g, "path_offsets", path, "<i8", (n + 1,))
     return Index(path, "", dataclasses.replace(head, store="encoded"), 0, np.zeros(n + 1, np.int64),
-                 np.zeros((n, 3), np.int32), None, np.zeros(n, np.uint32), _array(g, "order", path, "<i8", (n,), v))
+                 np.zeros((n, 3), np.int32), None, np.zeros(n, np.uint32),
+                 check_array(g, "order", path, "<i8", (n,), v))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,11 +287,11 @@ class Stored:
 def _stored(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, at_most: bool = False) -> Stored:
     ds = _dataset(g, name, path, dtype, shape, at_most)
     attrs = {k: ds.attrs[k] for k in ds.attrs}
-    _int(attrs, "crc32", path)  # an integer: check_columns compares it
+    int_attr(attrs, "crc32", path)  # an integer: check_columns compares it
     return Stored(ds.name, ds.id.get_offset() or 0, ds.dtype, tuple(ds.shape), attrs)
 
 
-@_as_mirror_error
+@as_mirror_error
 def load_columns(path: PathLike, resident: Optional[int] = None
                  ) -> tuple[Header, int, dict[int, Any], dict[tuple[str, int], np.ndarray]]:
     """``(header, N, values, marks)`` of a version 3 or 4 mirror: ``values`` maps each column that is not
@@ -330,22 +331,22 @@ def load_columns(path: PathLike, resident: Optional[int] = None
             for mark in ("nulls", "formats"):  # spec_problem checked the kinds that may have them
                 if (spec.get("meta") or {}).get(mark):
                     if mark == "nulls" and v < NULLS_VERSION:
-                        raise _bad(path, f"column {k} has nulls, which a mirror of format version {v} does not")
-                    marks[mark, k] = _array(c, mark, path, "u1", (n,), v)
+                        raise invalid(path, f"column {k} has nulls, which a mirror of format version {v} does not")
+                    marks[mark, k] = check_array(c, mark, path, "u1", (n,), v)
                     if n and int(marks[mark, k].max()) > 1:
-                        raise _bad(path, f"column {k}'s {mark} holds values other than 0 and 1")
+                        raise invalid(path, f"column {k}'s {mark} holds values other than 0 and 1")
             if kind in ("image", "mask"):
                 continue
             if kind in ("int", "float", "bool"):
-                out[k] = _array(c, "values", path, {"int": "<i8", "float": "<f8", "bool": "u1"}[kind], (n,), v)
+                out[k] = check_array(c, "values", path, {"int": "<i8", "float": "<f8", "bool": "u1"}[kind], (n,), v)
             elif kind in ("str", "bytes", "json"):
                 data = _stored(c, "data", path, "u1", (size,), at_most=True)
-                offsets = _array(c, "offsets", path, "<i8", (n + 1,), v)
+                offsets = check_array(c, "offsets", path, "<i8", (n + 1,), v)
                 _offsets(offsets, data.shape[0], f"{c.name}/offsets", path)
                 sizes = np.diff(offsets)
                 if kind == "json" and n and int(sizes.max()) > MAX_JSON_BYTES:  # what a read would parse
                     i = int(sizes.argmax())
-                    raise _bad(path, f"sample {i} of column {k} ({spec['name'][:80]!r}) holds {int(sizes[i])} bytes "
+                    raise invalid(path, f"sample {i} of column {k} ({spec['name'][:80]!r}) holds {int(sizes[i])} bytes "
                                      f"of JSON, more than pack writes ({MAX_JSON_BYTES})")
                 out[k] = (data, offsets)
             else:
@@ -353,28 +354,28 @@ def load_columns(path: PathLike, resident: Optional[int] = None
                 try:
                     dt = np.dtype(dtype)
                 except TypeError:
-                    raise _bad(path, f"column {k} has dtype {dtype!r}") from None
+                    raise invalid(path, f"column {k} has dtype {dtype!r}") from None
                 if dt.kind not in "uif" or dt.itemsize > 8:
-                    raise _bad(path, f"column {k} has dtype {dtype!r}, not plain numbers")
+                    raise invalid(path, f"column {k} has dtype {dtype!r}, not plain numbers")
                 shape = tuple(spec["shape"])
                 row = int(np.prod(shape, dtype=object)) * dt.itemsize
                 if kind == "ndarray":
                     if row and n * row > size:
-                        raise _bad(path, f"column {k} declares more bytes than the file holds")
+                        raise invalid(path, f"column {k} declares more bytes than the file holds")
                     out[k] = _stored(c, "values", path, dt.str, (n, *shape))
                 else:
                     bound = size // row if row else None  # rows of zero bytes: bounded by the offsets
-                    offsets = _array(c, "offsets", path, "<i8", (n + 1,), v)
+                    offsets = check_array(c, "offsets", path, "<i8", (n + 1,), v)
                     rows = _stored(c, "values", path, dt.str, (bound if bound is not None else None, *shape),
                                    at_most=bound is not None)
                     _offsets(offsets, rows.shape[0], f"{c.name}/offsets", path)
                     ndim = (spec.get("meta") or {}).get("ndim")
                     if ndim is not None:  # each sample's shape: values flat
                         if not isinstance(ndim, int) or not 1 <= ndim <= 8 or shape:
-                            raise _bad(path, f"column {k} has a malformed ndim {ndim!r}")
-                        shapes = _array(c, "shapes", path, "<i8", (n, ndim), v)
+                            raise invalid(path, f"column {k} has a malformed ndim {ndim!r}")
+                        shapes = check_array(c, "shapes", path, "<i8", (n, ndim), v)
                         if n and (shapes.min() < 0 or np.any(np.prod(shapes, axis=1) != np.diff(offsets))):
-                            raise _bad(path, f"column {k}: a sample's shape does not match its size")
+                            raise invalid(path, f"column {k}: a sample's shape does not match its size")
                         out[k] = (rows, offsets, shapes)
                     else:
                         out[k] = (rows, offsets)
@@ -397,20 +398,20 @@ def load_columns(path: PathLike, resident: Optional[int] = None
 
 def _kitti_objects(g: h5py.Group, path: Path, index: Index) -> None:
     v = index.header.version
-    object_offsets = _array(g, "object_offsets", path, "<i8", (len(index) + 1,), v)
+    object_offsets = check_array(g, "object_offsets", path, "<i8", (len(index) + 1,), v)
     m = int(object_offsets[-1]) if len(object_offsets) else 0
     _offsets(object_offsets, m, "object_offsets", path)
-    if not isinstance(_member(g, "objects"), h5py.Group):
-        raise _bad(path, f"{g.name} has no objects group")
+    if not isinstance(member(g, "objects"), h5py.Group):
+        raise invalid(path, f"{g.name} has no objects group")
     o = g["objects"]
-    objects = {k: _array(o, k, path, dtype, (m, *row), v) for k, (dtype, row) in OBJECT_COLUMNS.items()}
-    names = _json(o["type"].attrs, "names", path, _str_list)
+    objects = {k: check_array(o, k, path, dtype, (m, *row), v) for k, (dtype, row) in OBJECT_COLUMNS.items()}
+    names = json_attr(o["type"].attrs, "names", path, is_str_list)
     if names is None or (m and int(objects["type"].max()) >= len(names)):
-        raise _bad(path, f"{o.name}/type holds a code outside its {len(names or [])} names")
+        raise invalid(path, f"{o.name}/type holds a code outside its {len(names or [])} names")
     index.object_offsets, index.objects, index.type_names = object_offsets, objects, names
 
 
-@_as_mirror_error
+@as_mirror_error
 def read_paths(path: PathLike, split: str = "") -> list[str]:
     """Each sample's source path, relative to the mirror's ``source`` attribute, checked: UTF-8,
     relative, no ``..``.
@@ -424,8 +425,8 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
         head = header(f, path)
         g = _group(f, path, split, head)
         n = _dataset(g, "order", path, "<i8", (None,)).shape[0]  # bounds both, before reading
-        offsets = _array(g, "path_offsets", path, "<i8", (n + 1,), head.version)
-        return offsets, _array(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), head.version, at_most=True).tobytes()
+        offsets = check_array(g, "path_offsets", path, "<i8", (n + 1,), head.version)
+        return offsets, check_array(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), head.version, at_most=True).tobytes()
 
     offsets, blob = read_h5(path, read)
     _offsets(offsets, len(blob), "path_offsets", path)
@@ -434,15 +435,15 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
         try:
             out.append(blob[a:b].decode("utf-8"))
         except UnicodeDecodeError:
-            raise _bad(path, f"path {i} is not UTF-8") from None
+            raise invalid(path, f"path {i} is not UTF-8") from None
     # All paths joined by NUL, which no path may hold: one scan instead of 1.28M (ImageNet) checks.
     if b"\0" in blob or _not_plain("\0" + "\0".join(out) + "\0"):
         i = next(i for i, rel in enumerate(out) if "\0" in rel or _not_plain(f"\0{rel}\0"))
-        raise _bad(path, f"path {i} ({out[i][:80]!r}) is not a plain relative path")
+        raise invalid(path, f"path {i} ({out[i][:80]!r}) is not a plain relative path")
     return out
 
 
-@_as_mirror_error
+@as_mirror_error
 def read_order(path: PathLike, split: str = "") -> np.ndarray:
     """Each stored sample's index in the source's order (``split``'s ``order``), checked: int64, one
     per sample.
@@ -456,7 +457,7 @@ def read_order(path: PathLike, split: str = "") -> np.ndarray:
         head = header(f, path)
         g = _group(f, path, split, head)
         n = _dataset(g, "order", path, "<i8", (None,)).shape[0]
-        return _array(g, "order", path, "<i8", (n,), head.version)
+        return check_array(g, "order", path, "<i8", (n,), head.version)
 
     return read_h5(path, read)
 

@@ -29,9 +29,9 @@ from colabfast.mirror.format import (
     OPEN_RETRIES,
     VET_MOUNT_FAILED,
     VET_TIMEOUT,
-    _bad,
-    _member,
-    _mount_errno,
+    invalid,
+    member,
+    mount_errno,
 )
 from colabfast.where._fileio import (
     PathLike,
@@ -56,7 +56,7 @@ def _on_flaky_mount(path: Path, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except Exception as exc:
-            code = _mount_errno(exc)
+            code = mount_errno(exc)
             if code is None:
                 raise
             if attempt >= OPEN_RETRIES:
@@ -137,7 +137,7 @@ def _open(path: Path) -> h5py.File:
     except OSError as exc:
         if (stale := lagging(path, exc)) is not None:
             raise stale from exc  # the mount lists the file but did not open it: open_h5 tries again
-        if _mount_errno(exc) is not None:
+        if mount_errno(exc) is not None:
             raise  # the mount failed, not the file: open_h5 tries again
         raise MirrorError(f"{path} cannot be opened as HDF5 ({exc}): it is truncated (an interrupted copy?) "
                           "or not an HDF5 file. Copy it again, or pack it again.") from exc
@@ -195,7 +195,7 @@ def vet(path: PathLike, timeout: Optional[float] = None) -> None:
 
     libhdf5 segfaults or loops forever on some corrupt files (found by fuzzing h5py 3.16 / HDF5 2.0);
     a library in a notebook must not take the kernel down with it. The child opens the file, walks
-    every group, dataset and attribute, and checks every dataset's storage (:func:`_check_storage`).
+    every group, dataset and attribute, and checks every dataset's storage (:func:`check_storage`).
     A passed file is remembered in this process and in ``colabfast.where.env.cache_dir()``.
 
     Args:
@@ -241,10 +241,10 @@ def _vet_main(path: str) -> None:
         with _open(Path(path)) as f:
             _walk(f, path, os.path.getsize(path), _samples(f))
     except Exception as exc:  # h5py raises many types on corrupt metadata: each a verdict, unless the mount failed
-        if (code := _mount_errno(exc)) is not None:
+        if (code := mount_errno(exc)) is not None:
             print(code)
             sys.exit(VET_MOUNT_FAILED)
-        print(exc if isinstance(exc, MirrorError) else _bad(path, f"HDF5 cannot read its metadata "
+        print(exc if isinstance(exc, MirrorError) else invalid(path, f"HDF5 cannot read its metadata "
                                                              f"({type(exc).__name__}: {exc})"))
         sys.exit(3)
 
@@ -254,9 +254,9 @@ def _samples(f: h5py.File) -> int:
     bounds its attributes (:func:`_read_attrs`)."""
     n = 0
     for g in (f, *(f[s] for s in KITTI_SPLITS if isinstance(f.get(s, getlink=True), h5py.HardLink))):
-        if isinstance(g, h5py.Group) and isinstance(ds := _member(g, "image_offsets"), h5py.Dataset):
+        if isinstance(g, h5py.Group) and isinstance(ds := member(g, "image_offsets"), h5py.Dataset):
             n += max(0, ds.shape[0] - 1) if len(ds.shape) == 1 else 0
-        elif isinstance(g, h5py.Group) and isinstance(ds := _member(g, "order"), h5py.Dataset):  # version 3
+        elif isinstance(g, h5py.Group) and isinstance(ds := member(g, "order"), h5py.Dataset):  # version 3
             n += ds.shape[0] if len(ds.shape) == 1 else 0
     return n
 
@@ -272,20 +272,20 @@ def _walk(f: h5py.File, path: str, size: int, samples: int) -> None:
             seen += 1
             where = f"{g.name.rstrip('/')}/{name}"
             if seen > MAX_OBJECTS:
-                raise _bad(path, f"more than {MAX_OBJECTS} objects")
+                raise invalid(path, f"more than {MAX_OBJECTS} objects")
             link = g.get(name, getlink=True)
             if not isinstance(link, h5py.HardLink):  # a soft or external link can lead to another file
-                raise _bad(path, f"{where} is a {type(link).__name__}; a mirror holds no links")
+                raise invalid(path, f"{where} is a {type(link).__name__}; a mirror holds no links")
             obj = g[name]
             if isinstance(obj, h5py.Group):
                 if depth >= 3:
-                    raise _bad(path, f"{where} is nested deeper than the format's groups")
+                    raise invalid(path, f"{where} is nested deeper than the format's groups")
                 visit(obj, depth + 1)
             elif isinstance(obj, h5py.Dataset):
                 _read_attrs(obj, path, samples)
-                _check_storage(obj, path, size)
+                check_storage(obj, path, size)
             else:
-                raise _bad(path, f"{where} is a {type(obj).__name__}, not a group or dataset")
+                raise invalid(path, f"{where} is a {type(obj).__name__}, not a group or dataset")
 
     visit(f, 0)
 
@@ -305,11 +305,11 @@ def _read_attrs(obj: Union[h5py.Group, h5py.Dataset], path: str, samples: int) -
 
 def _attr_size(size: int, limit: int, obj: Union[h5py.Group, h5py.Dataset], name: str, path: str, samples: int) -> None:
     if size > limit:
-        raise _bad(path, f"attribute {name!r} of {obj.name} has {human_bytes(size)}, more than a mirror of {samples} "
-                         f"samples holds ({human_bytes(limit)})")
+        raise invalid(path, f"attribute {name!r} of {obj.name} has {human_bytes(size)}, more than a mirror of "
+                         f"{samples} samples holds ({human_bytes(limit)})")
 
 
-def _check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
+def check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
     """Raise MirrorError unless ``ds`` is a plain array whose bytes lie inside the file.
 
     HDF5 can keep a dataset's data in other files (external storage: a reader would return another
@@ -329,16 +329,16 @@ def _check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
     elif ds.dtype.kind not in "uif" or ds.dtype.names is not None or h5py.check_vlen_dtype(ds.dtype) is not None:
         what = f"of type {ds.dtype}, not plain numbers"
     if what is not None:
-        raise _bad(path, f"dataset {ds.name} is {what}; every dataset of a mirror is a contiguous, unfiltered array")
+        raise invalid(path, f"dataset {ds.name} is {what}; every dataset of a mirror is a contiguous, unfiltered array")
     nbytes = int(np.prod(ds.shape, dtype=object)) * ds.dtype.itemsize
     if nbytes == 0:
         return
     offset = ds.id.get_offset()
     if offset is None or ds.id.get_storage_size() != nbytes:
-        raise _bad(path, f"dataset {ds.name} declares {nbytes} bytes but has "
+        raise invalid(path, f"dataset {ds.name} declares {nbytes} bytes but has "
                          f"{ds.id.get_storage_size()} bytes of storage at offset {offset}")
     if offset + nbytes > size:
-        raise _bad(path, f"dataset {ds.name} lies at bytes {offset}..{offset + nbytes}, outside the file "
+        raise invalid(path, f"dataset {ds.name} lies at bytes {offset}..{offset + nbytes}, outside the file "
                          f"({size} bytes; truncated?)")
 
 

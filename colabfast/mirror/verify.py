@@ -12,8 +12,17 @@ from typing import Any, Optional
 import numpy as np
 
 from colabfast.errors import MirrorError
-from colabfast.mirror.format import VERIFY_READ, Header, _as_mirror_error, _bad, _int, attrs_crc32, header, split_names
-from colabfast.mirror.index import Stored, _array, load_columns, load_index, read_paths, runs
+from colabfast.mirror.format import (
+    VERIFY_READ,
+    Header,
+    as_mirror_error,
+    attrs_crc32,
+    header,
+    int_attr,
+    invalid,
+    split_names,
+)
+from colabfast.mirror.index import Stored, check_array, load_columns, load_index, read_paths, runs
 from colabfast.mirror.safety import open_h5
 from colabfast.where._fileio import (
     PathLike,
@@ -23,7 +32,7 @@ from colabfast.where._fileio import (
 __all__ = ["MirrorInfo", "info", "verify", "check_columns"]
 
 
-@_as_mirror_error
+@as_mirror_error
 def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -> tuple[int, list[str]]:
     """Stream every data column of a version 3 mirror (ndarray values, ragged rows, str/bytes/json data:
     what :func:`load_columns` may leave on disk) through its checksum, in reads of at most
@@ -69,14 +78,14 @@ def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -
                             problems.append(f"sample {p} ({rels[p]}), field {name!r}: not valid {kind} "
                                             f"({type(exc).__name__}: {str(exc)[:80]})")
                     bar.update(len(buf))
-            if _int(data.attrs, "crc32", path) != attrs_crc32(data.attrs, crc):
+            if int_attr(data.attrs, "crc32", path) != attrs_crc32(data.attrs, crc):
                 problems.append(f"field {name!r}: {data.name} does not match its checksum")
     finally:
         os.close(fd)
     return n, problems
 
 
-@_as_mirror_error
+@as_mirror_error
 def verify(path: PathLike, progress: bool = False) -> int:
     """Check every stored image of a version 2 mirror against its checksum, and its paths and order;
     and each encoded image's header against its declared shape and ``PIL.Image.MAX_IMAGE_PIXELS``
@@ -101,7 +110,7 @@ def verify(path: PathLike, progress: bool = False) -> int:
     with open_h5(path) as f:
         head, splits = header(f, path), split_names(f)
     if not splits:  # kitti: no training/ or testing/ (an imagefolder's tables at the root are not read)
-        raise _bad(path, "a kitti mirror without a training or testing split")
+        raise invalid(path, "a kitti mirror without a training or testing split")
     total = 0
     bad: list[str] = []
     tables: list[tuple[str, Optional[int]]] = [(split, None) for split in splits]
@@ -115,9 +124,9 @@ def verify(path: PathLike, progress: bool = False) -> int:
                               "to verify: pack it again with this colabfast")
         rels = read_paths(path, split)
         with open_h5(path) as f:
-            order = _array(f[split] if split else f, "order", path, "<i8", (len(index),), index.header.version)
+            order = check_array(f[split] if split else f, "order", path, "<i8", (len(index),), index.header.version)
         if len(np.unique(order)) != len(order) or (len(order) and order.min() < 0):
-            raise _bad(path, f"{split or 'the'} order is not distinct source indices")
+            raise invalid(path, f"{split or 'the'} order is not distinct source indices")
         offsets, n = index.offsets, len(index)
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -233,7 +242,7 @@ class MirrorInfo:
         return "\n".join(lines)
 
 
-@_as_mirror_error
+@as_mirror_error
 def info(path: PathLike) -> MirrorInfo:
     """Describe a mirror (also one whose packing was interrupted). ``colabfast info`` prints this.
 
@@ -248,7 +257,7 @@ def info(path: PathLike) -> MirrorInfo:
         head = Header.read(f, path, complete=False)
         splits = split_names(f)
     if head.complete and not splits:
-        raise _bad(path, "a kitti mirror without a training or testing split")
+        raise invalid(path, "a kitti mirror without a training or testing split")
     samples, nbytes, objects, columns = {}, {}, {}, []
     if head.columns is not None and head.complete:
         _, n, values, _ = load_columns(path, resident=0)  # sizes only: nothing big is read

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from colabfast.errors import StageRefused
-from colabfast.staging.copy import _same_identity, _sha256_of, _SourceChanged
+from colabfast.staging.copy import SourceChanged, same_identity, sha256_of
 from colabfast.staging.destination import (
     RECORD,
-    _adopt_legacy_record,
-    _manifest_path,
-    _new_manifest,
-    _ours,
-    _say_up_to_date,
+    adopt_legacy_record,
     check_space,
+    is_ours,
+    manifest_path,
+    new_manifest,
+    say_up_to_date,
 )
 from colabfast.staging.extract import extract, extracted_size, links_under
 from colabfast.where._fileio import (
@@ -31,14 +31,14 @@ from colabfast.where._fileio import (
 )
 
 if TYPE_CHECKING:
-    from colabfast.staging.destination import _Options
+    from colabfast.staging.destination import StageOptions
 
 __all__: list[str] = []  # internal to colabfast.staging: nothing here is public
 
 # --- archives --------------------------------------------------------------------------------------
 
 
-def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
+def stage_archive(archives: list[Path], dst: Path, opts: StageOptions) -> Path:
     """Extract ``archives`` (one, or several that together make one dataset) into the folder ``dst``.
 
     They are extracted into ``.NAME.colabfast-partial`` beside ``dst`` (resumable after an interrupt
@@ -51,14 +51,14 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     stats = [retry(functools.partial(os.stat, a), retries) for a in archives]
     identity = [[str(a), st.st_size, st.st_mtime_ns] for a, st in zip(archives, stats)]
     source = str(archives[0]) if len(archives) == 1 else [str(a) for a in archives]
-    _adopt_legacy_record(dst)
-    old = read_json(_manifest_path(dst)) or {}
-    ours = _ours(old) and old.get("source") == source
-    if ours and old.get("complete") and old.get("archive") == identity and dst.is_dir():
+    adopt_legacy_record(dst)
+    old = read_json(manifest_path(dst)) or {}
+    mine = is_ours(old) and old.get("source") == source
+    if mine and old.get("complete") and old.get("archive") == identity and dst.is_dir():
         if opts.verify != "sha256" or _hashes_match(dst, old.get("sha256") or {}):
-            _say_up_to_date(dst, opts)
+            say_up_to_date(dst, opts)
             return _staged_root(dst, old)
-    if not ours:
+    if not mine:
         _refuse_or_clear_archive(dst, source, old, opts)
 
     check_space(sum(retry(functools.partial(extracted_size, a), retries) for a in archives), dst, archives[0])
@@ -67,7 +67,7 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     if work.exists() and (read_json(progress_record) or {}).get("archive") != identity:
         shutil.rmtree(work)  # other archives, or another version of them: start over
     work.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(progress_record, _new_manifest(source, False, archive=identity))
+    write_json_atomic(progress_record, new_manifest(source, False, archive=identity))
     done = 0
     with tqdm(total=sum(st.st_size for st in stats), unit="B", unit_scale=True,
               desc=f"extract {', '.join(a.name for a in archives)}", disable=not opts.progress) as bar:
@@ -78,8 +78,8 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
             try:
                 extract(archive, work, allow_links=opts.allow_links, retries=retries,
                         on_progress=functools.partial(advance, done))
-                if not _same_identity(retry(functools.partial(os.stat, archive), retries), st):
-                    raise _SourceChanged(archive, "extracted")  # what was extracted may be torn
+                if not same_identity(retry(functools.partial(os.stat, archive), retries), st):
+                    raise SourceChanged(archive, "extracted")  # what was extracted may be torn
             except BaseException as exc:
                 if not _resumable(exc):
                     shutil.rmtree(work, ignore_errors=True)
@@ -93,10 +93,10 @@ def _stage_archive(archives: list[Path], dst: Path, opts: _Options) -> Path:
     root = top if hoist else work
     hashes = None
     if opts.verify == "sha256":
-        hashes = {p.relative_to(root).as_posix(): _sha256_of(p) for p in sorted(root.rglob("*"))
+        hashes = {p.relative_to(root).as_posix(): sha256_of(p) for p in sorted(root.rglob("*"))
                   if p.is_file() and not p.is_symlink() and p != progress_record}
     returned = "" if hoist or top == work else top.name
-    write_json_atomic(root / RECORD, _new_manifest(source, True, archive=identity, sha256=hashes, top=returned))
+    write_json_atomic(root / RECORD, new_manifest(source, True, archive=identity, sha256=hashes, top=returned))
     if dst.exists():
         shutil.rmtree(dst)  # an older staged version of these archives
     os.replace(root, dst)
@@ -111,15 +111,15 @@ def _resumable(exc: BaseException) -> bool:
     corrupt archive or of one that changed meanwhile is kept."""
     if isinstance(exc, KeyboardInterrupt):
         return True
-    return isinstance(exc, OSError) and not isinstance(exc, _SourceChanged) and exc.errno != errno.ENOSPC
+    return isinstance(exc, OSError) and not isinstance(exc, SourceChanged) and exc.errno != errno.ENOSPC
 
 
-def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opts: _Options) -> None:
+def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opts: StageOptions) -> None:
     names = source if isinstance(source, str) else ", ".join(source)
     if not dst.exists() or (dst.is_dir() and not any(dst.iterdir())):
         return
     if not opts.overwrite:
-        if _ours(old):
+        if is_ours(old):
             raise StageRefused(f"{dst} was staged from {old.get('source')}, not {names}: staging there would mix "
                              f"two datasets. Pass another dst, or overwrite=True to replace it.")
         entries = sorted(os.listdir(dst)) if dst.is_dir() else []
@@ -127,11 +127,11 @@ def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opt
                                                               else "") if entries else ""
         raise StageRefused(f"{dst} already exists and was not staged from {names}{held}: nothing was written. "
                          f"Remove it, pass another dst, or pass overwrite=True to replace it.")
-    # overwrite: the finished extraction replaces dst as a whole (see _stage_archive)
+    # overwrite: the finished extraction replaces dst as a whole (see stage_archive)
 
 
 def _hashes_match(root: Path, hashes: dict[str, str]) -> bool:
-    return all((root / rel).is_file() and _sha256_of(root / rel) == digest for rel, digest in hashes.items())
+    return all((root / rel).is_file() and sha256_of(root / rel) == digest for rel, digest in hashes.items())
 
 
 def _staged_root(dst: Path, record: dict) -> Path:

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from colabfast.errors import NotEnoughSpace, StageError
 from colabfast.staging.destination import (
-    _Hashes,
-    _manifest_path,
-    _new_manifest,
-    _record_path,
-    _say_up_to_date,
+    Hashes,
     check_space,
+    manifest_path,
+    new_manifest,
+    record_of,
+    say_up_to_date,
 )
 from colabfast.where import env
 from colabfast.where._fileio import (
@@ -38,14 +38,14 @@ from colabfast.where._fileio import (
 )
 
 if TYPE_CHECKING:
-    from colabfast.staging.destination import _Options
+    from colabfast.staging.destination import StageOptions
 
 __all__: list[str] = []  # internal to colabfast.staging: nothing here is public
 
 CHUNK = 1 << 20  # bytes per read() when copying a file
 BIG_FILE = 64 << 20  # files at least this large are copied as parallel ranges
 RANGE = 16 << 20  # bytes per range of a big file
-# Files the last _stage_tree of this thread found to copy (0: all up to date, maybe staged by another
+# Files the last stage_tree of this thread found to copy (0: all up to date, maybe staged by another
 # process while this one waited for the stage lock): how open_dataset's account tells "staged" from "found".
 _LAST = threading.local()
 
@@ -58,7 +58,7 @@ def copied_last() -> Optional[int]:
 # --- folders and single files ----------------------------------------------------------------------
 
 
-def _sha256_of(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -66,22 +66,22 @@ def _sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _stage_tree(
+def stage_tree(
     src: Path,
     dst: Path,
     files: list[FileEntry],
     dirs: list[str],
     workers: int,
-    opts: _Options,
+    opts: StageOptions,
     rename: Optional[dict[str, str]] = None,
     unreadable: Optional[dict[str, OSError]] = None,
 ) -> None:
     """Copy ``files`` (relative to ``src``) to ``dst``, skipping unchanged ones."""
     names = rename or {}
     single = bool(names)
-    record_path = _record_path(dst / next(iter(names.values())), True) if single else _manifest_path(dst)
+    record_path = record_of(dst / next(iter(names.values())), True) if single else manifest_path(dst)
     old = read_json(record_path) or {}
-    hashes = _Hashes(record_path, old, keep=opts.verify == "sha256")
+    hashes = Hashes(record_path, old, keep=opts.verify == "sha256")
 
     def target_of(rel: str) -> Path:
         return dst / names.get(rel, rel)
@@ -102,7 +102,7 @@ def _stage_tree(
         copying = set(todo)
         same = [f for f in files if f not in copying]
         with ThreadPoolExecutor(env.cpu_count()) as pool:
-            digests = pool.map(lambda f: _sha256_of(target_of(f.rel)), same)
+            digests = pool.map(lambda f: sha256_of(target_of(f.rel)), same)
             todo += [f for f, d in zip(same, digests) if hashes.digests.get(f.rel) != d]
     failures: dict[str, BaseException] = {}
     for rel, exc in (unreadable or {}).items():
@@ -110,16 +110,16 @@ def _stage_tree(
         failures[f"{rel}/"] = exc
     _LAST.copied = len(todo)
     if not todo and not failures:
-        _say_up_to_date(target_of(files[0].rel) if single else dst, opts)
+        say_up_to_date(target_of(files[0].rel) if single else dst, opts)
         if not old.get("complete"):
-            write_json_atomic(record_path, _new_manifest(src if not single else src / files[0].rel, True,
+            write_json_atomic(record_path, new_manifest(src if not single else src / files[0].rel, True,
                                                          sha256=hashes.digests or None))
         hashes.close(folded=True)
         return
 
     source = src if not single else src / files[0].rel
     check_space(sum(f.size for f in todo), dst, src, folder=not single)
-    write_json_atomic(record_path, _new_manifest(source, False, sha256=hashes.digests or None))
+    write_json_atomic(record_path, new_manifest(source, False, sha256=hashes.digests or None))
     if old and not old.get("complete"):
         _remove_partials(dst if not single else None, [target_of(f.rel) for f in todo])
     copier = _Copier(src, target_of, opts.verify, opts.retries, hashes)
@@ -129,7 +129,7 @@ def _stage_tree(
         failures.update(copier.run(todo, workers, opts.progress, desc=f"stage {name}"))
     finally:
         hashes.close(folded=False)
-    write_json_atomic(record_path, _new_manifest(source, not failures, sha256=hashes.digests or None))
+    write_json_atomic(record_path, new_manifest(source, not failures, sha256=hashes.digests or None))
     hashes.close(folded=True)
     if failures:
         from colabfast.drive.mounting import failure_advice
@@ -152,7 +152,7 @@ def _remove_partials(root: Optional[Path], targets: list[Path]) -> None:
                     os.unlink(os.path.join(folder, name))
 
 
-class _SourceChanged(OSError):
+class SourceChanged(OSError):
     """A source file's size, modification or change time, or inode differs before and after its copy."""
 
     def __init__(self, path: Path, what: str = "copied"):
@@ -186,12 +186,12 @@ class _Source:
             self.fd = fd
 
     def same_as(self, st: os.stat_result) -> bool:
-        return _same_identity(st, self.st)
+        return same_identity(st, self.st)
 
     def check_unchanged(self) -> None:
-        """Raise _SourceChanged if the file at ``path`` is no longer what was opened (or was written)."""
+        """Raise SourceChanged if the file at ``path`` is no longer what was opened (or was written)."""
         if not self.same_as(retry(lambda: os.stat(self.path), self.retries)):
-            raise _SourceChanged(self.path)
+            raise SourceChanged(self.path)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -200,7 +200,7 @@ class _Source:
 class _Copier:
     """Copies files with a thread pool: small files whole, big files as parallel ranges."""
 
-    def __init__(self, src: Path, target_of: Callable[[str], Path], verify: str, retries: int, hashes: _Hashes):
+    def __init__(self, src: Path, target_of: Callable[[str], Path], verify: str, retries: int, hashes: Hashes):
         self.src, self.target_of, self.verify, self.retries = src, target_of, verify, retries
         self.hashes = hashes
         self._done = 0  # bytes copied, updated by worker threads
@@ -294,7 +294,7 @@ class _Copier:
                     self._check_abort()
                     chunk = src.pread(min(CHUNK, size - copied), copied)
                     if not chunk:
-                        raise _SourceChanged(src.path)  # it shrank
+                        raise SourceChanged(src.path)  # it shrank
                     write_all(fd, chunk)
                     if h is not None:
                         h.update(chunk)
@@ -361,7 +361,7 @@ class _BigFile:
         """Note the source's identity and allocate the partial file (once, by the first range)."""
         st = retry(lambda: os.stat(self.path), self.copier.retries)
         if st.st_size != self.f.size:  # the ranges were cut for another size
-            raise _SourceChanged(self.path)
+            raise SourceChanged(self.path)
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             os.posix_fallocate(fd, 0, self.f.size)
@@ -382,7 +382,7 @@ class _BigFile:
             if self.failed:
                 raise OSError(errno.ECANCELED, "another range of this file failed")
             digest = "" if self.changed else retry(lambda: self._copy(start, length), self.copier.retries)
-        except _SourceChanged:
+        except SourceChanged:
             self.changed = True
             digest = ""
         except BaseException:
@@ -410,7 +410,7 @@ class _BigFile:
         try:
             assert self.identity is not None
             if not src.same_as(self.identity):
-                exc = _SourceChanged(self.path)
+                exc = SourceChanged(self.path)
                 exc.attempts = 1  # type: ignore[attr-defined]  # not retried per range: the file is
                 raise exc
             fd_out = os.open(self.tmp, os.O_WRONLY | os.O_CLOEXEC)
@@ -419,7 +419,7 @@ class _BigFile:
                     self.copier._check_abort()
                     chunk = src.pread(min(4 * CHUNK, length - done), start + done)
                     if not chunk:  # it ended early
-                        exc = _SourceChanged(self.path)
+                        exc = SourceChanged(self.path)
                         exc.attempts = 1  # type: ignore[attr-defined]
                         raise exc
                     write_all(fd_out, chunk, start + done)
@@ -439,13 +439,13 @@ class _BigFile:
     def _finish(self) -> None:
         try:
             if not self.changed:
-                self.changed = not _same_identity(retry(lambda: os.stat(self.path), self.copier.retries),
+                self.changed = not same_identity(retry(lambda: os.stat(self.path), self.copier.retries),
                                                   self.identity)
             if self.changed:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.tmp)
                 if self.attempt >= self.copier.retries:
-                    exc = _SourceChanged(self.path)
+                    exc = SourceChanged(self.path)
                     exc.attempts = self.attempt + 1  # type: ignore[attr-defined]
                     raise exc
                 self.copier._add(-self.written)
@@ -465,7 +465,7 @@ class _BigFile:
             raise
 
 
-def _same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
+def same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
     """The same file, unchanged: size, modification and change time, inode and device (a same-size
     rewrite in place changes the modification time, and the change time even when the modification
     time is put back; a replacement changes the inode)."""

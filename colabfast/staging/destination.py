@@ -40,7 +40,7 @@ JOURNAL = STAGE_JOURNAL  # beside it: hashes appended as files are verified
 RAM_FRACTION = 0.5  # to="auto" stages to RAM (in Colab) when the data takes at most this share of spare RAM
 
 
-class _Options(NamedTuple):
+class StageOptions(NamedTuple):
     """stage()'s keyword arguments that reach the copy and the extraction."""
 
     verify: str
@@ -51,7 +51,7 @@ class _Options(NamedTuple):
     cancel: Optional[threading.Event] = None
 
 
-def _say_up_to_date(dst: Path, opts: _Options) -> None:
+def say_up_to_date(dst: Path, opts: StageOptions) -> None:
     """A re-run that finds nothing to do says so, where a copy would show its progress bar."""
     if opts.progress:
         print(f"{dst} is up to date, nothing copied", file=sys.stderr)
@@ -60,7 +60,7 @@ def _say_up_to_date(dst: Path, opts: _Options) -> None:
 # --- destination, space, locking, records ----------------------------------------------------------
 
 
-def _destination(name: str, dst: Optional[PathLike], to: str, nbytes: int, single: bool) -> Path:
+def resolve_destination(name: str, dst: Optional[PathLike], to: str, nbytes: int, single: bool) -> Path:
     if dst is not None:
         return Path(os.path.abspath(dst))
     chosen = default_destination(name, nbytes, to, single=single)
@@ -101,12 +101,12 @@ def default_destination(name: str, nbytes: int, to: str = "auto", *, single: boo
         return Destination(False, disk, "to='disk'")
     if to == "ram":
         return Destination(True, None, "to='ram'")
-    if _record_path(disk, single).exists():
+    if record_of(disk, single).exists():
         return Destination(False, disk, f"an earlier stage of it is at {disk}")
     from colabfast.where.tmpfs import ramdisk_path
 
     mounted = ramdisk_path()
-    if mounted is not None and _record_path(mounted / name, single).exists():
+    if mounted is not None and record_of(mounted / name, single).exists():
         return Destination(True, mounted / name, f"an earlier stage of it is at {mounted / name}")
     # Outside Colab a RAM disk is the user's call (to="ram"): mounting one unasked would hold RAM
     # after the process ends. In Colab the runtime is the user's alone and goes away with them.
@@ -120,7 +120,7 @@ def default_destination(name: str, nbytes: int, to: str = "auto", *, single: boo
                                     f"may use")
 
 
-def _check_not_nested(src: Path, dst: Path) -> None:
+def check_not_nested(src: Path, dst: Path) -> None:
     s, d = os.path.realpath(src), os.path.realpath(dst)
     if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
         raise StageRefused(f"cannot stage {src} into {dst}: one is inside the other")
@@ -180,7 +180,7 @@ def _mountpoint(path: Path) -> str:
     return m.mountpoint if m else str(path)
 
 
-def _record_path(dst: Path, single: bool) -> Path:
+def record_of(dst: Path, single: bool) -> Path:
     """Where the record of a stage to ``dst`` lives: inside a staged folder (it travels and goes with
     the data), and in colabfast's cache folder for a single file (nothing beside it in your folder)."""
     if not single:
@@ -190,23 +190,23 @@ def _record_path(dst: Path, single: bool) -> Path:
     return folder / f"{state_name(dst)}.json"
 
 
-def _manifest_path(dst: Path) -> Path:
+def manifest_path(dst: Path) -> Path:
     """The record of a folder or archive staged to ``dst``."""
-    return _record_path(dst, single=False)
+    return record_of(dst, single=False)
 
 
 @contextlib.contextmanager
-def _locked(dst: Path) -> Iterator[None]:
+def stage_lock(dst: Path) -> Iterator[None]:
     with locked(env.cache_dir() / "locks" / f"{state_name(dst)}.lock", f"staging to {dst}"):
         yield
 
 
-def _new_manifest(src: Union[Path, str, list], complete: bool, **extra) -> dict:
+def new_manifest(src: Union[Path, str, list], complete: bool, **extra) -> dict:
     source = src if isinstance(src, list) else str(src)
     return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "source": source, "complete": complete, **extra}
 
 
-def _ours(record: dict) -> bool:
+def is_ours(record: dict) -> bool:
     return record.get("format") == MANIFEST_FORMAT
 
 
@@ -218,7 +218,7 @@ def _legacy_record(dst: Path) -> Optional[Path]:
     return dst.with_name(name) if fits_name_max(name) else None
 
 
-def _adopt_legacy_record(dst: Path) -> None:
+def adopt_legacy_record(dst: Path) -> None:
     """Move a record kept beside ``dst`` by colabfast 0.1 (see :func:`_legacy_record`) inside it."""
     legacy = _legacy_record(dst)
     if legacy is None:
@@ -230,7 +230,7 @@ def _adopt_legacy_record(dst: Path) -> None:
             old.unlink()
 
 
-def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> None:
+def _refuse_or_clear(dst: Path, source: str, record: dict, opts: StageOptions) -> None:
     """Refuse to stage into a folder holding files that are not a stage of ``source`` (or, with
     ``overwrite``, empty it first). Nothing is written before this check."""
     if not dst.exists():
@@ -241,14 +241,14 @@ def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> No
                              f"or overwrite=True to replace it.")
         dst.unlink()
         return
-    if _ours(record) and record.get("source") == source:
+    if is_ours(record) and record.get("source") == source:
         return
     entries = sorted(os.listdir(dst))
     if not entries:
         return
     if not opts.overwrite:
         shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-        if _ours(record):
+        if is_ours(record):
             raise StageRefused(f"{dst} was staged from {record.get('source')}, not {source}: staging there would "
                              f"mix two datasets. Pass another dst, or overwrite=True to replace it.")
         raise StageRefused(f"{dst} is a folder colabfast did not stage, and it holds {shown}: staging {source} "
@@ -262,31 +262,31 @@ def _refuse_or_clear(dst: Path, source: str, record: dict, opts: _Options) -> No
             path.unlink()
 
 
-def _prepare_folder(dst: Path, source: str, opts: _Options) -> None:
-    _adopt_legacy_record(dst)
-    _refuse_or_clear(dst, source, read_json(_manifest_path(dst)) or {}, opts)
+def prepare_folder(dst: Path, source: str, opts: StageOptions) -> None:
+    adopt_legacy_record(dst)
+    _refuse_or_clear(dst, source, read_json(manifest_path(dst)) or {}, opts)
 
 
-def _prepare_file(target: Path, src: Path, entry: FileEntry, opts: _Options) -> None:
+def prepare_file(target: Path, src: Path, entry: FileEntry, opts: StageOptions) -> None:
     """A single file may replace only a file colabfast staged from ``src``, or an identical copy."""
     legacy = _legacy_record(target)
-    record = read_json(_record_path(target, single=True)) or {}
+    record = read_json(record_of(target, single=True)) or {}
     if not record and legacy is not None and (record := read_json(legacy) or {}):  # beside it (colabfast 0.1)
-        write_json_atomic(_record_path(target, single=True), record)
-    _adopt_legacy_record(target)
+        write_json_atomic(record_of(target, single=True), record)
+    adopt_legacy_record(target)
     if not target.exists() and not target.is_symlink():
         return
     if target.is_dir():
         raise StageRefused(f"{target} is a folder: cannot stage the file {src} over it")
-    if (_ours(record) and record.get("source") == str(src)) or unchanged(target.stat(), entry.size, entry.mtime_ns):
+    if (is_ours(record) and record.get("source") == str(src)) or unchanged(target.stat(), entry.size, entry.mtime_ns):
         return
     if not opts.overwrite:
-        whose = f"was staged from {record.get('source')}" if _ours(record) else "is a file colabfast did not stage"
+        whose = f"was staged from {record.get('source')}" if is_ours(record) else "is a file colabfast did not stage"
         raise StageRefused(f"{target} {whose}: staging {src} would replace it, so nothing was written. Pass "
                          f"another dst, or overwrite=True to replace it.")
 
 
-class _Hashes:
+class Hashes:
     """SHA-256 of staged files: the record's, plus a journal appended as each file is verified, so a
     run that is killed keeps what it verified (``.colabfast-stage.json`` + ``.sha256.jsonl``)."""
 

@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import Optional, Sequence, Union, cast
 
 from colabfast.errors import SourceNotFound, StageRefused
-from colabfast.staging.archives import _stage_archive
-from colabfast.staging.copy import _stage_tree
+from colabfast.staging.archives import stage_archive
+from colabfast.staging.copy import stage_tree
 from colabfast.staging.destination import (
     JOURNAL,
     RECORD,
-    _check_not_nested,
-    _destination,
-    _locked,
-    _Options,
-    _ours,
-    _prepare_file,
-    _prepare_folder,
+    StageOptions,
+    check_not_nested,
+    is_ours,
+    prepare_file,
+    prepare_folder,
+    resolve_destination,
+    stage_lock,
 )
 from colabfast.staging.extract import archive_suffix, extracted_size, strip_archive_suffix
 from colabfast.where import env
@@ -144,7 +144,7 @@ def stage(
         raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
     if dst is not None and to != "auto":
         raise StageRefused(f"pass dst or to, not both: to={to!r} only picks a default destination")
-    opts = _Options(verify, retries, progress, overwrite, allow_links, cancel)
+    opts = StageOptions(verify, retries, progress, overwrite, allow_links, cancel)
     source = _resolve(src, retries)
     if workers is None:
         workers = 64 if env.is_fuse(source.path) else 16
@@ -153,24 +153,24 @@ def stage(
     if source.kind == "folder":
         source = source.scanned(workers, retries)
         _check_reserved(source.path, source.reserved)
-    target = _destination(source.name, dst, to, source.nbytes, single=source.kind == "file")
+    target = resolve_destination(source.name, dst, to, source.nbytes, single=source.kind == "file")
     if source.kind == "file" and target.is_dir():
         target = target / source.name
     for path in source.archives or [source.path]:
-        _check_not_nested(path, target)
+        check_not_nested(path, target)
     if source.kind == "folder" and not source.files and not source.unreadable:
         warnings.warn(f"{source.path} holds no files: staging it makes an empty folder at {target}", stacklevel=2)
 
-    with _locked(target):
+    with stage_lock(target):
         if source.kind == "archives":
-            return _stage_archive(source.archives, target, opts)
+            return stage_archive(source.archives, target, opts)
         if source.kind == "folder":
-            _prepare_folder(target, str(source.path), opts)
-            _stage_tree(source.path, target, source.files, source.dirs, workers, opts, unreadable=source.unreadable)
+            prepare_folder(target, str(source.path), opts)
+            stage_tree(source.path, target, source.files, source.dirs, workers, opts, unreadable=source.unreadable)
         else:
             entry = source.files[0]
-            _prepare_file(target, source.path, entry, opts)
-            _stage_tree(source.path.parent, target.parent, [entry], [], workers, opts,
+            prepare_file(target, source.path, entry, opts)
+            stage_tree(source.path.parent, target.parent, [entry], [], workers, opts,
                         rename={entry.rel: target.name})
     return target
 
@@ -243,7 +243,7 @@ def _check_reserved(src: Path, reserved: list[str]) -> None:
 
     def inside_stage(folder: str) -> bool:
         if folder not in staged:
-            staged[folder] = _ours(read_json(src / folder / RECORD) or {}) or (
+            staged[folder] = is_ours(read_json(src / folder / RECORD) or {}) or (
                 folder != "" and inside_stage(posixpath.dirname(folder)))
         return staged[folder]
 
