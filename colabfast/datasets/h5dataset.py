@@ -67,6 +67,14 @@ class H5Dataset(MirrorDataset):
     - ``"coco"``, ``"voc-detection"``, ``"voc-segmentation"``: dicts; :class:`H5CocoDetection`,
       :class:`H5VOCDetection` and :class:`H5VOCSegmentation` give torchvision's items.
 
+    Examples:
+        >>> import colabfast as cf, torchvision
+        >>> fake = torchvision.datasets.FakeData(size=4, image_size=(3, 16, 16), num_classes=2)
+        >>> ds = cf.H5Dataset(cf.pack(fake, "fake.h5", progress=False))
+        >>> image, label = ds[0]
+        >>> image.size, image == fake[0][0], label == fake[0][1]
+        ((16, 16), True, True)
+
     Args:
         path: a mirror of columns (``colabfast info`` lists them).
         transform, target_transform, transforms: as torchvision's: for an ``(image, target)``

@@ -110,110 +110,57 @@ class _Prepared(Dataset):
 class DataLoader(torch.utils.data.DataLoader):
     """``torch.utils.data.DataLoader`` with tuned defaults and GPU feeding; a drop-in replacement.
 
-    Takes every ``torch.utils.data.DataLoader`` argument, positionally in the same order too, with the
-    same meaning; version-specific ones (``in_order``, ``pin_memory_device``) pass through
-    ``**kwargs``. Arguments left unset get tuned values, recorded with the reason in
-    ``loader.choices`` (name -> ``(value, why)``) and shown by ``repr(loader)``; ``loader.plan`` is the
-    :class:`Plan` they come from, its decisions as typed fields:
+    It takes every ``torch.utils.data.DataLoader`` argument, positionally in the same order, with the same
+    meaning. Those left unset are chosen for the machine (2 CPUs on Colab): ``num_workers`` (the CPUs),
+    ``persistent_workers``, ``prefetch_factor=4``, ``pin_memory`` for CUDA, a `BlockShuffleSampler` for a
+    shuffled mirror, the uint8 `colabfast.loading.collate.collate`. Each choice and its reason are in
+    ``loader.choices`` and ``repr(loader)``; ``loader.plan`` is the `Plan` they come from. Over a mirror
+    (``H5ImageFolder(output="tensor" or "bytes")``) batches are read by threads of this process, and a
+    torchvision v2 ``RandomResizedCrop``/``Resize``/``CenterCrop`` + flip runs fused with decoding in
+    those threads, giving exactly the batches of ``num_workers`` worker processes under the same seed.
+    On CUDA a feeder thread copies, decodes (nvJPEG) and normalises batches on a side stream one step
+    ahead. How each default is chosen, with the measurements: [Feeding the GPU](../gpu-feed.md).
 
-    - ``num_workers``: the CPUs this process may use (:func:`colabfast.where.env.cpu_count`; 2 on Colab),
-      or 0 for an ``IterableDataset`` (each worker would replay the whole stream), and 0 where workers
-      are spawned (macOS, Windows) and the dataset or a function comes from ``__main__`` (a notebook
-      cell), which spawned workers cannot import.
-    - ``persistent_workers``: True with workers (no re-forking, re-importing and re-opening files
-      every epoch). Workers then keep the dataset object they started with.
-    - ``prefetch_factor``: 4 with workers: 2 workers x 4 = 8 batches queued absorb slow reads (a cold
-      block, a large JPEG) that the default 2 x 2 does not; the cost is memory, e.g. 8 x 38 MB of
-      shared memory for batches of 256 uint8 images of 224x224.
-    - ``pin_memory``: True when batches go to CUDA (required for asynchronous copies).
-    - ``sampler``: a :class:`~colabfast.loading.sampler.BlockShuffleSampler` when ``shuffle=True`` and the
-      dataset is an h5 mirror (``dataset.is_mirror``, also through ``Subset``), seeded from
-      ``generator`` or torch's global RNG as ``RandomSampler`` is; blocks of 64 items for a mirror
-      packed with ``shuffle=True``, else of ``min(64, batch_size // 16)`` so batches mix classes. Under
-      ``torch.distributed`` ``shuffle=True`` gives each rank its share of every epoch, rank 0's seed on all
-      (a ``DistributedSampler`` for other datasets; ``shuffle=False`` shards nothing, as torch's).
-    - ``collate_fn``: :func:`colabfast.loading.collate.collate` (uint8 images, batched channels-last for the
-      GPU; contiguous on the CPU unless ``memory_format=torch.channels_last``).
-
-    ``dataset``, ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler``, ``num_workers``, ``collate_fn``,
-    ``pin_memory``, ``drop_last``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``generator``,
-    ``prefetch_factor``, ``persistent_workers`` and ``**kwargs`` are ``torch.utils.data.DataLoader``'s (defaults
-    above).
+    Examples:
+        >>> import colabfast as cf
+        >>> from torchvision.transforms import v2
+        >>> ds = cf.H5ImageFolder("flowers.h5", output="tensor")  # a mirror cf.pack made
+        >>> loader = cf.DataLoader(ds, batch_size=4, shuffle=True, device="cpu",
+        ...                        transform=v2.RandomResizedCrop(32, antialias=True))
+        >>> images, labels = next(iter(loader))
+        >>> images.shape, images.dtype, labels.shape
+        (torch.Size([4, 3, 32, 32]), torch.uint8, torch.Size([4]))
+        >>> loader.choices["transform"][1]
+        'per image, fused with decoding in the reader threads'
 
     Args:
         device: where batches arrive: ``"auto"`` (CUDA if torch sees a GPU, else CPU), ``"cpu"``,
-            ``"cuda"``, ``"cuda:1"`` or a ``torch.device``. On CUDA, batches are converted ahead by a feeder
-            thread on a side stream (:class:`~colabfast.loading.prefetch.CUDAPrefetcher`) and every tensor
-            arrives there.
-        mean: per-channel mean in 0..1 units (torchvision ``Normalize`` convention, ImageNet:
-            ``(0.485, 0.456, 0.406)``); uint8 images are scaled by 1/255 first. Default: none.
+            ``"cuda"``, ``"cuda:1"`` or a ``torch.device``.
+        mean: per-channel mean in 0..1 units (torchvision ``Normalize``'s; ImageNet: ``(0.485, 0.456,
+            0.406)``); uint8 images are scaled by 1/255 first. Default: none.
         std: per-channel standard deviation in 0..1 units (ImageNet: ``(0.229, 0.224, 0.225)``).
-        dtype: image dtype, e.g. ``torch.float32``, ``torch.float16``, ``torch.bfloat16``. Default:
-            float32 when ``mean``/``std`` are given, else the images keep their dtype (uint8).
-        memory_format: ``None``: contiguous ``[B, C, H, W]`` as a plain DataLoader gives;
-            ``torch.channels_last``: channels-last (faster convolutions under AMP on tensor cores).
-        decode: where encoded images (a dataset yielding JPEG/PNG bytes, e.g.
-            ``H5ImageFolder(output="bytes")``) are decoded. ``"gpu"``: JPEGs in batches with nvJPEG in
-            the main process (other formats in the workers, on the CPU); needs a CUDA ``device``.
-            ``"cpu"``: in the workers. A mirror's files (``H5ImageFolder(output="bytes")`` left to the
-            defaults) are read by the feeder thread itself, one ``pread`` per run of stored samples
-            into pinned memory just before nvJPEG: on an H100 pinned to 2 CPUs ResNet-50 came closer
-            to the data-on-GPU ceiling this way than with reader threads or worker processes beside
-            the feeder and the training thread (benchmarks/README.md, "GPU feed on an H100 (2 CPUs)",
-            "Who reads the files for nvJPEG").
-            ``"auto"``: ``"gpu"`` when the dataset yields bytes
-            (``dataset.output == "bytes"``) and batches go to CUDA, ``"cpu"`` when they stay on the
-            CPU. Decoded images are RGB uint8 ``[3, H, W]``. An undecodable file raises ``ValueError``
-            naming its dataset index.
-        transform: applied to the images (uint8 ``[C, H, W]``, after decoding) before batching: on
-            the GPU in the feeder thread when ``device`` is CUDA, per image on the CPU otherwise (in
-            the reader threads where it fuses with decoding, see below; else in the workers).
-            A :mod:`colabfast.images.transforms` transform (``Compose([RandomResizedCrop(224),
-            RandomHorizontalFlip()])``) transforms each batch at once; any other callable, e.g. a
-            torchvision v2 transform, is called per image (slower on the GPU: ``loader.choices`` says
-            which). Use it to bring images of different sizes to one size. It sees the image only:
-            transforms that must also move boxes belong in the dataset. The random steps of a
-            :mod:`colabfast.images.transforms` transform drawing in this process (on CUDA, or with no
-            workers) are reseeded each epoch from ``generator`` (or torch's global RNG), so
-            ``torch.manual_seed`` before the loop repeats a run; one built with ``generator=`` is left alone.
-        feed_depth: on CUDA, converted batches the feeder thread queues ahead of the training loop
-            (:class:`~colabfast.loading.prefetch.Feeder`, default 3): GPU memory for that many batches stays
-            allocated; depths 2-4 measured within noise of each other on an H100 (benchmarks/README.md,
-            "GPU feed on an H100 (2 CPUs)").
-
-        draft: where the reader threads fuse a per-sample crop with decoding (see below), decode a
-            JPEG at 1/2, 1/4 or 1/8 scale when the crop is shrunk at least twice that much
-            (libjpeg-turbo's DCT scaling, :mod:`colabfast.images.augment`): faster on large photos, not
-            the exact pixels of decode-then-crop (0.3 levels of 255 apart on average, measured in
-            :meth:`colabfast.images.augment.FusedTransform._draft_scale`). Default False: torchvision's pixels.
-
-    Per-sample random transforms on the CPU run in this process's reader threads, not in worker
-    processes, where they fuse with decoding (:func:`colabfast.loading.reader.fused_for`): a mirror
-    (``H5ImageFolder(output="tensor")``, or an ``H5Dataset`` of pairs) whose ``transform`` (or the
-    loader's ``transform``) is ``v2.Compose([v2.RandomResizedCrop(...) or v2.Resize(...) or
-    v2.CenterCrop(...), v2.RandomHorizontalFlip(), ...])``. Batch ``k`` is then made by thread
-    ``k % num_threads`` drawing from a generator seeded as worker ``k % num_workers`` seeds torch, so the
-    batches are exactly those ``num_workers=<CPUs>`` worker processes give under the same seed
-    (:mod:`colabfast.loading.threadworkers`). Any other transform runs in worker processes; ``loader.choices``
-    says which and why. An epoch's first batch, which the training loop waits for, is made by all the
-    reader threads at once (its random numbers drawn first, in order, as one thread draws them): the
-    same batch, sooner (:meth:`colabfast.loading.reader.BatchReader.split`).
+        dtype: image dtype (``torch.float32``, ``torch.bfloat16``, ...). Default: float32 with ``mean``/``std``,
+            else the images' own (uint8).
+        memory_format: ``None`` (contiguous ``[B, C, H, W]``) or ``torch.channels_last``.
+        decode: where encoded images (``H5ImageFolder(output="bytes")``) are decoded: ``"gpu"`` (JPEGs by
+            nvJPEG in batches; needs CUDA), ``"cpu"``, or ``"auto"`` (``"gpu"`` for bytes going to CUDA).
+            Decoded images are RGB uint8 ``[3, H, W]``.
+        transform: applied to each image (uint8 ``[C, H, W]``) before batching: in the feeder thread on
+            CUDA (a `colabfast.images.transforms` transform does a whole batch at once), else per image on
+            the CPU, fused with decoding where it can be (``loader.choices["transform"]`` says where).
+        feed_depth: on CUDA, converted batches queued ahead of the training loop (default 3).
+        draft: decode a JPEG at 1/2, 1/4 or 1/8 scale where a fused crop shrinks it at least that much
+            (libjpeg-turbo's DCT scaling): faster, 0.3 grey levels from torchvision's pixels on average.
 
     Raises:
-        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, a mirror
-            dataset giving PIL images (``output="pil"``, the default) that nothing makes tensors before
-            batching (the message says what to pass), or any error ``torch.utils.data.DataLoader``
-            raises for its arguments.
+        ValueError: a bad ``decode``/``mean``/``std``/``dtype`` combination, ``feed_depth`` < 1, PIL images
+            (``output="pil"``) that nothing makes tensors before batching (the message says what to pass),
+            or what ``torch.utils.data.DataLoader`` raises for its arguments.
         RuntimeError: a CUDA ``device`` without a GPU.
         SamplerRefused: ``drop_last=True`` sharding fewer samples than ``torch.distributed`` has ranks.
 
-    :meth:`state_dict` and :meth:`load_state_dict` resume an epoch where a lost runtime left it, with the
-    same batches, random crops included (torchdata's ``StatefulDataLoader`` convention;
-    :mod:`colabfast.loading.resume`).
-
-    Differences from a plain DataLoader, all visible in ``choices``: ``iter(loader)`` is a generator
-    (no ``len``; use ``len(loader)``); with ``decode`` or ``transform`` in the workers
-    ``loader.dataset`` is a thin wrapper around the caller's dataset.
+    `state_dict` and `load_state_dict` resume an epoch where a lost runtime left it, with the same batches
+    ([Resuming](../resume.md)). Unlike torch's, ``iter(loader)`` is a generator (``len(loader)`` works).
     """
 
     def __init__(

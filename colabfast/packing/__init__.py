@@ -74,130 +74,64 @@ def pack(
     progress: bool = True,
     overwrite: bool = False,
 ) -> Path:
-    """Pack a dataset (a folder, an archive read as a stream, or any map-style dataset) into one HDF5
-    mirror at ``dst``.
+    """Pack a dataset (a folder, an archive, or any map-style dataset) into one HDF5 mirror at ``dst``.
 
-    **Any map-style dataset** (an object with ``__len__`` and ``__getitem__``: yours, a torchvision
-    dataset, a Hugging Face ``datasets.Dataset``) is packed sample by sample into typed columns
-    (:mod:`colabfast.mirror.columns`, format version 3): whatever ``dataset[i]`` returns (a tuple, a dict,
-    or one value, made of PIL images, image tensors/arrays, ``tv_tensors``, numbers, strings, bytes,
-    arrays and JSON-like lists) comes back from :class:`colabfast.H5Dataset` as it was returned,
-    losslessly: a PIL image opened from a JPEG file and left unchanged keeps that file's bytes, any
-    other image is stored as PNG unless ``fields`` asks for JPEG (FFCV's ``jpg`` mode). ``dataset[i]``
-    runs in ``workers`` forked processes of 8 threads each (it usually waits on Drive), as a
-    DataLoader's workers run it. A sample that does not fit the columns of sample 0 (a new key, another
-    dtype), or nests deeper than :data:`colabfast.mirror.columns.MAX_DEPTH`, is a
-    :class:`colabfast.mirror.columns.FieldError` naming the index and field; an image over
-    ``PIL.Image.MAX_IMAGE_PIXELS`` (the readers' limit) fails as an unreadable file does. The first
-    ``dataset[i]`` that raises IndexError ends the dataset, as iterating it would (warned where ``len()``
-    said more). Resuming an
-    interrupted run reuses its finished parts; a finished mirror is reused only for a dataset that
-    says what it holds (a layout's files, a Hugging Face ``_fingerprint``, or a ``fingerprint``
-    attribute of yours), any other dataset is packed again.
+    One big file is what Drive serves well and what a loader reads fastest. ``layout="auto"`` sees what
+    the source is (a zip as the folder it holds) and reads it as the format's own tool does; the mirror
+    then opens with that layout's drop-in (`H5ImageFolder`, `H5Kitti`, `H5CocoDetection`, ...; `H5Dataset`
+    for any dataset: its samples come back as ``dataset[i]`` returned them). Archives of images
+    (ImageNet's, an ImageFolder tree) are read front to back as one stream, never extracted. A run is
+    resumable, and ``dst`` is only ever replaced whole, by a verified mirror of the same source. How it
+    works, layout by layout: [Layouts and mirrors](../layouts.md).
 
-    **Folder layouts** (:mod:`colabfast.layouts`) are read as such datasets, with no code to write:
-    ``"coco"`` (``labels=`` the annotation JSON, as ``torchvision.datasets.CocoDetection(root,
-    annFile)``; Roboflow's ``_annotations.coco.json`` is found), ``"voc-detection"`` and
-    ``"voc-segmentation"`` (a ``VOCdevkit`` tree, or VOC 2011's ``TrainVal``; ``split=`` the image set,
-    ``year=`` the year where it holds several), ``"yolo"`` (Ultralytics
-    and Roboflow exports; ``split=``), ``"segmentation"`` (``images/`` and ``masks/`` paired by
-    name) and ``"csv"`` (``labels=`` the table). ``"auto"`` detects them (a VOC tree with both image
-    sets as detection; csv where one table lies at the top of a folder of images, or where one of
-    several is named after a folder of images beside it, as Kaggle's ``train.csv`` for ``train/``), or ``labels=``
-    a ``.json`` (coco) or ``.csv``.
-
-    ``dst`` is written over only when it is a mirror of the same source: re-running with the same
-    options returns at once, with other options it is rebuilt. Any other file there (yours, or a mirror
-    of another source) is refused before anything is read, unless ``overwrite=True``; a folder always
-    is. An interrupted run resumes from the parts it finished (kept beside ``dst``, or in the local work
-    folder when ``dst`` is on Drive), or from its verified local mirror when it was killed while
-    copying it onto Drive. One pack at a time writes to a destination, however its path is spelled
-    (links resolved): a second call waits for the first (a lock file in colabfast's cache folder),
-    saying so.
-
-    Archives (``.tar``, ``.tar.gz``/``.tgz``/``.tar.bz2``/``.tar.xz``, ``.zip``) are never extracted:
-    they are read front to back in one sequential stream (what Drive serves best), inner per-class
-    tars are opened as they are met, and images are decoded and resized in the worker processes while
-    the next bytes arrive; local disk holds only the mirror being built (its parts move into it one
-    by one: at most the mirror and one part, measured by ``colabfast bench pack``). This is how ImageNet's
-    official archives (``ILSVRC2012_img_train.tar``: a tar of per-class tars; ``ILSVRC2012_img_val.tar``
-    with ``labels=`` the devkit), Kaggle's ``imagenet-object-localization-challenge.zip`` (``split=``
-    ``"train"`` or ``"val"``) and a tar/zip of an ImageFolder tree are packed. Classes, targets and sample
-    order are ``torchvision.datasets.ImageNet``'s (resp. ``ImageFolder``'s); ``classes`` holds the
-    WordNet ids (torchvision's ``wnids``) and the mirror records the class names and where the labels
-    came from (``colabfast info`` prints it). A stream resumes from the archive member its last
-    finished part reached.
+    Examples:
+        >>> import colabfast as cf
+        >>> drive = cf.mount()
+        Mounted at /content/drive
+        >>> mirror = cf.pack(drive / "flowers", drive / "flowers.h5", progress=False)
+        >>> ds = cf.H5ImageFolder(mirror)  # torchvision's ImageFolder, read from one file
+        >>> len(ds), ds.classes
+        (8, ['daisy', 'rose'])
 
     Args:
-        src: the dataset folder or archive, a map-style dataset, or for ``layout="files"`` a list of
-            image paths or ``(path, label)`` pairs.
-        dst: the mirror file to write, e.g. ``/content/drive/MyDrive/kitti.h5``.
-        fields: for a dataset or layout: the column kind or image encoding of fields by name (a
-            dict key, a tuple position as ``"0"``, nested as ``"1.boxes"``), e.g. ``{"image":
-            "jpeg"}`` (lossy, at ``quality``), ``{"0": "png"}``, ``{"label": "mask"}``.
-        layout: for a folder: ``"imagefolder"`` (torchvision ImageFolder: one sub-folder per class,
-            ImageNet's ``train/`` and class-folder ``val/``), ``"kitti"`` (``training/image_2`` +
-            ``label_2`` (+ ``calib``) and/or ``testing/image_2``), ``"files"``; for an archive: one of
-            :data:`colabfast.packing.archivesource.LAYOUTS`; or ``"auto"`` (detected, and printed when
-            ``progress``). Folders are followed through links as torchvision does, also links that
-            leave ``src``, but not a link back to a folder it is in (a loop). Hidden files and folders
-            are left out (torchvision would take macOS's ``._x.jpg`` files and ``.ipynb_checkpoints``
-            for data, and ``.ipynb_checkpoints`` beside the class folders for a class): pack warns,
-            and the mirror lists each one and why (``colabfast info``).
-        labels: ImageNet's devkit ``ILSVRC2012_devkit_t12.tar.gz`` for ``ILSVRC2012_img_val.tar``
-            (validation labels; for the training archive, class names only).
-        split: ``"train"`` or ``"val"``: the part of Kaggle's ImageNet zip to pack (default train);
-            for a folder layout, its split (VOC's image set, a YOLO export's split, an export zip's split
-            folder, checked against a zip's listing before anything is extracted; for a tree of split
-            folders, :func:`colabfast.layouts.images.split_folders`, the folder packed as an ImageFolder, as
-            ``open_dataset`` opens it). The mirror records it (``colabfast info``).
-        year: for the VOC layouts, torchvision's ``year`` (``"2007"`` to ``"2012"``): which
-            ``VOC<year>`` folder to pack where the tree holds several (found where torchvision finds
-            it: ``VOCdevkit/VOC<year>``, for 2011 ``TrainVal/VOCdevkit/VOC2011``).
-        store: ``"encoded"`` keeps each image's encoded bytes (smallest; decoded when loaded);
-            ``"raw"`` stores decoded uint8 RGB pixels (no decoding at load time; ~5-10x larger).
-        image_size: resize at pack time, as ``torchvision.transforms.Resize(image_size)`` does on a
-            PIL image (bilinear, antialiased): an int sets the short side, ``(H, W)`` the exact
-            size. With ``store="encoded"`` the result is re-encoded as JPEG at ``quality``. This is
-            how ImageNet fits Colab's disk (short side 256: roughly 10-25 GB).
-        quality: JPEG quality (1-100) for re-encoded images.
-        shuffle: store the samples in a random order (seeded by ``seed``) so that reading the file
-            sequentially yields shuffled samples (tensorpack's trick for cold storage); the
-            ``order`` dataset maps each stored sample back to its source index. Not for archives:
-            they are stored in the archive's order, ``order`` giving each sample's torchvision index.
+        src: a folder, an archive (``.zip``, ``.tar``, ``.tar.gz``...), a map-style dataset, or for
+            ``layout="files"`` a list of image paths or ``(path, label)`` pairs.
+        dst: the mirror to write, e.g. ``/content/drive/MyDrive/kitti.h5``.
+        fields: for a dataset or a layout of columns: a field's kind or image encoding by name (a dict
+            key, a tuple position ``"0"``, nested ``"1.boxes"``), e.g. ``{"image": "jpeg"}``.
+        layout: a registered layout's name (``colabfast.layouts.REGISTRY``: ``"imagefolder"``, ``"kitti"``,
+            ``"coco"``, ``"yolo"``, ``"imagenet-train"``...) or ``"auto"`` (detected; printed with ``progress``).
+        labels: the annotation file where the layout takes one (a COCO JSON, a CSV table, ImageNet's devkit).
+        split: what to pack of a source of several: a tree of split folders' folder, VOC's image set, a
+            YOLO export's split, Kaggle's ``"train"``/``"val"``. The mirror records it.
+        year: VOC's year where the tree holds several (``"2007"`` to ``"2012"``, as torchvision's).
+        store: ``"encoded"`` keeps each image file's bytes; ``"raw"`` stores decoded RGB pixels (folders).
+        image_size: resize as ``torchvision.transforms.Resize(image_size)`` (int: short side; ``(H, W)``),
+            re-encoded as JPEG at ``quality`` when ``store="encoded"``.
+        quality: JPEG quality (1-100) of re-encoded images.
+        shuffle: store a folder's samples in a seeded random order (``seed``); indices stay the source's.
         seed: the shuffle's seed.
-        workers: processes decoding images (default: the CPU count; 0 decodes in this process).
-        on_error: unreadable files (truncated, empty, not an image, not a regular file) and folders
-            that cannot be listed: ``"raise"`` lists every one in a :class:`PackError` and writes
-            nothing final (folders before any image is read); ``"skip"`` packs the rest, warns, and
-            records what it skipped in the mirror (``colabfast info`` lists them).
-        retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...), as ``stage()``.
-        progress: show a tqdm progress bar (images/s; for an archive, its bytes read, the images packed
-            and the time left) and say which layout was detected.
-        overwrite: replace whatever file is at ``dst`` (by default only a mirror of the same source is
-            replaced).
+        workers: processes decoding and checking images (default: the CPUs; 0: this process).
+        on_error: ``"raise"`` lists every unreadable file or folder in a `PackError` and writes nothing;
+            ``"skip"`` packs the rest, warns, and records what it skipped (``colabfast info``).
+        retries: retries of each read for transient mount errors, as `stage`'s.
+        progress: show a progress bar and say which layout was detected.
+        overwrite: replace whatever file is at ``dst`` (by default only a mirror of the same source).
 
     Returns:
-        ``dst`` as a Path.
+        ``dst`` as a ``Path``.
 
     Raises:
-        PackError: unreadable images or folders with ``on_error="raise"``.
-        FieldError: a dataset's sample that no mirror of its columns holds (see above).
-        ArchiveReadError: the archive is truncated or corrupt at the member it names; the finished
-            parts are kept and the next run continues from them.
-        UnsafeArchiveError: an archive member name is absolute or climbs out with ``..``.
-        FileNotFoundError: ``src`` is missing or holds no images.
-        LayoutError: a folder layout's annotations are malformed or unsafe (see its class), or it has no
-            sample to pack (with ``on_error="skip"``: it says what was left out).
-        SplitRefused: (a ``PackRefused``) an export zip of several splits, or a folder of split folders
-            (``train/``, ``val/``: torchvision's ``ImageFolder`` would take them for classes; pass
-            ``layout="imagefolder"`` if they are), and no ``split`` or one it lacks: the message lists
-            its splits and the call to make. Nothing is extracted or written.
-        PackRefused: (a ``ValueError``, and a :class:`PackError` with no ``failures``) bad arguments
-            (``year=`` for a layout other than VOC's); ``dst`` is a folder, or (without ``overwrite``)
-            a file that is not a mirror of ``src``; a layout that does not fit the archive. Nothing is
-            written.
-        OSError: ``errno.ENOSPC`` when the local disk cannot hold the mirror while it is built.
+        PackError: unreadable images or folders (``on_error="raise"``).
+        PackRefused: (a ``ValueError``) bad arguments, a layout that does not fit the source, ``dst`` a
+            folder or (without ``overwrite``) a file that is not a mirror of ``src``. Nothing is written.
+        SplitRefused: (a ``PackRefused``) a source of several splits without ``split``, or with one it
+            lacks: it lists them and the call to make. Nothing is read or extracted.
+        FileNotFoundError: ``src`` is missing or holds no images. LayoutError: malformed annotations.
+        FieldError: a dataset's sample that no mirror of its columns holds.
+        ArchiveReadError: a truncated or corrupt archive (the next run resumes from the parts kept).
+        UnsafeArchiveError: an archive member named absolute or climbing out with ``..``.
+        NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) local disk cannot hold what the build needs.
     """
     if store not in STORES:
         raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")

@@ -57,86 +57,55 @@ def stage(
     allow_links: bool = False,
     cancel: Optional[threading.Event] = None,
 ) -> Path:
-    """Copy a folder, file or archive from a slow mount (Drive) to local disk or RAM.
+    """Copy a folder, file or archive from a slow mount (Drive) to local disk or RAM, fast and safely.
 
-    Safe to re-run: files already staged and unchanged (same size and modification time, as rsync's
-    quick check; plus the SHA-256 recorded when each was copied, with ``verify="sha256"``) are
-    skipped, so re-running a cell after an interruption or a kill copies only what is missing. Each
-    file is written as ``.NAME.colabfast-partial`` and renamed only once its full size is written
-    (a short write or a full disk is an error, never a hole) and verified, so nothing partial ever
-    looks complete. A file whose size, modification or change time, or inode changes while it is
-    copied is copied again (an archive that changes while it is extracted is an error). A record
-    ``.colabfast-stage.json`` inside a staged folder (for a single file: in
-    :func:`colabfast.where.env.cache_dir`) says what was staged there; a lock in the cache folder keeps
-    two runs from staging to one destination at once.
+    Files go in parallel (64 at once from Drive, large ones as parallel ranges), each written under a
+    temporary name and renamed once whole and verified; a re-run copies only what is missing or changed
+    (size and time, as rsync's quick check), so an interrupted cell resumes. An archive is extracted while
+    it is read, refusing what would land outside ``dst``. A folder of yours at ``dst`` is never written
+    over. How it works: [Staging](../drive-and-staging.md#staging-cfstage-cframdisk).
+
+    Examples:
+        >>> import colabfast as cf, torchvision
+        >>> drive = cf.mount()
+        Mounted at /content/drive
+        >>> local = cf.stage(drive / "flowers", progress=False)  # /content/flowers in Colab
+        >>> torchvision.datasets.ImageFolder(local).classes
+        ['daisy', 'rose']
 
     Args:
-        src: a folder (copied recursively, following symlinks; a file named as colabfast names its
-            own files in a staged folder, a temporary ``.NAME.colabfast-partial`` or a record
-            ``.colabfast-stage.json`` or ``.colabfast-stage.sha256.jsonl``, is refused by name, unless
-            its folder is one colabfast staged: then it is that stage's, and left out), a single
-            file, or an archive
-            (``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``),
-            which is extracted while it is read, with no intermediate copy (see
-            :mod:`colabfast.staging.extract` for what is refused as unsafe); or a list of archives that
-            together make one dataset, extracted into one folder (KITTI's
-            ``data_object_image_2.zip``, ``data_object_label_2.zip`` and ``data_object_calib.zip``).
-        dst: where to put it. For a folder or an archive, the folder to create; for a file, the
-            file path (or an existing folder to put it in). Default: ``/content/<name>`` in Colab,
-            ``<tempdir>/colabfast-data-<uid>/<name>`` elsewhere (see
-            :func:`colabfast.where.env.work_dir`), or ``<ramdisk>/<name>`` per ``to``; an archive's name
-            loses its suffix (``kitti.tar.gz`` -> ``kitti``).
-        to: where a default ``dst`` goes: ``"disk"``, ``"ram"`` (a tmpfs from
-            :func:`colabfast.ramdisk`) or ``"auto"``: where an earlier stage of the same source
-            already is; else, in Colab, RAM when the data takes at most half of the RAM colabfast
-            may use (free RAM minus :func:`colabfast.where.env.ram_headroom`); else disk. Outside Colab
-            ``"auto"`` never mounts a RAM disk. Only with ``dst=None``.
-        workers: files copied at once (threads). Default: 64 from a FUSE mount such as Drive,
-            where the time goes to round trips, else 16.
-        verify: ``"size"``: a copy must have exactly the source's size. ``"sha256"``: also hash
-            the bytes read from the source and the bytes written, compare, and record each file's
-            hash as it completes; re-runs then re-hash the staged files (reading them locally).
-        retries: retries for transient mount errors (EIO, ENOTCONN, ETIMEDOUT, EAGAIN), waiting
-            0.25 s, 0.5 s, 1 s, ... (capped at 8 s) between attempts: per open of a file, and per
-            read request at one offset (a failed read is retried, in smaller requests, not the file).
-        progress: show a tqdm progress bar (a widget in notebooks) with bytes, files and MB/s, or,
-            when nothing needs copying, the line "DST is up to date, nothing copied" (on stderr).
-        overwrite: replace what is at ``dst`` when it holds other files (a folder colabfast did not
-            stage, or one staged from another source): they are deleted first. Without it that is
-            an error, and nothing is written.
-        allow_links: extract symbolic and hard links from archives, as long as they stay inside
-            ``dst`` (see :func:`colabfast.staging.extract.extract`); by default an archive with links is
-            refused.
-        cancel: an event another thread sets to stop copying files (within 0.25 s; partial files
-            are deleted, files already copied stay): stage then raises ``OSError(errno.ECANCELED)``.
-            :func:`colabfast.open_dataset` stages the mirror it expects while it lists the source,
-            and cancels that when the listing names another.
+        src: a folder, a file, an archive (``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``,
+            ``.tar.xz``), or a list of archives extracted into one folder (KITTI's three zips).
+        dst: the folder (for a file: the file, or a folder to put it in). Default: ``/content/<name>``
+            in Colab (`colabfast.where.env.work_dir` elsewhere), or the RAM disk's, per ``to``; an
+            archive's name loses its suffix.
+        to: where a default ``dst`` goes: ``"disk"``, ``"ram"`` (a tmpfs, `colabfast.ramdisk`) or
+            ``"auto"``: where it was staged before, else in Colab RAM when it takes at most half the
+            RAM colabfast may use, else disk.
+        workers: files copied at once (default 64 from a FUSE mount such as Drive, else 16).
+        verify: ``"size"`` (each copy has the source's size) or ``"sha256"`` (bytes hashed on both
+            sides and recorded; re-runs re-hash the staged files).
+        retries: retries of each open and read for transient mount errors (EIO, ENOTCONN, ...), with
+            backoff from 0.25 s to 8 s.
+        progress: show a progress bar (bytes, files, MB/s), or "DST is up to date, nothing copied".
+        overwrite: delete what is at ``dst`` when it holds other files (not staged from ``src``).
+        allow_links: extract links from archives where they stay inside ``dst`` (refused by default).
+        cancel: an event that stops the copy (within 0.25 s; ``OSError(errno.ECANCELED)``).
 
     Returns:
-        The staged path: the folder, the file, or for an archive the extraction folder (or, when
-        the archive holds a single top-level folder, that folder inside it; one named like the
-        extraction folder, ``other/`` in ``other.tar.gz`` staged to ``.../other``, is that folder
-        itself, not ``.../other/other``, unless it holds links).
+        The staged folder or file; for an archive holding one top-level folder, that folder.
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
-        StageRefused: (a ``ValueError``) bad arguments; or ``dst`` holds files colabfast did not
-            stage from ``src`` (a folder of yours, or another dataset) and ``overwrite`` is False:
-            the message names the folder and what is in it; or a folder ``src`` holds files named
-            as colabfast's own (see ``src``), which could not be told from them once copied.
+        StageRefused: (a ``ValueError``) bad arguments, or ``dst`` holds files colabfast did not stage
+            from ``src`` (without ``overwrite``), or ``src`` holds files named as colabfast's own.
             Nothing is written.
-        OSError: ``errno.ENOSPC`` before copying when the destination lacks space, with the numbers
-            (from DriveFS, reading also fills Drive's local cache, so a single file or an archive
-            needs twice its size; for a folder that is only a warning, as DriveFS evicts its cache
-            as the disk fills), or when the disk fills while copying or an archive expands beyond
-            the free space; ``errno.EAGAIN`` when an archive changed while it was extracted; or an
-            archive could not be read after the retries (a re-run resumes its extraction).
-        StageError: some files (or sub-folders that cannot be listed) failed after their retries,
-            or kept changing while copied; it lists them. The others stay staged.
-        colabfast.staging.extract.UnsafeArchiveError: a hostile archive.
-        tarfile.TarError, zipfile.BadZipFile, EOFError: a corrupt or truncated archive. An archive
-            that fails leaves nothing at ``dst`` or beside it, except after an interrupt or a read
-            error, when its partial extraction stays for a re-run to resume.
+        OSError: ``errno.ENOSPC`` when the destination lacks space (said before copying, with the
+            numbers) or fills while copying; ``errno.EAGAIN`` when an archive changed while read.
+        StageError: files that still failed after their retries, listed; the others stay staged.
+        UnsafeArchiveError: an archive with absolute names, ``..``, devices or links.
+        tarfile.TarError, zipfile.BadZipFile, EOFError: a corrupt or truncated archive (nothing is
+            left but a partial extraction a re-run resumes after a read error or an interrupt).
     """
     if verify not in ("size", "sha256"):
         raise StageRefused(f"verify must be 'size' or 'sha256', not {verify!r}")
