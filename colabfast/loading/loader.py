@@ -245,7 +245,6 @@ class DataLoader(torch.utils.data.DataLoader):
         self._reader: Optional[reader.BatchReader] = None
         self._threads: Optional[threadworkers.ThreadWorkers] = None
         self._feeding: Optional[Feeding] = None
-        self._persistent = persistent_workers is not False
         # what state_dict() describes: the epoch's start, batches yielded, the threads' marks (resume.py)
         self._start: Optional[resume.EpochStart] = None
         self._yielded, self._finished, self._marks = 0, False, resume.Marks()
