@@ -22,7 +22,7 @@ from pathlib import Path
 from torch.utils.data import RandomSampler
 
 import colabfast as cf
-from colabfast.drive.simulator import DriveSim
+from colabfast.drivesim.simulator import DriveSim
 from colabfast.testing import data
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import colabfast as cf
-from colabfast.drive.simulator import DriveSim
+from colabfast.drivesim.simulator import DriveSim
 from colabfast.testing import data
 
 

@@ -62,7 +62,7 @@ def _order(i: int, trees: list[str]) -> list[str]:
 
 def _open(tmp: Path, trees: list[str], pairs: int, times: dict[str, list[float]]) -> float:
     """open_dataset's second runtime: 2000 JPEGs, the first runtime (A) packs the mirror once."""
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
     from colabfast.testing import data
     from colabfast.tools.bench import opening
 
@@ -88,7 +88,7 @@ def _ultralytics(tmp: Path, trees: list[str], pairs: int, times: dict[str, list[
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import ultralytics_data as bench
 
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
     from colabfast.testing.layouts import make_yolo
 
     drive = tmp / "drive"

@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=64, help="the epochs' image size (default: 64)")
     parser.add_argument("--batch", type=int, default=16, help="the epochs' batch size (default: 16)")
     args = parser.parse_args()
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
     from colabfast.testing.layouts import make_yolo
 
     with tempfile.TemporaryDirectory() as tmp:

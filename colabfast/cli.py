@@ -140,7 +140,7 @@ def _ramdisk(args: argparse.Namespace) -> int:
 
 
 def _drivesim(args: argparse.Namespace) -> int:
-    from colabfast.drive.simulator import cli
+    from colabfast.drivesim.simulator import cli
 
     return cli(args)
 
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also read every stored image and check its checksum (format version 2)")
     p.set_defaults(run=_info)
 
-    from colabfast.drive.simulator import build_parser as drivesim_parser
+    from colabfast.drivesim.simulator import build_parser as drivesim_parser
 
     p = drivesim_parser(sub.add_parser("drivesim", help="serve a folder as a simulated Google Drive (FUSE): "
                                                         "latency, bandwidth, faults"))

@@ -11,7 +11,7 @@ import pytest
 
 from colabfast.drive import exposing
 from colabfast.drive import mounting as drive
-from colabfast.drive import simfs as drivesim
+from colabfast.drivesim import fs as drivesim
 from colabfast.where import env, mounttable
 from colabfast.where import standin as standin_module
 
@@ -81,7 +81,7 @@ def small_tmpfs(request, tmp_path):
 @pytest.fixture
 def need_fuse():
     """Skips (fails under CI=true) where the Drive simulator cannot mount: no FUSE or no mfusepy."""
-    from colabfast.drive.simfs import available
+    from colabfast.drivesim.fs import available
 
     ok, why = available()
     if not ok:

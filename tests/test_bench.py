@@ -51,7 +51,7 @@ def test_staging_scenario(need_fuse, tmp_path):
 
 
 def test_staging_without_fuse_says_why(monkeypatch):
-    from colabfast.drive import simfs
+    from colabfast.drivesim import fs as simfs
 
     monkeypatch.setattr(simfs, "available", lambda: (False, "no /dev/fuse here"))
     rows = staging.run(size=0.004, cases=("small-files", "zip"))
@@ -353,7 +353,7 @@ def test_detection_scenario(need_fuse, tmp_path):
 
 
 def test_detection_scenario_without_fuse_says_why(monkeypatch, tmp_path):
-    from colabfast.drive import simfs
+    from colabfast.drivesim import fs as simfs
     from colabfast.tools.bench import detection
 
     monkeypatch.setattr(simfs, "available", lambda: (False, "no /dev/fuse here"))

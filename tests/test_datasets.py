@@ -362,8 +362,8 @@ def test_items_leave_workers_owning_their_memory(mirrors, store, output):
 def flaky_drive(tmp_path, monkeypatch):
     """A raw mirror of 4 MB (some 30 of the mount's 128 KiB read requests) on the Drive simulator, and
     its local original; retries wait milliseconds, not stage()'s quarter seconds and up."""
-    from colabfast.drive.simfs import available
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.fs import available
+    from colabfast.drivesim.simulator import DriveSim
 
     ok, why = available()
     if not ok:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from colabfast.drive import simfs as drivesim
+from colabfast.drivesim import fs as drivesim
 from colabfast.tools import demo
 
 FAST = {"open_ms": 5.0, "read_ms": 1.0, "mbps": None}

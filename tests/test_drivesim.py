@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from colabfast.drive.simfs import DriveSimParams, available
-from colabfast.drive.simulator import DriveSim, build_parser
+from colabfast.drivesim.fs import DriveSimParams, available
+from colabfast.drivesim.simulator import DriveSim, build_parser
 from colabfast.errors import DriveSimError
 from colabfast.where import env, mounttable
 
@@ -419,7 +419,7 @@ def test_params_are_checked(src):
 def test_server_exits_and_unmounts_when_parent_is_killed(src):
     child = textwrap.dedent(f"""
         import sys, time
-        from colabfast.drive.simulator import DriveSim
+        from colabfast.drivesim.simulator import DriveSim
         sim = DriveSim({str(src)!r}, open_ms=0, read_ms=0, mbps=None).start()
         print(sim.mountpoint, sim._proc.pid, flush=True)
         time.sleep(120)

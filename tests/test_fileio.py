@@ -347,3 +347,18 @@ def test_human_bytes_is_decimal():
     assert human_bytes(14.2e6) == "14.2 MB" and human_bytes(7.1e9) == "7.1 GB" and human_bytes(2e12) == "2.0 TB"
     assert human_bytes(1 << 30) == "1.1 GB"  # a GiB is not a GB
     assert human_bytes(-2.5e6) == "-2.5 MB"
+
+
+def test_an_isolated_child_imports_the_colabfast_this_process_imported(monkeypatch):
+    """python_child's child (python -I) finds colabfast where this process found it, also run from the
+    folder that holds it (a checkout used in place), which is left out of the child's path as the
+    current folder."""
+    import subprocess
+    from pathlib import Path
+
+    import colabfast
+
+    monkeypatch.chdir(Path(colabfast.__file__).parents[1])
+    out = subprocess.run(_fileio.python_child("import colabfast; print(colabfast.__file__)"), capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == colabfast.__file__

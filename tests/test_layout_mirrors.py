@@ -440,7 +440,7 @@ def test_a_killed_pack_resumes_and_redoes_a_part_whose_written_images_were_lost(
 @pytest.mark.fuse
 def test_pack_coco_from_the_simulated_drive(standin, tmp_path, monkeypatch):
     from colabfast.drive import mounting as drive
-    from colabfast.drive import simfs as drivesim
+    from colabfast.drivesim import fs as drivesim
     from colabfast.where import standin as standin_module
 
     ok, why = drivesim.available()

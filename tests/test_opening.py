@@ -23,7 +23,7 @@ import colabfast as cf
 from colabfast.datasets.dropins import H5ImageFolder, H5Kitti
 from colabfast.drive import exposing
 from colabfast.drive import mounting as drive
-from colabfast.drive import simfs as drivesim
+from colabfast.drivesim import fs as drivesim
 from colabfast.opening.mirrors import default_mirrors, mirror_name
 from colabfast.opening.opener import open_dataset
 from colabfast.packing import source_fingerprint

@@ -336,8 +336,8 @@ def test_memory_stays_flat_over_20_epochs(mirrors):
 def test_mirror_reads_from_a_flaky_drive_are_retried(mirrors, tmp_path):
     """Issue 15, case 12: reading a mirror straight from Drive had no EIO retry (one epoch of three
     crashed). Reads now retry the transient errors stage() retries, at the failing offset."""
-    from colabfast.drive.simfs import available
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.fs import available
+    from colabfast.drivesim.simulator import DriveSim
 
     ok, why = available()
     if not ok:
@@ -363,8 +363,8 @@ def test_crops_read_from_a_flaky_drive_are_retried_and_read_runs_whole(tmp_path,
     cost). The crops are the per-sample CenterCrop of the local file either way."""
     from torchvision.transforms import v2
 
-    from colabfast.drive.simfs import available
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.fs import available
+    from colabfast.drivesim.simulator import DriveSim
 
     ok, why = available()
     if not ok:

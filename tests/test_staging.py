@@ -184,7 +184,7 @@ def test_drivefs_needs_twice_the_space(tmp_path, monkeypatch):
 @pytest.fixture
 def drive(tmp_path, need_fuse):
     """A folder of 120 files served by the Drive simulator (10 ms per open: quick, yet Drive-shaped)."""
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
 
     src = make_files(tmp_path / "drive" / "data", 120, 30_000, per_folder=30, seed=5)
     with DriveSim(tmp_path / "drive", tmp_path / "mnt", open_ms=10, read_ms=1, mbps=None) as sim:
@@ -232,7 +232,7 @@ def test_permanent_failures_are_named_and_the_rest_stays(drive, tmp_path):
 
 
 def test_killed_while_copying_from_drive_resumes(tmp_path):
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
 
     src = make_files(tmp_path / "drive" / "data", 200, 20_000, per_folder=50)
     dst = tmp_path / "dst"
@@ -258,7 +258,7 @@ def test_killed_while_copying_from_drive_resumes(tmp_path):
 
 
 def test_big_file_ranges_from_drive(tmp_path, monkeypatch):
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
 
     monkeypatch.setattr(stage_mod_copy, "BIG_FILE", 1 << 20)
     monkeypatch.setattr(stage_mod_copy, "RANGE", 256 << 10)
@@ -275,7 +275,7 @@ def test_big_file_ranges_from_drive(tmp_path, monkeypatch):
 def test_archive_from_drive(tmp_path):
     import tarfile
 
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
 
     src = make_files(tmp_path / "data", 50, 20_000, per_folder=10)
     (tmp_path / "drive").mkdir()
@@ -461,7 +461,7 @@ def test_flaky_mount_large_files_retry_per_range(tmp_path, monkeypatch, need_fus
     """Issue 15, case 8: with 10% of read requests failing (EIO), a large file read as a few big
     requests failed every time once a range was retried whole; now a failed read is retried in
     smaller requests at its offset, and the files arrive intact."""
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
 
     monkeypatch.setattr(stage_mod_copy, "BIG_FILE", 1 << 20)
     monkeypatch.setattr(stage_mod_copy, "RANGE", 4 << 20)
@@ -760,7 +760,7 @@ def test_archive_of_one_folder_named_like_it_is_not_nested(tmp_path, capsys, ver
 def test_a_cancelled_stage_stops_and_leaves_no_partial_file(tmp_path, need_fuse):
     import threading
 
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
 
     (tmp_path / "drive").mkdir()
     (tmp_path / "drive" / "big.h5").write_bytes(os.urandom(24 << 20))

@@ -15,7 +15,7 @@ from torch.utils.data import RandomSampler
 import colabfast as cf
 from colabfast.datasets.stream import FETCHERS, NEXT_UNITS, StreamCache
 from colabfast.datasets.streamsource import MountSource
-from colabfast.drive.simulator import DriveSim
+from colabfast.drivesim.simulator import DriveSim
 from colabfast.loading.streaming import streams_of
 from colabfast.testing import data
 from colabfast.where._fileio import file_version

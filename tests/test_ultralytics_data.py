@@ -279,7 +279,7 @@ def test_ultralytics_trains_one_epoch_from_the_local_tree(local, monkeypatch):
     kept there too), with the simulator unmounted before training: every file it reads is local."""
     from ultralytics import YOLO
 
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
     from colabfast.where import mounttable
 
     root = local / "drive/ds"

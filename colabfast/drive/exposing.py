@@ -1,5 +1,5 @@
 """Showing the stand-in (:mod:`colabfast.where.standin`) at a mountpoint and taking it down: a bind
-mount, a folder of symlinks, or the FUSE Drive simulator (:mod:`colabfast.drive.simulator`, imported only when
+mount, a folder of symlinks, or the FUSE Drive simulator (:mod:`colabfast.drivesim.simulator`, imported only when
 ``$COLABFAST_DRIVE_SIM`` asks for it). :mod:`colabfast.drive` calls it for the local case.
 """
 
@@ -122,7 +122,7 @@ def _sim_options() -> Optional[dict]:
 
 def _start_sim(top: Path, mountpoint: str, options: dict, readonly: bool) -> str:
     # Imported only when asked for: importing the library loads none of the simulator.
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.simulator import DriveSim
 
     try:
         sim = DriveSim(top, mountpoint, readonly=readonly, **options).start()

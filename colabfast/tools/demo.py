@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from colabfast.drive.simfs import DriveSimParams
+from colabfast.drivesim.fs import DriveSimParams
 from colabfast.testing import data
 
 __all__ = ["main", "run", "report", "Row"]
@@ -51,7 +51,7 @@ def run(
     root: Optional[Path] = None,
     fuse: Optional[bool] = None,
 ) -> list[Row]:
-    """Measure the demo's rows; ``drive`` overrides :class:`~colabfast.drive.simfs.DriveSimParams`'
+    """Measure the demo's rows; ``drive`` overrides :class:`~colabfast.drivesim.fs.DriveSimParams`'
     defaults (Drive as measured from Colab), e.g. ``{"open_ms": 5}``; ``fuse=False`` skips the
     simulated Drive (default: use it where FUSE is available).
 
@@ -63,7 +63,8 @@ def run(
     from torchvision.datasets import ImageFolder
 
     from colabfast.datasets.dropins import H5ImageFolder
-    from colabfast.drive import simfs, simulator
+    from colabfast.drivesim import fs as simfs
+    from colabfast.drivesim import simulator
     from colabfast.packing import pack
     from colabfast.staging.pipeline import stage
 
@@ -109,7 +110,7 @@ def report(rows: list[Row]) -> str:
 def main(quick: bool = False) -> int:
     """Print the demo's header and table; ``quick`` runs 40 images of 160x120 instead of 300 of 500x375
     (a few seconds: a check that an install works end to end)."""
-    from colabfast.drive import simfs
+    from colabfast.drivesim import fs as simfs
 
     classes, per_class, size = (4, 10, (160, 120)) if quick else (10, 30, (500, 375))
     print(f"colabfast demo: {classes * per_class} ImageNet-style JPEGs ({size[0]}x{size[1]}), one epoch each "

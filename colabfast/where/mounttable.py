@@ -2,7 +2,7 @@
 
 One reader of it for the package: :mod:`colabfast.where.env` classifies paths by it (Drive, RAM, FUSE),
 :mod:`colabfast.where.standin` recognises its own mounts in it, and the Drive simulator
-(:mod:`colabfast.drive.simulator`) finds its mount in it by :data:`DRIVESIM_SOURCE`. Reading it does no
+(:mod:`colabfast.drivesim.simulator`) finds its mount in it by :data:`DRIVESIM_SOURCE`. Reading it does no
 I/O on any mount, so a dead FUSE mount cannot hang a caller here.
 """
 
@@ -17,7 +17,7 @@ from colabfast.where._fileio import PathLike
 __all__ = ["Mount", "MOUNTINFO", "DRIVESIM_SOURCE", "mounts", "mount_of"]
 
 MOUNTINFO = "/proc/self/mountinfo"
-# The Drive simulator's mount source: colabfast.drive.simfs mounts with it, env.drive_kind and
+# The Drive simulator's mount source: colabfast.drivesim.fs mounts with it, env.drive_kind and
 # colabfast.where.standin know the simulator by it.
 DRIVESIM_SOURCE = "colabfast-drivesim"
 

@@ -74,7 +74,7 @@ def _fractions(text: str) -> tuple[float, ...]:
 
 def _drive_settings(text: str) -> dict[str, float]:
     """``"open_ms=100,mbps=60"`` -> ``{"open_ms": 100.0, "mbps": 60.0}`` (DriveSim's live parameters)."""
-    from colabfast.drive.simfs import DriveSimParams
+    from colabfast.drivesim.fs import DriveSimParams
 
     live = DriveSimParams.LIVE
     settings = {}
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: an unknown peer name, or a bad ``--size``/``--repeats``.
     """
-    from colabfast.drive.simfs import DriveSimParams
+    from colabfast.drivesim.fs import DriveSimParams
     from colabfast.tools.bench import report
 
     if args.size <= 0 or args.repeats < 1:

@@ -17,7 +17,7 @@ from typing import Optional
 from torch.utils.data import DataLoader, RandomSampler
 
 from colabfast.datasets.dropins import H5ImageFolder
-from colabfast.drive.simulator import DriveSim
+from colabfast.drivesim.simulator import DriveSim
 from colabfast.loading.sampler import BlockShuffleSampler
 from colabfast.packing import pack
 from colabfast.testing import data
@@ -37,7 +37,7 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, workers: int 
         repeats: epochs per sampler (median reported), each with fresh workers.
         batch_size, workers: the DataLoader's.
         image_size: short side the mirror is packed at (ImageNet is commonly packed at 128-256).
-        drive: simulator settings over :class:`~colabfast.drive.simfs.DriveSimParams`' defaults
+        drive: simulator settings over :class:`~colabfast.drivesim.fs.DriveSimParams`' defaults
             (100 ms per open, 2 ms per read request, 60 MB/s).
     """
     rows = []

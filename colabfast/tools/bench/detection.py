@@ -119,7 +119,7 @@ def run(size: float = 1.0, repeats: int = 3, workers: int = 2, drive: Optional[d
             at full size.
         workers: worker processes of every DataLoader that takes them, pack's processes and the
             decode bound's (2: Colab's CPUs).
-        drive: simulator settings over :class:`~colabfast.drive.simfs.DriveSimParams`' defaults (100 ms
+        drive: simulator settings over :class:`~colabfast.drivesim.fs.DriveSimParams`' defaults (100 ms
             per open, 2 ms per read, 60 MB/s).
         work: where to put the data (default: a temp folder).
 
@@ -221,8 +221,8 @@ def _drive(tmp: Path, folder: Path, ann: Path, mirror: Path, n: int, repeats: in
     from torchvision.transforms import v2
 
     import colabfast as cf
-    from colabfast.drive.simfs import DriveSimParams, available
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.fs import DriveSimParams, available
+    from colabfast.drivesim.simulator import DriveSim
 
     ok, why = available()
     if not ok:

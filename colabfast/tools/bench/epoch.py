@@ -444,7 +444,7 @@ def run(
             as on Colab: 2); also the processes each method's preparation may use.
         peers: the peers to run (default: all of :data:`colabfast.tools.bench.peers.PEERS`; those not
             installed get a row with a note).
-        drive: simulator settings over :class:`~colabfast.drive.simfs.DriveSimParams`' defaults
+        drive: simulator settings over :class:`~colabfast.drivesim.fs.DriveSimParams`' defaults
             (100 ms per open, 2 ms per read, 60 MB/s).
         work: where to put the data (default: a temp folder).
 
@@ -481,8 +481,8 @@ def run(
             if "local" in sources:
                 rows += _local(f"epoch/{key}/local", methods, root, repeats, baseline_repeats, min_seconds)
         if "drive" in sources:
-            from colabfast.drive.simfs import available
-            from colabfast.drive.simulator import DriveSim
+            from colabfast.drivesim.fs import available
+            from colabfast.drivesim.simulator import DriveSim
 
             ok, why = available()
             if not ok:

@@ -140,7 +140,7 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, workers: int 
         repeats: rounds; each runs every method once, in a new process (median reported, with min and max).
         batch_size: images in the first batch.
         workers: the folklore cell's DataLoader worker processes (2: Colab); colabfast's loader chooses.
-        drive: simulator settings over :class:`~colabfast.drive.simfs.DriveSimParams`' defaults (100 ms
+        drive: simulator settings over :class:`~colabfast.drivesim.fs.DriveSimParams`' defaults (100 ms
             per open, 2 ms per read, 60 MB/s).
         work: where to put the data (default: a temp folder).
 
@@ -149,8 +149,8 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, workers: int 
         link's limit for the mirror as a reference row; the second runtime's row has ``x link limit``.
         Or one row saying why the simulator cannot run.
     """
-    from colabfast.drive.simfs import DriveSimParams, available
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.fs import DriveSimParams, available
+    from colabfast.drivesim.simulator import DriveSim
     from colabfast.where.env import MIRRORS_FOLDER
 
     ok, why = available()

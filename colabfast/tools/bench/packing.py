@@ -118,8 +118,8 @@ def run_archive(size: float = 1.0, repeats: int = 3, workers: int = 2, image_siz
         Rows: the pack (``images/s``, ``archive MB/s``, ``x bound``, ``peak disk MB``), and the two
         bounds as reference rows; or one row saying why the simulator cannot run.
     """
-    from colabfast.drive.simfs import DriveSimParams, available
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.fs import DriveSimParams, available
+    from colabfast.drivesim.simulator import DriveSim
     from colabfast.packing import pack
     from colabfast.packing.archivesource import ArchiveSource
     from colabfast.packing.folders import _encode_chunk

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
-from colabfast.drive.simfs import DriveSimParams
-from colabfast.drive.simulator import DriveSim
+from colabfast.drivesim.fs import DriveSimParams
+from colabfast.drivesim.simulator import DriveSim
 from colabfast.staging.pipeline import stage
 from colabfast.testing import data
 from colabfast.tools.bench.timing import Result, measure
@@ -83,7 +83,7 @@ def run(size: float = 1.0, repeats: int = 3, baseline_repeats: int = 1, drive: O
             files x 0.1 s at 1.0 (``cp -r`` of 2000 files: ~3.5 minutes).
         repeats: repetitions of colabfast's methods (median reported).
         baseline_repeats: repetitions of the slow serial baselines.
-        drive: simulator settings over :class:`~colabfast.drive.simfs.DriveSimParams`' defaults
+        drive: simulator settings over :class:`~colabfast.drivesim.fs.DriveSimParams`' defaults
             (100 ms per open, 2 ms per read, 60 MB/s), e.g. ``{"eio_read": 0.001}`` to inject faults;
             a method that fails under faults gets a row with a note.
         work: where to put the data (default: a temp folder).
@@ -93,7 +93,7 @@ def run(size: float = 1.0, repeats: int = 3, baseline_repeats: int = 1, drive: O
         Rows with ``MB/s``, ``files/s`` and ``link_fraction``; without a usable FUSE, one row per case
         saying why.
     """
-    from colabfast.drive.simfs import available
+    from colabfast.drivesim.fs import available
 
     ok, why = available()
     if not ok:

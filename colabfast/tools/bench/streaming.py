@@ -255,7 +255,7 @@ def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int 
         mirror_to_disk: the mirror's size over the tmpfs's (3: a mirror 3x the local disk).
         cache_fractions: each a ``cache_limit`` as a fraction of the tmpfs (in (0, 1]); both engines run
             at each.
-        drive: simulator settings over :class:`~colabfast.drive.simfs.DriveSimParams`' defaults (100 ms
+        drive: simulator settings over :class:`~colabfast.drivesim.fs.DriveSimParams`' defaults (100 ms
             per open, 2 ms per read request, 60 MB/s).
         work: where to put the data (default: a temp folder); the staged copy goes there too.
         with_streaming: run MosaicML Streaming's rows (False: they say they were left out; no MDS export).
@@ -273,8 +273,8 @@ def run(size: float = 1.0, repeats: int = 1, batch_size: int = 64, workers: int 
     from torchvision.transforms import v2
 
     from colabfast.datasets.dropins import H5ImageFolder
-    from colabfast.drive.simfs import DriveSimParams, available
-    from colabfast.drive.simulator import DriveSim
+    from colabfast.drivesim.fs import DriveSimParams, available
+    from colabfast.drivesim.simulator import DriveSim
     from colabfast.loading.loader import DataLoader
     from colabfast.packing import pack
     from colabfast.testing import data

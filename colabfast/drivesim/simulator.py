@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from colabfast.drive.simfs import (
+from colabfast.drivesim.fs import (
     ORPHAN_GRACE,
     REPLY_TIMEOUT,
     START_TIMEOUT,
@@ -88,7 +88,7 @@ class DriveSim:
 
     def _command(self) -> list[str]:
         """The server's command line: this module's CLI plus the hidden ``--control`` flag."""
-        run = "import runpy; runpy.run_module('colabfast.drive.simulator', run_name='__main__', alter_sys=True)"
+        run = "import runpy; runpy.run_module('colabfast.drivesim.simulator', run_name='__main__', alter_sys=True)"
         module = [*python_child(run), str(self.source), str(self.mountpoint)]  # not `-m`: it imports from the cwd
         return [*module, *self.params.argv(), "--control", str(os.getpid())]
 

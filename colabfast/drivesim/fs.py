@@ -1,5 +1,5 @@
 """The Drive simulator's file system: its parameters (:class:`DriveSimParams`) and the FUSE server that
-mirrors a local folder with Drive's latency, bandwidth and faults (:func:`serve`). :mod:`colabfast.drive.simulator`
+mirrors a local folder with Drive's latency, bandwidth and faults (:func:`serve`). :mod:`colabfast.drivesim.simulator`
 starts it in a child process.
 """
 

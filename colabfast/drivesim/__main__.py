@@ -1,0 +1,9 @@
+"""``python -m colabfast.drivesim``: the Drive simulator's command, as ``colabfast drivesim`` runs it."""
+
+from __future__ import annotations
+
+import sys
+
+from colabfast.drivesim.simulator import main
+
+sys.exit(main())
