@@ -235,7 +235,7 @@ def test_archives_that_do_not_fit_their_layout_are_refused(tmp_path):
         ArchiveSource(tmp_path / "missing.tar")
     tar = tmp_path / "a.tar"
     tar.write_bytes(tar_of(FOLDER))
-    with pytest.raises(ValueError, match="layout 'kaggle-train' is Kaggle's zip"):
+    with pytest.raises(ValueError, match="layout 'kaggle-train' reads zip, and .*a.tar is a tar"):
         ArchiveSource(tar, layout="kaggle-train")
     with pytest.raises(ValueError, match="labels='.*ILSVRC2012_devkit_t12.tar.gz'"):
         ArchiveSource(tar, layout="imagenet-val")
@@ -250,7 +250,7 @@ def test_archives_that_do_not_fit_their_layout_are_refused(tmp_path):
     zip_ = tmp_path / "a.zip"
     with zipfile.ZipFile(zip_, "w") as zf:
         zf.writestr("cat/1.jpg", jpeg(1))
-    with pytest.raises(ValueError, match="layout 'imagenet-train' is for a tar"):
+    with pytest.raises(ValueError, match="layout 'imagenet-train' reads tar, and .*a.zip is a zip"):
         ArchiveSource(zip_, layout="imagenet-train")
     with pytest.raises(ValueError, match="split='val' only applies to Kaggle's zip"):
         ArchiveSource(zip_, layout="imagefolder", split="val")

@@ -709,7 +709,7 @@ def test_refusals_are_colabfast_errors_that_stay_value_errors(inet, tmp_path):
         (dict(labels="x.tar.gz"), "labels= and split= are for packing from an archive"),
         (dict(dst=tmp_path / "folder.h5"), "is a folder: pack writes one mirror file. Pass a file name"),
         (dict(dst=tmp_path / "mine.h5"), "is not a readable colabfast mirror: .* Pass another dst, or overwrite=True"),
-        (dict(src=tar, layout="kaggle-train"), "layout 'kaggle-train' is Kaggle's zip; .*photos.tar is a tar"),
+        (dict(src=tar, layout="kaggle-train"), "layout 'kaggle-train' reads zip, and .*photos.tar is a tar"),
     ]
     for kwargs, message in refused:
         args = {"src": inet, "dst": tmp_path / "m.h5", "progress": False, **kwargs}

@@ -91,9 +91,8 @@ def test_a_mirror_of_a_layout_this_process_has_not_registered_is_named(tiles, tm
 
 
 def test_the_command_offers_the_registered_layouts_and_the_archives():
-    from colabfast.packing.archivesource import LAYOUTS as ARCHIVES
-
-    assert list(cli._PACK_LAYOUTS) == ["auto", *REGISTRY, *(a for a in ARCHIVES if a not in REGISTRY)]
+    assert list(cli._PACK_LAYOUTS) == ["auto", *REGISTRY]
+    assert {"imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val"} <= set(REGISTRY)
     assert {"imagefolder", "kitti", "files", "coco", "voc-detection", "yolo", "csv"} <= set(cli._PACK_LAYOUTS)
 
 

@@ -14,9 +14,10 @@ import csv
 import dataclasses
 import io
 import os
+import posixpath
 import tarfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from colabfast.errors import PackRefused, SourceNotFound
 from colabfast.layouts.images import ImageLayout
@@ -31,6 +32,7 @@ DEVKIT_META = "data/meta.mat"
 DEVKIT_VAL_TRUTH = "data/ILSVRC2012_validation_ground_truth.txt"
 KAGGLE_SYNSETS = "LOC_synset_mapping.txt"
 KAGGLE_VAL_SOLUTION = "LOC_val_solution.csv"
+KAGGLE_DATA = "ILSVRC/Data/CLS-LOC/"
 
 
 @dataclasses.dataclass
@@ -152,12 +154,24 @@ class ArchiveLayout(ImageLayout):
     packed = "stream"
     streams = True
 
+    @classmethod
+    def archive_labels(cls, path: Path, read: Callable[[str], bytes], labels: Optional[PathLike]) -> Any:
+        """The devkit's class names and validation labels (``labels=``), where given."""
+        return read_devkit(labels) if labels is not None else None
+
+    @classmethod
+    def archive_paths(cls, names: list[str], labels: Any, path: Path) -> list[str]:
+        return list(names)  # <wnid>/<file> already
+
 
 @register
 class ImageNetTrain(ArchiveLayout):
     """``ILSVRC2012_img_train.tar``: a tar of per-class tars (``n01440764.tar``, ...)."""
 
     name = "imagenet-train"
+    archive_kinds = ("tar",)
+    inner_tars = True
+    about_archive = "ImageNet's training archive (a tar of per-class tars)"
 
     @classmethod
     def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
@@ -171,12 +185,29 @@ class ImageNetVal(ArchiveLayout):
     """``ILSVRC2012_img_val.tar``: one flat folder of JPEGs, labelled by the devkit (``labels=``)."""
 
     name = "imagenet-val"
+    archive_kinds = ("tar",)
+    about_archive = "ImageNet's validation archive (one flat folder)"
 
     @classmethod
     def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
         """A tar of images given ``labels=`` (the devkit)."""
         tree = tree_of(tree)
         return not tree.listed and labels is not None and not (tree.first or "").endswith(".tar")
+
+    @classmethod
+    def archive_labels(cls, path: Path, read: Callable[[str], bytes], labels: Optional[PathLike]) -> Any:
+        """The devkit's labels.
+
+        Raises:
+            PackRefused: no ``labels=``."""
+        if labels is None:
+            raise PackRefused(f"{path} is ImageNet's validation archive: its labels are in the devkit; pass "
+                              "labels='.../ILSVRC2012_devkit_t12.tar.gz'")
+        return read_devkit(labels)
+
+    @classmethod
+    def archive_paths(cls, names: list[str], labels: Any, path: Path) -> list[str]:
+        return [f"{w}/{posixpath.basename(n)}" for w, n in zip(labels.val_targets(names), names)]
 
 
 @register
@@ -187,12 +218,34 @@ class KaggleTrain(ArchiveLayout):
     name = "kaggle-train"
     packs_split = True
     part = "train"
+    archive_kinds = ("zip",)
+    archive_prefix = f"{KAGGLE_DATA}train/"
+    about_archive = "Kaggle's ImageNet zip, train/"
 
     @classmethod
     def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
         """A zip holding ``LOC_synset_mapping.txt`` at its top, for ``split`` None or this part."""
         tree = tree_of(tree)
         return tree.archive and tree.listed and tree.is_file(KAGGLE_SYNSETS) and (split or "train") == cls.part
+
+    @classmethod
+    def archive_labels(cls, path: Path, read: Callable[[str], bytes], labels: Optional[PathLike]) -> Any:
+        """The zip's own class names (and, for val, its ``LOC_val_solution.csv``).
+
+        Raises:
+            FileNotFoundError: the zip lacks them."""
+        try:
+            synsets = read(KAGGLE_SYNSETS).decode("utf-8")
+        except KeyError:
+            raise SourceNotFound(f"{path} is not Kaggle's ImageNet zip: no {KAGGLE_SYNSETS}") from None
+        solution = None
+        if cls.part == "val":
+            try:
+                solution = read(KAGGLE_VAL_SOLUTION).decode("utf-8")
+            except KeyError:
+                raise SourceNotFound(f"{path} has no {KAGGLE_VAL_SOLUTION}: no validation labels") from None
+        return read_kaggle_labels(synsets, solution, f"{path} ({KAGGLE_SYNSETS}"
+                                  + (f", {KAGGLE_VAL_SOLUTION})" if solution else ")"))
 
 
 @register
@@ -201,3 +254,9 @@ class KaggleVal(KaggleTrain):
 
     name = "kaggle-val"
     part = "val"
+    archive_prefix = f"{KAGGLE_DATA}val/"
+    about_archive = "Kaggle's ImageNet zip, val/"
+
+    @classmethod
+    def archive_paths(cls, names: list[str], labels: Any, path: Path) -> list[str]:
+        return ImageNetVal.archive_paths(names, labels, path)

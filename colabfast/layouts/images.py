@@ -19,7 +19,7 @@ import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Optional, Sequence, Union
 
 import numpy as np
 
@@ -333,6 +333,28 @@ class ImageLayout(BaseLayout):
 
     packed = "images"
     streams: ClassVar[bool] = False  # from an archive: read as one stream (else extracted, then read)
+    # What a layout that streams says of an archive (colabfast.packing.archivesource.ArchiveSource reads it):
+    archive_kinds: ClassVar[tuple[str, ...]] = ("tar", "zip")  # the archives it reads
+    archive_prefix: ClassVar[str] = ""  # the folder inside the archive its images are in
+    inner_tars: ClassVar[bool] = False  # a tar of per-class tars, each opened as it is met
+    about_archive: ClassVar[str] = ""  # what the archive is, in words
+
+    @classmethod
+    def archive_labels(cls, path: Path, read: Callable[[str], bytes], labels: Optional[PathLike]) -> Any:
+        """The labels of the archive at ``path`` (``read(name)`` gives a zip member's bytes): none here,
+        its folders name the classes.
+
+        Raises:
+            PackRefused: a ``labels=`` file, which this layout does not read."""
+        if labels is not None:
+            raise PackRefused(f"labels={os.fspath(labels)!r}: the {cls.name} layout takes its classes from the "
+                              "archive's folders; labels= is ImageNet's devkit, for its validation tar")
+        return None
+
+    @classmethod
+    def archive_paths(cls, names: list[str], labels: Any, path: Path) -> list[str]:
+        """``<class>/<file>`` for each image streamed as ``names`` (in archive order)."""
+        raise NotImplementedError
 
     @classmethod
     def read(cls, root: Path, workers: int = 32) -> ImageListing:
@@ -379,6 +401,7 @@ class ImageFolderLayout(ImageLayout):
 
     name = IMAGEFOLDER
     streams = True
+    about_archive = "an ImageFolder tree in an archive"
 
     @classmethod
     def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
@@ -390,6 +413,23 @@ class ImageFolderLayout(ImageLayout):
     @classmethod
     def read(cls, root: Path, workers: int = 32) -> ImageListing:
         return _read_tree(root, workers, cls.name)
+
+    @classmethod
+    def archive_paths(cls, names: list[str], labels: Any, path: Path) -> list[str]:
+        """The names below the folders they all share, each in its class folder.
+
+        Raises:
+            FileNotFoundError: an image that is in no class folder."""
+        parts = [n.split("/") for n in names]
+        depth = 0
+        while all(len(p) > depth + 2 for p in parts) and len({p[depth] for p in parts}) == 1:
+            depth += 1
+        rels = ["/".join(p[depth:]) for p in parts]
+        bad = next((r for r in rels if "/" not in r), None)
+        if bad is not None:
+            raise SourceNotFound(f"{path}: {bad!r} is not in a class folder: an ImageFolder archive holds "
+                                 "<class>/<image> (for ImageNet's validation tar pass labels=devkit)")
+        return rels
 
 
 @register

@@ -57,7 +57,7 @@ def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, o
                  overwrite: bool, layout: str, labels: Optional[PathLike], split: Optional[str], seed: int,
                  retries: int) -> Path:
     """:func:`colabfast.pack` for the archive ``src`` (``layout`` one of
-    :data:`colabfast.packing.archivesource.LAYOUTS` or ``"auto"``), never shuffled (``seed`` is recorded as
+    a registered layout that streams, or ``"auto"``), never shuffled (``seed`` is recorded as
     given); ``options`` as :func:`~colabfast.packing.common._options` makes them. Returns ``dst`` as
     given. Raises what :func:`colabfast.pack` raises."""
     given = Path(os.path.abspath(dst))

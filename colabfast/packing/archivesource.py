@@ -3,13 +3,8 @@
 The archives people have ImageNet in are larger than a Colab disk, so they are never extracted: the
 archive is read front to back from Drive (parallel readahead, the access pattern Drive serves best),
 inner per-class tars are opened as they are met, and each image's bytes go straight to the packer.
-Layouts:
-
-- ``imagenet-train``: ``ILSVRC2012_img_train.tar``, a tar of per-class tars ``n01440764.tar``, ...
-- ``imagenet-val``: ``ILSVRC2012_img_val.tar``, one flat folder of JPEGs, labelled by the devkit.
-- ``kaggle-train`` / ``kaggle-val``: Kaggle's ``imagenet-object-localization-challenge.zip``
-  (``ILSVRC/Data/CLS-LOC/train/<wnid>/``, a flat ``val/`` labelled by ``LOC_val_solution.csv``).
-- ``imagefolder``: a tar (optionally compressed) or zip of an ImageFolder tree.
+The registered layouts that stream say what an archive holds: ImageNet's and Kaggle's archives
+(`colabfast.layouts.imagenet`), and a tar (optionally compressed) or zip of an ImageFolder tree.
 
 Labels and sample order are torchvision's (``datasets.ImageNet`` / ``datasets.ImageFolder``). Member
 names are only ever used as labels and paths: each is checked by :func:`colabfast.staging.extract.safe_relpath`
@@ -32,22 +27,14 @@ from typing import Callable, Collection, Iterator, NamedTuple, Optional, Union
 import numpy as np
 
 from colabfast.errors import ArchiveReadError, PackRefused, SourceNotFound
-from colabfast.layouts.imagenet import (
-    KAGGLE_SYNSETS,
-    KAGGLE_VAL_SOLUTION,
-    ImageNetLabels,
-    read_devkit,
-    read_kaggle_labels,
-)
 from colabfast.layouts.images import is_image
+from colabfast.mirror.format import IMAGEFOLDER
 from colabfast.staging.extract import archive_suffix, decompressed, open_tar, safe_relpath
 from colabfast.where._fileio import ReadaheadFile, retry
 
 __all__ = ["ArchiveReadError", "ArchiveSource", "Position"]
 
 MAX_IMAGE = 256 << 20  # bytes: a bigger member is reported as unreadable, never read into memory
-KAGGLE_DATA = "ILSVRC/Data/CLS-LOC/"
-LAYOUTS = ("imagenet-train", "imagenet-val", "kaggle-train", "kaggle-val", "imagefolder")
 
 
 class Position(NamedTuple):
@@ -59,19 +46,19 @@ class Position(NamedTuple):
 
 
 class ArchiveSource:
-    """An image dataset inside an archive (see the module docstring for the layouts).
+    """An image dataset inside an archive, read by the registered layout that streams it (see the module
+    docstring): its labels, the folder its images are in and their torchvision paths are the layout's
+    (`colabfast.layouts.ImageLayout`'s ``archive_*``).
 
     Args:
         path: the archive.
-        layout: one of :data:`LAYOUTS`, or ``"auto"``: a zip with ``LOC_synset_mapping.txt`` is
-            Kaggle's (``split`` picks train or val), a tar whose first member is a ``.tar`` is
-            ImageNet's training archive, a tar given ``labels`` is its validation archive, anything
-            else an ImageFolder tree.
-        split: ``"train"`` or ``"val"`` for Kaggle's zip (default ``"train"``).
-        labels: for ``ILSVRC2012_img_val.tar``: the devkit ``ILSVRC2012_devkit_t12.tar.gz`` (or its
-            unpacked folder); for the training archive it only adds class names. Kaggle's zip
-            carries its own labels.
+        layout: a registered layout that streams (``"imagefolder"``, ``"imagenet-train"``, ``"kaggle-val"``,
+            ...), or ``"auto"``: the one `colabfast.layouts.detect_layout` sees in it.
+        split: for ``"auto"``: Kaggle's zip's part (``"train"`` or ``"val"``).
+        labels: ImageNet's devkit ``ILSVRC2012_devkit_t12.tar.gz`` (or its unpacked folder): the
+            validation archive's labels; for the training archive, class names.
         retries: retries of each read for transient mount errors.
+        prefix: the folder inside the archive that is read (a split's), ending in ``/``.
 
     Raises:
         FileNotFoundError: the archive or labels are missing, or the archive holds no images.
@@ -80,22 +67,45 @@ class ArchiveSource:
     """
 
     def __init__(self, path: Union[str, os.PathLike], layout: str = "auto", split: Optional[str] = None,
-                 labels: Union[str, os.PathLike, None] = None, retries: int = 5):
+                 labels: Union[str, os.PathLike, None] = None, retries: int = 5, prefix: str = ""):
+        from colabfast.layouts import ImageLayout, detect_layout, layout_class
+        from colabfast.layouts.tree import tree_of
+
         self.path = Path(os.path.abspath(path))
         if not self.path.is_file():
             raise SourceNotFound(f"{self.path} is not a file")
         self.retries = retries
         self.is_zip = archive_suffix(self.path) == ".zip"
-        self.labels: Optional[ImageNetLabels] = read_devkit(labels) if labels is not None else None
-        self._zip_members: Optional[list[zipfile.ZipInfo]] = None
-        self._prefix = ""
-        if self.is_zip:
-            self.layout = self._inspect_zip(layout, split)
+        kind = "zip" if self.is_zip else "tar"
+        if layout == "auto":
+            tree = tree_of(self.path, retries)
+            if not tree.listed and tree.first is None:
+                raise SourceNotFound(f"{self.path} holds no files")
+            cls = detect_layout(tree, labels, split)
+            if not (issubclass(cls, ImageLayout) and cls.streams and kind in cls.archive_kinds):
+                cls = layout_class(IMAGEFOLDER)  # read as one stream, an archive of images is an ImageFolder tree
         else:
-            self.layout = self._inspect_tar(layout)
-        if self.layout == "imagenet-val" and self.labels is None:
-            raise PackRefused(f"{self.path} is ImageNet's validation archive: its labels are in the devkit; "
-                             "pass labels='.../ILSVRC2012_devkit_t12.tar.gz'")
+            cls = layout_class(layout)
+        if not (issubclass(cls, ImageLayout) and cls.streams and kind in cls.archive_kinds):
+            reads = " or ".join(getattr(cls, "archive_kinds", ())) or "no archive as one stream"
+            raise PackRefused(f"layout {cls.name!r} reads {reads}, and {self.path} is a {kind}")
+        self.kind, self.layout = cls, cls.name
+        self._prefix = prefix + cls.archive_prefix
+        self._zip_members: Optional[list[zipfile.ZipInfo]] = None
+        if self.is_zip:
+            with self._open_plain() as f:
+                try:
+                    zf = zipfile.ZipFile(f)
+                except zipfile.BadZipFile as exc:
+                    raise ArchiveReadError(self.path, "(the central directory at its end)", str(exc)) from exc
+                with zf:
+                    infos = zf.infolist()
+                    for info in infos:
+                        safe_relpath(self.path, info.filename)
+                    self.labels = cls.archive_labels(self.path, zf.read, labels)
+            self._zip_members = self._images_of(infos)
+        else:
+            self.labels = cls.archive_labels(self.path, _no_members, labels)
 
     # --- looking at the archive -----------------------------------------------------------------
 
@@ -107,69 +117,17 @@ class ArchiveSource:
         """For a look at the start or the end: no readahead (it would fetch 32 MB of what comes next)."""
         return retry(lambda: open(self.path, "rb"), self.retries)
 
-    def _inspect_tar(self, layout: str) -> str:
-        if layout in ("kaggle-train", "kaggle-val"):
-            raise PackRefused(f"layout {layout!r} is Kaggle's zip; {self.path} is a tar")
-        if layout != "auto":
-            return layout
-        with self._open_plain() as f, decompressed(f) as stream:
-            try:
-                tar = open_tar(self.path, stream)
-                first = next((m for m in tar if m.isfile()), None)
-            except (tarfile.TarError, EOFError, zlib.error) as exc:
-                raise ArchiveReadError(self.path, "(the first member)", f"{type(exc).__name__}: {exc}") from exc
-        if first is None:
-            raise SourceNotFound(f"{self.path} holds no files")
-        if first.name.endswith(".tar"):
-            return "imagenet-train"
-        return "imagenet-val" if self.labels is not None else "imagefolder"
-
-    def _inspect_zip(self, layout: str, split: Optional[str]) -> str:
-        with self._open_plain() as f:
-            try:
-                zf = zipfile.ZipFile(f)
-            except zipfile.BadZipFile as exc:
-                raise ArchiveReadError(self.path, "(the central directory at its end)", str(exc)) from exc
-            with zf:
-                infos = zf.infolist()
-                for info in infos:
-                    safe_relpath(self.path, info.filename)
-                names = {i.filename: i for i in infos}
-                kaggle = KAGGLE_SYNSETS in names
-                if layout == "auto":
-                    layout = f"kaggle-{split or 'train'}" if kaggle else "imagefolder"
-                elif split is not None and layout != f"kaggle-{split}":
-                    raise PackRefused(f"split={split!r} only applies to Kaggle's zip")
-                if layout.startswith("kaggle-"):
-                    if not kaggle:
-                        raise SourceNotFound(f"{self.path} is not Kaggle's ImageNet zip: no {KAGGLE_SYNSETS}")
-                    solution = None
-                    if layout == "kaggle-val":
-                        if KAGGLE_VAL_SOLUTION not in names:
-                            raise SourceNotFound(f"{self.path} has no {KAGGLE_VAL_SOLUTION}: no validation labels")
-                        solution = zf.read(KAGGLE_VAL_SOLUTION).decode("utf-8")
-                    self.labels = read_kaggle_labels(zf.read(KAGGLE_SYNSETS).decode("utf-8"), solution,
-                                                     f"{self.path} ({KAGGLE_SYNSETS}"
-                                                     + (f", {KAGGLE_VAL_SOLUTION})" if solution else ")"))
-                    self._prefix = KAGGLE_DATA + layout.split("-")[1] + "/"
-        if layout not in ("imagefolder", "kaggle-train", "kaggle-val"):
-            raise PackRefused(f"layout {layout!r} is for a tar; {self.path} is a zip")
+    def _images_of(self, infos: list[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
+        """A zip's images under the prefix, in file order (one forward pass), last copies only."""
         wanted = [i for i in infos if not i.is_dir() and i.filename.startswith(self._prefix) and is_image(i.filename)]
-        wanted.sort(key=lambda i: i.header_offset)  # file order: one forward pass
+        wanted.sort(key=lambda i: i.header_offset)
         wanted = _last_copies(self.path, wanted)
         if not wanted:
             raise SourceNotFound(f"no images under {self._prefix or 'the top'} of {self.path}")
-        self._zip_members = wanted
-        return layout
+        return wanted
 
     def describe(self) -> str:
-        what = {
-            "imagenet-train": "ImageNet's training archive (a tar of per-class tars)",
-            "imagenet-val": "ImageNet's validation archive (one flat folder)",
-            "kaggle-train": "Kaggle's ImageNet zip, train/",
-            "kaggle-val": "Kaggle's ImageNet zip, val/",
-            "imagefolder": "an ImageFolder tree in an archive",
-        }[self.layout]
+        what = self.kind.about_archive or f"a {self.layout} layout in an archive"
         return what + (f"; labels from {self.labels.origin}" if self.labels is not None else "")
 
     # --- the stream ------------------------------------------------------------------------------
@@ -225,9 +183,9 @@ class ArchiveSource:
                     if member.offset < start.member or not member.isfile():
                         continue  # done before (compressed: passed over by reading), or a link, folder, device
                     skip = start.done if member.offset == start.member else 0
-                    if self.layout == "imagenet-train" and name.endswith(".tar"):
+                    if self.kind.inner_tars and name.endswith(".tar"):
                         yield from self._inner_tar(tar, member, name, skip, report)
-                    elif is_image(name) and not skip:
+                    elif is_image(name) and name.startswith(self._prefix) and not skip:
                         yield name, self._read(tar, member), Position(member.offset, 1)
                     report()
                 _check_end(tar, stream)
@@ -310,17 +268,7 @@ class ArchiveSource:
     def _samples(self, names: list[str]) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
         if not names:
             raise SourceNotFound(f"no images in {self.path}")
-        if self.layout in ("imagenet-val", "kaggle-val"):
-            assert self.labels is not None
-            rels = [f"{w}/{posixpath.basename(n)}" for w, n in zip(self.labels.val_targets(names), names)]
-        elif self.layout == "imagefolder":
-            rels = _strip_common_folders(names)
-            if any("/" not in r for r in rels):
-                bad = next(r for r in rels if "/" not in r)
-                raise SourceNotFound(f"{self.path}: {bad!r} is not in a class folder: an ImageFolder archive "
-                                     "holds <class>/<image> (for ImageNet's validation tar pass labels=devkit)")
-        else:
-            rels = list(names)
+        rels = self.kind.archive_paths(names, self.labels, self.path)
         classes = sorted({r.split("/", 1)[0] for r in rels})
         index = {c: i for i, c in enumerate(classes)}
         keys = [(index[r.split("/", 1)[0]], *posixpath.split(r)) for r in rels]
@@ -355,10 +303,5 @@ def _last_copies(archive: Path, infos: list[zipfile.ZipInfo]) -> list[zipfile.Zi
     return [i for j, i in enumerate(infos) if last[key[j]] == j]
 
 
-def _strip_common_folders(names: list[str]) -> list[str]:
-    """Drop leading folders all names share, keeping at least one folder (the class) in each."""
-    parts = [n.split("/") for n in names]
-    depth = 0
-    while all(len(p) > depth + 2 for p in parts) and len({p[depth] for p in parts}) == 1:
-        depth += 1
-    return ["/".join(p[depth:]) for p in parts]
+def _no_members(name: str) -> bytes:
+    raise KeyError(name)  # a tar's members are met as it is read, not looked up
