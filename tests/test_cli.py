@@ -210,12 +210,11 @@ def test_pack_command_covers_every_pack_keyword_with_its_default(monkeypatch):
 
 
 def test_pack_layouts_are_the_librarys():
-    """The command spells out the archive layouts (no numpy import for --help): they must be archivesource's."""
+    """The command's --layout choices are the registry's (looked up when asked: no numpy import for --help)."""
     from colabfast import cli
-    from colabfast.layouts import LAYOUTS as FOLDER_LAYOUTS
-    from colabfast.packing.archivesource import LAYOUTS
+    from colabfast.layouts import REGISTRY
 
-    assert set(cli._PACK_LAYOUTS) == {"auto", "kitti", "files", *LAYOUTS, *FOLDER_LAYOUTS}
+    assert set(cli._PACK_LAYOUTS) == {"auto", *REGISTRY}
 
 
 def test_pack_speaks_labels_and_split_as_options(tmp_path, capsys):

@@ -135,13 +135,13 @@ def test_resolve_decides_the_kind_and_the_registered_layout_once(tiles, tmp_path
 
     from colabfast.packing import resolve
 
-    assert (resolve(tiles).kind, resolve(tiles).layout, resolve(tiles).columns) == ("folder", "tiles", True)
+    assert (resolve(tiles).kind, resolve(tiles).name, resolve(tiles).route) == ("folder", "tiles", "columns")
     zipped = shutil.make_archive(str(tmp_path / "export"), "zip", tiles.parent, tiles.name)
-    assert (resolve(zipped).kind, resolve(zipped).layout) == ("archive", "tiles")  # a zip resolves as its folder
+    assert (resolve(zipped).kind, resolve(zipped).name) == ("archive", "tiles")  # a zip resolves as its folder
     plain = tmp_path / "plain"
     (plain / "cats").mkdir(parents=True)
     r = resolve(plain)
-    assert (r.kind, r.layout, r.columns, r.streamed) == ("folder", "auto", False, False)
+    assert (r.kind, r.name, r.columns, r.route) == ("folder", "imagefolder", False, "images")
     assert resolve(Tiles(tiles)).kind == "dataset" and resolve(Tiles(tiles)).columns
     assert resolve([str(tiles / "tiles" / "0-0.png")], "files").kind == "files"
     assert resolve(r) is r
@@ -157,5 +157,5 @@ def test_resolve_reads_a_zip_of_a_registered_layout_from_its_names(tmp_path):
         z.writestr("VOCdevkit/VOC2012/ImageSets/Segmentation/train.txt", "a\n")
         z.writestr("VOCdevkit/VOC2012/JPEGImages/a.jpg", b"")
     r = resolve(path)
-    assert (r.kind, r.layout, r.columns, r.streamed) == ("archive", "voc-segmentation", True, False)
-    assert resolve(path, "imagenet-train").streamed
+    assert (r.kind, r.name, r.columns, r.route) == ("archive", "voc-segmentation", True, "unpacked")
+    assert resolve(path, "imagenet-train").route == "stream"

@@ -28,11 +28,11 @@ import re
 from typing import Any, Callable, Optional
 
 from colabfast.layouts.base import BaseLayout, Layout
-from colabfast.layouts.tree import split_folders, tree_of
+from colabfast.layouts.tree import tree_of
 from colabfast.where._fileio import PathLike
 
 __all__ = ["REGISTRY", "LAYOUTS", "ANY_DATASET", "KINDS", "register", "unregister", "layout_class", "detect_layout",
-           "register_drop_in", "drop_in_of"]
+           "register_drop_in", "drop_in_of", "AnyDataset"]
 
 REGISTRY: dict[str, type[BaseLayout]] = {}  # name -> class: every layout, in registration order
 LAYOUTS: dict[str, type[Layout]] = {}  # the layouts read as datasets (mirrors of columns)
@@ -103,12 +103,6 @@ def detect_layout(tree: Any, labels: Optional[PathLike] = None, split: Optional[
     for kind in KINDS:
         for cls in REGISTRY.values():
             if cls.packed == kind and cls.detect(tree, labels=labels, split=split):
-                if kind == "images" and tree.archive:  # an export of split folders: its first split's layout
-                    folders = split_folders(tree)
-                    if folders:
-                        inner = detect_layout(tree.sub(folders[0]), labels)
-                        if inner.packed == "columns":
-                            return inner
                 return cls
     return REGISTRY["files"]
 
@@ -129,14 +123,15 @@ def drop_in_of(name: str) -> tuple[type, Callable[[Optional[str]], dict]]:
     Raises:
         KeyError: no layout of that name is registered.
         LookupError: no drop-in is registered for it (`colabfast.datasets` not imported)."""
-    cls = _AnyDataset if name == ANY_DATASET else layout_class(name)
+    cls = AnyDataset if name == ANY_DATASET else layout_class(name)
     dataset = cls.drop_in or DROP_INS.get(name) or DROP_INS.get(cls.packed)
     if dataset is None:
         raise LookupError(f"no dataset reads mirrors of layout {name!r}: import colabfast.datasets first")
     return dataset, cls.split_args
 
 
-class _AnyDataset(Layout):
-    """What a mirror of any map-style dataset opens as (not packed by name: pack(dataset) makes it)."""
+class AnyDataset(Layout):
+    """The layout a mirror of any map-style dataset records: not packed by name (``pack(dataset)`` makes
+    it), opened as `colabfast.H5Dataset`."""
 
     name = ANY_DATASET

@@ -102,7 +102,7 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, folder:
     if kind == "folder" and not packs_split:  # a wrong split is named now, not after packing
         from colabfast.layouts import REGISTRY
 
-        layout = _folder_layout(src, options)
+        layout = options.get("layout")  # given, or as _resolved decided it
         if layout in REGISTRY:
             REGISTRY[layout].split_args(split)
     start = time.perf_counter()
@@ -286,46 +286,25 @@ def _not_openable(obj: Any) -> str:
             "or a Hugging Face datasets.Dataset, DatasetDict (with split=) or IterableDataset")
 
 
-def _folder_layout(src: Path, options: dict) -> str:
-    """The layout pack reads the folder ``src`` as (given, or detected: a few listings), decided here
-    once (:func:`colabfast.packing.resolve`) and handed to listing and packing by name."""
-    from colabfast.layouts import detect_layout
-    from colabfast.layouts.tree import tree_of
-    from colabfast.packing import resolve
-
-    layout = resolve(src, options.get("layout", "auto"), options.get("labels")).layout
-    return detect_layout(tree_of(src)).name if layout == "auto" else layout
-
-
-def _split_folder(src: Path, split: Optional[str], layout: str, options: dict, steps: list[str]) -> Optional[Path]:
-    """The folder of ``src`` to open where ``src`` is a tree of splits (:func:`colabfast.layouts.images.split_folders`,
-    e.g. PyTorch's tutorial ``hymenoptera/train/{ants,bees}`` and ``val/``) that was detected as an
-    ImageFolder (its splits taken for classes) or a folder of images: ``src / split`` (said in
-    ``steps``). None for any other folder, or a layout given.
+def _resolved(src: Path, split: Optional[str], options: dict) -> Any:
+    """What the folder or archive ``src`` is (`colabfast.packing.resolve`: its layout, given or detected,
+    and for a tree of split folders the one ``split`` opens), decided here once and handed to listing and
+    packing by name.
 
     Raises:
-        SplitRefused: (a ``PackRefused``) a tree of splits and ``split`` None or not one of them: the
-            message lists them and the call to make.
-    """
-    from colabfast.layouts.images import split_folders
-    from colabfast.packing import SplitRefused
+        SplitRefused: a tree of split folders and no ``split``, or one it lacks (naming open_dataset)."""
+    from colabfast.packing import SplitRefused, resolve
 
-    if options.get("layout", "auto") != "auto" or options.get("labels") is not None or \
-            layout not in ("imagefolder", "files"):
-        return None
-    folders = split_folders(src)
-    if folders is None:
-        return None
-    if split not in folders:  # None too: the splits are not classes of one dataset
-        raise SplitRefused(src, {name: f"{name}/" for name in folders}, split, "open_dataset")
-    steps.append(f"{src} holds the splits {', '.join(folders)}: opening {split}/")
-    return src / split
+    try:
+        return resolve(src, options.get("layout", "auto"), options.get("labels"), split)
+    except SplitRefused as exc:
+        raise exc.to("open_dataset") from None
 
 
 def _packs_split(kind: str, options: dict) -> bool:
     """Whether ``split`` chooses what pack reads (an archive's part, VOC's image set, a YOLO export's
     split), rather than a split of the mirror (KITTI's); ``options["layout"]`` a folder's layout, as
-    :func:`_folder_layout` gives it."""
+    :func:`_resolved` gives it."""
     from colabfast.layouts import LAYOUTS
 
     layout = options.get("layout")

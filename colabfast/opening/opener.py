@@ -16,12 +16,11 @@ from colabfast.opening.early import _before_staging, _Early, _staging_words
 from colabfast.opening.found import (
     _checked,
     _dataset_wanted,
-    _folder_layout,
     _found_or_packed,
     _Impostor,
     _listed,
     _packs_split,
-    _split_folder,
+    _resolved,
 )
 from colabfast.opening.kinds import OWN_ARGUMENTS, _empty, what_is
 from colabfast.opening.mirrors import default_mirrors, drop_in
@@ -257,22 +256,15 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
         given = pack_options.get("layout", "auto")  # a folder's layout is the one its mirror records
         early = _Early.start(src, folder, to, progress, split, None if given == "auto" or kind != "folder" else given)
         try:
-            if kind == "folder":  # detected once (a listing of the folder on Drive), then given to pack
-                layout = _folder_layout(src, pack_options)
-                inner = _split_folder(src, split, layout, pack_options, steps)
-                if inner is not None:  # opened as that folder, its mirror kept in the tree's mirrors folder
-                    if early is not None:
-                        early.stop()
-                    src, split = inner, None
-                    early = _Early.start(src, folder, to, progress)
-                    layout = _folder_layout(src, pack_options)
-                pack_options = {**pack_options, "layout": layout}
-            elif kind == "archive":  # an export of a registered layout: its zip's names read once, here
-                from colabfast.packing import resolve
-
-                resolved = resolve(src, pack_options.get("layout", "auto"), pack_options.get("labels"))
-                if resolved.columns:
-                    pack_options = {**pack_options, "layout": resolved.layout}
+            source = _resolved(src, split, pack_options)  # decided once (a listing on Drive), given to pack
+            if source.root and kind == "folder":  # a tree of splits: the split's folder opened as a folder of
+                steps.append(f"{src} holds the splits {', '.join(source.splits or ())}: opening {source.root}/")
+                if early is not None:  # its own, its mirror kept in the tree's mirrors folder
+                    early.stop()
+                src, split = source.folder, None
+                early = _Early.start(src, folder, to, progress)
+            if kind == "folder" or source.columns:
+                pack_options = {**pack_options, "layout": source.name}
             wanted = _listed(src, kind, split, image_size, folder, pack_options, steps)
             mirror, check = _found_or_packed(src, wanted, kind, split, image_size, progress, pack_options, steps,
                                              early)

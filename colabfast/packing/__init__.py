@@ -45,13 +45,13 @@ from colabfast.packing.common import (
 from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
-from colabfast.packing.resolve import Resolved, column_layout, resolve
+from colabfast.packing.source import Source, resolve
 from colabfast.where import env
 from colabfast.where._fileio import PathLike
 
 __all__ = ["pack", "PackError", "PackRefused", "SplitRefused", "resized_size", "encode_image", "lock_path",
-           "source_fingerprint", "source_listing", "dataset_fingerprint", "CHUNK", "PACK_PARAMETERS", "Resolved",
-           "resolve", "column_layout"]
+           "source_fingerprint", "source_listing", "dataset_fingerprint", "CHUNK", "PACK_PARAMETERS", "Source",
+           "resolve"]
 
 
 def pack(
@@ -135,101 +135,56 @@ def pack(
     """
     if store not in STORES:
         raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")
-    resolved = resolve(src, layout, labels)
-    src, layout = resolved.src, resolved.layout
-    folder_layout, packed_archive = _read_as_layout(resolved)
-    voc_year = _voc_year(year, folder_layout or packed_archive)
-    if folder_layout is not None or packed_archive is not None or resolved.kind == "dataset":
-        if on_error not in ("raise", "skip"):
-            raise PackRefused(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        if not 1 <= quality <= 100:
-            raise PackRefused(f"quality must be 1..100, not {quality}")
-        if shuffle:
-            raise PackRefused("shuffle=True is for folders of images; a mirror of a dataset keeps its order (a "
-                             "loader's random sampler shuffles it)")
-        if store != "encoded":
-            raise PackRefused("store='raw' is for folders of images; a mirror of a dataset stores its images "
-                             "encoded (PNG, or the JPEG files' own bytes)")
-        if packed_archive is not None:
-            from colabfast.packing.unpacked import pack_unpacked
-
-            return pack_unpacked(src, dst, layout=packed_archive, labels=labels, split=split,
-                                 options=_options(store, _check_size(image_size), quality),
-                                 workers=env.cpu_count() if workers is None else workers, on_error=on_error,
-                                 progress=progress, overwrite=overwrite, retries=retries, fields=fields, year=voc_year)
-        from colabfast.packing.hf import packable
-
-        dataset = packable(src) if folder_layout is None else _open_layout(src, folder_layout, labels, split,
-                                                                            on_error, retries, voc_year)
-        return pack_columns(dataset, dst, options=_options(store, _check_size(image_size), quality),
-                            workers=env.cpu_count() if workers is None else workers, on_error=on_error,
-                            progress=progress, overwrite=overwrite, layout=folder_layout or "dataset", fields=fields,
-                            split=split if folder_layout is not None else None)
-    if fields is not None:
-        raise PackRefused("fields= is for packing a dataset or a layout of colabfast.layouts")
     if on_error not in ("raise", "skip"):
         raise PackRefused(f"on_error must be 'raise' or 'skip', not {on_error!r}")
     if not 1 <= quality <= 100:
         raise PackRefused(f"quality must be 1..100, not {quality}")
-    image_size = _check_size(image_size)  # type: ignore[assignment]  # (H, W) becomes a list: JSON-equal on resume
+    source = resolve(src, layout, labels, split, retries)
+    route, voc_year = source.route, _voc_year(year, source)
+    options = _options(store, _check_size(image_size), quality)
     workers = env.cpu_count() if workers is None else workers
-    options = _options(store, image_size, quality)
-    path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
-    streamed = resolved.streamed
-    if streamed and not os.path.isfile(path):
-        raise SourceNotFound(f"no archive at {os.path.abspath(path)}: check the path (on Drive: "
-                             "/content/drive/MyDrive/...)")
-    if streamed and shuffle:
-        raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps the "
-                         "archive's order (a loader's random sampler shuffles it)")
-    if not streamed and layout == "auto" and labels is None:
-        src, split = _split_of_tree(src, split)
-    if not streamed and (labels is not None or split is not None):
+    common = {"options": options, "workers": workers, "on_error": on_error, "progress": progress,
+              "overwrite": overwrite}
+    if route in ("dataset", "columns") or route == "unpacked" and source.columns:
+        if shuffle:
+            raise PackRefused("shuffle=True is for folders of images; a mirror of a dataset keeps its order (a "
+                              "loader's random sampler shuffles it)")
+        if store != "encoded":
+            raise PackRefused("store='raw' is for folders of images; a mirror of a dataset stores its images "
+                              "encoded (PNG, or the JPEG files' own bytes)")
+    elif fields is not None:
+        raise PackRefused("fields= is for packing a dataset or a layout of colabfast.layouts")
+    if route == "dataset":
+        from colabfast.packing.hf import packable
+
+        return pack_columns(packable(source.src), dst, layout="dataset", fields=fields, **common)
+    if route == "columns":
+        dataset = _open_layout(source, on_error, retries, voc_year)
+        return pack_columns(dataset, dst, layout=source.name, fields=fields, split=source.split, **common)
+    if route == "unpacked":
+        from colabfast.packing.unpacked import pack_unpacked
+
+        return pack_unpacked(source.path, dst, layout=source.name, labels=labels, split=source.split or source.root
+                             or None, retries=retries, fields=fields, year=voc_year, **common)
+    if route == "stream":
+        if not source.path.is_file():
+            raise SourceNotFound(f"no archive at {source.path}: check the path (on Drive: "
+                                 "/content/drive/MyDrive/...)")
+        if shuffle:
+            raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps the "
+                              "archive's order (a loader's random sampler shuffles it)")
+        return pack_archive(source.path, dst, layout=source.name, labels=labels, split=source.split, seed=seed,
+                            retries=retries, prefix=source.prefix if source.root else "", **common)
+    if labels is not None or source.split is not None:
         raise PackRefused("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's zip)")
-    if streamed:
-        return pack_archive(path, dst, options=options, workers=workers, on_error=on_error, progress=progress,
-                            overwrite=overwrite, layout=layout, labels=labels, split=split, seed=seed, retries=retries)
-    return pack_folder(src, dst, options=options, workers=workers, on_error=on_error, progress=progress,
-                       overwrite=overwrite, layout=layout, shuffle=shuffle, seed=seed, retries=retries)
+    return pack_folder(source.folder or source.src, dst, layout=source.name, shuffle=shuffle, seed=seed,
+                       retries=retries, **common)
 
 
 PACK_PARAMETERS = tuple(inspect.signature(pack).parameters)  # pack's arguments, for those that pass them on
 
 
-def _split_of_tree(src: Any, split: Optional[str]) -> tuple[Any, Optional[str]]:
-    """``src / split`` where ``src`` is a tree of split folders (:func:`colabfast.layouts.images.split_folders`)
-    read as an ImageFolder; else ``src``, ``split`` as given (refused next unless None).
-
-    Raises:
-        SplitRefused: a tree of splits and ``split`` None or not one of them (torchvision's
-            ``ImageFolder`` would take the splits for classes): it lists them and the call to make.
-    """
-    from colabfast.layouts import ImageFolderLayout, KittiLayout
-    from colabfast.layouts.images import split_folders
-    from colabfast.layouts.tree import tree_of
-
-    if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
-        return src, split
-    tree = tree_of(src)
-    folders = split_folders(tree)  # one listing; KITTI's tree is ruled out only where it matters
-    if folders is None or KittiLayout.detect(tree) or not ImageFolderLayout.detect(tree):
-        return src, split
-    if split not in folders:
-        raise SplitRefused(src, {name: f"{name}/" for name in folders}, split)
-    return Path(src) / split, None
-
-
-def _read_as_layout(resolved: Resolved) -> tuple[Optional[str], Optional[str]]:
-    """``(folder_layout, packed_archive)``: the registered layout a folder is read as, or the one an
-    archive file is extracted and read as; None each where the source is not that."""
-    if not resolved.columns or resolved.kind == "dataset":
-        return None, None
-    if resolved.kind == "archive" and os.path.isfile(resolved.src):
-        return None, resolved.layout
-    return resolved.layout, None  # a folder, or a path that is none (reading it as the layout names that)
-
-
-def _voc_year(year: Union[str, int, None], layout: Optional[str]) -> Optional[str]:
+def _voc_year(year: Union[str, int, None], source: Source) -> Optional[str]:
     """``year`` as a string, for the VOC layouts only.
 
     Raises:
@@ -237,30 +192,27 @@ def _voc_year(year: Union[str, int, None], layout: Optional[str]) -> Optional[st
     """
     if year is None:
         return None
-    if layout not in ("voc-detection", "voc-segmentation"):
-        raise PackRefused(f"year={year!r} picks a Pascal VOC tree's year, and this source is packed as "
-                          f"{'layout ' + repr(layout) if layout else 'no VOC layout'}: leave year= out, or pass "
-                          "layout='voc-detection' or 'voc-segmentation'")
+    if source.name not in ("voc-detection", "voc-segmentation"):
+        raise PackRefused(f"year={year!r} picks a Pascal VOC tree's year, and this source is packed as layout "
+                          f"{source.name!r}: leave year= out, or pass layout='voc-detection' or 'voc-segmentation'")
     return str(year)
 
 
-def _open_layout(src: Any, layout: str, labels: Optional[PathLike], split: Optional[str], on_error: str,
-                 retries: int, year: Optional[str] = None) -> Any:
-    from colabfast.layouts import LAYOUTS
+def _open_layout(source: Source, on_error: str, retries: int, year: Optional[str] = None) -> Any:
+    """The `Layout` over the folder ``source`` reads.
 
-    if not isinstance(src, (str, os.PathLike)) or not os.path.isdir(src):
-        raise SourceNotFound(f"layout {layout!r} reads a folder, and {src!r} is not one")
+    Raises:
+        SourceNotFound: the path is not a folder. PackRefused: arguments the layout does not take."""
+    if source.folder is None or not source.folder.is_dir():
+        raise SourceNotFound(f"layout {source.name!r} reads a folder, and {source.src!r} is not one")
     kwargs: dict[str, Any] = {"on_error": on_error, "retries": retries}
-    if labels is not None:
-        kwargs["labels"] = labels
-    if split is not None:
-        kwargs["split"] = split
-    if year is not None:
-        kwargs["year"] = year
+    for name, value in (("labels", source.labels), ("split", source.split), ("year", year)):
+        if value is not None:
+            kwargs[name] = value
     try:
-        return LAYOUTS[layout](Path(os.path.abspath(src)), **kwargs)  # type: ignore[call-arg]
+        return source.layout(source.folder, **kwargs)  # type: ignore[call-arg]
     except TypeError as exc:
-        raise PackRefused(f"layout {layout!r} does not take these arguments ({exc})") from None
+        raise PackRefused(f"layout {source.name!r} does not take these arguments ({exc})") from None
 
 
 def source_fingerprint(src: PathLike, *, layout: str = "auto", labels: Optional[PathLike] = None,
@@ -290,33 +242,32 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
     (:class:`~colabfast.packing.common.Contents`: its samples' paths, its layout, options and classes),
     from the same listing: what a mirror found by that fingerprint is checked against
     (:func:`~colabfast.packing.common.differs`). Raises what :func:`pack` raises for the same source."""
-    resolved = resolve(src, layout, labels)
-    streamed, layout = resolved.streamed, resolved.layout
-    folder_layout, packed_archive = _read_as_layout(resolved)
+    source = resolve(src, layout, labels, split, retries)
     options = _options(store, _check_size(image_size), quality)
-    if packed_archive is not None:
+    route, voc_year = source.route, _voc_year(year, source)
+    if route == "unpacked":
         from colabfast.packing.unpacked import check_split, unpacked_fingerprint
 
-        check_split(src, packed_archive, labels, split)
-        return (unpacked_fingerprint(src, packed_archive, labels, split, options, retries,
-                                     _voc_year(year, packed_archive)),
-                f"an archive of a {packed_archive} layout, {os.path.getsize(src) / 1e6:.1f} MB",
-                Contents(options, layout=packed_archive))
-    voc_year = _voc_year(year, folder_layout)
-    if folder_layout is not None:
+        split = source.split or source.root or None
+        check_split(source.path, source.name, labels, split)
+        return (unpacked_fingerprint(source.path, source.name, labels, split, options, retries, voc_year),
+                f"an archive of a {source.name} layout, {os.path.getsize(source.path) / 1e6:.1f} MB",
+                Contents(options, layout=source.name))
+    if route == "columns":
         from colabfast.packing.dataset import plan
 
-        dataset = _open_layout(src, folder_layout, labels, split, on_error, retries, voc_year)
-        return plan(dataset, None, options, folder_layout)[2], dataset.describe(), Contents(
-            options, layout=folder_layout,
+        dataset = _open_layout(source, on_error, retries, voc_year)
+        return plan(dataset, None, options, source.name)[2], dataset.describe(), Contents(
+            options, layout=source.name,
             samples={"": (str(dataset.root), [_printable(p) for p in dataset.paths])})
-    if streamed:
-        fingerprint, archive = _archive_listing(src, options, layout, labels, split, retries)
+    if route == "stream":
+        fingerprint, archive = _archive_listing(source.path, options, source.name, labels, source.split, retries,
+                                                source.prefix if source.root else "")
         return fingerprint, archive.describe(), Contents(options, source=_printable(str(archive.path)))
-    fingerprint, source, _ = _folder_listing(src, options, layout, shuffle, seed)
-    return fingerprint, source.describe(), Contents(
-        options, layout=source.layout, classes=source.classes,
-        samples={s.name: (str(s.root), [_printable(f.rel) for f in s.files]) for s in source.splits})
+    fingerprint, listed, _ = _folder_listing(source.folder or source.src, options, source.name, shuffle, seed)
+    return fingerprint, listed.describe(), Contents(
+        options, layout=listed.layout, classes=listed.classes,
+        samples={s.name: (str(s.root), [_printable(f.rel) for f in s.files]) for s in listed.splits})
 
 
 def dataset_fingerprint(dataset: Any, *, store: str = "encoded", image_size: Union[int, tuple[int, int], None] = None,

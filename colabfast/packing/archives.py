@@ -55,11 +55,11 @@ PIECE = 32  # images per task sent to a worker when packing an archive stream
 
 def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, on_error: str, progress: bool,
                  overwrite: bool, layout: str, labels: Optional[PathLike], split: Optional[str], seed: int,
-                 retries: int) -> Path:
-    """:func:`colabfast.pack` for the archive ``src`` (``layout`` one of
-    a registered layout that streams, or ``"auto"``), never shuffled (``seed`` is recorded as
-    given); ``options`` as :func:`~colabfast.packing.common._options` makes them. Returns ``dst`` as
-    given. Raises what :func:`colabfast.pack` raises."""
+                 retries: int, prefix: str = "") -> Path:
+    """:func:`colabfast.pack` for the archive ``src`` (``layout`` a registered layout that streams, or
+    ``"auto"``; ``prefix`` the split folder read), never shuffled (``seed`` is recorded as given);
+    ``options`` as :func:`~colabfast.packing.common._options` makes them. Returns ``dst`` as given.
+    Raises what :func:`colabfast.pack` raises."""
     given = Path(os.path.abspath(dst))
     dst = Path(os.path.realpath(given))  # one lock and one work folder, however the path is spelled
     path = os.fspath(src)
@@ -67,7 +67,7 @@ def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, o
     work.parent.mkdir(parents=True, exist_ok=True)
     with locked(lock_path(dst), f"packing into {dst}"):  # one pack at a time: see pack_folder
         packed_from = _existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
-        fingerprint, archive = _listing(path, options, layout, labels, split, retries)
+        fingerprint, archive = _listing(path, options, layout, labels, split, retries, prefix)
         if packed_from is not None:
             _check_same_source(dst, packed_from, archive.path)
         described = _printable(f"{archive.path}: {archive.describe()}")
@@ -91,10 +91,12 @@ def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, o
 
 
 def _listing(path: PathLike, options: dict, layout: str, labels: Optional[PathLike], split: Optional[str],
-             retries: int) -> tuple[str, ArchiveSource]:
-    """What :func:`pack_archive` knows of the archive before it reads an image: ``(fingerprint, archive)``."""
-    archive = ArchiveSource(path, layout, split, labels, retries)
-    return _archive_fingerprint(archive, labels, options), archive
+             retries: int, prefix: str = "") -> tuple[str, ArchiveSource]:
+    """What :func:`pack_archive` knows of the archive before it reads an image: ``(fingerprint, archive)``;
+    ``prefix``: the split folder inside it that is read."""
+    archive = ArchiveSource(path, layout, split, labels, retries, prefix)
+    fingerprint = _archive_fingerprint(archive, labels, options)
+    return (fingerprint if not prefix else hashlib.sha256(f"{fingerprint}\0{prefix}".encode()).hexdigest()), archive
 
 
 def _archive_fingerprint(archive: ArchiveSource, labels: Optional[PathLike], options: dict) -> str:

@@ -89,6 +89,9 @@ class ArchiveSource:
         if not (issubclass(cls, ImageLayout) and cls.streams and kind in cls.archive_kinds):
             reads = " or ".join(getattr(cls, "archive_kinds", ())) or "no archive as one stream"
             raise PackRefused(f"layout {cls.name!r} reads {reads}, and {self.path} is a {kind}")
+        if split is not None and not cls.packs_split:
+            raise PackRefused(f"split={split!r} only applies to Kaggle's zip (its part) and to an archive of split "
+                              f"folders; {self.path} is read whole as layout {cls.name!r}")
         self.kind, self.layout = cls, cls.name
         self._prefix = prefix + cls.archive_prefix
         self._zip_members: Optional[list[zipfile.ZipInfo]] = None
