@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from colabfast.errors import StageRefused
-from colabfast.staging.copy import SourceChanged, same_identity, sha256_of
+from colabfast.staging.copy import _SourceChanged, same_identity, sha256_of  # noqa: I001
 from colabfast.staging.destination import (
     RECORD,
     adopt_legacy_record,
@@ -79,7 +79,7 @@ def stage_archive(archives: list[Path], dst: Path, opts: StageOptions) -> Path:
                 extract(archive, work, allow_links=opts.allow_links, retries=retries,
                         on_progress=functools.partial(advance, done))
                 if not same_identity(retry(functools.partial(os.stat, archive), retries), st):
-                    raise SourceChanged(archive, "extracted")  # what was extracted may be torn
+                    raise _SourceChanged(archive, "extracted")  # what was extracted may be torn
             except BaseException as exc:
                 if not _resumable(exc):
                     shutil.rmtree(work, ignore_errors=True)
@@ -111,7 +111,7 @@ def _resumable(exc: BaseException) -> bool:
     corrupt archive or of one that changed meanwhile is kept."""
     if isinstance(exc, KeyboardInterrupt):
         return True
-    return isinstance(exc, OSError) and not isinstance(exc, SourceChanged) and exc.errno != errno.ENOSPC
+    return isinstance(exc, OSError) and not isinstance(exc, _SourceChanged) and exc.errno != errno.ENOSPC
 
 
 def _refuse_or_clear_archive(dst: Path, source: Union[str, list], old: dict, opts: StageOptions) -> None:

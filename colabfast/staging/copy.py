@@ -152,7 +152,7 @@ def _remove_partials(root: Optional[Path], targets: list[Path]) -> None:
                     os.unlink(os.path.join(folder, name))
 
 
-class SourceChanged(OSError):
+class _SourceChanged(OSError):
     """A source file's size, modification or change time, or inode differs before and after its copy."""
 
     def __init__(self, path: Path, what: str = "copied"):
@@ -189,9 +189,9 @@ class _Source:
         return same_identity(st, self.st)
 
     def check_unchanged(self) -> None:
-        """Raise SourceChanged if the file at ``path`` is no longer what was opened (or was written)."""
+        """Raise _SourceChanged if the file at ``path`` is no longer what was opened (or was written)."""
         if not self.same_as(retry(lambda: os.stat(self.path), self.retries)):
-            raise SourceChanged(self.path)
+            raise _SourceChanged(self.path)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -294,7 +294,7 @@ class _Copier:
                     self._check_abort()
                     chunk = src.pread(min(CHUNK, size - copied), copied)
                     if not chunk:
-                        raise SourceChanged(src.path)  # it shrank
+                        raise _SourceChanged(src.path)  # it shrank
                     write_all(fd, chunk)
                     if h is not None:
                         h.update(chunk)
@@ -361,7 +361,7 @@ class _BigFile:
         """Note the source's identity and allocate the partial file (once, by the first range)."""
         st = retry(lambda: os.stat(self.path), self.copier.retries)
         if st.st_size != self.f.size:  # the ranges were cut for another size
-            raise SourceChanged(self.path)
+            raise _SourceChanged(self.path)
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             os.posix_fallocate(fd, 0, self.f.size)
@@ -382,7 +382,7 @@ class _BigFile:
             if self.failed:
                 raise OSError(errno.ECANCELED, "another range of this file failed")
             digest = "" if self.changed else retry(lambda: self._copy(start, length), self.copier.retries)
-        except SourceChanged:
+        except _SourceChanged:
             self.changed = True
             digest = ""
         except BaseException:
@@ -410,7 +410,7 @@ class _BigFile:
         try:
             assert self.identity is not None
             if not src.same_as(self.identity):
-                exc = SourceChanged(self.path)
+                exc = _SourceChanged(self.path)
                 exc.attempts = 1  # type: ignore[attr-defined]  # not retried per range: the file is
                 raise exc
             fd_out = os.open(self.tmp, os.O_WRONLY | os.O_CLOEXEC)
@@ -419,7 +419,7 @@ class _BigFile:
                     self.copier._check_abort()
                     chunk = src.pread(min(4 * CHUNK, length - done), start + done)
                     if not chunk:  # it ended early
-                        exc = SourceChanged(self.path)
+                        exc = _SourceChanged(self.path)
                         exc.attempts = 1  # type: ignore[attr-defined]
                         raise exc
                     write_all(fd_out, chunk, start + done)
@@ -445,7 +445,7 @@ class _BigFile:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.tmp)
                 if self.attempt >= self.copier.retries:
-                    exc = SourceChanged(self.path)
+                    exc = _SourceChanged(self.path)
                     exc.attempts = self.attempt + 1  # type: ignore[attr-defined]
                     raise exc
                 self.copier._add(-self.written)
