@@ -159,3 +159,120 @@ def test_resolve_reads_a_zip_of_a_registered_layout_from_its_names(tmp_path):
     r = resolve(path)
     assert (r.kind, r.name, r.columns, r.route) == ("archive", "voc-segmentation", True, "unpacked")
     assert resolve(path, "imagenet-train").route == "stream"
+
+
+SCRATCH = '''
+"""Three layouts of a user's own, one of each kind, each one class and its registration."""
+import os
+import types
+from pathlib import Path
+
+import numpy as np
+
+from colabfast.layouts import ArchiveLayout, ImageLayout, Layout, register
+from colabfast.layouts.base import FileEntry, ImageFile
+from colabfast.layouts.images import ImageListing, Split
+
+
+@register
+class Strips(Layout):
+    """columns: strips/<label>-<n>.png, the label in the name."""
+
+    name = "scratch-strips"
+
+    def __init__(self, root, *, on_error="raise", retries=5):
+        self.root = Path(root)
+        self.paths = [f"strips/{n}" for n in sorted(os.listdir(self.root / "strips"))]
+        self.files = [FileEntry(p, (st := os.stat(self.root / p)).st_size, st.st_mtime_ns) for p in self.paths]
+        self.skipped, self.info = [], {}
+
+    def __getitem__(self, i):
+        rel = self.paths[i]
+        return ImageFile((self.root / rel).read_bytes(), rel), int(rel.split("/")[1].split("-")[0])
+
+    @classmethod
+    def detect(cls, tree, **hints):
+        return tree.is_dir("strips")
+
+
+@register
+class Named(ImageLayout):
+    """images: one flat folder of <class>_<n>.png beside a NAMED marker, the class in the name."""
+
+    name = "scratch-named"
+
+    @classmethod
+    def detect(cls, tree, **hints):
+        return tree.is_file("NAMED")
+
+    @classmethod
+    def read(cls, root, workers=32):
+        names = sorted(n for n in os.listdir(root) if n.endswith(".png"))
+        classes = sorted({n.split("_")[0] for n in names})
+        files = [FileEntry(n, (st := os.stat(root / n)).st_size, st.st_mtime_ns) for n in names]
+        targets = np.array([classes.index(n.split("_")[0]) for n in names], dtype=np.int64)
+        return ImageListing("imagefolder", root, [Split("", root, files, targets=targets)], classes)
+
+
+@register
+class Listed(ArchiveLayout):
+    """archive: a zip of flat images beside CLASSES.txt (one "<file> <class>" line each), read as one stream."""
+
+    name = "scratch-listed"
+    archive_kinds = ("zip",)
+
+    @classmethod
+    def detect(cls, tree, **hints):
+        return tree.archive and tree.is_file("CLASSES.txt")
+
+    @classmethod
+    def archive_labels(cls, path, read, labels):
+        by_file = dict(line.split() for line in read("CLASSES.txt").decode().splitlines())
+        return types.SimpleNamespace(origin=f"{path} (CLASSES.txt)", by_file=by_file)
+
+    @classmethod
+    def archive_paths(cls, names, labels, path):
+        return [f"{labels.by_file[n]}/{n}" for n in names]
+'''
+
+
+def test_a_new_layout_of_each_kind_is_one_module_and_its_registration(tmp_path, monkeypatch):
+    """Issue 54, item 2: a layout of columns, of image folders and of archives, written in a package of the
+    user's own that colabfast knows nothing of, is detected by layout="auto", packed, and opened with the
+    drop-in of its kind, folder or zip."""
+    import importlib
+    import zipfile
+
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / "__init__.py").write_text(SCRATCH)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("scratch")
+    rng = np.random.default_rng(1)
+
+    def png(path: Path, k: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (6 + k, 8, 3), dtype=np.uint8)).save(path)
+
+    try:
+        for k in range(4):
+            png(tmp_path / "s" / "strips" / f"{k % 2}-{k}.png", k)
+            png(tmp_path / "n" / f"{'ab'[k % 2]}_{k}.png", k)
+        (tmp_path / "n" / "NAMED").write_text("")
+        with zipfile.ZipFile(tmp_path / "listed.zip", "w") as z:
+            z.writestr("CLASSES.txt", "x.png cat\ny.png dog\nz.png cat\n")
+            for name in ("x.png", "y.png", "z.png"):
+                png(tmp_path / "tmp" / name, 1)
+                z.write(tmp_path / "tmp" / name, name)
+
+        strips = cf.open_dataset(tmp_path / "s", progress=False)
+        assert type(strips) is cf.H5Dataset and [strips[k][1] for k in range(4)] == [0, 0, 1, 1]  # 0-0, 0-2, 1-1, 1-3
+        named = cf.open_dataset(tmp_path / "n", output="tensor", progress=False)
+        assert type(named) is cf.H5ImageFolder and named.classes == ["a", "b"] and named.targets == [0, 0, 1, 1]
+        assert [tuple(named[k][0].shape) for k in range(4)] == [(3, 6, 8), (3, 8, 8), (3, 7, 8), (3, 9, 8)]  # a_0, a_2, b_1, b_3
+        listed = cf.open_dataset(tmp_path / "listed.zip", progress=False)
+        assert type(listed) is cf.H5ImageFolder and listed.classes == ["cat", "dog"]
+        assert [p.rsplit("/", 2)[-2:] for p, _ in listed.samples] == [["cat", "x.png"], ["cat", "z.png"], ["dog", "y.png"]]
+        assert cf.info(named.path).layout == cf.info(listed.path).layout == "imagefolder"  # the format's kind
+    finally:
+        for name in ("scratch-strips", "scratch-named", "scratch-listed"):
+            unregister(name)

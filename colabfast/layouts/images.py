@@ -135,11 +135,13 @@ def read_source(
             raise SourceNotAFolder(f"{root} is a file, not a dataset folder or an archive: pack reads a folder, "
                                    f"a .zip, .tar, .tar.gz, .tgz, .tar.bz2 or .tar.xz archive, or a list of files")
         raise SourceNotFound(f"{root} does not exist: check the path (on Drive: /content/drive/MyDrive/...)")
-    if layout == "auto":
-        layout = next(cls.name for cls in (KittiLayout, ImageFolderLayout, FilesLayout) if cls.detect(root))
-    if layout not in IMAGE_READERS:
-        raise PackRefused(f"layout must be 'auto', 'imagefolder', 'kitti' or 'files', not {layout!r}")
-    return IMAGE_READERS[layout].read(root, workers)
+    from colabfast.layouts.registry import REGISTRY, detect_layout
+
+    cls = detect_layout(root) if layout == "auto" else REGISTRY.get(layout)
+    if not (isinstance(cls, type) and issubclass(cls, ImageLayout)):
+        names = ", ".join(repr(n) for n, c in REGISTRY.items() if issubclass(c, ImageLayout) and c.packed == "images")
+        raise PackRefused(f"layout must be 'auto' or a layout of image folders ({names}), not {layout!r}")
+    return cls.read(root, workers)
 
 
 def _read_tree(root: Path, workers: int, layout: str) -> ImageListing:
@@ -341,8 +343,10 @@ class ImageLayout(BaseLayout):
 
     @classmethod
     def archive_labels(cls, path: Path, read: Callable[[str], bytes], labels: Optional[PathLike]) -> Any:
-        """The labels of the archive at ``path`` (``read(name)`` gives a zip member's bytes): none here,
-        its folders name the classes.
+        """The labels of the archive at ``path`` (``read(name)`` gives a zip member's bytes), for
+        `archive_paths`: None, or an object with ``origin`` (where they came from, in words, recorded in
+        the mirror) and optionally ``class_names`` (class -> its names). None here: its folders name the
+        classes.
 
         Raises:
             PackRefused: a ``labels=`` file, which this layout does not read."""
@@ -356,9 +360,13 @@ class ImageLayout(BaseLayout):
         """``<class>/<file>`` for each image streamed as ``names`` (in archive order)."""
         raise NotImplementedError
 
+    catch_all: ClassVar[bool] = False  # reads what no other layout reads: asked after the others of its kind
+
     @classmethod
     def read(cls, root: Path, workers: int = 32) -> ImageListing:
-        """The samples of the folder ``root``, listed (no image read).
+        """The samples of the folder ``root``, listed (no image read). The listing's ``layout`` is the
+        image mirror's (the format's: ``"imagefolder"`` with classes and targets, ``"files"`` with targets
+        only, ``"kitti"`` with objects), which says the drop-in its mirror opens as.
 
         Raises:
             FileNotFoundError: it holds no images (or, for KITTI, a training image without a label file).
@@ -401,6 +409,7 @@ class ImageFolderLayout(ImageLayout):
 
     name = IMAGEFOLDER
     streams = True
+    catch_all = True
     about_archive = "an ImageFolder tree in an archive"
 
     @classmethod
@@ -438,6 +447,7 @@ class FilesLayout(ImageLayout):
     labels given to pack), as no torchvision class reads a flat folder."""
 
     name = FILES
+    catch_all = True
 
     @classmethod
     def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
@@ -448,5 +458,3 @@ class FilesLayout(ImageLayout):
     def read(cls, root: Path, workers: int = 32) -> ImageListing:
         return _read_tree(root, workers, cls.name)
 
-
-IMAGE_READERS = {cls.name: cls for cls in (KittiLayout, ImageFolderLayout, FilesLayout)}

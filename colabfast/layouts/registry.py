@@ -100,8 +100,8 @@ def detect_layout(tree: Any, labels: Optional[PathLike] = None, split: Optional[
                       if cls.labels_suffixes and str(labels).lower().endswith(cls.labels_suffixes)), None)
         if named is not None:
             return named
-    for kind in KINDS:
-        for cls in REGISTRY.values():
+    for kind in KINDS:  # within a kind, a layout that reads any folder (ImageFolder, files) is asked last
+        for cls in sorted(REGISTRY.values(), key=lambda c: getattr(c, "catch_all", False)):
             if cls.packed == kind and cls.detect(tree, labels=labels, split=split):
                 return cls
     return REGISTRY["files"]

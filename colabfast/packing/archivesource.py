@@ -284,9 +284,10 @@ class ArchiveSource:
 
     def class_names(self, classes: list[str]) -> Optional[list[tuple[str, ...]]]:
         """torchvision ImageNet's ``classes`` (a tuple of names per WordNet id), when labels are known."""
-        if self.labels is None:
+        names = getattr(self.labels, "class_names", None)
+        if names is None:
             return None
-        return [self.labels.class_names.get(c, (c,)) for c in classes]
+        return [names.get(c, (c,)) for c in classes]
 
 
 def _check_end(tar: tarfile.TarFile, stream) -> None:
