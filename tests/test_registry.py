@@ -268,7 +268,8 @@ def test_a_new_layout_of_each_kind_is_one_module_and_its_registration(tmp_path, 
         assert type(strips) is cf.H5Dataset and [strips[k][1] for k in range(4)] == [0, 0, 1, 1]  # 0-0, 0-2, 1-1, 1-3
         named = cf.open_dataset(tmp_path / "n", output="tensor", progress=False)
         assert type(named) is cf.H5ImageFolder and named.classes == ["a", "b"] and named.targets == [0, 0, 1, 1]
-        assert [tuple(named[k][0].shape) for k in range(4)] == [(3, 6, 8), (3, 8, 8), (3, 7, 8), (3, 9, 8)]  # a_0, a_2, b_1, b_3
+        shapes = [tuple(named[k][0].shape) for k in range(4)]
+        assert shapes == [(3, 6, 8), (3, 8, 8), (3, 7, 8), (3, 9, 8)]  # a_0, a_2, b_1, b_3
         listed = cf.open_dataset(tmp_path / "listed.zip", progress=False)
         assert type(listed) is cf.H5ImageFolder and listed.classes == ["cat", "dog"]
         assert [p.rsplit("/", 2)[-2:] for p, _ in listed.samples] == [["cat", "x.png"], ["cat", "z.png"], ["dog", "y.png"]]
