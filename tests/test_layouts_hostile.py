@@ -224,8 +224,8 @@ def alias_bomb(key: str) -> str:
     or printed (PyYAML composes it as a few nodes)."""
     lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     lines += [f"{b}: &{b} [" + ",".join([f"*{a}"] * 9) + "]" for a, b in zip("abcdefgh", "bcdefghi")]
-    return "\n".join(lines) + f"\n{key}: *i\n" + "".join(f"{k}: {v}\n" for k, v in
-                                                        {"train": "images/train", "names": "[thing]"}.items() if k != key)
+    rest = {"train": "images/train", "names": "[thing]"}
+    return "\n".join(lines) + f"\n{key}: *i\n" + "".join(f"{k}: {v}\n" for k, v in rest.items() if k != key)
 
 
 YAML_CALLS = {  # each reader of a data.yaml, in a child under a 4 GB address space (a regression ends in MemoryError)
@@ -271,16 +271,16 @@ YAMLS = {  # (data.yaml's bytes, the start of the refusal)
 @pytest.mark.parametrize("case", YAMLS)
 def test_every_reader_of_a_data_yaml_refuses_it_alike(tmp_path, case):
     """pack, open_dataset and ultralytics_data read data.yaml with one loader: the same LayoutError, naming the
-    file and the line, its value shown in at most 200 characters; nothing written (before, a latin-1 data.yaml
-    was a raw UnicodeDecodeError in ultralytics_data)."""
+    file and the line, its value shown in at most 200 characters; nothing written. Before: a latin-1 data.yaml
+    was a raw UnicodeDecodeError in ultralytics_data, a long int or a 13th month a raw ValueError in all three,
+    a long nc: printed whole (500 kB)."""
     data, message = YAMLS[case]
     root = yolo_tree(tmp_path / "ds")
     (root / "data.yaml").write_bytes(data)
     calls = [lambda: colabfast.pack(root, tmp_path / "m.h5", progress=False),
              lambda: colabfast.open_dataset(root, split="train", mirrors=tmp_path / "mirrors", to="disk",
-                                            progress=False)]
-    if case != "long nc":  # ultralytics_data leaves nc: to Ultralytics
-        calls.append(lambda: colabfast.ultralytics_data(root, mirrors=tmp_path / "mirrors", to="disk", progress=False))
+                                            progress=False),
+             lambda: colabfast.ultralytics_data(root, mirrors=tmp_path / "mirrors", to="disk", progress=False)]
     for call in calls:
         with pytest.raises(LayoutError) as refused:
             call()
