@@ -426,7 +426,7 @@ def _worker(value: Any, where: str, steps: int) -> None:
     (version, words, gauss), (name, keys, pos, has_gauss, cached) = value[1], value[2]
     _rng(value[0], f"{where}[0]")
     if type(version) is not int or not isinstance(words, torch.Tensor) or words.dtype != torch.int64 or \
-            words.dim() != 1 or not (gauss is None or type(gauss) is float):
+            words.shape != (625,) or not (gauss is None or type(gauss) is float):
         raise _refuse(f"{where}[1]", "is not Python's random state")
     try:
         random.Random().setstate((version, tuple(words.tolist()), gauss))
