@@ -159,12 +159,12 @@ QUOTED = 200  # characters of a name quoted in an error message
 
 
 def quoted(name: str) -> str:
-    """``name`` quoted for a message, cut to :data:`QUOTED` characters: a hostile name may be megabytes."""
+    """``name`` quoted for a message, cut to `QUOTED` characters: a hostile name may be megabytes."""
     return repr(name if len(name) <= QUOTED else name[:QUOTED] + "...")
 
 
 def excerpt(value: Any) -> str:
-    """``repr(value)`` for a message, on one line of at most :data:`QUOTED` characters however large
+    """``repr(value)`` for a message, on one line of at most `QUOTED` characters however large
     ``value`` is (a YAML alias bomb, a state of megabyte tensors): containers to 3 levels and 6 items
     each (``reprlib``), so it costs as little as it prints; arrays and tensors by their dtype and shape."""
     text = _Short().repr(value).replace("\n", " ")

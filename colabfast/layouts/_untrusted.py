@@ -4,7 +4,7 @@ folder, and the files they name found (and stat'ed for the mirror's fingerprint)
 round trips want.
 
 Private helpers of the layout modules (:mod:`colabfast.layouts.coco`, :mod:`colabfast.layouts.voc`;
-``Skipped`` and ``inside`` also for those on :mod:`colabfast.layouts._folder`; ``load_yaml`` for every
+``Skipped`` and ``inside`` also for those on `colabfast.layouts._folder`; ``load_yaml`` for every
 reader of a ``data.yaml``: the YOLO layout and ``colabfast.ultralytics_data``).
 """
 
@@ -82,7 +82,7 @@ def load_yaml(text: Union[str, bytes], path: PathLike) -> Any:
     """The dataset YAML ``text`` (of the file at ``path``; bytes are decoded as Ultralytics opens the
     file, ``encoding="utf-8-sig"``) parsed as ``yaml.safe_load`` parses it, as Ultralytics' ``YAML.load``
     does (``ultralytics/utils/__init__.py``): no tags that make Python objects. Its nodes are counted
-    as they are composed, each alias as the nodes it stands for (:class:`_CountingLoader`), so a small
+    as they are composed, each alias as the nodes it stands for (`_CountingLoader`), so a small
     file that would expand to a huge one when walked or printed (an alias bomb) is refused as it is read.
 
     Raises:

@@ -401,7 +401,7 @@ def _rngs(value: Any, where: str, count: int) -> None:
 
 
 def _fields(value: Any, where: str, loader: Any) -> None:
-    """``value`` is what :func:`sampler_fields` takes of this loader's samplers: the same fields, each
+    """``value`` is what `sampler_fields` takes of this loader's samplers: the same fields, each
     of its type and range."""
     mine = sampler_fields(_samplers(loader))
     if not isinstance(value, list) or len(value) != len(mine):
@@ -418,7 +418,7 @@ def _fields(value: Any, where: str, loader: Any) -> None:
 
 
 def _worker(value: Any, where: str, steps: int) -> None:
-    """``value`` is what :func:`worker_states` takes in a worker of a dataset of ``steps`` random steps,
+    """``value`` is what `worker_states` takes in a worker of a dataset of ``steps`` random steps,
     each stream tried on a generator of its own kind."""
     if not isinstance(value, tuple) or len(value) != 4 or not isinstance(value[1], list) or len(value[1]) != 3 \
             or not isinstance(value[2], list) or len(value[2]) != 5:
@@ -456,7 +456,7 @@ def _keeps_streams(loader: Any) -> bool:
 
 def check(loader: Any, state: Any) -> None:
     """Refuse a ``state`` that ``loader`` cannot resume, checking every key, type and range of the
-    schema (docs/resume.md) before anything changes: see :meth:`colabfast.DataLoader.load_state_dict`.
+    schema (docs/resume.md) before anything changes: see `colabfast.DataLoader.load_state_dict`.
 
     Raises:
         LoaderStateError: one, naming the key and what is wrong with it (a bounded excerpt of the value).

@@ -28,7 +28,7 @@ def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -
     """Stream every data column of a version 3 mirror (ndarray values, ragged rows, str/bytes/json data:
     what :func:`load_columns` may leave on disk) through its checksum, in reads of at most
     ``VERIFY_READ`` bytes (or, to decode it, one sample), and with ``decode`` each str value through
-    UTF-8 and each json value through the JSON parser, as :class:`colabfast.H5Dataset` reads them.
+    UTF-8 and each json value through the JSON parser, as `colabfast.H5Dataset` reads them.
 
     Returns:
         ``(N, problems)``: the number of samples, and each problem found (a sample that does not

@@ -181,7 +181,7 @@ def materialized(iterable: Any, work: Path, progress: bool = True) -> Iterator[t
 
     Rows come one at a time (``IterableDataset.__iter__``, ``datasets/iterable_dataset.py``), encoded by
     its features and written by ``datasets``' own ``ArrowWriter`` (``datasets/arrow_writer.py``, as its
-    builders write a split) in record batches of at most :data:`BATCH_BYTES` (or one row) and at most
+    builders write a split) in record batches of at most `BATCH_BYTES` (or one row) and at most
     ``datasets``' count per batch: memory is about two batches (the rows and their Arrow copy), where
     ``Dataset.from_generator`` held 100 rows of binary or image features, or 1000 of any other, however
     large (``ARROW_RECORD_BATCH_SIZE_FOR_BINARY_DATASETS``, ``datasets/config.py``).
