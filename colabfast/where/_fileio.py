@@ -281,7 +281,7 @@ def python_child(code: str) -> list[str]:
     """
     here = os.path.realpath(os.getcwd())
     extra = [p for p in sys.path if os.path.isabs(p) and os.path.realpath(p) != here]
-    extra.append(str(Path(__file__).resolve().parent.parent))  # last: even when it is the current folder
+    extra.append(str(Path(__file__).resolve().parents[2]))  # the one holding colabfast/: last, even when it is here
     prelude = f"import sys; sys.path.extend(p for p in {extra!r} if p not in sys.path)\n"
     return [sys.executable, "-I", "-c", prelude + code]
 
