@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import errno
 import os
+import reprlib
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -157,8 +158,28 @@ QUOTED = 200  # characters of a name quoted in an error message
 
 
 def quoted(name: str) -> str:
-    """``name`` quoted for a message, cut to :data:`QUOTED` characters: a hostile name may be megabytes."""
+    """``name`` quoted for a message, cut to `QUOTED` characters: a hostile name may be megabytes."""
     return repr(name if len(name) <= QUOTED else name[:QUOTED] + "...")
+
+
+def excerpt(value: Any) -> str:
+    """``repr(value)`` for a message, on one line of at most `QUOTED` characters however large
+    ``value`` is (a YAML alias bomb, a state of megabyte tensors): containers to 3 levels and 6 items
+    each (``reprlib``), so it costs as little as it prints; arrays and tensors by their dtype and shape."""
+    text = _Short().repr(value).replace("\n", " ")
+    return text if len(text) <= QUOTED else text[: QUOTED - 3] + "..."
+
+
+class _Short(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother = 3, QUOTED, QUOTED
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = 6
+
+    def repr1(self, x: Any, level: int) -> str:
+        if hasattr(x, "dtype") and hasattr(x, "shape"):
+            return f"<{str(x.dtype).removeprefix('torch.')} {type(x).__name__} of shape {list(x.shape)}>"
+        return super().repr1(x, level)
 
 
 _UNSAFE_FIX = ("The archive is unsafe (or was made with absolute paths); nothing outside the destination "

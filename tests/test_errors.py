@@ -83,3 +83,25 @@ def test_errors_module_imports_nothing_of_colabfast():
                 for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                 for a in (n.names if isinstance(n, ast.Import) else [None])]
     assert not [m for m in imported if m and m.split(".")[0] == "colabfast"], imported
+
+
+def test_excerpt_shows_any_value_in_one_bounded_line():
+    """What a refusal quotes of a stranger's value (issue 51): at most 200 characters on one line, however large
+    the value; a graph of 9 levels of 9 shared lists (387 million leaves, printed by repr) is walked only as far
+    as it prints; a tensor is its dtype and shape."""
+    import time
+
+    import torch
+
+    from colabfast.errors import QUOTED, excerpt
+
+    bomb: object = ["lol"] * 9
+    for _ in range(8):
+        bomb = [bomb] * 9
+    loop: list = []
+    loop.append(loop)
+    start = time.process_time()
+    shown = [excerpt(v) for v in (bomb, loop, "x" * 10**7, {"a\nb": torch.zeros(5056, dtype=torch.uint8)}, 3)]
+    assert time.process_time() - start < 5  # a repr of the bomb would take minutes and gigabytes
+    assert all(len(s) <= QUOTED and "\n" not in s for s in shown), shown
+    assert shown[3] == "{'a\\nb': <uint8 Tensor of shape [5056]>}" and shown[4] == "3"

@@ -215,3 +215,76 @@ def test_pack_of_a_layout_with_every_sample_skipped_says_what_was_skipped(tmp_pa
                                               r'\.jpg: is missing'):
         colabfast.pack(tmp_path / "src", tmp_path / "m.h5", layout="coco", on_error="skip", progress=False)
     assert not (tmp_path / "m.h5").exists()
+
+
+# --- issue 51, items 7 and 8: data.yaml read by one loader everywhere -----------------------------------
+
+def alias_bomb(key: str) -> str:
+    """A data.yaml of about 350 bytes whose ``key`` is 9 levels of 9 aliases: 387 million strings once walked
+    or printed (PyYAML composes it as a few nodes)."""
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"{b}: &{b} [" + ",".join([f"*{a}"] * 9) + "]" for a, b in zip("abcdefgh", "bcdefghi")]
+    rest = {"train": "images/train", "names": "[thing]"}
+    return "\n".join(lines) + f"\n{key}: *i\n" + "".join(f"{k}: {v}\n" for k, v in rest.items() if k != key)
+
+
+YAML_CALLS = {  # each reader of a data.yaml, in a child under a 4 GB address space (a regression ends in MemoryError)
+    "pack": "colabfast.pack({root!r}, {out!r} + '/m.h5', progress=False)",
+    "open_dataset": "colabfast.open_dataset({root!r}, split='train', mirrors={out!r}, to='disk', progress=False)",
+    "ultralytics_data": "colabfast.ultralytics_data({root!r}, mirrors={out!r}, to='disk', progress=False)",
+}
+
+
+@pytest.mark.parametrize("call", YAML_CALLS)
+def test_a_yaml_alias_bomb_is_refused_as_it_is_read(tmp_path, call):
+    """Before, a bomb in ``nc:`` cost each of them over 4 GB (printed in the refusal), one in ``train:``
+    ultralytics_data 3 GB; now each is one LayoutError naming the line, at a valid data.yaml's cost."""
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); import colabfast; "
+            + YAML_CALLS[call])
+    valid = yolo_tree(tmp_path / "valid")
+    (valid / "data.yaml").write_text("train: images/train\nnc: 1\nnames: [thing]\n")
+    ok = measure(code.format(root=str(valid), out=str(tmp_path / "out-valid")))
+    assert ok.error is None, ok.error
+    for key in ("nc", "train"):
+        root = yolo_tree(tmp_path / key)
+        (root / "data.yaml").write_text(alias_bomb(key))
+        assert len(alias_bomb(key)) < 400
+        got = measure(code.format(root=str(root), out=str(tmp_path / f"out-{key}")))
+        assert got.colabfast_error and got.error.startswith(f"LayoutError: {root / 'data.yaml'}, line 6: holds "
+                                                            "more than 250000 values with its aliases expanded"), got
+        assert len(got.error) < 400 and got.peak - ok.peak < BOUND and got.seconds < 30, got
+        assert not any((tmp_path / f"out-{key}").rglob("*.h5")) and not (tmp_path / key / "m.h5").exists()
+
+
+YAMLS = {  # (data.yaml's bytes, the start of the refusal)
+    "recursive": (b"train: images/train\nnames: &n [thing, *n]\n", "line 2: the alias *n is inside its own anchor"),
+    "deep": (b"train: images/train\nnames: [thing]\nnc: " + b"[" * 100 + b"]" * 100 + b"\n",
+             "line 3: nests more than 64 levels deep"),
+    "latin-1": ("train: images/train\nnames: [café]\n".encode("latin-1"), "line 2: not UTF-8 text (byte 31)"),
+    "tag": (b"names: !!python/object/apply:os.system [echo hi]\ntrain: images/train\n", "line 1: not valid YAML"),
+    "long nc": (b"train: images/train\nnames: [thing]\nnc: '" + b"9" * 500_000 + b"'\n", "nc is '9999"),
+    "long int": (b"train: images/train\nnames: [thing]\nnc: " + b"9" * 500_000 + b"\n", "not valid YAML (Exceeds"),
+    "13th month": (b"train: images/train\nnames: [thing]\ndate: 2024-13-01\n", "not valid YAML (month must"),
+}
+
+
+@pytest.mark.parametrize("case", YAMLS)
+def test_every_reader_of_a_data_yaml_refuses_it_alike(tmp_path, case):
+    """pack, open_dataset and ultralytics_data read data.yaml with one loader: the same LayoutError, naming the
+    file and the line, its value shown in at most 200 characters; nothing written. Before: a latin-1 data.yaml
+    was a raw UnicodeDecodeError in ultralytics_data, a long int or a 13th month a raw ValueError in all three,
+    a long nc: printed whole (500 kB)."""
+    data, message = YAMLS[case]
+    root = yolo_tree(tmp_path / "ds")
+    (root / "data.yaml").write_bytes(data)
+    calls = [lambda: colabfast.pack(root, tmp_path / "m.h5", progress=False),
+             lambda: colabfast.open_dataset(root, split="train", mirrors=tmp_path / "mirrors", to="disk",
+                                            progress=False),
+             lambda: colabfast.ultralytics_data(root, mirrors=tmp_path / "mirrors", to="disk", progress=False)]
+    for call in calls:
+        with pytest.raises(LayoutError) as refused:
+            call()
+        assert str(refused.value).startswith(f"{root / 'data.yaml'}, {message}") or \
+            not message.startswith("line") and message in str(refused.value), str(refused.value)[:300]
+        assert len(str(refused.value)) < 500
+    assert not (tmp_path / "m.h5").exists() and not any(tmp_path.rglob("*.h5"))

@@ -9,6 +9,7 @@ import io
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -266,3 +267,113 @@ def test_importing_colabfast_does_not_import_datasets():
     code = ("import sys, colabfast, colabfast.opening, colabfast.packing.hf, colabfast.packing; "
             "colabfast.open_dataset; assert 'datasets' not in sys.modules, 'datasets imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# --- issue 51, item 9: rows streamed, and images checked as any image --------------------------------------
+
+MB = 1 << 20
+ROWS_CODE = """
+import datasets, colabfast as cf
+datasets.disable_progress_bars()
+blob = bytes(range(256)) * ({size} // 256)  # one row's bytes (the same object in every row: the source costs one)
+features = datasets.Features({{"blob": datasets.Value("binary"), "label": datasets.Value("int64")}})
+
+def rows():
+    for i in range({rows}):
+        yield {{"blob": blob, "label": i}}
+
+if {iterable}:
+    ds = datasets.IterableDataset.from_generator(rows, features=features)
+else:  # on disk, memory-mapped, as load_dataset gives it
+    ds = datasets.Dataset.from_generator(rows, features=features, cache_dir={out!r} + "/cache", writer_batch_size=1)
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) from here on: opening or packing it
+with open("/proc/self/status") as f:  # what the process holds now: the rows' source, what made it
+    open({out!r} + "/base", "w").write(next(line.split()[1] for line in f if line.startswith("VmRSS:")))
+if {iterable}:
+    cf.open_dataset(ds, mirrors={out!r} + "/mirrors", to="disk", workers=0, progress=False)
+else:
+    cf.pack(ds, {out!r} + "/m.h5", workers=0, progress=False)
+"""
+
+
+@pytest.mark.parametrize("iterable", [True, False], ids=["IterableDataset, open_dataset", "Dataset on disk, pack"])
+def test_rows_of_100_mb_cost_about_a_row_over_the_dataset(local, iterable):
+    """Rows reach the mirror one at a time (workers=0: the workers' code, in the measured process): three rows of
+    100 MB cost at most the dataset (its pages mapped as they are read) and two rows more than three rows of 4 kB.
+    Before, an IterableDataset's rows were all held to be written (datasets writes 100 binary rows a batch),
+    +800 MB for three rows, +1.7 GB for six, and the mirror's check read two rows at once."""
+    from measured import measure
+
+    costs = {}
+    for size in (4096, 100 * MB):
+        out = local / f"out-{size}"
+        out.mkdir()
+        got = measure(ROWS_CODE.format(size=size, rows=3, iterable=iterable, out=str(out)))
+        assert got.error is None, got.error
+        costs[size] = got.peak - int((out / "base").read_text()) * 1024  # the peak over what it held before
+    assert costs[100 * MB] - costs[4096] < 3 * 100 * MB + 2 * 100 * MB, costs
+
+
+def _png_bomb(width: int, height: int) -> bytes:
+    """An RGB PNG of ``width`` x ``height`` black pixels, compressed row by row (never held decoded)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+    z, row = zlib.compressobj(9), bytes(1 + 3 * width)  # filter byte 0, then the row's pixels
+    idat = b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    head = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+BAD_IMAGES = {  # bytes in an Image feature, and what the refusal says
+    "not an image": (b"this is not an image" * 10, "cannot decode the image at row {row}, feature 'image'"),
+    "cut short": (None, "cannot decode the image at row {row}, feature 'image'"),
+    "a pixel bomb": (_png_bomb(12000, 12000), "the image at row {row}, feature 'image' is 12000x12000, 144.0 million "
+                                              "pixels, more than the limit"),
+}
+
+
+@pytest.mark.parametrize("row", [0, 2])
+@pytest.mark.parametrize("case", BAD_IMAGES)
+def test_image_bytes_pil_cannot_open_or_a_pixel_bomb_are_refused_naming_the_row(local, case, row):
+    """As pack refuses any image file: one PackError naming the row (with on_error="skip", left out and listed),
+    nothing decoded of a bomb. Before, row 0 gave Pillow's own UnidentifiedImageError, later rows Pillow's
+    words ("cannot identify image file <_io.BytesIO ...>"), and a bomb was decoded first."""
+    good = _file(Image.new("RGB", (9, 7), (10, 20, 30)), "PNG")
+    data, words = BAD_IMAGES[case]
+    bad = {"bytes": data if data is not None else good["bytes"][:40], "path": None}
+    hf = datasets.Dataset.from_dict({"image": [bad if i == row else good for i in range(4)], "label": [0, 1, 2, 3]},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "label": datasets.Value("int64")}))
+    for call in (lambda: cf.pack(hf, local / "m.h5", workers=0, progress=False),
+                 lambda: cf.open_dataset(hf, mirrors=local / "mirrors", workers=0, progress=False)):
+        with pytest.raises(cf.PackError) as refused:
+            call()
+        assert f"\n  {row}: " in str(refused.value) and words.format(row=row) in str(refused.value), str(refused.value)
+    assert not (local / "m.h5").exists() and not any(local.rglob("*.h5"))
+    with pytest.warns(UserWarning, match="skipped 1 samples"):
+        cf.pack(hf, local / "m.h5", workers=0, on_error="skip", progress=False)
+    mirror = cf.H5Dataset(local / "m.h5")
+    assert [mirror[i]["label"] for i in range(len(mirror))] == [i for i in range(4) if i != row]
+    assert [s["path"] for s in cf.info(local / "m.h5").header.skipped] == [str(row)]
+
+
+def test_a_pixel_bomb_costs_what_a_valid_image_costs(local, tmp_path):
+    """Its header is read, its pixels never: before, packing it decoded 432 MB (+550 MB over a valid image)."""
+    from measured import BOUND, measure
+
+    code = """
+import datasets, colabfast as cf
+datasets.disable_progress_bars()
+data = open({path!r}, "rb").read()
+hf = datasets.Dataset.from_dict({{"image": [{{"bytes": data, "path": None}}]}}, features=datasets.Features(
+    {{"image": datasets.Image()}}))
+cf.pack(hf, {out!r}, workers=0, progress=False)
+"""
+    (tmp_path / "bomb.png").write_bytes(_png_bomb(12000, 12000))
+    (tmp_path / "valid.png").write_bytes(_file(Image.new("RGB", (16, 16)), "PNG")["bytes"])
+    ok = measure(code.format(path=str(tmp_path / "valid.png"), out=str(tmp_path / "valid.h5")))
+    assert ok.error is None, ok.error
+    got = measure(code.format(path=str(tmp_path / "bomb.png"), out=str(tmp_path / "bomb.h5")))
+    assert got.colabfast_error and "row 0, feature 'image' is 12000x12000" in got.error, got.error
+    assert got.peak - ok.peak < BOUND, (got.peak, ok.peak)

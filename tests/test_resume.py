@@ -1,6 +1,8 @@
 """colabfast.DataLoader.state_dict / load_state_dict: a loader restored after k batches (a fresh loader, a
 new process) yields exactly the batches the uninterrupted one yields next, with the reader threads, worker
-processes, shuffle, DDP shares and random transforms; states it cannot resume are refused."""
+processes, shuffle, DDP shares and random transforms; states it cannot resume are refused, and every state
+that breaks the schema (docs/resume.md; issue 51, item 6), generated from valid ones, is one LoaderStateError
+from load_state_dict itself, the loader left as it was."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -228,9 +230,9 @@ def test_states_it_cannot_resume_are_refused(mirror):
     state = loader.state_dict()
     with pytest.raises(cf.LoaderStateError, match="batch_size 4, this one has 6"):
         cf.DataLoader(ds, batch_size=6, device="cpu").load_state_dict(state)
-    with pytest.raises(cf.LoaderStateError, match="version 1"):
+    with pytest.raises(cf.LoaderStateError, match="version 2"):
         loader.load_state_dict({"epoch": 3})
-    with pytest.raises(cf.LoaderStateError, match="version 1"):
+    with pytest.raises(cf.LoaderStateError, match="version 2"):
         loader.load_state_dict("not a dict")  # type: ignore[arg-type]
     threads = cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP), batch_size=4,
                             shuffle=True, device="cpu")
@@ -284,3 +286,162 @@ def test_on_cuda_the_feeder_threads_transform_resumes_exactly(mirror, output):
         return cf.DataLoader(ds, batch_size=4, shuffle=True, device="cuda", transform=crop, feed_depth=3)
 
     _resumed_equals_uninterrupted(make, 3)
+
+
+# --- the state's schema: every malformed state is one LoaderStateError from load_state_dict, nothing changed ---
+
+
+def _block_loader(mirror: Path, block_size: int = 4) -> cf.DataLoader:
+    ds = cf.H5ImageFolder(mirror, output="tensor", transform=CROP_FLIP)
+    return cf.DataLoader(ds, batch_size=4, sampler=cf.BlockShuffleSampler(ds, block_size, seed=3), device="cpu",
+                         generator=torch.Generator().manual_seed(2))
+
+
+LOADERS: dict[str, Callable[[Path], cf.DataLoader]] = {  # together they fill every key of the schema
+    "reader threads, a generator": lambda m: cf.DataLoader(
+        cf.H5ImageFolder(m, output="tensor", transform=CROP_FLIP), batch_size=4, shuffle=True, device="cpu",
+        generator=torch.Generator().manual_seed(1)),
+    "a colabfast transform here": lambda m: cf.DataLoader(
+        cf.H5ImageFolder(m, output="tensor"), batch_size=5, shuffle=True, device="cpu", num_workers=0,
+        transform=transforms.Compose([transforms.RandomResizedCrop(20), transforms.RandomHorizontalFlip()])),
+    "worker processes": lambda m: cf.DataLoader(Draws(), batch_size=3, shuffle=True, device="cpu", num_workers=2,
+                                                persistent_workers=True),
+    "a block sampler": _block_loader,
+}
+
+
+def _walk(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """Every value in a state (dicts, lists, tuples), with its path of keys and indices, outermost first."""
+    yield path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) \
+        else ()
+    for key, inner in items:
+        yield from _walk(inner, (*path, key))
+
+
+def _replaced(state: Any, path: tuple, new: Any = KeyError) -> Any:
+    """A copy of ``state`` with the value at ``path`` replaced by ``new`` (KeyError: removed)."""
+    if not path:
+        return new
+    key, rest = path[0], path[1:]
+    if isinstance(state, dict):
+        out = dict(state)
+        if rest or new is not KeyError:
+            out[key] = _replaced(state[key], rest, new)
+        else:
+            del out[key]
+        return out
+    out = list(state)
+    if rest or new is not KeyError:
+        out[key] = _replaced(state[key], rest, new)
+    else:
+        del out[key]
+    return tuple(out) if isinstance(state, tuple) else out
+
+
+def _wrong(value: Any, key: Any) -> list[Any]:
+    """Values of another type than ``value``, and values of its type out of range (for its ``key``)."""
+    if value is None:
+        return ["none", 0]
+    if isinstance(value, bool):
+        return [1, "yes"]
+    if isinstance(value, int):
+        return [str(value), float(value), 2**64] + ([] if key == "seed" else [-1])  # a seed may be any int64
+    if isinstance(value, float):
+        return [str(value), [value]]
+    if isinstance(value, str):
+        return [value + "?", 1]
+    if isinstance(value, torch.Tensor):
+        return [value.tolist(), value[:-1], value.to(torch.float32), torch.zeros_like(value[:1]).expand(2 * len(value))]
+    if isinstance(value, (list, tuple)):
+        return [dict(enumerate(value)), (*value, value[-1] if value else 0), value[:-1]] if value else \
+            [{}, [torch.zeros(5056, dtype=torch.uint8)]]
+    if isinstance(value, dict):
+        return [list(value.values()), {**value, "data_source": []}]
+    raise AssertionError(f"a state holds {type(value)}")
+
+
+def _malformed(state: dict, other: dict) -> Iterator[tuple[str, Any]]:
+    """(what is wrong, the state) for each value of ``state`` removed, of another type, out of range, and for
+    extra keys, a state of another loader (``other``), and what is no state at all."""
+    for path, value in _walk(state):
+        if path and not isinstance(path[-1], int) or path[-2:-1] == ("workers",):
+            yield f"{path} missing", _replaced(state, path)
+        for k, wrong in enumerate(_wrong(value, path[-1] if path else None)):
+            yield f"{path} wrong #{k}", _replaced(state, path, wrong)
+    yield "an extra key", {**state, "data_source": []}
+    if "start" in state:
+        yield "an extra key in start", {**state, "start": {**state["start"], "shuffle": False}}
+        yield "a sampler's extra field", _replaced(state, ("start", "samplers", 0), {"data_source": [], "shuffle": 0})
+    else:
+        yield "a sampler's extra field", _replaced(state, ("samplers", 0), {"data_source": [], "shuffle": 0})
+    yield "another loader's state", other
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("between", [False, True], ids=["mid-epoch", "between epochs"])
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_every_malformed_state_is_one_loader_state_error_and_changes_nothing(mirror, name, between):
+    make = LOADERS[name]
+    _seed(0)
+    saved = make(mirror)
+    it = iter(saved)
+    for _ in range(2):
+        next(it)
+    if between:
+        for _ in it:
+            pass
+    state = saved.state_dict()
+    other = {  # a state of another dataset, batch size or sampler
+        "reader threads, a generator": lambda: LOADERS["a block sampler"](mirror),
+        "a colabfast transform here": lambda: cf.DataLoader(cf.H5ImageFolder(mirror, output="tensor"), batch_size=4,
+                                                            shuffle=True, device="cpu", num_workers=0,
+                                                            transform=transforms.RandomHorizontalFlip()),
+        "worker processes": lambda: cf.DataLoader(Draws(), batch_size=3, shuffle=False, device="cpu", num_workers=2,
+                                                  persistent_workers=True),
+        "a block sampler": lambda: _block_loader(mirror, 6),
+    }[name]()
+    next(iter(other))
+    if between:
+        other = LOADERS["reader threads, a generator"](mirror) if name != "reader threads, a generator" else other
+    def built() -> cf.DataLoader:  # the same loader each time (a block sampler draws its seed as it is built)
+        _seed(7)
+        return make(mirror)
+
+    loader, twin = built(), built()
+    before = loader.state_dict()
+    cases = list(_malformed(state, other.state_dict()))
+    cases += [("not a dict", [state]), ("an old version", {**state, "colabfast.DataLoader": 1})]
+    assert len(cases) > 40
+    wrong = []
+    for what, bad in cases:
+        try:
+            loader.load_state_dict(bad)
+        except cf.LoaderStateError as exc:
+            assert len(str(exc)) < 600 and "\n" not in str(exc), (what, str(exc))
+        except Exception as exc:  # noqa: BLE001 - what this test looks for
+            wrong.append(f"{what}: {type(exc).__name__}: {str(exc)[:100]}")
+            continue
+        else:
+            wrong.append(f"{what}: accepted")
+            loader = built()  # its state is not a malformed one's; the next case starts afresh
+            continue
+        if not _same_state(loader.state_dict(), before):
+            wrong.append(f"{what}: refused, but the loader changed")
+    assert wrong == [], f"{len(wrong)} of {len(cases)}:\n" + "\n".join(wrong)
+    _seed(7)
+    after = [_copy(b) for b in loader]
+    _seed(7)
+    _same(after, [_copy(b) for b in twin])  # the refused states left it as it was
+    fresh = make(mirror)
+    fresh.load_state_dict(state)  # and the valid one still resumes
+    assert len([_copy(b) for b in fresh]) == (len(fresh) if between else len(fresh) - 2)

@@ -38,6 +38,14 @@ def test_same_seed_and_epoch_same_order_else_different():
     assert not np.array_equal(a, block_shuffle(500, 16, seed=2, epoch=0))
 
 
+def test_any_int64_seed_orders_an_epoch():
+    """A resume state's seed is any int64 (docs/resume.md); NumPy takes none below 0, so it is taken modulo 2**64."""
+    for seed in (-1, -2**63, 2**63 - 1):
+        order = block_shuffle(50, 4, seed=seed, epoch=3)
+        assert sorted(order.tolist()) == list(range(50))
+    assert not np.array_equal(block_shuffle(50, 4, seed=-1, epoch=0), block_shuffle(50, 4, seed=1, epoch=0))
+
+
 def test_block_size_one_is_a_full_shuffle():
     order = block_shuffle(100, 1, seed=0, epoch=0)
     assert sorted(order.tolist()) == list(range(100))

@@ -1,9 +1,11 @@
 """Reading a stranger's annotation files safely: size and nesting limits checked before parsing,
-file names from annotations kept inside the source folder, and the files they name found (and
-stat'ed for the mirror's fingerprint) in parallel, as Drive round trips want.
+a dataset YAML's aliases counted as it is parsed, file names from annotations kept inside the source
+folder, and the files they name found (and stat'ed for the mirror's fingerprint) in parallel, as Drive
+round trips want.
 
 Private helpers of the layout modules (:mod:`colabfast.layouts.coco`, :mod:`colabfast.layouts.voc`;
-``Skipped`` and ``inside`` also for those on :mod:`colabfast.layouts._folder`).
+``Skipped`` and ``inside`` also for those on `colabfast.layouts._folder`; ``load_yaml`` for every
+reader of a ``data.yaml``: the YOLO layout and ``colabfast.ultralytics_data``).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
 import numpy as np
+import yaml
 
 from colabfast.layouts.base import LayoutError, LayoutFileNotFoundError
 from colabfast.where._fileio import FileEntry, PathLike, open_regular, retry
@@ -36,6 +39,10 @@ MIN_BYTES_PER_CONTAINER = 12
 # have a few to a few thousand (a polygon's points, an RLE's counts); one entry is one sample's target,
 # packed in one piece, so a larger one is refused before parsing.
 MAX_ENTRY_VALUES = 1 << 20
+MAX_YAML_BYTES = 1_000_000  # a dataset YAML (Ultralytics' are under 30 kB, ImageNet's 1000 names included)
+# Nodes of a dataset YAML counted with every alias expanded, as walking or printing it would: a 1 MB
+# YAML of 4 bytes a value holds as many; 9 levels of 9 aliases in 350 bytes would be 387 million.
+MAX_YAML_NODES = MAX_YAML_BYTES // 4
 MAX_LISTED = 1000  # problems listed one by one in a layout's ``skipped``; the rest are counted in one more
 WORKERS = 32  # threads for per-file round trips (stat, read) on Drive
 
@@ -69,6 +76,81 @@ def read_limited(path: PathLike, limit: int, retries: int) -> bytes:
         if exc.errno == errno.EINVAL and "not a regular file" in str(exc.strerror):
             raise LayoutError(path, str(exc.strerror)) from exc
         raise
+
+
+def load_yaml(text: Union[str, bytes], path: PathLike) -> Any:
+    """The dataset YAML ``text`` (of the file at ``path``; bytes are decoded as Ultralytics opens the
+    file, ``encoding="utf-8-sig"``) parsed as ``yaml.safe_load`` parses it, as Ultralytics' ``YAML.load``
+    does (``ultralytics/utils/__init__.py``): no tags that make Python objects. Its nodes are counted
+    as they are composed, each alias as the nodes it stands for (`_CountingLoader`), so a small
+    file that would expand to a huge one when walked or printed (an alias bomb) is refused as it is read.
+
+    Raises:
+        LayoutError: not UTF-8, not valid YAML (also a value ``safe_load`` cannot make: an int of over
+            4300 digits, a date of a 13th month), a tag it refuses (e.g. ``!!python/object``),
+            an alias inside its own anchor, more than ``MAX_DEPTH`` levels of nesting or more than
+            ``MAX_YAML_NODES`` nodes with its aliases expanded; naming the line.
+    """
+    if isinstance(text, bytes):
+        data = text
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise LayoutError(path, f"not UTF-8 text (byte {exc.start})", data[: exc.start].count(b"\n") + 1,
+                              fix="save it as UTF-8, as Ultralytics reads it") from None
+    loader = _CountingLoader(text, path)
+    try:
+        return loader.get_single_data()
+    except LayoutError:
+        raise
+    except (yaml.YAMLError, ValueError, OverflowError) as exc:  # ValueError: an int of 5000 digits, a 13th month
+        mark = getattr(exc, "problem_mark", None)
+        raise LayoutError(path, f"not valid YAML ({str(getattr(exc, 'problem', None) or exc)[:200]})",
+                          mark.line + 1 if mark is not None else None) from None
+    finally:
+        loader.dispose()
+
+
+class _CountingLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` counting, as it composes the document, its nodes with every alias expanded
+    (an alias counts the nodes of its anchor) and its depth, and refusing past ``MAX_YAML_NODES`` or
+    ``MAX_DEPTH``: what walking or printing what ``safe_load`` returns would visit. The count of an
+    anchor is known once it is composed; an alias inside its own anchor (a recursive document) is refused."""
+
+    def __init__(self, text: str, path: PathLike) -> None:
+        super().__init__(text)
+        self.path, self.expanded, self.depth = path, 0, 0
+        self.sizes: dict[str, int] = {}  # anchor -> the nodes it stands for, once composed
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self.anchors:  # else PyYAML refuses it
+            if event.anchor not in self.sizes:
+                self._refuse(event, f"the alias *{event.anchor} is inside its own anchor: a recursive document",
+                             "write the values out")
+            self._count(self.sizes[event.anchor], event)
+            return super().compose_node(parent, index)
+        before = self.expanded
+        self._count(1, event)
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            self._refuse(event, f"nests more than {MAX_DEPTH} levels deep", "a dataset YAML nests a few levels")
+        node = super().compose_node(parent, index)
+        self.depth -= 1
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self.sizes[anchor] = self.expanded - before
+        return node
+
+    def _count(self, nodes: int, event: Any) -> None:
+        self.expanded += nodes
+        if self.expanded > MAX_YAML_NODES:
+            self._refuse(event, f"holds more than {MAX_YAML_NODES} values with its aliases expanded (an alias bomb: "
+                         "9 levels of 9 aliases in 350 bytes are 387 million)",
+                         "write the values out; a dataset YAML holds names, folders and a few numbers")
+
+    def _refuse(self, event: Any, why: str, fix: str) -> None:
+        raise LayoutError(self.path, why, event.start_mark.line + 1, fix=fix)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
-import yaml
 from PIL import Image, ImageOps
 
+from colabfast.errors import excerpt
 from colabfast.layouts._folder import (
     check_on_error,
     list_files,
@@ -56,7 +56,7 @@ from colabfast.layouts._folder import (
     refuse,
     reject,
 )
-from colabfast.layouts._untrusted import Skipped
+from colabfast.layouts._untrusted import MAX_YAML_BYTES, Skipped, load_yaml
 from colabfast.layouts.base import ImageFile, Layout, LayoutError
 from colabfast.layouts.images import SPLIT_FOLDERS, is_image
 from colabfast.layouts.registry import register
@@ -64,10 +64,9 @@ from colabfast.layouts.tree import tree_of
 from colabfast.mirror.encoding import oriented_size
 from colabfast.where._fileio import FileEntry, PathLike, open_regular, retry
 
-__all__ = ["Yolo", "label_path", "load_yaml", "polygon_masks", "yolo_splits"]
+__all__ = ["Yolo", "label_path", "polygon_masks", "yolo_splits"]
 
 MAX_LABEL_BYTES = 16_000_000  # one image's label file; a real one is a few kB
-MAX_YAML_BYTES = 1_000_000
 FORMAT = "lines 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...' (Ultralytics' YOLO format)"
 ULTRALYTICS = "as Ultralytics' verify_image_label does"
 # IMG_FORMATS of ultralytics/data/utils.py (8.4.190): the extensions Ultralytics takes for images
@@ -437,22 +436,6 @@ def _pick_split(root: Path, files: list[FileEntry], split: Optional[str]) -> tup
     return split, found[split]
 
 
-def load_yaml(text: str, path: Path) -> Any:
-    """The dataset YAML ``text`` (of the file at ``path``) parsed by ``yaml.safe_load``, as Ultralytics'
-    ``YAML.load`` does (``ultralytics/utils/__init__.py``): no tags that make Python objects.
-
-    Raises:
-        LayoutError: not valid YAML, or a tag ``safe_load`` refuses (e.g. ``!!python/object``), naming
-            the line.
-    """
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise LayoutError(path, f"not valid YAML ({getattr(exc, 'problem', exc)})",
-                          mark.line + 1 if mark is not None else None) from None
-
-
 def _read_classes(root: Path, files: list[FileEntry], refused: dict[str, str],
                   retries: int) -> tuple[FileEntry, list[str]]:
     """The YAML file naming the classes, and its names: ``data.yaml``, else the one ``*.yaml`` at
@@ -483,13 +466,13 @@ def _names(doc: dict, path: Path) -> list[str]:
     names = doc["names"]
     if isinstance(names, dict):
         if set(names) != set(range(len(names))) or not all(type(k) is int for k in names):
-            raise LayoutError(path, f"names' ids are {list(names)}, not 0..{len(names) - 1}",
+            raise LayoutError(path, f"names' ids are {excerpt(list(names))}, not 0..{len(names) - 1}",
                               fix="number the classes 0, 1, 2, ... as Ultralytics does")
         names = [names[i] for i in range(len(names))]
     if not isinstance(names, list) or not all(isinstance(n, (str, int, float, bool)) for n in names):
         raise LayoutError(path, "names is not a list of class names nor a dict {id: name}")
     if "nc" in doc and doc["nc"] != len(names):
-        raise LayoutError(path, f"nc is {doc['nc']!r} but names lists {len(names)} classes")
+        raise LayoutError(path, f"nc is {excerpt(doc['nc'])} but names lists {len(names)} classes")
     return [str(n) for n in names]  # Ultralytics' check_class_names makes them strings too
 
 

@@ -352,10 +352,14 @@ class DataLoader(torch.utils.data.DataLoader):
         torch's global RNG (``torch.set_rng_state``) from the same checkpoint for the training loop's own
         draws; the loader puts it back as it finds it.
 
+        Every key, type and range of ``state`` is checked against its schema (docs/resume.md, "The
+        state's schema") before anything changes; of the samplers only their seed and epoch are taken.
+
         Raises:
-            LoaderStateError: ``state`` is not a colabfast.DataLoader state of this version, or was
-                saved by a loader of another dataset length, batch size, ``num_workers`` or number of
-                reader threads.
+            LoaderStateError: ``state`` is not a colabfast.DataLoader state of this version, breaks the
+                schema (a key missing or extra, a value of another type or out of range, random states no
+                generator takes), or was saved by a loader of another dataset length, batch size,
+                ``num_workers``, sampler or number of reader threads. The loader is left as it was.
         """
         resume.check(self, state)
         self._loaded = state if state["position"] is not None else None

@@ -51,14 +51,14 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from colabfast.errors import LoaderStateError
+from colabfast.errors import LoaderStateError, excerpt
 from colabfast.images import transforms
 
 __all__ = ["VERSION", "EpochStart", "Marks", "Restoring", "Stamped", "Stamping", "check", "epoch_start",
            "rest_of_epoch", "restore_between_epochs", "rng_state", "sampler_fields", "set_rng_state",
            "set_sampler_fields", "state_of"]
 
-VERSION = 1  # of the state_dict's layout; load_state_dict refuses others
+VERSION = 2  # of the state_dict's layout (2: with sampler and batches); load_state_dict refuses others
 
 
 def rng_state(generator: Optional[torch.Generator]) -> torch.Tensor:
@@ -326,6 +326,7 @@ def state_of(loader: Any) -> dict[str, Any]:
     threads = loader._threads
     state: dict[str, Any] = {"colabfast.DataLoader": VERSION, "length": _length(loader),
                              "batch_size": loader.batch_size, "num_workers": loader.num_workers,
+                             "sampler": [_described(s) for s in _samplers(loader)], "batches": _batches(loader),
                              "threads": None, "transform": None}
     workers = dict(loader._worker_states) if _stamps(loader) else None
     if loader._start is None or loader._finished:  # between epochs: what the next one starts from
@@ -348,21 +349,193 @@ def state_of(loader: Any) -> dict[str, Any]:
     return state
 
 
+# --- the state's schema (docs/resume.md, "The state's schema"): all of it checked before anything changes ---
+
+_COMMON = ("colabfast.DataLoader", "length", "batch_size", "num_workers", "sampler", "batches", "position",
+           "threads", "workers", "transform")
+KEYS = {"mid-epoch": {*_COMMON, "start"}, "between epochs": {*_COMMON, "samplers", "rng"}}
+_SETTINGS = ("block_size", "shuffle", "num_replicas", "rank", "drop_last", "batch_size", "replacement")
+_FIX = "pass what loader.state_dict() returned, to a loader built the same way"
+
+
+def _described(sampler: Any) -> Optional[str]:
+    """What tells ``sampler``'s orders from another's: its class and its settings, e.g.
+    ``"BlockShuffleSampler(block_size=64, shuffle=True, ...)"``; None for none."""
+    if sampler is None:
+        return None
+    settings = [f"{k}={getattr(sampler, k)!r}" for k in _SETTINGS if isinstance(getattr(sampler, k, None), int)]
+    return f"{type(sampler).__qualname__}({', '.join(settings)})"
+
+
+def _batches(loader: Any) -> Optional[int]:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _refuse(where: str, why: str, fix: str = _FIX) -> LoaderStateError:
+    return LoaderStateError(f"this state_dict's {where} {why}: {fix}")
+
+
+def _int(value: Any, where: str, low: int, high: int) -> None:
+    if type(value) is not int or not low <= value < high:
+        raise _refuse(where, f"is {excerpt(value)}, not an int in [{low}, {high})")
+
+
+def _rng(value: Any, where: str, device: Any = "cpu") -> None:
+    """``value`` is a state a ``torch.Generator`` on ``device`` takes (tried on one of its own)."""
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1 or value.is_cuda:
+        raise _refuse(where, f"is {excerpt(value)}, not a generator's state (a uint8 CPU tensor)")
+    try:
+        torch.Generator(device=device).set_state(value)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise _refuse(where, f"is not a generator's state ({str(exc)[:100]})") from None
+
+
+def _rngs(value: Any, where: str, count: int) -> None:
+    if not isinstance(value, list) or len(value) != count:
+        raise _refuse(where, f"is {excerpt(value)}, not a list of {count} generator states")
+    for k, state in enumerate(value):
+        _rng(state, f"{where}[{k}]")
+
+
+def _fields(value: Any, where: str, loader: Any) -> None:
+    """``value`` is what `sampler_fields` takes of this loader's samplers: the same fields, each
+    of its type and range."""
+    mine = sampler_fields(_samplers(loader))
+    if not isinstance(value, list) or len(value) != len(mine):
+        raise _refuse(where, f"is {excerpt(value)}, not a list of {len(mine)} samplers' fields")
+    for k, (got, want) in enumerate(zip(value, mine)):
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise _refuse(f"{where}[{k}]", f"is {excerpt(got)}: this loader's sampler has the fields {sorted(want)}")
+        for name, v in got.items():
+            if isinstance(want[name], bool):
+                if type(v) is not bool:
+                    raise _refuse(f"{where}[{k}][{name!r}]", f"is {excerpt(v)}, not a bool")
+            else:
+                _int(v, f"{where}[{k}][{name!r}]", 0 if name == "epoch" else -2**63, 2**63)
+
+
+def _worker(value: Any, where: str, steps: int) -> None:
+    """``value`` is what `worker_states` takes in a worker of a dataset of ``steps`` random steps,
+    each stream tried on a generator of its own kind."""
+    if not isinstance(value, tuple) or len(value) != 4 or not isinstance(value[1], list) or len(value[1]) != 3 \
+            or not isinstance(value[2], list) or len(value[2]) != 5:
+        raise _refuse(where, f"is {excerpt(value)}, not a worker's random streams")
+    (version, words, gauss), (name, keys, pos, has_gauss, cached) = value[1], value[2]
+    _rng(value[0], f"{where}[0]")
+    if type(version) is not int or not isinstance(words, torch.Tensor) or words.dtype != torch.int64 or \
+            words.shape != (625,) or not (gauss is None or type(gauss) is float):
+        raise _refuse(f"{where}[1]", "is not Python's random state")
+    try:
+        random.Random().setstate((version, tuple(words.tolist()), gauss))
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _refuse(f"{where}[1]", f"is not Python's random state ({str(exc)[:100]})") from None
+    if not isinstance(name, str) or not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64 or \
+            keys.shape != (624,) or not bool(((keys >= 0) & (keys < 2**32)).all()) or has_gauss not in (0, 1) \
+            or type(has_gauss) is not int or type(cached) is not float:
+        raise _refuse(f"{where}[2]", "is not NumPy's random state")
+    _int(pos, f"{where}[2][2]", 0, 625)
+    try:
+        np.random.RandomState().set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _refuse(f"{where}[2]", f"is not NumPy's random state ({str(exc)[:100]})") from None
+    if not isinstance(value[3], list) or len(value[3]) != steps:
+        raise _refuse(f"{where}[3]", f"is {excerpt(value[3])}, not a list of {steps} random steps' states")
+    for k, state in enumerate(value[3]):
+        if state is not None:
+            _rng(state, f"{where}[3][{k}]")
+
+
+def _keeps_streams(loader: Any) -> bool:
+    """Whether ``loader``'s reader threads or worker processes keep their random streams across epochs."""
+    threads = loader._threads
+    return bool(threads.persistent if threads is not None else loader.num_workers > 0 and loader.persistent_workers)
+
+
 def check(loader: Any, state: Any) -> None:
-    """Refuse a ``state`` that ``loader`` cannot resume (see :meth:`colabfast.DataLoader.load_state_dict`)."""
+    """Refuse a ``state`` that ``loader`` cannot resume, checking every key, type and range of the
+    schema (docs/resume.md) before anything changes: see `colabfast.DataLoader.load_state_dict`.
+
+    Raises:
+        LoaderStateError: one, naming the key and what is wrong with it (a bounded excerpt of the value).
+    """
     version = state.get("colabfast.DataLoader") if isinstance(state, dict) else None
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:
         raise LoaderStateError(f"not a colabfast.DataLoader state_dict of version {VERSION} (found version "
-                               f"{version!r}): pass what loader.state_dict() returned")
+                               f"{excerpt(version)}): {_FIX}" + (" (version 1 came from colabfast before issue 51: "
+                                                                 "start the epoch afresh)" if version == 1 else ""))
+    kind = "between epochs" if state.get("position") is None else "mid-epoch"
+    if set(state) != KEYS[kind]:
+        missing, extra = sorted(KEYS[kind] - set(state)), sorted(map(str, set(state) - KEYS[kind]))
+        why = "; ".join(([f"lacks {', '.join(missing)}"] if missing else [])
+                        + ([f"has keys no state has: {excerpt(extra)}"] if extra else []))
+        raise LoaderStateError(f"this state_dict (a state {kind}) {why}: {_FIX}")
+    mine: Any
     for name, mine in (("length", _length(loader)), ("batch_size", loader.batch_size),
-                       ("num_workers", loader.num_workers)):
-        if state[name] != mine:
-            raise LoaderStateError(f"the state_dict was saved by a loader with {name} {state[name]}, this one "
-                                   f"has {mine}: build the loader as the one that saved it")
-    threads = loader._threads.workers if loader._threads is not None else 0
-    if state["threads"] is not None and len(state["threads"]) != threads:
-        raise LoaderStateError(f"the state_dict was saved by a loader with {len(state['threads'])} reader threads, "
-                               f"this one has {threads}: pass the same num_workers")
+                       ("num_workers", loader.num_workers), ("sampler", [_described(s) for s in _samplers(loader)]),
+                       ("batches", _batches(loader))):
+        got = state[name]
+        if type(got) is not type(mine):
+            raise _refuse(name, f"is {excerpt(got)} (a {type(got).__name__}), not {excerpt(mine)}")
+        if isinstance(got, list) and len(got) == len(mine):  # the samplers: the one that differs
+            got, mine = next(((a, b) for a, b in zip(got, mine) if a != b), (got, mine))
+        if got != mine:
+            raise LoaderStateError(f"the state_dict was saved by a loader with {name} {excerpt(got)}, this "
+                                   f"one has {excerpt(mine)}: build the loader as the one that saved it")
+    batches, threads = _batches(loader), loader._threads
+    device = loader.generator.device if loader.generator is not None else "cpu"
+    if kind == "mid-epoch":
+        _int(state["position"], "position", 0, (batches if batches is not None else 2**63 - 1) + 1)
+        start = state["start"]
+        if not isinstance(start, dict) or set(start) != {"rng", "samplers", "seeded"}:
+            raise _refuse("start", f"is {excerpt(start)}, not a dict of rng, samplers and seeded")
+        _rng(start["rng"], "start['rng']", device)
+        _fields(start["samplers"], "start['samplers']", loader)
+        if type(start["seeded"]) is not bool or start["seeded"] and not _keeps_streams(loader):
+            raise _refuse("start['seeded']", f"is {excerpt(start['seeded'])}, not a bool (False where the threads "
+                          "or workers do not persist)")
+    else:
+        _fields(state["samplers"], "samplers", loader)
+        if (state["rng"] is None) != (loader.generator is None):
+            raise _refuse("rng", f"is {excerpt(state['rng'])}, but this loader has "
+                          f"{'no' if loader.generator is None else 'a'} generator")
+        if state["rng"] is not None:
+            _rng(state["rng"], "rng", device)
+    mid = kind == "mid-epoch"
+    # what the streams of the threads, workers and transform may be (None, or a value), and must be (a value)
+    _carried(state["threads"], "threads", threads is not None and (mid or threads.persistent),
+             threads is not None and mid and (state["start"]["seeded"] or state["position"] > 0),
+             lambda v: _rngs(v, "threads", threads.workers))
+    _carried(state["workers"], "workers", _stamps(loader) and (mid or loader.persistent_workers),
+             _stamps(loader) and mid, lambda v: _workers(v, loader, state))
+    _carried(state["transform"], "transform", mid and reseeds(loader), mid and reseeds(loader),
+             lambda v: _rngs(v, "transform", len(transforms.random_states(loader.transform))))
+
+
+def _carried(value: Any, where: str, may: bool, must: bool, check: Callable[[Any], None]) -> None:
+    if value is None and not must:
+        return
+    if not may:
+        raise _refuse(where, f"is {excerpt(value)}, where this loader keeps no such random streams (None)")
+    check(value)
+
+
+def _workers(value: Any, loader: Any, state: dict) -> None:
+    """``value`` holds the streams of each worker that made one of the batches handed out (batch ``k``
+    by worker ``k % num_workers``), and, where the workers persist, of those of earlier epochs."""
+    if not isinstance(value, dict):
+        raise _refuse("workers", f"is {excerpt(value)}, not a dict of worker id -> random streams")
+    for w, streams in value.items():
+        _int(w, f"workers key {excerpt(w)}", 0, loader.num_workers)
+        _worker(streams, f"workers[{w}]", len(_steps_in(loader.dataset)))
+    handed = state["position"] if state["position"] is not None else state["batches"] or 0
+    reached = set(range(min(handed, loader.num_workers)))
+    fresh = state["position"] is not None and not state["start"]["seeded"]  # workers started this epoch
+    if not reached <= set(value) or fresh and set(value) != reached:
+        raise _refuse("workers", f"holds the streams of workers {sorted(value)}, but workers {sorted(reached)} "
+                      "made the batches handed out")
 
 
 def restore_between_epochs(loader: Any, state: dict[str, Any]) -> None:

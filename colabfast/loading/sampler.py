@@ -75,15 +75,15 @@ def block_shuffle(num_samples: int, block_size: int, seed: int, epoch: int) -> N
     Args:
         num_samples: indices ``0 .. num_samples - 1`` are ordered; the last block may be shorter.
         block_size: consecutive indices per block (1 gives a plain random permutation).
-        seed: the sampler's seed; with ``epoch`` it fixes the order.
-        epoch: the epoch; each epoch gets an independent order.
+        seed: the sampler's seed, any int64 (taken modulo 2**64); with ``epoch`` it fixes the order.
+        epoch: the epoch (at least 0); each epoch gets an independent order.
 
     Returns:
         int64 array of shape ``[num_samples]``, a permutation of ``arange(num_samples)``.
     """
     if block_size < 1:
         raise SamplerRefused(f"block_size must be at least 1, got {block_size}")
-    rng = np.random.default_rng([seed, epoch])
+    rng = np.random.default_rng([seed % 2**64, epoch])  # NumPy takes no negative seed
     num_blocks = math.ceil(num_samples / block_size)
     block_rank = np.empty(num_blocks, dtype=np.int64)
     block_rank[rng.permutation(num_blocks)] = np.arange(num_blocks)

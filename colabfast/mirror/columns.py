@@ -408,16 +408,22 @@ def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int], boo
     as the mirror stores it (:func:`encode`'s triple).
 
     Raises:
-        ValueError: an image that neither PNG nor TIFF holds exactly (pack reports it as a bad file).
+        ImageSizeError, ValueError: over ``PIL.Image.MAX_IMAGE_PIXELS`` (by its header), bytes PIL cannot
+            decode, or an image that neither PNG nor TIFF holds exactly (pack reports it as a bad file).
     """
+    from colabfast.images.decode import check_encoded
     from colabfast.mirror.encoding import encode_image
 
     if f.kind == "image" and not f.keep:  # read back in RGB, as torchvision converts it: no format
         return (*encode_image(f.data, "encoded" if options.get("store") != "raw" else "raw",
                               options.get("image_size"), options.get("quality") or 90, f.orient), False)
-    with Image.open(io.BytesIO(f.data)) as img:
-        _check_pixels(img.height, img.width, str(f.path))  # from the header; PIL itself refuses at twice the limit
+    check_encoded(np.frombuffer(f.data, np.uint8), str(f.path))  # the header's pixels, before PIL decodes any
+    try:
+        img = Image.open(io.BytesIO(f.data))
         img.load()
+    except Exception as exc:  # PIL raises many types for bad bytes
+        raise ValueError(f"cannot decode the image at {f.path} ({len(f.data)} bytes): {exc!r}"[:400]) from None
+    with img:
         bands = len(img.getbands())
         shape = (img.height, img.width, bands)
         # decoded above: whole and readable. A file kept as it is (any format PIL reads: a Hugging Face

@@ -36,8 +36,8 @@ __all__ = ["MirrorInfo", "info", "verify", "check_columns"]
 def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -> tuple[int, list[str]]:
     """Stream every data column of a version 3 mirror (ndarray values, ragged rows, str/bytes/json data:
     what :func:`load_columns` may leave on disk) through its checksum, in reads of at most
-    ``VERIFY_READ`` bytes (or one sample), and with ``decode`` each str value through UTF-8 and each
-    json value through the JSON parser, as :class:`colabfast.H5Dataset` reads them.
+    ``VERIFY_READ`` bytes (or, to decode it, one sample), and with ``decode`` each str value through
+    UTF-8 and each json value through the JSON parser, as `colabfast.H5Dataset` reads them.
 
     Returns:
         ``(N, problems)``: the number of samples, and each problem found (a sample that does not
@@ -64,13 +64,16 @@ def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -
                 continue  # an image (verify reads those), or numbers whose checksum load_columns checked
             kind, name = spec["kind"], spec["name"]
             ends = (v[1] if isinstance(v, tuple) else np.arange(n + 1, dtype=np.int64)) * data.row_bytes
+            whole = decode and kind in ("str", "json")  # each value read whole, to decode it; else in pieces
+            spans = [(int(ends[i]), int(ends[j]), range(i, j)) for i, j in runs(np.arange(n), ends, VERIFY_READ)] \
+                if whole else [(a, min(a + VERIFY_READ, int(ends[n])), range(0))
+                               for a in range(0, int(ends[n]), VERIFY_READ)]
             crc = 0
             with tqdm(total=data.nbytes, unit="B", unit_scale=True, desc=f"verify {name}", disable=not progress) as bar:
-                for i, j in runs(np.arange(n), ends, VERIFY_READ):
-                    base = int(ends[i])
-                    buf = _pread(fd, int(ends[j]) - base, data.offset + base, path)
+                for base, stop, samples in spans:
+                    buf = _pread(fd, stop - base, data.offset + base, path)
                     crc = zlib.crc32(buf, crc)
-                    for p in range(i, j) if decode and kind in ("str", "json") else ():
+                    for p in samples:
                         raw = buf[ends[p] - base : ends[p + 1] - base].tobytes()
                         try:
                             json_value(raw) if kind == "json" else raw.decode("utf-8", "surrogatepass")
@@ -78,6 +81,7 @@ def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -
                             problems.append(f"sample {p} ({rels[p]}), field {name!r}: not valid {kind} "
                                             f"({type(exc).__name__}: {str(exc)[:80]})")
                     bar.update(len(buf))
+                    del buf  # before the next read: one buffer at a time
             if int_attr(data.attrs, "crc32", path) != attrs_crc32(data.attrs, crc):
                 problems.append(f"field {name!r}: {data.name} does not match its checksum")
     finally:

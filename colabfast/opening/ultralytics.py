@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from colabfast.errors import ExportRefused, SourceNotFound
+from colabfast.errors import ExportRefused, SourceNotFound, excerpt
 from colabfast.where import env
 from colabfast.where._fileio import PathLike, locked
 
@@ -187,8 +187,9 @@ def ultralytics_data(
             or zip without a dataset YAML (a classification export: use :func:`colabfast.open_dataset`);
             a zip of another layout (COCO, VOC, ...) or an archive that is not a zip. Each is raised before
             anything is packed or written.
-        LayoutError: (a ``colabfast.Error``) a YAML that is not valid, or uses tags ``yaml.safe_load``
-            refuses, as :class:`colabfast.layouts.Yolo` refuses it; a label file the layout refuses.
+        LayoutError: (a ``colabfast.Error``) a YAML that is not UTF-8, not valid, uses tags
+            ``yaml.safe_load`` refuses or expands past a bound through its aliases, as
+            `colabfast.layouts.Yolo` refuses it; a label file the layout refuses.
         FileNotFoundError: nothing at ``path``.
         StageRefused: a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
         OSError, MirrorError, PackError, StageError: as :func:`colabfast.open_dataset` raises them.
@@ -369,7 +370,7 @@ def _export(src: Path) -> _Export:
     Raises:
         ExportRefused, LayoutError, FileNotFoundError: see :func:`ultralytics_data`.
     """
-    from colabfast.layouts.yolo import MAX_YAML_BYTES, load_yaml
+    from colabfast.layouts._untrusted import MAX_YAML_BYTES, load_yaml
     from colabfast.opening.kinds import what_is
     from colabfast.staging.extract import archive_suffix
 
@@ -382,8 +383,9 @@ def _export(src: Path) -> _Export:
         st = src.stat()
         if st.st_size > MAX_YAML_BYTES:
             raise ExportRefused(f"{src} has over {MAX_YAML_BYTES} bytes: not a dataset YAML")
-        text = src.read_text("utf-8-sig")
-        return _checked(_Export(src.parent, "folder", src.name, load_yaml(text, src), text=text,
+        data = src.read_bytes()
+        doc = load_yaml(data, src)  # a LayoutError where it is not UTF-8
+        return _checked(_Export(src.parent, "folder", src.name, doc, text=data.decode("utf-8-sig"),
                                 stamp=[st.st_size, st.st_mtime_ns]))
     kind = what_is(src)
     if kind == "folder":
@@ -416,8 +418,9 @@ def _export(src: Path) -> _Export:
         info = infos[prefix + found[0]]
         if info.file_size > MAX_YAML_BYTES:
             raise ExportRefused(f"{src}'s {info.filename} has over {MAX_YAML_BYTES} bytes: not a dataset YAML")
-        text = z.read(info).decode("utf-8-sig")
-    return _checked(_Export(src, "archive", found[0], load_yaml(text, src / info.filename), members, text,
+        data = z.read(info)
+    doc = load_yaml(data, src / info.filename)
+    return _checked(_Export(src, "archive", found[0], doc, members, data.decode("utf-8-sig"),
                             [st.st_size, st.st_mtime_ns]))
 
 
@@ -474,27 +477,29 @@ def _split_of(export: _Export, key: str, value: Any, base: str, where: Path) -> 
     """The export's split that ``key: value`` names, resolved as Ultralytics' ``check_det_dataset``."""
     there = export.splits()
     held = ", ".join(f"{n or 'no split'} ({p})" for n, p in sorted(there.items())) or "no images/ folder"
+    shown = excerpt(value)  # a value from the YAML, in at most 200 characters
     if not isinstance(value, str) or value.lower().endswith(".txt"):
-        raise ExportRefused(f"{where}'s {key}: is {value!r}, a list of image folders or files, which {CALL} does not "
+        raise ExportRefused(f"{where}'s {key}: is {shown}, a list of image folders or files, which {CALL} does not "
                             f"read: name one folder (the export holds {held}), then call {CALL}({str(where)!r})")
     rel = posixpath.normpath(posixpath.join(base, value))
     if not export.holds(rel) and value.startswith("../"):  # Roboflow's ../train/images, as Ultralytics reads it
         rel = posixpath.normpath(posixpath.join(base, value[3:]))
+    folder = excerpt(rel + "/")
     if posixpath.isabs(value) or rel == ".." or rel.startswith("../"):
-        raise ExportRefused(f"{where}'s {key}: {value!r} is outside the dataset folder {export.src}: {CALL} reads "
+        raise ExportRefused(f"{where}'s {key}: {shown} is outside the dataset folder {export.src}: {CALL} reads "
                             f"only the export (it holds {held}); name its folder relative to the YAML, e.g. "
                             f"{key}: images/{key}")
     if not export.holds(rel):
-        raise ExportRefused(f"{where}'s {key}: {value!r} names {rel}/, which {export.src} does not hold (it holds "
+        raise ExportRefused(f"{where}'s {key}: {shown} names {folder}, which {export.src} does not hold (it holds "
                             f"{held}): fix the YAML, or call {CALL}({str(where)!r}, split=[...]) without {key!r}")
     parts = rel.split("/")
     name = "" if parts == ["images"] else parts[1] if len(parts) == 2 and parts[0] == "images" else \
         parts[0] if len(parts) == 2 and parts[1] == "images" else None
     if name is not None and name not in there:
-        raise ExportRefused(f"{where}'s {key}: {value!r} names {rel}/, which holds no image (the export's splits: "
+        raise ExportRefused(f"{where}'s {key}: {shown} names {folder}, which holds no image (the export's splits: "
                             f"{held}): fix the YAML, or call {CALL}({str(where)!r}, split=[...]) without {key!r}")
     if name is None:
-        raise ExportRefused(f"{where}'s {key}: {value!r} names {rel}/, not an images/<split> nor <split>/images "
+        raise ExportRefused(f"{where}'s {key}: {shown} names {folder}, not an images/<split> nor <split>/images "
                             f"folder of the export (it holds {held}); point {key}: at one of those")
     return name
 

@@ -28,8 +28,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+import numpy as np
 from PIL import Image, ImageOps
 
+from colabfast.images.decode import check_encoded
 from colabfast.layouts.base import ImageFile
 
 __all__ = ["packable", "none_kinds", "hf_kind", "mirror_stem", "materialized", "HF_KINDS"]
@@ -114,6 +116,8 @@ class _EncodedImages:
         return len(self.raw)
 
     def __getitem__(self, index: int) -> Any:
+        # one row, sliced from the Arrow table and made Python by itself: Dataset.__getitem__ (query_table,
+        # Table.fast_slice, PythonFormatter.format_row in datasets/formatting/formatting.py)
         row = dict(self.raw[index])
         for name in self.names:
             value = row[name]
@@ -127,14 +131,23 @@ class _EncodedImages:
         return row
 
     def _as_stored(self, name: str, data: bytes, value: dict, index: int) -> Any:
+        """The image as the mirror stores it: its file (``ImageFile``, checked and decoded by pack as any
+        image is), or where ``datasets`` would change it as it decodes it, the changed PIL image. Bytes
+        whose header PIL cannot read, or that declare more than ``PIL.Image.MAX_IMAGE_PIXELS``, are
+        passed on as a file unread, for pack to refuse as any image (naming the row; ``on_error``)."""
         feature = self.features[name]
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            turned = img.getexif().get(Image.ExifTags.Base.Orientation) is not None
-            if not turned and (not feature.mode or feature.mode == img.mode):
-                return ImageFile(data, value.get("path") or f"{index}/{name}", kind="image", keep=True)
-            out = ImageOps.exif_transpose(img) if turned else img.copy()
-        return out.convert(feature.mode) if feature.mode and feature.mode != out.mode else out
+        where = f"row {index}, feature {name!r}" + (f" ({value['path']})" if value.get("path") else "")
+        kept = ImageFile(data, where, kind="image", keep=True)
+        try:
+            check_encoded(np.frombuffer(data, np.uint8), where)  # its header, before any pixel is decoded
+            with Image.open(io.BytesIO(data)) as img:
+                turned = img.getexif().get(Image.ExifTags.Base.Orientation) is not None
+                if not turned and (not feature.mode or feature.mode == img.mode):
+                    return kept
+                out = ImageOps.exif_transpose(img) if turned else img.copy()
+            return out.convert(feature.mode) if feature.mode and feature.mode != out.mode else out
+        except Exception:  # PIL raises many types for bad bytes: pack's check of the file names them
+            return kept
 
 
 def hf_kind(obj: Any) -> Optional[str]:
@@ -157,58 +170,79 @@ def mirror_stem(dataset: Any, split: Optional[str]) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:80] or "hf-dataset"
 
 
+BATCH_BYTES = 64 << 20  # rows of an IterableDataset held before they are written to disk, at most (or one row)
+
+
 @contextlib.contextmanager
 def materialized(iterable: Any, work: Path, progress: bool = True) -> Iterator[tuple[Any, int]]:
     """An ``IterableDataset`` read once, front to back, into a map-style ``datasets.Dataset`` in a new
     folder under ``work`` (deleted after the block), its images kept as the bytes it holds (read with
     ``decode(False)``: decoding then encoding again would change a JPEG); yields it and its rows' count.
 
-    Its ``_fingerprint`` is the SHA-256 of what was read (the Arrow file ``datasets`` wrote, schema
-    with its features included): an ``IterableDataset`` has no fingerprint of its own
+    Rows come one at a time (``IterableDataset.__iter__``, ``datasets/iterable_dataset.py``), encoded by
+    its features and written by ``datasets``' own ``ArrowWriter`` (``datasets/arrow_writer.py``, as its
+    builders write a split) in record batches of at most `BATCH_BYTES` (or one row) and at most
+    ``datasets``' count per batch: memory is about two batches (the rows and their Arrow copy), where
+    ``Dataset.from_generator`` held 100 rows of binary or image features, or 1000 of any other, however
+    large (``ARROW_RECORD_BATCH_SIZE_FOR_BINARY_DATASETS``, ``datasets/config.py``).
+
+    Its ``_fingerprint`` is the SHA-256 of what was read (the Arrow file written, schema with its
+    features included): an ``IterableDataset`` has no fingerprint of its own
     (``datasets/iterable_dataset.py``: only ``Dataset`` has ``_fingerprint``,
     ``datasets/arrow_dataset.py``), and nothing else tells whether the files or generator behind it
-    give the same rows as before, so its content is what identifies it. ``progress``: show
-    ``datasets``' progress bar while it reads.
+    give the same rows as before, so its content is what identifies it. ``progress``: show a bar of the
+    rows read.
     """
     try:  # installed: the dataset is one of its
         import datasets
-        from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+        import pyarrow as pa
+        from datasets.arrow_writer import ArrowWriter
     except ImportError as exc:
         raise ImportError(f"{type(iterable).__module__} datasets need the datasets package: pip install "
                           "datasets") from exc
+    from tqdm.auto import tqdm
 
     features = getattr(iterable, "features", None)
     rows = iterable.decode(False) if features is not None and hasattr(iterable, "decode") else iterable
     work.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="hf-iterable-", dir=work))
-    quiet = not progress and not are_progress_bars_disabled()
     try:
-        if quiet:
-            disable_progress_bars()
-        split = getattr(iterable, "split", None)
-        read = datasets.Dataset.from_generator(
-            _rows, gen_kwargs={"source": rows}, features=features, cache_dir=str(folder),
-            fingerprint=hashlib.sha256(str(folder).encode()).hexdigest()[:16],  # no hashing of the generator
-            split=datasets.NamedSplit(str(split)) if split is not None else datasets.Split.TRAIN)
-        if quiet:
-            enable_progress_bars()
-            quiet = False
+        path = folder / "rows.arrow"
+        # a file Arrow writes itself (through a Python file, each record batch was copied once more)
+        writer = ArrowWriter(features=features, stream=pa.OSFile(str(path), "wb"))
+        try:
+            held = 0
+            for row in tqdm(rows, desc="read the IterableDataset", unit="row", disable=not progress):
+                example = features.encode_example(row) if features is not None else row
+                writer.write(example)  # written by datasets' count (its writer_batch_size), or here by bytes
+                held += _nbytes(example)
+                if held >= BATCH_BYTES:
+                    writer.write_examples_on_file()
+                    held = 0
+            writer.finalize()
+        finally:
+            writer.close()
+        pa.default_memory_pool().release_unused()  # the batches' Arrow copies, which its allocator would keep
         h = hashlib.sha256()
-        for cache in read.cache_files:
-            with open(cache["filename"], "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-        info = read.info.copy()
-        if getattr(iterable, "info", None) is not None:  # its own names, not "generator"'s
-            info.dataset_name = iterable.info.dataset_name
-            info.builder_name = iterable.info.builder_name
-        dataset = datasets.Dataset(read.data, info=info, split=read.split, fingerprint=h.hexdigest())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        split = getattr(iterable, "split", None)
+        info = iterable.info.copy() if getattr(iterable, "info", None) is not None else datasets.DatasetInfo()
+        read = datasets.Dataset.from_file(str(path), info=info, split=datasets.NamedSplit(str(split)) if split
+                                          is not None else datasets.Split.TRAIN)
+        dataset = datasets.Dataset(read.data, info=read.info, split=read.split, fingerprint=h.hexdigest())
         yield dataset, len(dataset)
     finally:
-        if quiet:
-            enable_progress_bars()
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _rows(source: Any) -> Iterator[Any]:
-    yield from source
+def _nbytes(value: Any) -> int:
+    """About the bytes ``value`` (an encoded row) holds: its bytes and strings, arrays, 8 a number."""
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 8))
