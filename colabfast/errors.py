@@ -3,9 +3,12 @@
 Each colabfast error also keeps the standard base it always had (``MirrorError`` is a
 ``ValueError``, ``StageError`` an ``OSError``, ``DriveError`` a ``RuntimeError``, ...), so
 ``except OSError`` and friends still catch what they caught; ``except colabfast.Error`` catches all
-of colabfast's own, and the ``colabfast`` command prints any of them as one line. Each is exported as
-``colabfast.<name>`` and from the module that raises it (``colabfast.errors.MirrorError``). This
-module imports nothing from colabfast at import time, so any module can import it.
+of colabfast's own, and the ``colabfast`` command prints any of them as one line. Each is
+``colabfast.errors.<name>``; those a user catches to act on are ``colabfast.<name>`` too (``Error``,
+``DriveError``, ``FetchError``, ``StageError``, ``NotEnoughSpace``, ``PackError``, ``SplitRefused``,
+``ArchiveReadError``, ``MirrorError``, ``LayoutError``, ``LoaderStateError``, ``CacheLimitError``), while
+the refusals of bad arguments (``*Refused``) and the finer classes stay here. This module imports
+nothing from colabfast at import time, so any module can import it.
 
 The classes, by the stage that raises them (bases in brackets)::
 

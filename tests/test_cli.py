@@ -120,12 +120,11 @@ def test_stage_overwrite_flag_replaces_a_foreign_folder(tmp_path):
     assert_same_tree(src, tmp_path / "dst")
 
 
-def test_every_public_exception_class_is_a_colabfast_error_exported_at_the_top():
+def test_every_public_exception_class_is_a_colabfast_error_in_colabfast_errors():
     """Every exception class a module of the package holds under a public name is defined in
     colabfast.errors (issue 38: one errors.py), derives from colabfast.Error (``except
     colabfast.Error`` catches it, the CLI prints it as one line) and is reachable as
-    ``colabfast.<name>``: ImageSizeError was a bare ValueError, SplitRefused and NothingToOpen only
-    reachable through their modules, and the classes were spread over fifteen modules."""
+    ``colabfast.errors.<name>``; those a user catches also as ``colabfast.<name>``."""
     import importlib
     import inspect
     import pkgutil
@@ -145,8 +144,12 @@ def test_every_public_exception_class_is_a_colabfast_error_exported_at_the_top()
     assert set(found) == set(errors.__all__)
     for name, cls in found.items():
         assert issubclass(cls, cf.Error), name
-        if name != "DriveSimError":  # the simulator's, a test tool
-            assert getattr(cf, name) is cls, name
+        assert getattr(cf.errors, name) is cls, name
+    # the ones users catch are at the top too (issue 54, item 6); the refusals of bad arguments stay in cf.errors
+    caught = {"Error", "DriveError", "FetchError", "StageError", "NotEnoughSpace", "PackError", "SplitRefused",
+              "ArchiveReadError", "MirrorError", "LayoutError", "LoaderStateError", "CacheLimitError"}
+    assert {name for name in cf.__all__ if name in found} == caught
+    assert all(getattr(cf, name) is found[name] for name in caught)
 
 
 def test_every_colabfast_error_is_a_colabfast_error_and_one_line(monkeypatch, capsys):
@@ -158,7 +161,7 @@ def test_every_colabfast_error_is_a_colabfast_error_and_one_line(monkeypatch, ca
     for name, base in [("DriveError", RuntimeError), ("FetchError", RuntimeError), ("StageError", OSError),
                        ("PackError", ValueError), ("MirrorError", ValueError), ("ArchiveReadError", ValueError),
                        ("UnsafeArchiveError", ValueError)]:
-        cls = getattr(cf, name)
+        cls = getattr(cf.errors, name)
         assert issubclass(cls, cf.Error) and issubclass(cls, base), name
     assert callable(cf.info)
 

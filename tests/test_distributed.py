@@ -144,10 +144,10 @@ def test_the_loader_passes_drop_last_and_draws_the_seed_as_random_sampler_does()
     ({"num_replicas": 4, "rank": 0, "drop_last": True}, "drop_last=False"),
 ])
 def test_a_sampler_that_makes_no_epoch_is_refused_with_the_fix(kwargs, words):
-    with pytest.raises(cf.SamplerRefused, match=words) as caught:
+    with pytest.raises(cf.errors.SamplerRefused, match=words) as caught:
         cf.BlockShuffleSampler(range(3), **{"block_size": 2, **kwargs})
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, cf.Error)
-    with pytest.raises(cf.SamplerRefused, match="drop_last=False"):
+    with pytest.raises(cf.errors.SamplerRefused, match="drop_last=False"):
         ShardPlan(4, 0).build(TensorDataset(torch.zeros(3)), None, drop_last=True)
 
 

@@ -671,7 +671,7 @@ def test_an_export_zip_packs_as_its_layout_and_is_found_without_extracting(tmp_p
     archive = _zip_tree(export, tmp_path / "export.zip")
     # the splits listed from the zip's listing (it said "holds the COCO exports train, valid_annotations.coco.json"
     # after extracting the whole export, a FileNotFoundError)
-    with pytest.raises(cf.PackRefused, match=r"several splits: 'train' \(train/\), 'valid' \(valid/\)\. Pass "
+    with pytest.raises(cf.errors.PackRefused, match=r"several splits: 'train' \(train/\), 'valid' \(valid/\)\. Pass "
                                             r"split= one of them: pack\(.*split='train'\)"):
         cf.pack(archive, tmp_path / "m.h5", progress=False)
     cf.pack(archive, tmp_path / "train.h5", split="train", progress=False)

@@ -145,7 +145,7 @@ def test_a_dataset_dict_opens_the_split_asked_for(local):
 def test_a_dataset_dict_of_several_splits_needs_split(local, split):
     folder = local / "mirrors"
     dd = datasets.DatasetDict(train=_dataset(7, 0), test=_dataset(3, 1))
-    with pytest.raises(cf.PackRefused) as caught:
+    with pytest.raises(cf.errors.PackRefused) as caught:
         cf.open_dataset(dd, split=split, mirrors=folder, workers=0, progress=False)
     assert isinstance(caught.value, cf.Error)
     message = str(caught.value)
@@ -158,7 +158,7 @@ def test_a_dataset_dict_of_several_splits_needs_split(local, split):
 def test_an_iterable_dataset_dict_needs_split_too(local):
     rows = datasets.Dataset.from_dict({"n": [1, 2, 3]})
     idd = datasets.IterableDatasetDict(train=rows.to_iterable_dataset(), test=rows.to_iterable_dataset())
-    with pytest.raises(cf.PackRefused, match=r"this IterableDatasetDict: several splits: 'test' \(rows not counted\), "
+    with pytest.raises(cf.errors.PackRefused, match=r"this IterableDatasetDict: several splits: 'test' \(rows not counted\), "
                                              r"'train' \(rows not counted\)\. Pass split= one of them: "
                                              r"open_dataset\(dataset_dict, split='train'\)"):
         cf.open_dataset(idd, mirrors=local / "mirrors", progress=False)
@@ -214,7 +214,7 @@ def test_what_open_dataset_does_not_take_is_named_with_the_call_to_make(local):
         def __getitem__(self, i):
             return i * i
 
-    assert cf.OpenRefused is OpenRefused  # exported at the top, as every colabfast error
+    assert cf.errors.OpenRefused is OpenRefused  # exported at the top, as every colabfast error
     for obj in (Squares(), 42):
         with pytest.raises(OpenRefused) as caught:
             cf.open_dataset(obj, mirrors=local / "mirrors", progress=False)
@@ -225,14 +225,14 @@ def test_what_open_dataset_does_not_take_is_named_with_the_call_to_make(local):
         cf.open_dataset(42, progress=False)
 
     hf = _dataset(3)
-    with pytest.raises(cf.PackRefused, match="this Dataset is one split already"):
+    with pytest.raises(cf.errors.PackRefused, match="this Dataset is one split already"):
         cf.open_dataset(hf, split="train", mirrors=local / "mirrors", progress=False)
-    with pytest.raises(cf.PackRefused, match="layout, shuffle: pack options for a folder"):
+    with pytest.raises(cf.errors.PackRefused, match="layout, shuffle: pack options for a folder"):
         cf.open_dataset(hf, mirrors=local / "mirrors", layout="imagefolder", shuffle=True, progress=False)
-    with pytest.raises(cf.PackRefused, match="image_size=32: a Hugging Face Dataset's images are packed as it "
+    with pytest.raises(cf.errors.PackRefused, match="image_size=32: a Hugging Face Dataset's images are packed as it "
                                              "holds them"):
         cf.open_dataset(hf, mirrors=local / "mirrors", image_size=32, progress=False)
-    with pytest.raises(cf.PackRefused, match="store='raw' is for folders"):
+    with pytest.raises(cf.errors.PackRefused, match="store='raw' is for folders"):
         cf.open_dataset(hf, mirrors=local / "mirrors", store="raw", progress=False)
     assert not (local / "mirrors").exists()
 

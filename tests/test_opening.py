@@ -266,9 +266,9 @@ def test_refusals_are_colabfast_errors_that_stay_value_errors(local):
     src = make_imagefolder(local / "flowers", classes=2, per_class=2, size=(20, 20))
     refused = [
         (lambda: open_dataset(local / "notes.txt"), cf.MirrorError, "neither an HDF5 mirror nor an archive"),
-        (lambda: open_dataset(src, "train", progress=False), cf.PackRefused, "split='train': a mirror of the "
+        (lambda: open_dataset(src, "train", progress=False), cf.errors.PackRefused, "split='train': a mirror of the "
                                                                              "imagefolder layout has one set"),
-        (lambda: open_dataset(src, to="cloud"), cf.StageRefused, "to must be 'auto', 'disk', 'ram' or 'stream'"),
+        (lambda: open_dataset(src, to="cloud"), cf.errors.StageRefused, "to must be 'auto', 'disk', 'ram' or 'stream'"),
     ]
     for call, cls, message in refused:
         with pytest.raises(cls, match=message) as caught:
@@ -276,7 +276,7 @@ def test_refusals_are_colabfast_errors_that_stay_value_errors(local):
         assert isinstance(caught.value, cf.Error) and isinstance(caught.value, ValueError)
     assert not (local / MIRRORS_FOLDER).exists()  # refused before anything was packed
     mirror = open_dataset(src, progress=False).path
-    with pytest.raises(cf.PackRefused, match="is a mirror already: image_size apply"):
+    with pytest.raises(cf.errors.PackRefused, match="is a mirror already: image_size apply"):
         open_dataset(mirror, image_size=64)
 
 

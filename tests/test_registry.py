@@ -75,7 +75,7 @@ def test_a_layout_registered_from_a_test_module_packs_and_opens(tiles, tmp_path)
 
 def test_a_split_is_refused_for_a_layout_without_splits(tiles, tmp_path):
     cf.pack(tiles, tmp_path / "toy.h5", workers=0, progress=False)
-    with pytest.raises(cf.PackRefused, match="split='val': a mirror of the tiles layout has one set of samples"):
+    with pytest.raises(cf.errors.PackRefused, match="split='val': a mirror of the tiles layout has one set of samples"):
         drop_in(tmp_path / "toy.h5", split="val")
 
 

@@ -109,9 +109,9 @@ def test_a_limit_below_one_block_is_refused_with_the_smallest_that_works(mirror)
 
 
 def test_bad_arguments_are_refused(mirror):
-    with pytest.raises(cf.StageRefused, match="cache_limit is for to='stream'"):
+    with pytest.raises(cf.errors.StageRefused, match="cache_limit is for to='stream'"):
         cf.open_dataset(mirror, to="disk", cache_limit=10 << 20, progress=False)
-    with pytest.raises(cf.StageRefused, match="'stream'"):
+    with pytest.raises(cf.errors.StageRefused, match="'stream'"):
         cf.open_dataset(mirror, to="cloud", progress=False)
     with pytest.raises(cf.CacheLimitError, match="positive number of bytes"):
         cf.open_dataset(mirror, to="stream", cache_limit=0, progress=False)
@@ -274,9 +274,9 @@ def test_a_mirror_at_a_url_streams_through_fsspec_from_a_sparse_shell(tmp_path, 
             _same(x, y)
     assert streams_of(ds)[0].peak <= 1 << 20
     assert torch.equal(ds[7][0], staged[7][0])  # outside the loop: read from the URL, not the shell's hole
-    with pytest.raises(cf.StageRefused, match="is a URL"):
+    with pytest.raises(cf.errors.StageRefused, match="is a URL"):
         cf.open_dataset(url, to="disk", progress=False)
-    with pytest.raises(cf.NothingToOpen, match="no such file"):
+    with pytest.raises(cf.errors.NothingToOpen, match="no such file"):
         cf.open_dataset(url + "-missing", to="stream", progress=False)
     (bucket / "not.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(200))
     with pytest.raises(cf.MirrorError):
