@@ -158,9 +158,9 @@ def test_a_dataset_dict_of_several_splits_needs_split(local, split):
 def test_an_iterable_dataset_dict_needs_split_too(local):
     rows = datasets.Dataset.from_dict({"n": [1, 2, 3]})
     idd = datasets.IterableDatasetDict(train=rows.to_iterable_dataset(), test=rows.to_iterable_dataset())
-    with pytest.raises(cf.errors.PackRefused, match=r"this IterableDatasetDict: several splits: 'test' \(rows not counted\), "
-                                             r"'train' \(rows not counted\)\. Pass split= one of them: "
-                                             r"open_dataset\(dataset_dict, split='train'\)"):
+    with pytest.raises(cf.errors.PackRefused, match=r"this IterableDatasetDict: several splits: 'test' \(rows not "
+                                                    r"counted\), 'train' \(rows not counted\)\. Pass split= one of "
+                                                    r"them: open_dataset\(dataset_dict, split='train'\)"):
         cf.open_dataset(idd, mirrors=local / "mirrors", progress=False)
     ds = cf.open_dataset(idd, split="test", mirrors=local / "mirrors", workers=0, progress=False)
     assert [ds[i] for i in range(len(ds))] == [{"n": 1}, {"n": 2}, {"n": 3}]
