@@ -143,7 +143,7 @@ def pack(
     route, voc_year = source.route, _voc_year(year, source)
     options = _options(store, _check_size(image_size), quality)
     workers = env.cpu_count() if workers is None else workers
-    common = {"options": options, "workers": workers, "on_error": on_error, "progress": progress,
+    common: dict[str, Any] = {"options": options, "workers": workers, "on_error": on_error, "progress": progress,
               "overwrite": overwrite}
     if route in ("dataset", "columns") or route == "unpacked" and source.columns:
         if shuffle:
@@ -161,19 +161,20 @@ def pack(
     if route == "columns":
         dataset = _open_layout(source, on_error, retries, voc_year)
         return pack_columns(dataset, dst, layout=source.name, fields=fields, split=source.split, **common)
+    archive = source.path if source.path is not None else Path(os.path.abspath(os.fspath(source.src)))
     if route == "unpacked":
         from colabfast.packing.unpacked import pack_unpacked
 
-        return pack_unpacked(source.path, dst, layout=source.name, labels=labels, split=source.split or source.root
+        return pack_unpacked(archive, dst, layout=source.name, labels=labels, split=source.split or source.root
                              or None, retries=retries, fields=fields, year=voc_year, **common)
     if route == "stream":
-        if not source.path.is_file():
-            raise SourceNotFound(f"no archive at {source.path}: check the path (on Drive: "
+        if not archive.is_file():
+            raise SourceNotFound(f"no archive at {archive}: check the path (on Drive: "
                                  "/content/drive/MyDrive/...)")
         if shuffle:
             raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps the "
                               "archive's order (a loader's random sampler shuffles it)")
-        return pack_archive(source.path, dst, layout=source.name, labels=labels, split=source.split, seed=seed,
+        return pack_archive(archive, dst, layout=source.name, labels=labels, split=source.split, seed=seed,
                             retries=retries, prefix=source.prefix if source.root else "", **common)
     if labels is not None or source.split is not None:
         raise PackRefused("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's zip)")
@@ -245,13 +246,14 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
     source = resolve(src, layout, labels, split, retries)
     options = _options(store, _check_size(image_size), quality)
     route, voc_year = source.route, _voc_year(year, source)
+    archive = source.path if source.path is not None else Path(os.path.abspath(os.fspath(src)))
     if route == "unpacked":
         from colabfast.packing.unpacked import check_split, unpacked_fingerprint
 
         split = source.split or source.root or None
-        check_split(source.path, source.name, labels, split)
-        return (unpacked_fingerprint(source.path, source.name, labels, split, options, retries, voc_year),
-                f"an archive of a {source.name} layout, {os.path.getsize(source.path) / 1e6:.1f} MB",
+        check_split(archive, source.name, labels, split)
+        return (unpacked_fingerprint(archive, source.name, labels, split, options, retries, voc_year),
+                f"an archive of a {source.name} layout, {os.path.getsize(archive) / 1e6:.1f} MB",
                 Contents(options, layout=source.name))
     if route == "columns":
         from colabfast.packing.dataset import plan
@@ -261,9 +263,9 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
             options, layout=source.name,
             samples={"": (str(dataset.root), [_printable(p) for p in dataset.paths])})
     if route == "stream":
-        fingerprint, archive = _archive_listing(source.path, options, source.name, labels, source.split, retries,
-                                                source.prefix if source.root else "")
-        return fingerprint, archive.describe(), Contents(options, source=_printable(str(archive.path)))
+        fingerprint, streamed = _archive_listing(archive, options, source.name, labels, source.split, retries,
+                                                 source.prefix if source.root else "")
+        return fingerprint, streamed.describe(), Contents(options, source=_printable(str(streamed.path)))
     fingerprint, listed, _ = _folder_listing(source.folder or source.src, options, source.name, shuffle, seed)
     return fingerprint, listed.describe(), Contents(
         options, layout=listed.layout, classes=listed.classes,
