@@ -161,7 +161,7 @@ def pack(
     if route == "columns":
         dataset = _open_layout(source, on_error, retries, voc_year)
         return pack_columns(dataset, dst, layout=source.name, fields=fields, split=source.split, **common)
-    archive = source.path if source.path is not None else Path(os.path.abspath(os.fspath(source.src)))
+    archive = source.path or Path()  # set for an archive (and a folder)
     if route == "unpacked":
         from colabfast.packing.unpacked import pack_unpacked
 
@@ -246,7 +246,7 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
     source = resolve(src, layout, labels, split, retries)
     options = _options(store, _check_size(image_size), quality)
     route, voc_year = source.route, _voc_year(year, source)
-    archive = source.path if source.path is not None else Path(os.path.abspath(os.fspath(src)))
+    archive = source.path or Path()  # set for an archive (and a folder)
     if route == "unpacked":
         from colabfast.packing.unpacked import check_split, unpacked_fingerprint
 
