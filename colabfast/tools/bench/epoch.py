@@ -379,11 +379,11 @@ def _local(scenario: str, methods: list[_Method], root: Path, repeats: int, base
             continue
         t, cost = times[m.name], Spread.of(costs[m.name])
         med = float(np.median(t))
+        spread = f"CPU ms/img min-max {cost.low:.3g}-{cost.high:.3g}"
         rows[m.name] = Result(scenario, m.name, med, min(t), max(t), len(t),
-                              {"images/s": images[m.name] / med, "CPU ms/img": cost.median, "1st epoch s": first[m.name],
-                               **(m.prepared or {})},
-                              note="; ".join(filter(None, [m.note, f"CPU ms/img min-max {cost.low:.3g}-{cost.high:.3g}"])),
-                              reference=m.reference)
+                              {"images/s": images[m.name] / med, "CPU ms/img": cost.median,
+                               "1st epoch s": first[m.name], **(m.prepared or {})},
+                              note="; ".join(filter(None, [m.note, spread])), reference=m.reference)
     return [rows[m.name] for m in chosen if m.name in rows]
 
 
