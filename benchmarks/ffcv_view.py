@@ -3,7 +3,8 @@ uncropped batch, so the crop's copy is left to whoever uses the batch. This time
 as it yields, the same batches made dense (``x.contiguous(memory_format=torch.channels_last)``, the
 copy a model's first layer or ``.cuda()`` makes of a strided batch) and colabfast's mirror with the
 loader's defaults in channels-last (dense already): raw pixels (FFCV ``raw``, ``store="raw"``), or with
-``--jpg`` JPEGs (FFCV ``jpg``, the encoded mirror). Needs FFCV.
+``--jpg`` JPEGs (FFCV ``jpg``, the encoded mirror): images/s and CPU ms per image of the process tree,
+medians of ``--repeats`` turns. Needs FFCV.
 
     taskset -c 0,1 python benchmarks/ffcv_view.py [--jpg] [--images 2000] [--size 256 256] [--repeats 5]
 """
@@ -11,9 +12,7 @@ loader's defaults in channels-last (dense already): raw pixels (FFCV ``raw``, ``
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -23,6 +22,7 @@ from torchvision.datasets import ImageFolder
 import colabfast as cf
 from colabfast.testing import data
 from colabfast.tools.bench import epoch, peers
+from colabfast.tools.bench.loader import _rates
 
 
 def main() -> None:
@@ -50,27 +50,18 @@ def main() -> None:
             f"FFCV ({kind}), each batch made dense": lambda: epoch.Dense(ffcv),
             f"colabfast {store} mirror (defaults, channels-last)": lambda: ours,
         }
-        for make in methods.values():  # FFCV compiles its pipeline in its first epoch
-            for _ in make():
-                pass
         x, _ = next(iter(ffcv))
         print(f"FFCV's batch: shape {tuple(x.shape)}, strides {x.stride()}, dense channels-last: "
               f"{x.is_contiguous(memory_format=torch.channels_last)}")
-        rates: dict[str, list[float]] = {k: [] for k in methods}
-        for _ in range(args.repeats):  # rounds: drift in the machine's speed hits every method alike
-            for key, make in methods.items():
-                t, n = time.perf_counter(), 0
-                while time.perf_counter() - t < args.seconds:
-                    for x, _ in make():
-                        n += len(x)
-                rates[key].append(n / (time.perf_counter() - t))
-        dense_rate = statistics.median(rates[f"FFCV ({kind}), each batch made dense"])
-        as_yielded = statistics.median(rates[f"FFCV ({kind}), as it yields"])
-        for key, values in rates.items():
-            med = statistics.median(values)
-            print(f"{key}: {med:,.0f} images/s (min-max {min(values):,.0f}-{max(values):,.0f}), "
-                  f"x FFCV made dense {med / dense_rate:.2f}, x FFCV as it yields {med / as_yielded:.2f}")
-
+        # taking turns, a warm-up epoch each first (FFCV compiles its pipeline then); CPU of the process tree
+        rates = _rates({key: make() for key, make in methods.items()}, args.repeats, args.seconds)
+        dense, as_yielded = rates[f"FFCV ({kind}), each batch made dense"], rates[f"FFCV ({kind}), as it yields"]
+        for key, r in rates.items():
+            print(f"{key}: {r.rate.median:,.0f} images/s (min-max {r.rate.low:,.0f}-{r.rate.high:,.0f}), "
+                  f"{r.cost.median:.3f} CPU ms/img (min-max {r.cost.low:.3f}-{r.cost.high:.3f}); "
+                  f"x FFCV made dense {r.rate.median / dense.rate.median:.2f} (by CPU "
+                  f"{dense.cost.median / r.cost.median:.2f}), x FFCV as it yields "
+                  f"{r.rate.median / as_yielded.rate.median:.2f} (by CPU {as_yielded.cost.median / r.cost.median:.2f})")
 
 if __name__ == "__main__":
     main()

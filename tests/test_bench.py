@@ -530,3 +530,62 @@ def test_spdl_without_ffmpeg_is_missing(monkeypatch):
         monkeypatch.setattr(spdl.io, "cpu_storage", no_ffmpeg)
     why = peers.SPDL.missing()
     assert "libavcodec59" in why and "pip install spdl" in why
+
+
+_BURN = """
+import sys, time
+while time.process_time() < {seconds}:  # its own CPU clock: as long as it takes on a busy machine
+    pass
+sys.stdout.write("spent\\n"); sys.stdout.flush()
+sys.stdin.read()  # alive until the test closes its stdin
+"""
+
+
+def _burner(seconds: float) -> subprocess.Popen:
+    """A child that spends ``seconds`` of CPU, says so on stdout, and stays alive until its stdin closes."""
+    child = subprocess.Popen([sys.executable, "-c", _BURN.format(seconds=seconds)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "spent\n"
+    return child
+
+
+def test_usage_counts_live_and_reaped_children_and_keeps_the_excluded_apart():
+    """CPU per image is the whole process tree's: a worker process still running counts, and so does one
+    already reaped; a Drive simulator's server (an excluded pid) is counted apart, not in the tree."""
+    from colabfast.tools.bench.timing import usage
+
+    start = usage()
+    worker, server = _burner(0.3), _burner(0.2)
+    try:
+        tick = 0.02  # /proc counts a live process's CPU in clock ticks (10 ms)
+        live = usage(exclude=[server.pid]) - start
+        assert live.cpu >= 0.3 - tick and live.excluded >= 0.2 - tick
+        whole = usage() - start  # nothing excluded: both in the tree
+        assert whole.cpu >= 0.5 - 2 * tick and whole.excluded == 0
+        assert whole.cpu - live.cpu >= 0.2 - tick  # the server's share was not in the tree's (it sleeps meanwhile)
+    finally:
+        for child in (worker, server):
+            child.stdin.close()
+            child.wait()
+    reaped = usage() - start
+    assert reaped.cpu >= 0.5 and reaped.wall > 0  # RUSAGE_CHILDREN holds them now
+
+
+def test_usage_counts_this_process_threads():
+    import threading
+    import time
+
+    from colabfast.tools.bench.timing import usage
+
+    def spin() -> None:
+        begun = time.thread_time()
+        while time.thread_time() - begun < 0.2:
+            pass
+
+    start = usage()
+    threads = [threading.Thread(target=spin) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (usage() - start).cpu >= 0.4

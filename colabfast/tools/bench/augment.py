@@ -5,7 +5,7 @@ Image cases (photo-like JPEGs made by :mod:`colabfast.testing.data`, mirrors mad
 :func:`colabfast.pack`, all in the page cache): ``augment/JPEG 500x375`` (ImageNet's average size, an
 encoded mirror), ``augment/JPEG 256px`` (packed with ``image_size=256``, the short side, as FFCV's
 ImageNet recipe stores it) and ``augment/raw 256px`` (the same, raw pixels). Rows, each images/s
-(median, min-max, over ``repeats`` rounds of whole epochs lasting at least ``min_seconds``):
+(median, min-max, over ``repeats`` rounds of whole epochs lasting at least ``min_seconds``) and CPU ms per image:
 
 - ``colabfast.DataLoader (defaults)``: ``H5ImageFolder(output="tensor", transform=v2.Compose([crop,
   flip]))`` through the loader's defaults: the crop fused with decoding in its reader threads
@@ -33,9 +33,13 @@ and the data wait share.
 loader's defaults vs ``num_workers=N``, vs the source dataset (JPEG bytes in RAM, ``decode_jpeg`` per
 item) through a tuned torch ``DataLoader`` with a list collate.
 
+Every row also gives ``CPU ms/img``: user + system CPU of the whole process tree (threads, worker
+processes) per image, median over the rounds (`colabfast.tools.bench.timing.usage`); on a shared machine
+it is the steady figure, and on Colab's 2 CPUs a CPU-bound loader runs at about 2 / (CPU s per image).
 Every ratio column divides a row's images/s by the named baseline's, measured in the same run: ``x
 FFCV``, ``x worker processes``, ``x torchvision`` (``x torch DataLoader`` for detection), ``of decode
-ceiling``. Methods take turns round by round (:func:`colabfast.tools.bench.loader._rates`, whose first epoch
+ceiling``; each ``... by CPU`` column divides the baseline's CPU per image by the row's (above 1: the row
+costs less). Methods take turns round by round (:func:`colabfast.tools.bench.loader._rates`, whose first epoch
 of each loader is untimed: FFCV compiles then), so drift in the machine's speed hits all alike.
 """
 
@@ -57,7 +61,7 @@ from colabfast.loading.loader import DataLoader
 from colabfast.packing import pack
 from colabfast.testing import data
 from colabfast.tools.bench.detection import as_lists
-from colabfast.tools.bench.loader import _rates
+from colabfast.tools.bench.loader import _rates, ratios
 from colabfast.tools.bench.timing import Result
 from colabfast.where.codec import decode_jpeg, jpeg_codec
 
@@ -155,20 +159,22 @@ def _ffcv(files: Path, out: Path, raw: bool, batch_size: int, workers: int) -> I
 
 def _rows(scenario: str, loaders: dict[str, Iterable], baselines: dict[str, str], notes: dict[str, str],
           n: int, repeats: int, min_seconds: float) -> list[Result]:
-    """Time ``loaders`` taking turns; each row's images/s and its ratio to every baseline measured
-    (``baselines``: metric name -> method)."""
+    """Time ``loaders`` taking turns; each row's images/s and CPU ms per image, and its ratios to every
+    baseline measured (``baselines``: metric name -> method; :func:`colabfast.tools.bench.loader.ratios`)."""
     rates = _rates(loaders, repeats, min_seconds)
     rows = []
-    for name, (med, low, high) in rates.items():
-        metrics = {"images/s": med}
-        metrics.update({key: med / rates[base][0] for key, base in baselines.items() if base in rates})
-        note = "; ".join(filter(None, [f"{n} images; images/s min-max {low:.0f}-{high:.0f}", notes.get(name, "")]))
-        rows.append(Result(scenario, name, n / med, n / high, n / low, repeats, metrics, note=note,
-                           reference=name == CEILING))
+    for name, r in rates.items():
+        metrics = r.metrics()
+        for key, base in baselines.items():
+            if base in rates:
+                metrics.update(ratios(r, rates[base], key))
+        note = "; ".join(filter(None, [f"{n} images; {r.note()}", notes.get(name, "")]))
+        rows.append(Result(scenario, name, n / r.rate.median, n / r.rate.high, n / r.rate.low, repeats, metrics,
+                           note=note, reference=name == CEILING))
     return rows
 
 
-def run(size: float = 1.0, repeats: int = 3, min_seconds: float = 2.0, batch_size: int = 64, workers: int = 2,
+def run(size: float = 1.0, repeats: int = 4, min_seconds: float = 2.0, batch_size: int = 64, workers: int = 2,
         work: Optional[Path] = None, only: Optional[tuple[str, ...]] = None) -> list[Result]:
     """The rows described in the module docstring.
 

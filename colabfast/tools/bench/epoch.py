@@ -32,6 +32,10 @@ How each figure is taken:
 - Drive (cold): each repeat builds a fresh loader over the prepared data on the simulated Drive and
   times it through one full epoch; reopening files there drops the kernel's cached pages (FUSE without
   ``keep_cache``), so every repeat reads from the simulated link (``Drive MB``: what it read).
+- cost (``CPU ms/img``): user + system CPU of the whole process tree (threads, worker processes) per
+  image over each timed repeat (`colabfast.tools.bench.timing.usage`), the median; on Drive the
+  simulator's server is counted apart (``Drive sim CPU ms/img``). On a shared machine this is the
+  steadier figure; on Colab's 2 CPUs a CPU-bound loader runs at about 2 / (CPU s per image).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from PIL import Image
 
 from colabfast.testing import data
 from colabfast.tools.bench import peers as peer_module
-from colabfast.tools.bench.timing import Result
+from colabfast.tools.bench.timing import Result, Spread, usage
 from colabfast.where import env
 from colabfast.where.codec import decode_jpeg, jpeg_codec
 
@@ -318,15 +322,16 @@ def _skipped(scenario: str, m: _Method) -> Optional[Result]:
     return Result(scenario, m.name, None, note=reason, reference=m.reference) if reason else None
 
 
-def _timed(loader: Iterable, min_seconds: float) -> tuple[float, int]:
-    """Whole epochs of ``loader`` until ``min_seconds`` have passed: (seconds per epoch, images per epoch)."""
-    epochs, images, start = 0, 0, time.perf_counter()
+def _timed(loader: Iterable, min_seconds: float) -> tuple[float, int, float]:
+    """Whole epochs of ``loader`` until ``min_seconds`` have passed: (seconds per epoch, images per epoch,
+    CPU ms per image of the process tree)."""
+    epochs, images, start, cpu = 0, 0, time.perf_counter(), usage().cpu
     while True:
         images = _epoch(loader)
         epochs += 1
         elapsed = time.perf_counter() - start
         if elapsed >= min_seconds:
-            return elapsed / epochs, images
+            return elapsed / epochs, images, (usage().cpu - cpu) / (epochs * images) * 1e3
 
 
 def _local(scenario: str, methods: list[_Method], root: Path, repeats: int, baseline_repeats: int,
@@ -337,6 +342,7 @@ def _local(scenario: str, methods: list[_Method], root: Path, repeats: int, base
     rows: dict[str, Result] = {}
     loaders: dict[str, Any] = {}
     times: dict[str, list[float]] = {}
+    costs: dict[str, list[float]] = {}
     images: dict[str, int] = {}
     first: dict[str, float] = {}
     chosen = [m for m in methods if m.local]
@@ -350,7 +356,7 @@ def _local(scenario: str, methods: list[_Method], root: Path, repeats: int, base
                 start = time.perf_counter()
                 loaders[m.name] = m.open_loader(root, None)
                 _epoch(loaders[m.name])
-                first[m.name], times[m.name] = time.perf_counter() - start, []
+                first[m.name], times[m.name], costs[m.name] = time.perf_counter() - start, [], []
             except Exception as exc:
                 rows[m.name] = Result(scenario, m.name, None, note=_failed(exc), reference=m.reference)
                 loaders.pop(m.name, None)
@@ -359,8 +365,9 @@ def _local(scenario: str, methods: list[_Method], root: Path, repeats: int, base
                 if m.name not in loaders or rep >= (baseline_repeats if m.slow else repeats):
                     continue
                 try:
-                    seconds, images[m.name] = _timed(loaders[m.name], min_seconds)
+                    seconds, images[m.name], cost = _timed(loaders[m.name], min_seconds)
                     times[m.name].append(seconds)
+                    costs[m.name].append(cost)
                 except Exception as exc:
                     rows[m.name] = Result(scenario, m.name, None, note=_failed(exc), reference=m.reference)
                     del loaders[m.name]
@@ -370,11 +377,13 @@ def _local(scenario: str, methods: list[_Method], root: Path, repeats: int, base
     for m in chosen:
         if m.name in rows or not times.get(m.name):
             continue
-        t = times[m.name]
+        t, cost = times[m.name], Spread.of(costs[m.name])
         med = float(np.median(t))
+        spread = f"CPU ms/img min-max {cost.low:.3g}-{cost.high:.3g}"
         rows[m.name] = Result(scenario, m.name, med, min(t), max(t), len(t),
-                              {"images/s": images[m.name] / med, "1st epoch s": first[m.name], **(m.prepared or {})},
-                              note=m.note, reference=m.reference)
+                              {"images/s": images[m.name] / med, "CPU ms/img": cost.median,
+                               "1st epoch s": first[m.name], **(m.prepared or {})},
+                              note="; ".join(filter(None, [m.note, spread])), reference=m.reference)
     return [rows[m.name] for m in chosen if m.name in rows]
 
 
@@ -389,17 +398,20 @@ def _drive(scenario: str, methods: list[_Method], sim: Any, root: Path, repeats:
             rows.append(skipped)
             continue
         reps = baseline_repeats if m.slow else repeats
-        times, images, read = [], 0, 0
+        times, costs, sim_costs, images, read = [], [], [], 0, 0
         loader = None
         try:
             for _ in range(reps):
                 shutil.rmtree(cache, ignore_errors=True)
                 cache.mkdir(parents=True)
                 before = sim.stats()["bytes_read"]
-                start = time.perf_counter()
+                start = usage(exclude=[sim.pid])
                 loader = m.open_loader(root, cache)
                 images = _epoch(loader)
-                times.append(time.perf_counter() - start)
+                spent = usage(exclude=[sim.pid]) - start
+                times.append(spent.wall)
+                costs.append(spent.cpu / images * 1e3)
+                sim_costs.append(spent.excluded / images * 1e3)
                 read = sim.stats()["bytes_read"] - before
                 loader = None
                 gc.collect()
@@ -410,8 +422,13 @@ def _drive(scenario: str, methods: list[_Method], sim: Any, root: Path, repeats:
             loader = None
             gc.collect()
         med = float(np.median(times))
+        cost = Spread.of(costs)
         rows.append(Result(scenario, m.name, med, min(times), max(times), reps,
-                           {"images/s": images / med, "Drive MB": read / 1e6}, note=m.note, reference=m.reference))
+                           {"images/s": images / med, "CPU ms/img": cost.median,
+                            "Drive sim CPU ms/img": float(np.median(sim_costs)), "Drive MB": read / 1e6},
+                           note="; ".join(filter(None, [m.note, f"CPU ms/img min-max {cost.low:.3g}-{cost.high:.3g} "
+                                                        "(the Drive simulator's server apart)"])),
+                           reference=m.reference))
     shutil.rmtree(cache, ignore_errors=True)
     return rows
 

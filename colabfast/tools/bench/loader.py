@@ -8,6 +8,7 @@ The hand-tuned loader gets colabfast's knobs by hand (workers, persistent worker
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from colabfast.datasets.dropins import H5ImageFolder
 from colabfast.loading.loader import DataLoader
 from colabfast.packing import pack
 from colabfast.testing import data
-from colabfast.tools.bench.timing import Result
+from colabfast.tools.bench.timing import Result, Spread, usage
 from colabfast.where import env
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -39,28 +40,55 @@ class _Normalized:
             yield x.float().div_(255).sub_(self.mean).div_(self.std), y
 
 
-def _rates(loaders: dict[str, Iterable], epochs: int,
-           min_seconds: float = 0.0) -> dict[str, tuple[float, float, float]]:
-    """(median, min, max) images/s of each loader over ``epochs`` timed repeats, after one warm-up epoch
-    each; the loaders take turns repeat by repeat, so drift in the machine's speed hits all alike. A
-    repeat runs whole epochs until it has lasted ``min_seconds`` (short epochs are mostly noise)."""
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """One loader's repeats (:func:`_rates`): images/s, and CPU milliseconds per image of the whole
+    process tree (:func:`colabfast.tools.bench.timing.usage`), each as median, min and max."""
+
+    rate: Spread
+    cost: Spread
+
+    def metrics(self) -> dict[str, float]:
+        """The row's metrics: ``images/s`` and ``CPU ms/img`` (medians)."""
+        return {"images/s": self.rate.median, "CPU ms/img": self.cost.median}
+
+    def note(self) -> str:
+        """The ranges, for a row's note."""
+        return (f"images/s min-max {self.rate.low:.0f}-{self.rate.high:.0f}, CPU ms/img min-max "
+                f"{self.cost.low:.3g}-{self.cost.high:.3g}")
+
+
+def _rates(loaders: dict[str, Iterable], epochs: int, min_seconds: float = 0.0) -> dict[str, Rates]:
+    """Each loader's images/s and CPU milliseconds per image over ``epochs`` timed repeats, after one
+    warm-up epoch each; the loaders take turns repeat by repeat, so drift in the machine's speed hits
+    all alike. A repeat runs whole epochs until it has lasted ``min_seconds`` (short epochs are mostly
+    noise). CPU is the whole process tree's (threads, worker processes) over the repeat."""
     for loader in loaders.values():
         for _ in loader:
             pass
     rates: dict[str, list[float]] = {name: [] for name in loaders}
+    costs: dict[str, list[float]] = {name: [] for name in loaders}
     for _ in range(epochs):
         for name, loader in loaders.items():
-            images, start = 0, time.perf_counter()
+            images, start = 0, usage()
             while True:
                 for x, _ in loader:
                     images += len(x)
-                if time.perf_counter() - start >= min_seconds:
+                if time.perf_counter() - start.wall >= min_seconds:
                     break
-            rates[name].append(images / (time.perf_counter() - start))
-    return {name: (sorted(r)[len(r) // 2], min(r), max(r)) for name, r in rates.items()}
+            spent = usage() - start
+            rates[name].append(images / spent.wall)
+            costs[name].append(spent.cpu / images * 1e3)
+    return {name: Rates(Spread.of(rates[name]), Spread.of(costs[name])) for name in loaders}
 
 
-def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, num_workers: Optional[int] = None,
+def ratios(row: Rates, base: Rates, key: str) -> dict[str, float]:
+    """``row`` against ``base`` measured in the same run: ``key`` its images/s over ``base``'s, and
+    ``key + " by CPU"`` ``base``'s CPU per image over its own (above 1: ``row`` costs less)."""
+    return {key: row.rate.median / base.rate.median, f"{key} by CPU": base.cost.median / row.cost.median}
+
+
+def run(size: float = 1.0, repeats: int = 4, batch_size: int = 64, num_workers: Optional[int] = None,
         work: Optional[Path] = None) -> list[Result]:
     """Images/s of each loader over the same encoded mirror (224x224 JPEGs), CPU only.
 
@@ -90,11 +118,12 @@ def run(size: float = 1.0, repeats: int = 3, batch_size: int = 64, num_workers: 
                "colabfast.DataLoader, its defaults": "reader threads (colabfast.loading.reader), as a mirror gets them",
                "colabfast.DataLoader, worker processes": f"num_workers={workers} (its defaults otherwise)"}
         rows = []
-        for name, (med, low, high) in _rates(loaders, repeats).items():
+        for name, r in _rates(loaders, repeats).items():
             # Result times are seconds per epoch; the rates are what users compare.
-            rows.append(Result("loader/cpu", name, len(ds) / med, len(ds) / high, len(ds) / low, repeats,
-                               {"images/s": med}, note=f"{len(ds)} images 224x224, batch {batch_size}, "
-                                                           f"float32 normalised; {how[name]}"))
+            rows.append(Result("loader/cpu", name, len(ds) / r.rate.median, len(ds) / r.rate.high,
+                               len(ds) / r.rate.low, repeats, r.metrics(),
+                               note=f"{len(ds)} images 224x224, batch {batch_size}, float32 normalised; {how[name]}; "
+                                    f"{r.note()}"))
         return rows
 
 
@@ -210,15 +239,16 @@ def run_reader(size: float = 1.0, repeats: int = 5, batch_size: int = 64, work: 
             elif case in ffcv:
                 peer_note = f"; FFCV {ffcv_missing}"
             rates = _rates(loaders, repeats, min_seconds)
-            bound, procs_rate = rates["memcpy bound"][0], rates[f"{workers} worker processes"][0]
-            peer_rate = next((r[0] for name, r in rates.items() if name.startswith("FFCV")), None)
-            for name, (med, low, high) in rates.items():
-                metrics = {"images/s": med, "of memcpy bound": med / bound, "x worker processes": med / procs_rate}
-                if peer_rate:
-                    metrics["x FFCV"] = med / peer_rate
-                about = peer_note if name.startswith("FFCV") or (name == "reader threads" and not peer_rate) else ""
-                rows.append(Result("loader/reader", f"{case}: {name}", len(ds) / med, len(ds) / high,
-                                   len(ds) / low, repeats, metrics, reference=name == "memcpy bound",
+            bound, procs = rates["memcpy bound"], rates[f"{workers} worker processes"]
+            peer = next((r for name, r in rates.items() if name.startswith("FFCV")), None)
+            for name, r in rates.items():
+                metrics = {**r.metrics(), "of memcpy bound": r.rate.median / bound.rate.median,
+                           **ratios(r, procs, "x worker processes")}
+                if peer:
+                    metrics.update(ratios(r, peer, "x FFCV"))
+                about = peer_note if name.startswith("FFCV") or (name == "reader threads" and not peer) else ""
+                rows.append(Result("loader/reader", f"{case}: {name}", len(ds) / r.rate.median, len(ds) / r.rate.high,
+                                   len(ds) / r.rate.low, repeats, metrics, reference=name == "memcpy bound",
                                    note=f"{len(ds)} images, batch {batch_size}, local disk (page cache); "
-                                        f"images/s min-max {low:.0f}-{high:.0f}{about}"))
+                                        f"{r.note()}{about}"))
     return rows

@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 from colabfast.tools.bench.timing import Result
 
 OURS = "colabfast"
+CPU = "CPU ms/img"  # the metric of CPU per image (colabfast.tools.bench.timing.usage)
 SCHEMA = 1  # version of the JSON layout written by to_json
 # Distributions whose versions a report records (the peers' too, when installed).
 PACKAGES = ("colabfast", "torch", "torchvision", "numpy", "h5py", "pillow", "mfusepy", "matplotlib",
@@ -60,7 +61,8 @@ def _ratio(x: float) -> str:
 def markdown(results: Sequence[Result]) -> str:
     """One Markdown table per scenario: seconds (median, min-max over the repeats), every metric the
     rows carry, and colabfast's speed-up over each row (``12.0x``: colabfast's best row is 12 times as
-    fast; ``0.5x``: that row is twice as fast as colabfast) where the scenario has alternatives. Rows
+    fast; ``0.5x``: that row is twice as fast as colabfast) where the scenario has alternatives, and
+    by CPU per image where the rows carry it (``CPU ms/img``: the baseline's over colabfast's). Rows
     that did not run show their note; other rows' notes follow each table, each note once per report."""
     out: list[str] = []
     noted: set[str] = set()
@@ -83,8 +85,11 @@ def markdown(results: Sequence[Result]) -> str:
             out.append(f"| {name} | {spread} | " + " | ".join(cells) + " |")
         out.append("")
         if mine and best:
+            cost = ""
+            if mine.metrics.get(CPU) and best.metrics.get(CPU):
+                cost = f"; by CPU per image {best.metrics[CPU] / mine.metrics[CPU]:.2f}x"
             out.append(f"colabfast ({mine.method}) vs the best alternative ({best.method}): "
-                       f"**{mine.speed / best.speed:.2f}x**\n")
+                       f"**{mine.speed / best.speed:.2f}x**{cost}\n")
         notes = [f"- {r.method}: {r.note}" for r in rows if r.note and r.seconds is not None]
         notes = [n for n in notes if n not in noted]  # each caveat once per report
         noted.update(notes)
@@ -139,13 +144,16 @@ def machine_line(info: dict[str, Any]) -> str:
 
 
 def summary(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """Per scenario: colabfast's best row, the best alternative, and the speed ratio between them."""
+    """Per scenario: colabfast's best row, the best alternative, the speed ratio between them and, where
+    both rows carry CPU per image, the cost ratio (the alternative's CPU per image over colabfast's)."""
     out = []
     for scenario, rows in scenarios(results):
         mine, best = ours(rows), best_alternative(rows)
+        costs = mine and best and mine.metrics.get(CPU) and best.metrics.get(CPU)
         out.append({"scenario": scenario, "colabfast": mine.method if mine else None,
                     "best_alternative": best.method if best else None,
-                    "speedup_vs_best_alternative": mine.speed / best.speed if mine and best else None})
+                    "speedup_vs_best_alternative": mine.speed / best.speed if mine and best else None,
+                    "cost_ratio_vs_best_alternative": best.metrics[CPU] / mine.metrics[CPU] if costs else None})
     return out
 
 
