@@ -240,8 +240,12 @@ def test_coco_notes_count_each_kind_once(tmp_path):
     assert Coco(coco_case(tmp_path / "clean", lambda d, r: None)[0]).notes == []
 
 
-@pytest.mark.parametrize("text, line", [('{"images": [\n  {"id": 1,\n  }\n]}', 3), ("\n\n[1, 2", 3)])
-def test_coco_malformed_json_names_the_line(tmp_path, text, line):
+@pytest.mark.parametrize("text", ['{"images": [\n  {"id": 1,\n  }\n]}', "\n\n[1, 2"])
+def test_coco_malformed_json_names_the_line(tmp_path, text):
+    # The line Python's own json names: 3.13 puts a trailing comma's error on the comma's line, 3.11 after it.
+    with pytest.raises(json.JSONDecodeError) as python:
+        json.loads(text)
+    line = python.value.lineno
     (tmp_path / "_annotations.coco.json").write_text(text)
     with pytest.raises(LayoutError, match="not valid JSON") as info:
         Coco(tmp_path, on_error="skip")  # nothing to skip: the whole file is unusable
