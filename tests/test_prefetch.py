@@ -242,19 +242,27 @@ def test_a_dropped_feeder_stops_its_thread_and_queue_is_bounded():
 def test_an_interrupt_while_waiting_for_a_batch_stops_the_feeder():
     """A notebook's interrupt (KeyboardInterrupt in the training thread) while the loop waits for a
     batch: the traceback a notebook keeps would hold the feeder, so it must stop its thread itself."""
-    import _thread
+    import signal
 
-    def slow():
-        for _ in range(100):
-            time.sleep(0.3)
-            yield torch.zeros(1)
+    assert threading.current_thread() is threading.main_thread()  # where SIGINT raises KeyboardInterrupt
+    made, waiting = threading.Event(), threading.Event()
 
-    feeder = Feeder(slow(), convert_cpu, depth=2)
-    timer = threading.Timer(0.05, _thread.interrupt_main)
-    timer.start()
+    def nothing_until_the_feeder_stops():  # no batch ever arrives first, however loaded the machine
+        made.wait()
+        feeder._stop.wait()
+        yield from ()
+
+    feeder = Feeder(nothing_until_the_feeder_stops(), convert_cpu, depth=2)
+    made.set()
+    get = feeder._queue.get
+    feeder._queue.get = lambda *args, **kwargs: (waiting.set(), get(*args, **kwargs))[1]
+    main = threading.main_thread().ident
+    # SIGINT once the training thread waits for its batch, as a notebook's interrupt button sends it
+    ctrl_c = threading.Thread(target=lambda: waiting.wait() and signal.pthread_kill(main, signal.SIGINT))
+    ctrl_c.start()
     with pytest.raises(KeyboardInterrupt):
         next(feeder)
-    timer.join()
+    ctrl_c.join()
     assert not feeder._thread.is_alive()  # stopped and joined, though the exception still holds it
     with pytest.raises(StopIteration):
         next(feeder)
