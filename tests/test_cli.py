@@ -292,41 +292,44 @@ def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_pat
     import os
     import re
     import signal
-    import time
     from pathlib import Path
 
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=600, size=(64, 48))
     dst, work = tmp_path / "m.h5", tmp_path / ".m.h5.colabfast-pack"
-    # SIGUSR1 dumps every thread's stack to stderr: what a hang below shows in the failure
-    code = ("import faulthandler, signal, sys, colabfast.packing.common as c\nc.CHUNK = 20\n"
-            "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+    # The pack says on a pipe when its third part is saved and then waits for the Ctrl-C, however loaded
+    # the machine; SIGABRT makes faulthandler print every thread's stack: what a hang below shows.
+    ready, told = os.pipe()
+    code = ("import sys, colabfast.packing.common as c\nc.CHUNK = 20\n"
             "from colabfast.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    pausing = ("import faulthandler, os, signal, sys, colabfast.packing.folders as f\n"
+               "faulthandler.enable(all_threads=True)\nsave, told = f._save_part, int(sys.argv.pop(1))\n"
+               "def saved(path, result, parts=[]):\n    save(path, result)\n    parts.append(path)\n"
+               "    if len(parts) == 3:\n        os.write(told, b'3')\n        signal.pause()\n"
+               "f._save_part = saved\n") + code
     cwd = Path(__file__).parents[1]
-    child = subprocess.Popen([sys.executable, "-c", code, "pack", str(src), str(dst), "--workers", "2", "-q"],
-                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)  # a terminal's Ctrl-C reaches its whole process group
-    for _ in range(12000):  # a loaded machine takes a while to start the pack: up to 2 minutes
-        if len(list(work.glob("*.npz"))) >= 3 or child.poll() is not None:
-            break
-        time.sleep(0.01)
+    child = subprocess.Popen([sys.executable, "-c", pausing, str(told), "pack", str(src), str(dst), "--workers", "2",
+                              "-q"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             pass_fds=[told], start_new_session=True)  # a terminal's Ctrl-C reaches its group
+    os.close(told)
+    with os.fdopen(ready, "rb") as pipe:
+        assert pipe.read(1) == b"3", child.communicate()[1]  # empty: the pack ended before its third part
     os.killpg(child.pid, signal.SIGINT)
     try:
         _, err = child.communicate(timeout=120)
     except subprocess.TimeoutExpired:  # the code before the fix could hang here: say where it hangs
-        os.kill(child.pid, signal.SIGUSR1)
-        time.sleep(1)
-        os.killpg(child.pid, signal.SIGKILL)
+        os.kill(child.pid, signal.SIGABRT)
         _, err = child.communicate()
+        os.killpg(child.pid, signal.SIGKILL)
         raise AssertionError(f"pack did not end within 120 s of Ctrl-C; its threads:\n{err[-6000:]}") from None
     assert child.returncode == 130, err
     assert err.splitlines() == ["interrupted; run the same command again to resume"]
     parts = len(list(work.glob("*.npz")))
-    assert 0 < parts < 60
+    assert parts == 3
     again = subprocess.run([sys.executable, "-c", code, "pack", str(src), str(dst), "--workers", "2"], cwd=cwd,
                            capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     done = int(re.search(r"pack: resuming: (\d+) of 1200 images were packed by an earlier run", again.stdout)[1])
-    assert done >= parts * 20
+    assert done == parts * 20
     first = re.search(r"(\d+)/1200 ", again.stderr)  # the bar's first state
     assert first is not None and int(first[1]) == done
 
