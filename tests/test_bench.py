@@ -37,6 +37,7 @@ def check_rows(rows: list[Result], prefix: str) -> None:
         assert all(math.isfinite(v) and v >= 0 for v in r.metrics.values()), r
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_staging_scenario(need_fuse, tmp_path):
     rows = staging.run(size=0.004, repeats=1, drive=QUICK_DRIVE, work=tmp_path)
@@ -59,6 +60,7 @@ def test_staging_without_fuse_says_why(monkeypatch):
     assert all("no /dev/fuse here" in r.note for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_epoch_scenario(need_fuse, tmp_path):
     chosen = [peers.WEBDATASET, ABSENT]
@@ -156,6 +158,7 @@ def test_epoch_batches_must_match(tmp_path):
         epoch._epoch([(torch.zeros(4, 3, 256, 256, dtype=torch.uint8), torch.zeros(4))])
 
 
+@pytest.mark.slow
 def test_coldreads_scenario(need_fuse, tmp_path):
     from colabfast.tools.bench import coldreads
 
@@ -296,6 +299,7 @@ def test_png_chart(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pixels.ndim == 3 and pixels.shape[0] > 300
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_pack_archive_scenario(need_fuse, tmp_path):
     rows = packing.run_archive(size=0.01, repeats=1, workers=1, image_size=64, work=tmp_path)
@@ -309,6 +313,7 @@ def test_pack_archive_scenario(need_fuse, tmp_path):
     assert 0.9 * pack.metrics["mirror MB"] <= pack.metrics["peak disk MB"] <= pack.metrics["mirror MB"] + 1
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_open_scenario(need_fuse, tmp_path):
     from colabfast.tools.bench import opening
@@ -326,6 +331,7 @@ def test_open_scenario(need_fuse, tmp_path):
     assert not list(tmp_path.iterdir())  # its data is gone
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_detection_scenario(need_fuse, tmp_path):
     pytest.importorskip("pycocotools")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from colabfast.drivesim import fs as drivesim
 from colabfast.tools import demo
 
 FAST = {"open_ms": 5.0, "read_ms": 1.0, "mbps": None}
 
 
+@pytest.mark.slow  # test_quick_demo_runs_every_row runs the demo in both legs
 def test_demo_measures_every_row():
     # workers=0: a DataLoader worker over the FUSE simulator sometimes exits with code 1 as its loader
     # shuts down, and torch's SIGCHLD handler then raises "worker exited unexpectedly" in whatever runs
