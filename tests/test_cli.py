@@ -302,6 +302,7 @@ def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_pat
     code = ("import sys, colabfast.packing.common as c\nc.CHUNK = 20\n"
             "from colabfast.cli import main\nsys.exit(main(sys.argv[1:]))\n")
     pausing = ("import faulthandler, os, signal, sys, colabfast.packing.folders as f\n"
+               "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as in a terminal, though CI ran us with &
                "faulthandler.enable(all_threads=True)\nsave, told = f._save_part, int(sys.argv.pop(1))\n"
                "def saved(path, result, parts=[]):\n    save(path, result)\n    parts.append(path)\n"
                "    if len(parts) == 3:\n        os.write(told, b'3')\n        signal.pause()\n"

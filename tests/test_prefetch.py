@@ -245,6 +245,8 @@ def test_an_interrupt_while_waiting_for_a_batch_stops_the_feeder():
     import signal
 
     assert threading.current_thread() is threading.main_thread()  # where SIGINT raises KeyboardInterrupt
+    # Python ignores SIGINT for good when started ignoring it (a job started with & by a script: CI)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     made, waiting = threading.Event(), threading.Event()
 
     def nothing_until_the_feeder_stops():  # no batch ever arrives first, however loaded the machine
@@ -260,8 +262,11 @@ def test_an_interrupt_while_waiting_for_a_batch_stops_the_feeder():
     # SIGINT once the training thread waits for its batch, as a notebook's interrupt button sends it
     ctrl_c = threading.Thread(target=lambda: waiting.wait() and signal.pthread_kill(main, signal.SIGINT))
     ctrl_c.start()
-    with pytest.raises(KeyboardInterrupt):
-        next(feeder)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(feeder)
+    finally:
+        signal.signal(signal.SIGINT, before)
     ctrl_c.join()
     assert not feeder._thread.is_alive()  # stopped and joined, though the exception still holds it
     with pytest.raises(StopIteration):
