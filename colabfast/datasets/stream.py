@@ -160,6 +160,7 @@ class StreamCache:
         self._inflight = 0  # units being fetched
         self._warned = False
         self._plan_mtime = -1
+        self._plans = 0  # plans started or left: start() returns the number, leave() takes it
 
     def __getstate__(self) -> dict:
         keep = ("path", "data_offset", "source", "directory", "limit", "unit", "offsets", "bounds", "sizes", "disk",
@@ -175,7 +176,7 @@ class StreamCache:
     # --- the owner: plans and fetch threads ------------------------------------------------------
 
     def start(self, order: Any, batches: Any, unit: Optional[int] = None,
-              then: Optional[Callable[[], Any]] = None) -> None:
+              then: Optional[Callable[[], Any]] = None) -> int:
         """Plan an epoch and start fetching: ``order`` (int64 ``[M]``) the stored positions in the order
         they will be read, ``batches`` (int64 ``[M]``) the batch each is read in, non-decreasing from 0;
         ``unit``: stored samples per unit from now on (the sampler's block, where it is smaller than
@@ -190,6 +191,9 @@ class StreamCache:
         than the units the next :meth:`start` keeps), so the next epoch's first batches do not wait
         for the link. A wrong guess costs those fetches only: the next :meth:`start` deletes what its
         plan does not fetch first.
+
+        Returns:
+            the plan's number, for :meth:`leave`.
 
         Raises:
             CacheLimitError: the limit cannot hold the units that are live (read before and after) at
@@ -243,9 +247,11 @@ class StreamCache:
             self._next, self._done, self._error, self._trash = 0, 0, None, []
             self._then, self._then_from, self._then_busy = np.zeros(0, dtype=np.int64), then, False
             self._then_next, self._pinned = 0, set()
-            self._planned = np.zeros(count, dtype=bool)
+            self._planned = np.zeros(count, dtype=bool)  # a new array: a read waits only for its own plan's units
             self._planned[used] = True
             self.plan_bytes = int(self.sizes[fetch].sum()) - (int(self.sizes[list(keep)].sum()) if keep else 0)
+            self._plans += 1
+            self._cond.notify_all()  # reads waiting for the last plan's units read them directly now
         _write_atomically(self.directory / "plan.npy", lambda f: np.save(f, self._planned))
         from colabfast.where import env
 
@@ -257,6 +263,21 @@ class StreamCache:
                                           name=f"colabfast-stream-{k}") for k in range(FETCHERS)]
         for t in self._threads:
             t.start()
+        return self._plans
+
+    def leave(self, plan: int) -> None:
+        """End plan number ``plan`` (:meth:`start`'s) early, where no later plan replaced it: its epoch's
+        iterator was closed or dropped. The fetch threads stop without being waited for (this may run in
+        any thread, from the garbage collector), and every read goes to the mount, as without a plan."""
+        with self._cond:
+            if plan != self._plans:
+                return
+            self._stop.set()
+            self._planned = np.zeros(len(self.sizes), dtype=bool)
+            self._plans += 1
+            self._cond.notify_all()
+        with contextlib.suppress(OSError):  # worker processes read the plan's file (gone: the dataset is)
+            _write_atomically(self.directory / "plan.npy", lambda f: np.save(f, self._planned))
 
     def _first(self, units: np.ndarray) -> np.ndarray:
         """The first of ``units`` (in fetch order) that the limit holds together."""
@@ -526,7 +547,7 @@ class StreamCache:
                     later.append((part, u, b))
                 at, u = at + k, u + 1
         for part, u, b in later:
-            self._wait(u)
+            self._wait(u, planned)
             if not self._read_cached(part, u, b, fds):
                 self._direct(part, b, direct)  # deleted since it arrived: the plan changed under a stray read
 
@@ -574,12 +595,14 @@ class StreamCache:
             done += got
         return True
 
-    def _wait(self, u: int) -> None:
+    def _wait(self, u: int, planned: np.ndarray) -> None:
+        """Until unit ``u`` of plan ``planned`` is fetched; at once where that plan ended (left, or
+        replaced by the next epoch's) or its threads stopped: the caller then reads it directly."""
         if os.getpid() == self._owner:
             with self._cond:
                 while u not in self._present and self._error is None:
-                    if not any(t.is_alive() for t in self._threads):
-                        return  # not fetching (stopped): the caller reads it directly
+                    if self._planned is not planned or not any(t.is_alive() for t in self._threads):
+                        return
                     self._cond.wait(0.5)
                 if self._error is not None:
                     raise self._error
@@ -589,7 +612,7 @@ class StreamCache:
             error = self.directory / "error.txt"
             if error.exists():
                 raise OSError(f"{self.source.name}: streaming failed: {error.read_text(errors='replace')}")
-            if time.monotonic() > deadline or not self.directory.exists():
+            if time.monotonic() > deadline or not self.directory.exists() or self._plan() is not planned:
                 return  # read directly
             time.sleep(WAIT)
 
