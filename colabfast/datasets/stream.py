@@ -50,6 +50,7 @@ reader threads and resumable epochs. Both measured side by side: ``colabfast ben
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 import shutil
@@ -63,7 +64,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from colabfast.datasets.streamsource import MountSource
-from colabfast.errors import CacheLimitError, MirrorError
+from colabfast.errors import CacheLimitError, MirrorError, MountError
 from colabfast.where._fileio import human_bytes
 
 __all__ = ["FETCHERS", "NEXT_UNITS", "UNIT_SAMPLES", "StreamCache"]
@@ -484,7 +485,7 @@ class StreamCache:
                 out.write(view[:n])
                 pos += n
         self.source.forget(handle, self.data_offset + start, end - start)
-        if self.source.changed():
+        if self.source.changed(self.data_offset + end):
             _unlink(part)
             raise self.source.changed_error()
         os.replace(part, target)
@@ -610,8 +611,8 @@ class StreamCache:
         deadline = time.monotonic() + PATIENCE
         while not self._file(u).exists():
             error = self.directory / "error.txt"
-            if error.exists():
-                raise OSError(f"{self.source.name}: streaming failed: {error.read_text(errors='replace')}")
+            if error.exists():  # the owner's fetch failed: its error, raised again in this worker
+                raise MountError(errno.EIO, f"{self.source.name}: streaming failed: {error.read_text(errors='replace')}")
             if time.monotonic() > deadline or not self.directory.exists() or self._plan() is not planned:
                 return  # read directly
             time.sleep(WAIT)
