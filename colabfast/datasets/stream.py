@@ -162,6 +162,7 @@ class StreamCache:
         self._warned = False
         self._plan_mtime = -1
         self._plans = 0  # plans started or left: start() returns the number, leave() takes it
+        self._total = 0  # batches in the plan
 
     def __getstate__(self) -> dict:
         keep = ("path", "data_offset", "source", "directory", "limit", "unit", "offsets", "bounds", "sizes", "disk",
@@ -251,7 +252,7 @@ class StreamCache:
             self._planned = np.zeros(count, dtype=bool)  # a new array: a read waits only for its own plan's units
             self._planned[used] = True
             self.plan_bytes = int(self.sizes[fetch].sum()) - (int(self.sizes[list(keep)].sum()) if keep else 0)
-            self._plans += 1
+            self._plans, self._total = self._plans + 1, int(batches[-1]) + 1 if len(batches) else 0
             self._cond.notify_all()  # reads waiting for the last plan's units read them directly now
         _write_atomically(self.directory / "plan.npy", lambda f: np.save(f, self._planned))
         from colabfast.where import env
@@ -267,18 +268,23 @@ class StreamCache:
         return self._plans
 
     def leave(self, plan: int) -> None:
-        """End plan number ``plan`` (:meth:`start`'s) early, where no later plan replaced it: its epoch's
-        iterator was closed or dropped. The fetch threads stop without being waited for (this may run in
-        any thread, from the garbage collector), and every read goes to the mount, as without a plan."""
+        """End plan number ``plan`` (:meth:`start`'s), where no later plan replaced it: its epoch's iterator
+        ended, or was closed or dropped (this may run in any thread, from the garbage collector). Every
+        read goes to the mount from now on, as without a plan; left before its last batch was read, the
+        fetch threads stop too (not waited for here), else they go on with the next epoch's first units."""
+        empty = np.zeros(len(self.sizes), dtype=bool)
         with self._cond:
             if plan != self._plans:
                 return
-            self._stop.set()
-            self._planned = np.zeros(len(self.sizes), dtype=bool)
-            self._plans += 1
+            if self._done < self._total:  # no batch will free the room the threads wait for
+                self._stop.set()
+            self._planned, self._plans = empty, self._plans + 1
             self._cond.notify_all()
-        with contextlib.suppress(OSError):  # worker processes read the plan's file (gone: the dataset is)
-            _write_atomically(self.directory / "plan.npy", lambda f: np.save(f, self._planned))
+        tmp = self.directory / f".plan.npy.{os.getpid()}.left"  # not start()'s name: it may run meanwhile
+        with contextlib.suppress(OSError):  # for worker processes (none left: the dataset and its folder are gone)
+            with open(tmp, "wb") as f:
+                np.save(f, empty)
+            os.replace(tmp, self.directory / "plan.npy")
 
     def _first(self, units: np.ndarray) -> np.ndarray:
         """The first of ``units`` (in fetch order) that the limit holds together."""

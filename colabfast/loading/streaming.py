@@ -179,10 +179,9 @@ def default_limit(folder: Path) -> tuple[int, str]:
 
 
 class _Advancing:
-    """``batches``, telling each stream cache of ``plans`` (with its plan's number) each batch read. Closed,
-    dropped (even unstarted: the plan started with the iterator) or failed before its end, it leaves the
-    plans, so no fetch thread waits for room that no batch will free; its end keeps them, fetching the
-    next epoch's first blocks."""
+    """``batches``, telling each stream cache of ``plans`` (with its plan's number) each batch read. Ended,
+    closed, dropped (even unstarted: the plan started with the iterator) or failed, it leaves the plans:
+    before the last batch, so that no fetch thread waits for room that no batch will free."""
 
     def __init__(self, batches: Iterator, plans: list[tuple[StreamCache, int]]) -> None:
         self._batches, self._plans, self._read = batches, plans, 0
@@ -193,10 +192,7 @@ class _Advancing:
     def __next__(self) -> Any:
         try:
             batch = next(self._batches)
-        except StopIteration:
-            self._plans = []
-            raise
-        except BaseException:
+        except BaseException:  # the end (StopIteration) too: reads outside the loop go to the mount
             self.close()
             raise
         self._read += 1
