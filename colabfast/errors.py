@@ -60,9 +60,9 @@ from typing import Any, Optional, Union
 
 __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused", "StageError", "StageRefused",
            "NotEnoughSpace", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
-           "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "MountError", "LayoutError",
-           "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
-           "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
+           "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "MountError",
+           "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused",
+           "IndexTypeError", "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
 
 
 class Error(Exception):

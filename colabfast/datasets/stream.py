@@ -618,9 +618,10 @@ class StreamCache:
         while not self._file(u).exists():
             error = self.directory / "error.txt"
             if error.exists():  # the owner's fetch failed: its error, raised again in this worker
-                raise MountError(errno.EIO, f"{self.source.name}: streaming failed: {error.read_text(errors='replace')}")
+                said = error.read_text(errors="replace")
+                raise MountError(errno.EIO, f"{self.source.name}: streaming failed: {said}")
             if time.monotonic() > deadline or not self.directory.exists() or self._plan() is not planned:
-                return  # read directly
+                return  # read directly: gone, or the plan it read for ended
             time.sleep(WAIT)
 
     # --- helpers ---------------------------------------------------------------------------------------
