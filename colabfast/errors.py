@@ -35,6 +35,7 @@ The classes, by the stage that raises them (bases in brackets)::
     mirrors:
         MirrorError (Error, ValueError)
         ImageSizeError (Error, ValueError)
+        MountError (Error, OSError)
     layouts:
         LayoutError (Error, ValueError)
         LayoutFileNotFoundError (LayoutError, FileNotFoundError)
@@ -59,9 +60,9 @@ from typing import Any, Optional, Union
 
 __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused", "StageError", "StageRefused",
            "NotEnoughSpace", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
-           "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "LayoutError",
-           "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
-           "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
+           "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "MountError",
+           "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused",
+           "IndexTypeError", "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
 
 
 class Error(Exception):
@@ -298,6 +299,12 @@ class FieldError(Error, ValueError):
 
 class MirrorError(Error, ValueError):
     """A file is not a complete colabfast mirror that this version can read; the message says why."""
+
+
+class MountError(Error, OSError):
+    """Reading a mirror on a mount (Drive) failed after the retries :func:`colabfast.stage` makes (a
+    disconnect that outlasts them); the message names the file, the byte offset and the next step. An
+    ``OSError`` with the errno of the last failure, as it always was."""
 
 
 class ImageSizeError(Error, ValueError):

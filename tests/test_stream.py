@@ -180,7 +180,7 @@ def test_streaming_from_the_drive_simulator_retries_and_then_names_the_offset(tm
         with cache._cond:
             while cache._handles:
                 local.close(cache._handles.pop())
-        with pytest.raises(OSError, match=r"m\.h5: streaming image data at byte \d+ failed 6 times"):
+        with pytest.raises(cf.errors.MountError, match=r"m\.h5: streaming image data at byte \d+ failed 6 times"):
             for _ in cf.DataLoader(ds, batch_size=16, shuffle=True):
                 pass
 
@@ -304,3 +304,162 @@ def test_drives_own_cache_is_dropped_after_each_limit_streamed(mirror, monkeypat
         _same(x, y)
     total = int(cache.sizes.sum())
     assert len(refreshed) >= total // cache.limit - 1 and set(refreshed) == {0}
+
+
+# --- leaving an epoch early, and a mount that fails a while (issue 51, items 1 and 2) -----------------
+
+def _tight(mirror, **kw):
+    """A streamed dataset whose cache holds what one batch of 16 needs, and its loader: the fetch threads
+    keep just ahead of the loop, waiting for room that only the loop's progress frees."""
+    ds = cf.open_dataset(mirror, output="tensor", to="stream", cache_limit=1 << 20, progress=False)
+    (cache,) = streams_of(ds)
+    cache.limit = cache.smallest_limit(16)
+    loader = cf.DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(7), **kw)
+    sampler = loader.batch_sampler.sampler
+    return ds, cache, loader, int(sampler.order(sampler.epoch)[-1])  # read last: in the block fetched last
+
+
+def _next_epoch(staged, loader):
+    """A loader of ``staged`` that reads the epoch ``loader`` reads next (its sampler's seed and epoch)."""
+    sampler = loader.batch_sampler.sampler
+    ref = cf.DataLoader(staged, batch_size=16, sampler=cf.BlockShuffleSampler(staged, sampler.block_size,
+                                                                               seed=sampler.seed))
+    ref.sampler.set_epoch(sampler.epoch)
+    return ref
+
+
+def _returns(read):
+    """``read()`` in a thread: whether it returned (a stuck read would hang the test run, not fail it)."""
+    import threading
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(read()), daemon=True)
+    t.start()
+    t.join(timeout=120)
+    return out[0] if out else pytest.fail("the read never returned: the plan left behind still waits")
+
+
+def _leave(loader, how):
+    import gc
+
+    if how == "break":
+        for k, _ in enumerate(loader):
+            if k == 1:
+                break
+    elif how == "exception":
+        with pytest.raises(KeyError):
+            for _ in loader:
+                raise KeyError("the training step failed")
+    elif how == "next":
+        next(iter(loader))
+    elif how == "unstarted":
+        it = iter(loader)
+        del it
+    elif how == "gc":  # an iterator in a reference cycle: only the garbage collector drops it
+        it = iter(loader)
+        next(it)
+        cycle = [it]
+        cycle.append(cycle)
+        del it, cycle
+        gc.collect()
+
+
+@pytest.mark.parametrize("how,workers", [("break", None), ("break", 2), ("exception", None), ("next", None),
+                                         ("unstarted", None), ("gc", None)])
+def test_an_epoch_left_early_ends_its_plan_and_the_dataset_reads_on(mirror, how, workers):
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds, cache, loader, last = _tight(mirror, **({} if workers is None else {"num_workers": workers}))
+    _leave(loader, how)
+    x, y = _returns(lambda: ds[last])  # outside any epoch: from the mount, as a staged mirror's dataset
+    assert torch.equal(x, staged[last][0]) and y == staged[last][1]
+    assert not any(t.is_alive() for t in cache._threads) or _returns(lambda: [t.join() for t in cache._threads])
+    # and the next epoch, whole, is the staged one's
+    ref = _next_epoch(staged, loader)
+    batches = _returns(lambda: list(loader))
+    assert len(batches) == len(ref)
+    for a, b in zip(ref, batches):
+        _same(a, b)
+
+
+def test_a_new_iterator_mid_epoch_replaces_the_old_ones_plan(mirror):
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds, cache, loader, last = _tight(mirror)
+    it = iter(loader)
+    next(it)
+    ref = _next_epoch(staged, loader)
+    # the old iterator goes only once the new one has planned its epoch: its readers, waiting for a
+    # block of the old plan, must not wait for the new one (which needs this thread to go on)
+    it = iter(loader)
+    batches = _returns(lambda: list(it))
+    assert len(batches) == len(ref)
+    for a, b in zip(ref, batches):
+        _same(a, b)
+    assert _returns(lambda: ds[last][1]) == staged[last][1]
+
+
+class _FlakyStat:
+    """``os`` for colabfast.datasets.streamsource, whose ``stat`` (the change check after each block)
+    fails with ENOTCONN the first ``times`` calls, as on a Drive mount that is disconnected."""
+
+    def __init__(self, times):
+        import threading
+
+        self.left, self.failed, self._lock = times, 0, threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def stat(self, path, *args, **kw):
+        import errno
+
+        with self._lock:
+            fail, self.left = self.left > 0, self.left - 1
+            self.failed += fail
+        if fail:
+            raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN), str(path))
+        return os.stat(path, *args, **kw)
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    from colabfast.where import _fileio
+
+    monkeypatch.setattr(_fileio, "BACKOFF_BASE", 0.001)  # the retries' count as stage's, their waits shorter
+
+
+def test_a_disconnect_during_the_change_check_is_retried_then_named(mirror, monkeypatch, quick_retries):
+    import colabfast.datasets.streamsource as streamsource
+
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    ds, cache, loader, _ = _tight(mirror)
+    flaky = _FlakyStat(3)  # a disconnect that heals within the retries
+    monkeypatch.setattr(streamsource, "os", flaky)
+    for a, b in zip(_next_epoch(staged, loader), loader):
+        _same(a, b)
+    assert flaky.failed == 3
+    monkeypatch.setattr(streamsource, "os", _FlakyStat(10**9))  # one that does not
+    with pytest.raises(cf.errors.MountError, match=r"m\.h5: checking it is unchanged after streaming to byte \d+ "
+                                                   r"failed 6 times") as info:
+        for _ in loader:
+            pass
+    assert isinstance(info.value, cf.Error) and isinstance(info.value, OSError)
+
+
+@pytest.mark.fuse
+def test_a_drive_disconnect_mid_epoch_is_retried_then_named(tmp_path, mirror, quick_retries):
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    shutil.copy(mirror, drive / "m.h5")
+    staged = cf.open_dataset(mirror, output="tensor", progress=False)
+    with DriveSim(drive, tmp_path / "mnt", open_ms=1, read_ms=0, mbps=None) as sim:
+        ds, cache, loader, _ = _tight(sim.mountpoint / "m.h5")
+        for k, (a, b) in enumerate(zip(_next_epoch(staged, loader), loader)):
+            if k == 1:  # the next 5 requests fail, whatever they are (reads, opens, stats): each retried
+                sim.disconnect(requests=5)
+            _same(a, b)
+        assert sim.stats()["enotconn"] == 5
+        sim.disconnect(requests=10**9)  # a disconnect that outlasts the retries
+        with pytest.raises(cf.errors.MountError, match=r"m\.h5: .* byte \d+ failed 6 times"):
+            for _ in loader:
+                pass
+        sim.disconnect(requests=0)

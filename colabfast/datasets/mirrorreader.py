@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union, cast
 import numpy as np
 import torch
 
-from colabfast.errors import MirrorError, NotEnoughSpace
+from colabfast.errors import MirrorError, MountError, NotEnoughSpace
 from colabfast.mirror.index import Index, load_index, runs
 from colabfast.where._fileio import PathLike, file_version, human_bytes, is_transient, pread_retrying, retry
 
@@ -265,7 +265,7 @@ class MirrorReader:
         return blob
 
 
-def mount_failed(path: Path, exc: OSError, what: str) -> OSError:
+def mount_failed(path: Path, exc: OSError, what: str) -> MountError:
     """The error for a transient ``exc`` at ``path`` that outlasted the retries (``what`` was being done):
     what to do about the mount."""
     from colabfast.drive.mounting import failure_advice
@@ -273,7 +273,7 @@ def mount_failed(path: Path, exc: OSError, what: str) -> OSError:
     tries = getattr(exc, "attempts", RETRIES + 1)
     advice = failure_advice(path, [exc]) or ("The mount it is on (Google Drive?) is failing. Try again, "
                                              "or stage the mirror to local disk first (colabfast.stage).")
-    return OSError(exc.errno, f"{path}: {what} failed {tries} times ({exc.strerror}). {advice}")
+    return MountError(exc.errno, f"{path}: {what} failed {tries} times ({exc.strerror}). {advice}")
 
 
 def _buffers(pieces: list[memoryview], ends: list[int], at: int, n: int) -> list[memoryview]:

@@ -50,6 +50,7 @@ reader threads and resumable epochs. Both measured side by side: ``colabfast ben
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 import shutil
@@ -63,7 +64,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from colabfast.datasets.streamsource import MountSource
-from colabfast.errors import CacheLimitError, MirrorError
+from colabfast.errors import CacheLimitError, MirrorError, MountError
 from colabfast.where._fileio import human_bytes
 
 __all__ = ["FETCHERS", "NEXT_UNITS", "UNIT_SAMPLES", "StreamCache"]
@@ -160,6 +161,8 @@ class StreamCache:
         self._inflight = 0  # units being fetched
         self._warned = False
         self._plan_mtime = -1
+        self._plans = 0  # plans started or left: start() returns the number, leave() takes it
+        self._total = 0  # batches in the plan
 
     def __getstate__(self) -> dict:
         keep = ("path", "data_offset", "source", "directory", "limit", "unit", "offsets", "bounds", "sizes", "disk",
@@ -175,7 +178,7 @@ class StreamCache:
     # --- the owner: plans and fetch threads ------------------------------------------------------
 
     def start(self, order: Any, batches: Any, unit: Optional[int] = None,
-              then: Optional[Callable[[], Any]] = None) -> None:
+              then: Optional[Callable[[], Any]] = None) -> int:
         """Plan an epoch and start fetching: ``order`` (int64 ``[M]``) the stored positions in the order
         they will be read, ``batches`` (int64 ``[M]``) the batch each is read in, non-decreasing from 0;
         ``unit``: stored samples per unit from now on (the sampler's block, where it is smaller than
@@ -190,6 +193,9 @@ class StreamCache:
         than the units the next :meth:`start` keeps), so the next epoch's first batches do not wait
         for the link. A wrong guess costs those fetches only: the next :meth:`start` deletes what its
         plan does not fetch first.
+
+        Returns:
+            the plan's number, for :meth:`leave`.
 
         Raises:
             CacheLimitError: the limit cannot hold the units that are live (read before and after) at
@@ -243,9 +249,11 @@ class StreamCache:
             self._next, self._done, self._error, self._trash = 0, 0, None, []
             self._then, self._then_from, self._then_busy = np.zeros(0, dtype=np.int64), then, False
             self._then_next, self._pinned = 0, set()
-            self._planned = np.zeros(count, dtype=bool)
+            self._planned = np.zeros(count, dtype=bool)  # a new array: a read waits only for its own plan's units
             self._planned[used] = True
             self.plan_bytes = int(self.sizes[fetch].sum()) - (int(self.sizes[list(keep)].sum()) if keep else 0)
+            self._plans, self._total = self._plans + 1, int(batches[-1]) + 1 if len(batches) else 0
+            self._cond.notify_all()  # reads waiting for the last plan's units read them directly now
         _write_atomically(self.directory / "plan.npy", lambda f: np.save(f, self._planned))
         from colabfast.where import env
 
@@ -257,6 +265,26 @@ class StreamCache:
                                           name=f"colabfast-stream-{k}") for k in range(FETCHERS)]
         for t in self._threads:
             t.start()
+        return self._plans
+
+    def leave(self, plan: int) -> None:
+        """End plan number ``plan`` (:meth:`start`'s), where no later plan replaced it: its epoch's iterator
+        ended, or was closed or dropped (this may run in any thread, from the garbage collector). Every
+        read goes to the mount from now on, as without a plan; left before its last batch was read, the
+        fetch threads stop too (not waited for here), else they go on with the next epoch's first units."""
+        empty = np.zeros(len(self.sizes), dtype=bool)
+        with self._cond:
+            if plan != self._plans:
+                return
+            if self._done < self._total:  # no batch will free the room the threads wait for
+                self._stop.set()
+            self._planned, self._plans = empty, self._plans + 1
+            self._cond.notify_all()
+        tmp = self.directory / f".plan.npy.{os.getpid()}.left"  # not start()'s name: it may run meanwhile
+        with contextlib.suppress(OSError):  # for worker processes (none left: the dataset and its folder are gone)
+            with open(tmp, "wb") as f:
+                np.save(f, empty)
+            os.replace(tmp, self.directory / "plan.npy")
 
     def _first(self, units: np.ndarray) -> np.ndarray:
         """The first of ``units`` (in fetch order) that the limit holds together."""
@@ -463,7 +491,7 @@ class StreamCache:
                 out.write(view[:n])
                 pos += n
         self.source.forget(handle, self.data_offset + start, end - start)
-        if self.source.changed():
+        if self.source.changed(self.data_offset + end):
             _unlink(part)
             raise self.source.changed_error()
         os.replace(part, target)
@@ -526,7 +554,7 @@ class StreamCache:
                     later.append((part, u, b))
                 at, u = at + k, u + 1
         for part, u, b in later:
-            self._wait(u)
+            self._wait(u, planned)
             if not self._read_cached(part, u, b, fds):
                 self._direct(part, b, direct)  # deleted since it arrived: the plan changed under a stray read
 
@@ -574,12 +602,14 @@ class StreamCache:
             done += got
         return True
 
-    def _wait(self, u: int) -> None:
+    def _wait(self, u: int, planned: np.ndarray) -> None:
+        """Until unit ``u`` of plan ``planned`` is fetched; at once where that plan ended (left, or
+        replaced by the next epoch's) or its threads stopped: the caller then reads it directly."""
         if os.getpid() == self._owner:
             with self._cond:
                 while u not in self._present and self._error is None:
-                    if not any(t.is_alive() for t in self._threads):
-                        return  # not fetching (stopped): the caller reads it directly
+                    if self._planned is not planned or not any(t.is_alive() for t in self._threads):
+                        return
                     self._cond.wait(0.5)
                 if self._error is not None:
                     raise self._error
@@ -587,10 +617,11 @@ class StreamCache:
         deadline = time.monotonic() + PATIENCE
         while not self._file(u).exists():
             error = self.directory / "error.txt"
-            if error.exists():
-                raise OSError(f"{self.source.name}: streaming failed: {error.read_text(errors='replace')}")
-            if time.monotonic() > deadline or not self.directory.exists():
-                return  # read directly
+            if error.exists():  # the owner's fetch failed: its error, raised again in this worker
+                said = error.read_text(errors="replace")
+                raise MountError(errno.EIO, f"{self.source.name}: streaming failed: {said}")
+            if time.monotonic() > deadline or not self.directory.exists() or self._plan() is not planned:
+                return  # read directly: gone, or the plan it read for ended
             time.sleep(WAIT)
 
     # --- helpers ---------------------------------------------------------------------------------------

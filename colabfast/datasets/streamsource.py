@@ -12,11 +12,13 @@ import contextlib
 import functools
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from colabfast.datasets.mirrorreader import RETRIES, mount_failed
 from colabfast.errors import MirrorError
-from colabfast.where._fileio import file_version, is_transient, pread_retrying
+from colabfast.where._fileio import file_version, is_transient, pread_retrying, retry
+
+T = TypeVar("T")
 
 __all__ = ["MountSource", "RemoteSource"]
 
@@ -24,23 +26,31 @@ __all__ = ["MountSource", "RemoteSource"]
 class MountSource:
     """Where a stream cache fetches from: the mirror's file on a mount (Drive), read with ``pread``.
 
-    ``read`` retries a transient error (a Drive disconnect, an ``EIO``) as :func:`colabfast.stage`
-    retries it (:func:`colabfast.where._fileio.pread_retrying`, through a handle of its own after a
-    failure), then raises an ``OSError`` naming the file and the byte offset."""
+    Every operation on the mount (open, read, stat, the change check) retries a transient error (a
+    Drive disconnect, an ``EIO``) as :func:`colabfast.stage` retries it (a read through
+    :func:`colabfast.where._fileio.pread_retrying`, with a handle of its own after a failure), then
+    raises one :class:`colabfast.errors.MountError` naming the file and the byte offset."""
 
     def __init__(self, path: Path, version: tuple) -> None:
         self.path, self.version, self.name = Path(path), version, str(path)
 
-    def open(self) -> int:
-        from colabfast.where._fileio import retry
-
+    def _retried(self, op: Callable[[], T], what: str) -> T:
         try:
-            fd = retry(lambda: os.open(self.path, os.O_RDONLY), RETRIES)
+            return retry(op, RETRIES)
         except OSError as exc:
             if not is_transient(exc):
                 raise
-            raise mount_failed(self.path, exc, "opening it to stream image data") from exc
-        if file_version(os.fstat(fd)) != self.version:
+            raise mount_failed(self.path, exc, what) from exc
+
+    def open(self) -> int:
+        what = "opening it to stream image data"
+        fd = self._retried(lambda: os.open(self.path, os.O_RDONLY), what)
+        try:
+            version = file_version(self._retried(lambda: os.fstat(fd), what))
+        except BaseException:
+            os.close(fd)
+            raise
+        if version != self.version:
             os.close(fd)
             raise self.changed_error()
         return fd
@@ -79,9 +89,11 @@ class MountSource:
         with contextlib.suppress(OSError):  # the mount may be gone (unmounted, disconnected)
             os.close(fd)
 
-    def changed(self) -> bool:
-        """Whether the file at the path is another version now (an open handle keeps the old file)."""
-        return file_version(os.stat(self.path)) != self.version
+    def changed(self, offset: int = 0) -> bool:
+        """Whether the file at the path is another version now (an open handle keeps the old file);
+        ``offset``: the byte streamed up to, for the error where the mount keeps failing."""
+        stat = self._retried(lambda: os.stat(self.path), f"checking it is unchanged after streaming to byte {offset}")
+        return file_version(stat) != self.version
 
     def changed_error(self) -> MirrorError:
         return MirrorError(f"{self.path} changed on the mount while it was streamed (replaced or rewritten: a new run "
@@ -141,7 +153,7 @@ class RemoteSource:
         with contextlib.suppress(Exception):
             f.close()
 
-    def changed(self) -> bool:
+    def changed(self, offset: int = 0) -> bool:
         return self._version() != self.version
 
     def changed_error(self) -> MirrorError:

@@ -299,6 +299,7 @@ class _DriveFS:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(STATS, 0)
         self._down = (0.0, 0.0)  # [from, until) in time.monotonic(), when every request fails
+        self._failing = 0  # requests still to fail with ENOTCONN (a disconnect counted in requests)
         self._on_mount = on_mount
 
     # -- the simulated Drive ------------------------------------------------------------------
@@ -313,9 +314,11 @@ class _DriveFS:
     def configure(self, params: dict[str, Any]) -> None:
         self._params = self._params.with_live(**params)
 
-    def disconnect(self, seconds: float) -> None:
+    def disconnect(self, seconds: float, requests: int = 0) -> None:
         now = time.monotonic()
         self._down = (now, now + seconds)
+        with self._lock:
+            self._failing = requests
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -332,7 +335,11 @@ class _DriveFS:
     def _gate(self) -> None:
         """Fail with ENOTCONN inside the disconnect window; every operation starts here."""
         start, until = self._down
-        if start <= time.monotonic() < until:
+        counted = False
+        if self._failing:
+            with self._lock:
+                counted, self._failing = self._failing > 0, max(0, self._failing - 1)
+        if counted or start <= time.monotonic() < until:
             self._count("enotconn")
             raise _Fault(errno.ENOTCONN)
 
@@ -635,7 +642,7 @@ def _control(ops, channel, mountpoint: str) -> None:
                 ops.configure(cmd["params"])
                 reply: dict = {"ok": True}
             elif op == "disconnect":
-                ops.disconnect(float(cmd["seconds"]))
+                ops.disconnect(float(cmd["seconds"]), int(cmd.get("requests", 0)))
                 reply = {"ok": True}
             elif op == "stats":
                 reply = {"ok": True, "stats": ops.stats()}

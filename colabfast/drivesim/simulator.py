@@ -218,11 +218,12 @@ class DriveSim:
             self._request("set", params=params)
         self.params = new
 
-    def disconnect(self, seconds: float) -> None:
-        """Fail every request with ENOTCONN from now for ``seconds`` seconds, as Drive does after hours."""
-        if seconds < 0:
-            raise ValueError(f"disconnect needs seconds >= 0; got {seconds}")
-        self._request("disconnect", seconds=seconds)
+    def disconnect(self, seconds: float = 0.0, requests: int = 0) -> None:
+        """Fail every request with ENOTCONN from now for ``seconds`` seconds, as Drive does after hours,
+        or the next ``requests`` requests (a disconnect that heals after a known number of tries)."""
+        if seconds < 0 or requests < 0:
+            raise ValueError(f"disconnect needs seconds >= 0 and requests >= 0; got {seconds}, {requests}")
+        self._request("disconnect", seconds=seconds, requests=requests)
 
     def stats(self) -> dict[str, int]:
         """Counters since mount or :meth:`reset_stats`: ``opens`` (file opens and creates),

@@ -11,6 +11,7 @@ epoch runs: its reads then go to the mount directly, with no cache (``loader.cho
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import weakref
@@ -78,7 +79,8 @@ def planned(loader: Any, dataset: Any, batch_indices: Optional[Iterable], batche
     wrapper of the loader's) with the dataset's stream caches told
     the epoch's plan first and each batch's progress as it comes out; ``batches`` unchanged for a
     dataset that does not stream. ``batch_indices``: the epoch's batches where given (a resumed
-    epoch's rest, empty placeholders included), else the loader's sampler's."""
+    epoch's rest, empty placeholders included), else the loader's sampler's. Closing or dropping the
+    iterator returned before its end (a ``break``, an exception, ``next(iter(loader))``) leaves the plan."""
     streams = streams_of(dataset)
     if not streams:
         return batches()
@@ -99,9 +101,9 @@ def planned(loader: Any, dataset: Any, batch_indices: Optional[Iterable], batche
     positions = _positions(dataset, indices)
     sampler = getattr(loader.batch_sampler, "sampler", None)
     block = sampler.block_size if isinstance(sampler, BlockShuffleSampler) else None
-    for s in streams:  # units no larger than the sampler's blocks: each one stretch of the order
-        s.start(positions, which, unit=min(block, UNIT_SAMPLES) if block is not None else UNIT_SAMPLES, then=then)
-    return _advancing(batches(), streams)
+    unit = min(block, UNIT_SAMPLES) if block is not None else UNIT_SAMPLES  # each unit one stretch of the order
+    plans = [(s, s.start(positions, which, unit=unit, then=then)) for s in streams]
+    return _Advancing(batches(), plans)
 
 
 def _positions_of(dataset: Any, order: Callable[[], np.ndarray]) -> np.ndarray:
@@ -176,8 +178,39 @@ def default_limit(folder: Path) -> tuple[int, str]:
             "half the local disk's free space" + (f", shared by {ranks} local ranks" if ranks > 1 else ""))
 
 
-def _advancing(batches: Iterator, streams: list[StreamCache]) -> Iterator:
-    for k, batch in enumerate(batches, 1):
-        for s in streams:
-            s.advance(k)  # batches 0 .. k-1 are read: what only they read can go
-        yield batch
+class _Advancing:
+    """``batches``, telling each stream cache of ``plans`` (with its plan's number) each batch read. Ended,
+    closed, dropped (even unstarted: the plan started with the iterator) or failed, it leaves the plans:
+    before the last batch, so that no fetch thread waits for room that no batch will free."""
+
+    def __init__(self, batches: Iterator, plans: list[tuple[StreamCache, int]]) -> None:
+        self._batches, self._plans, self._read = batches, plans, 0
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._batches)
+        except BaseException:  # the end (StopIteration) too: reads outside the loop go to the mount
+            self.close()
+            raise
+        self._read += 1
+        for s, _ in self._plans:
+            s.advance(self._read)  # batches 0 .. read-1 are read: what only they read can go
+        return batch
+
+    def _leave(self) -> None:
+        plans, self._plans = self._plans, []
+        for s, plan in plans:
+            s.leave(plan)
+
+    def close(self) -> None:
+        self._leave()  # first: the reader threads that close() waits for may wait for a block of the plan
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit, what leave() uses may be gone already
+            self._leave()  # the readers close as they are dropped (in any thread: nothing is waited for here)
