@@ -45,6 +45,7 @@ from colabfast.packing.common import (
 from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
+from colabfast.packing.placed import straight
 from colabfast.packing.source import Source, resolve
 from colabfast.where import env
 from colabfast.where._fileio import PathLike
@@ -154,6 +155,16 @@ def pack(
                               "encoded (PNG, or the JPEG files' own bytes)")
     elif fields is not None:
         raise PackRefused("fields= is for packing a dataset or a layout of colabfast.layouts")
+    # Where the local disk is short for a mirror bound for Drive, packed again straight there.
+    return straight(Path(os.fspath(dst)), progress, lambda: _routed(source, dst, common, fields, labels, retries,
+                                                                     voc_year, on_error, shuffle, seed))
+
+
+def _routed(source: Source, dst: PathLike, common: dict[str, Any], fields: Optional[dict],
+            labels: Optional[PathLike], retries: int, voc_year: Optional[str], on_error: str, shuffle: bool,
+            seed: int) -> Path:
+    """:func:`pack`'s work, handed to the module of ``source``'s route."""
+    route = source.route
     if route == "dataset":
         from colabfast.packing.hf import packable
 

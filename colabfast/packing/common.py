@@ -82,11 +82,19 @@ def lock_path(dst: Path) -> Path:
 
 
 def _work_dir(dst: Path) -> Path:
-    """Where parts and the build go: beside ``dst`` on a local disk, else in the local work folder."""
-    if not env.is_fuse(dst.parent):
+    """Where parts and the build go: beside ``dst`` on a local disk (or packing straight to it,
+    :mod:`~colabfast.packing.placed`), else in the local work folder."""
+    from colabfast.packing.placed import STRAIGHT
+
+    if not env.is_fuse(dst.parent) or STRAIGHT.get():
         return dst.with_name(f".{dst.name}.colabfast-pack")
     tag = hashlib.sha1(os.fsencode(dst)).hexdigest()[:10]
     return env.work_dir() / "pack" / f"{dst.stem}-{tag}"
+
+
+def _build_path(dst: Path, work: Path) -> Path:
+    """Where the mirror is built: under its temporary name beside ``dst`` where ``work`` is, else in ``work``."""
+    return partial_path(dst) if work.parent == dst.parent else work / "mirror.h5"
 
 
 def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:

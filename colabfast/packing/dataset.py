@@ -102,7 +102,7 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this dataset with these options")
             return given
-        build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+        build = common._build_path(dst, work)
         work.mkdir(parents=True, exist_ok=True)
         direct = _Direct.start(dataset, template, flds, options, work, build, fingerprint)
         part_paths, errors, n = make_parts(dataset, template, flds, options, work, workers, progress, fingerprint,
