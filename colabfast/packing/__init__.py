@@ -15,8 +15,9 @@ progress, overwrite, **what the kind takes) -> Path`` (``options`` as :func:`~co
 makes them; it returns ``dst`` as given), and builds on :mod:`~colabfast.packing.common`: the lock
 and work folder of a destination, the refusal to write over what is not a mirror of the same source,
 worker processes, resumable part files of :data:`CHUNK` samples, and sealing, verifying and
-publishing the mirror atomically. A new kind of source is one new module of that shape, and one
-branch in :func:`pack`.
+publishing the mirror atomically. Where the local disk is short for a destination on Drive,
+:func:`pack` packs again with the work folder beside the destination (:mod:`~colabfast.packing.placed`).
+A new kind of source is one new module of that shape, and one branch in :func:`pack`.
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ def pack(
         FieldError: a dataset's sample that no mirror of its columns holds.
         ArchiveReadError: a truncated or corrupt archive (the next run resumes from the parts kept).
         UnsafeArchiveError: an archive member named absolute or climbing out with ``..``.
-        NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) local disk cannot hold what the build needs.
+        NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) local disk cannot hold what the build needs,
+            and ``dst`` is on it (for ``dst`` on Drive, pack then writes straight there:
+            :mod:`~colabfast.packing.placed`), or ``dst``'s disk cannot either.
     """
     if store not in STORES:
         raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")

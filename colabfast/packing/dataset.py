@@ -58,8 +58,7 @@ from colabfast.packing.common import (
     lock_path,
 )
 from colabfast.packing.parts import ARRAY, PIECE, _blob_pieces, _encode_part, _ends, _load, _pool
-from colabfast.where import env
-from colabfast.where._fileio import PathLike, locked, partial_path, read_json, write_all, write_json_atomic
+from colabfast.where._fileio import PathLike, locked, read_json, write_all, write_json_atomic
 
 __all__ = ["pack_columns", "plan", "make_parts", "assemble", "check_built", "header", "identity", "describe_dataset"]
 
