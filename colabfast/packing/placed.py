@@ -13,19 +13,17 @@ left there. What it costs against the local build: ``benchmarks/pack_straight.py
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import shutil
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from colabfast.errors import NotEnoughSpace
+from colabfast.packing.common import STRAIGHT, _work_dir
 from colabfast.where import env
 
 __all__: list[str] = []  # internal to colabfast.packing: nothing here is public
 
 BUDGET = 1 << 20  # bytes of local disk a pack straight to its destination may use (its lock; nothing per sample)
-
-STRAIGHT: contextvars.ContextVar[bool] = contextvars.ContextVar("colabfast_pack_straight", default=False)
 
 T = TypeVar("T")
 
@@ -48,8 +46,6 @@ def straight(dst: Path, progress: bool, pack: Callable[[], T]) -> T:
     Raises:
         NotEnoughSpace: the destination is short too, or ``dst`` is on the local disk already.
     """
-    from colabfast.packing.common import _work_dir
-
     try:
         return pack()
     except NotEnoughSpace as exc:
