@@ -46,7 +46,7 @@ from colabfast.packing.common import (
 from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
-from colabfast.packing.placed import straight
+from colabfast.packing.placed import tries
 from colabfast.packing.source import Source, resolve
 from colabfast.where import env
 from colabfast.where._fileio import PathLike
@@ -158,42 +158,38 @@ def pack(
                               "encoded (PNG, or the JPEG files' own bytes)")
     elif fields is not None:
         raise PackRefused("fields= is for packing a dataset or a layout of colabfast.layouts")
-    # Where the local disk is short for a mirror bound for Drive, packed again straight there.
-    return straight(Path(os.fspath(dst)), progress, lambda: _routed(source, dst, common, fields, labels, retries,
-                                                                     voc_year, on_error, shuffle, seed))
+    # Where the local disk is short for a mirror bound for Drive, packed again straight there; in this
+    # frame, so that a warning's stacklevel still names the caller's line.
+    for attempt in tries(dst, progress):
+        with attempt:
+            if route == "dataset":
+                from colabfast.packing.hf import packable
 
+                return pack_columns(packable(source.src), dst, layout="dataset", fields=fields, **common)
+            if route == "columns":
+                dataset = _open_layout(source, on_error, retries, voc_year)
+                return pack_columns(dataset, dst, layout=source.name, fields=fields, split=source.split, **common)
+            archive = source.path or Path()  # set for an archive (and a folder)
+            if route == "unpacked":
+                from colabfast.packing.unpacked import pack_unpacked
 
-def _routed(source: Source, dst: PathLike, common: dict[str, Any], fields: Optional[dict],
-            labels: Optional[PathLike], retries: int, voc_year: Optional[str], on_error: str, shuffle: bool,
-            seed: int) -> Path:
-    """:func:`pack`'s work, handed to the module of ``source``'s route."""
-    route = source.route
-    if route == "dataset":
-        from colabfast.packing.hf import packable
-
-        return pack_columns(packable(source.src), dst, layout="dataset", fields=fields, **common)
-    if route == "columns":
-        dataset = _open_layout(source, on_error, retries, voc_year)
-        return pack_columns(dataset, dst, layout=source.name, fields=fields, split=source.split, **common)
-    archive = source.path or Path()  # set for an archive (and a folder)
-    if route == "unpacked":
-        from colabfast.packing.unpacked import pack_unpacked
-
-        return pack_unpacked(archive, dst, layout=source.name, labels=labels, split=source.split or source.root
-                             or None, retries=retries, fields=fields, year=voc_year, **common)
-    if route == "stream":
-        if not archive.is_file():
-            raise SourceNotFound(f"no archive at {archive}: check the path (on Drive: "
-                                 "/content/drive/MyDrive/...)")
-        if shuffle:
-            raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps the "
-                              "archive's order (a loader's random sampler shuffles it)")
-        return pack_archive(archive, dst, layout=source.name, labels=labels, split=source.split, seed=seed,
-                            retries=retries, prefix=source.prefix if source.root else "", **common)
-    if labels is not None or source.split is not None:
-        raise PackRefused("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's zip)")
-    return pack_folder(source.folder or source.src, dst, layout=source.name, shuffle=shuffle, seed=seed,
-                       retries=retries, **common)
+                return pack_unpacked(archive, dst, layout=source.name, labels=labels, split=source.split or source.root
+                                     or None, retries=retries, fields=fields, year=voc_year, **common)
+            if route == "stream":
+                if not archive.is_file():
+                    raise SourceNotFound(f"no archive at {archive}: check the path (on Drive: "
+                                         "/content/drive/MyDrive/...)")
+                if shuffle:
+                    raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps "
+                                      "the archive's order (a loader's random sampler shuffles it)")
+                return pack_archive(archive, dst, layout=source.name, labels=labels, split=source.split, seed=seed,
+                                    retries=retries, prefix=source.prefix if source.root else "", **common)
+            if labels is not None or source.split is not None:
+                raise PackRefused("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's "
+                                  "zip)")
+            return pack_folder(source.folder or source.src, dst, layout=source.name, shuffle=shuffle, seed=seed,
+                               retries=retries, **common)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 PACK_PARAMETERS = tuple(inspect.signature(pack).parameters)  # pack's arguments, for those that pass them on
