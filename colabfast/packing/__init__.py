@@ -15,8 +15,9 @@ progress, overwrite, **what the kind takes) -> Path`` (``options`` as :func:`~co
 makes them; it returns ``dst`` as given), and builds on :mod:`~colabfast.packing.common`: the lock
 and work folder of a destination, the refusal to write over what is not a mirror of the same source,
 worker processes, resumable part files of :data:`CHUNK` samples, and sealing, verifying and
-publishing the mirror atomically. A new kind of source is one new module of that shape, and one
-branch in :func:`pack`.
+publishing the mirror atomically. Where the local disk is short for a destination on Drive,
+:func:`pack` packs again with the work folder beside the destination (:mod:`~colabfast.packing.placed`).
+A new kind of source is one new module of that shape, and one branch in :func:`pack`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from colabfast.packing.common import (
 from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
 from colabfast.packing.folders import pack_folder
+from colabfast.packing.placed import tries
 from colabfast.packing.source import Source, resolve
 from colabfast.where import env
 from colabfast.where._fileio import PathLike
@@ -131,7 +133,9 @@ def pack(
         FieldError: a dataset's sample that no mirror of its columns holds.
         ArchiveReadError: a truncated or corrupt archive (the next run resumes from the parts kept).
         UnsafeArchiveError: an archive member named absolute or climbing out with ``..``.
-        NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) local disk cannot hold what the build needs.
+        NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) local disk cannot hold what the build needs,
+            and ``dst`` is on it (for ``dst`` on Drive, pack then writes straight there:
+            :mod:`~colabfast.packing.placed`), or ``dst``'s disk cannot either.
     """
     if store not in STORES:
         raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")
@@ -154,32 +158,38 @@ def pack(
                               "encoded (PNG, or the JPEG files' own bytes)")
     elif fields is not None:
         raise PackRefused("fields= is for packing a dataset or a layout of colabfast.layouts")
-    if route == "dataset":
-        from colabfast.packing.hf import packable
+    # Where the local disk is short for a mirror bound for Drive, packed again straight there; in this
+    # frame, so that a warning's stacklevel still names the caller's line.
+    for attempt in tries(dst, progress):
+        with attempt:
+            if route == "dataset":
+                from colabfast.packing.hf import packable
 
-        return pack_columns(packable(source.src), dst, layout="dataset", fields=fields, **common)
-    if route == "columns":
-        dataset = _open_layout(source, on_error, retries, voc_year)
-        return pack_columns(dataset, dst, layout=source.name, fields=fields, split=source.split, **common)
-    archive = source.path or Path()  # set for an archive (and a folder)
-    if route == "unpacked":
-        from colabfast.packing.unpacked import pack_unpacked
+                return pack_columns(packable(source.src), dst, layout="dataset", fields=fields, **common)
+            if route == "columns":
+                dataset = _open_layout(source, on_error, retries, voc_year)
+                return pack_columns(dataset, dst, layout=source.name, fields=fields, split=source.split, **common)
+            archive = source.path or Path()  # set for an archive (and a folder)
+            if route == "unpacked":
+                from colabfast.packing.unpacked import pack_unpacked
 
-        return pack_unpacked(archive, dst, layout=source.name, labels=labels, split=source.split or source.root
-                             or None, retries=retries, fields=fields, year=voc_year, **common)
-    if route == "stream":
-        if not archive.is_file():
-            raise SourceNotFound(f"no archive at {archive}: check the path (on Drive: "
-                                 "/content/drive/MyDrive/...)")
-        if shuffle:
-            raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps the "
-                              "archive's order (a loader's random sampler shuffles it)")
-        return pack_archive(archive, dst, layout=source.name, labels=labels, split=source.split, seed=seed,
-                            retries=retries, prefix=source.prefix if source.root else "", **common)
-    if labels is not None or source.split is not None:
-        raise PackRefused("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's zip)")
-    return pack_folder(source.folder or source.src, dst, layout=source.name, shuffle=shuffle, seed=seed,
-                       retries=retries, **common)
+                return pack_unpacked(archive, dst, layout=source.name, labels=labels, split=source.split or source.root
+                                     or None, retries=retries, fields=fields, year=voc_year, **common)
+            if route == "stream":
+                if not archive.is_file():
+                    raise SourceNotFound(f"no archive at {archive}: check the path (on Drive: "
+                                         "/content/drive/MyDrive/...)")
+                if shuffle:
+                    raise PackRefused("shuffle=True is not available when packing from an archive: the mirror keeps "
+                                      "the archive's order (a loader's random sampler shuffles it)")
+                return pack_archive(archive, dst, layout=source.name, labels=labels, split=source.split, seed=seed,
+                                    retries=retries, prefix=source.prefix if source.root else "", **common)
+            if labels is not None or source.split is not None:
+                raise PackRefused("labels= and split= are for packing from an archive (ImageNet's devkit, Kaggle's "
+                                  "zip)")
+            return pack_folder(source.folder or source.src, dst, layout=source.name, shuffle=shuffle, seed=seed,
+                               retries=retries, **common)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 PACK_PARAMETERS = tuple(inspect.signature(pack).parameters)  # pack's arguments, for those that pass them on

@@ -77,7 +77,7 @@ def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, o
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this archive with these options")
             return given
-        build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+        build = common._build_path(dst, work)
         work.mkdir(parents=True, exist_ok=True)
         if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
             reused = sum((work / r["part"]).stat().st_size for r in _stream_log(work, _stream_key(archive, options)))

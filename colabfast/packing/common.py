@@ -7,6 +7,7 @@ files, and sealing, verifying and publishing a built mirror atomically.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import dataclasses
@@ -39,6 +40,8 @@ __all__ = ["CHUNK", "PackError", "PackRefused", "SplitRefused", "Contents", "dif
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 COPY_CHUNK = 8 << 20  # bytes per write when copying a built mirror onto Drive
 STOP_WAIT = 10.0  # seconds to wait for a stopped pool's manager thread
+# True while packing straight to the destination (colabfast.packing.placed): the work folder is beside it
+STRAIGHT: contextvars.ContextVar[bool] = contextvars.ContextVar("colabfast_pack_straight", default=False)
 
 
 def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:
@@ -82,11 +85,17 @@ def lock_path(dst: Path) -> Path:
 
 
 def _work_dir(dst: Path) -> Path:
-    """Where parts and the build go: beside ``dst`` on a local disk, else in the local work folder."""
-    if not env.is_fuse(dst.parent):
+    """Where parts and the build go: beside ``dst`` on a local disk (or packing straight to it,
+    :mod:`~colabfast.packing.placed`), else in the local work folder."""
+    if not env.is_fuse(dst.parent) or STRAIGHT.get():
         return dst.with_name(f".{dst.name}.colabfast-pack")
     tag = hashlib.sha1(os.fsencode(dst)).hexdigest()[:10]
     return env.work_dir() / "pack" / f"{dst.stem}-{tag}"
+
+
+def _build_path(dst: Path, work: Path) -> Path:
+    """Where the mirror is built: under its temporary name beside ``dst`` where ``work`` is, else in ``work``."""
+    return partial_path(dst) if work.parent == dst.parent else work / "mirror.h5"
 
 
 def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:

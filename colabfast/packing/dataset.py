@@ -58,8 +58,7 @@ from colabfast.packing.common import (
     lock_path,
 )
 from colabfast.packing.parts import ARRAY, PIECE, _blob_pieces, _encode_part, _ends, _load, _pool
-from colabfast.where import env
-from colabfast.where._fileio import PathLike, locked, partial_path, read_json, write_all, write_json_atomic
+from colabfast.where._fileio import PathLike, locked, read_json, write_all, write_json_atomic
 
 __all__ = ["pack_columns", "plan", "make_parts", "assemble", "check_built", "header", "identity", "describe_dataset"]
 
@@ -102,7 +101,7 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this dataset with these options")
             return given
-        build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+        build = common._build_path(dst, work)
         work.mkdir(parents=True, exist_ok=True)
         direct = _Direct.start(dataset, template, flds, options, work, build, fingerprint)
         part_paths, errors, n = make_parts(dataset, template, flds, options, work, workers, progress, fingerprint,

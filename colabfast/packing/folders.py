@@ -87,7 +87,7 @@ def pack_folder(src: Any, dst: PathLike, *, options: dict, workers: int, on_erro
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this source with these options")
             return given
-        build = work / "mirror.h5" if env.is_fuse(dst.parent) else partial_path(dst)
+        build = common._build_path(dst, work)
         work.mkdir(parents=True, exist_ok=True)
         if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
             if source.unreadable and on_error == "raise":  # before any work, not after it
