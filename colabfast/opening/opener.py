@@ -6,6 +6,7 @@ decided."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from colabfast.errors import NothingToOpen, OpenRefused
 from colabfast.opening.early import _before_staging, _Early, _staging_words
 from colabfast.opening.found import (
+    OpenOptions,
     _checked,
     _dataset_wanted,
     _found_or_packed,
@@ -141,16 +143,17 @@ def open_dataset(
             from colabfast.where._fileio import one_open
 
             with one_open():  # the header, layout and index read through one open of the mirror
-                dataset = _open(path, split, transform, target_transform, output, image_size, mirrors, to,
-                                progress, pack_options, stack, cache_limit)
+                opts = OpenOptions(split, transform, target_transform, output, image_size, mirrors, to, cache_limit,
+                                   progress, pack_options)
+                dataset = _open(path, opts, stack)
         if progress:
             print(dataset.account)
         return dataset
 
 
-def _open(path: Any, split: Optional[str], transform: Optional[Callable], target_transform: Optional[Callable],
-          output: str, image_size: Any, mirrors: Optional[PathLike], to: str, progress: bool, pack_options: dict,
-          stack: contextlib.ExitStack, cache_limit: Optional[int] = None) -> MirrorDataset:
+def _open(path: Any, opts: OpenOptions, stack: contextlib.ExitStack) -> MirrorDataset:
+    split, image_size, mirrors, to, progress = opts.split, opts.image_size, opts.mirrors, opts.to, opts.progress
+    pack_options = opts.pack_options
     unknown = sorted(set(pack_options) - set(_pack_options())) if pack_options else []  # (imports packing)
     if unknown:
         raise OpenRefused(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
@@ -158,9 +161,9 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
     steps: list[str] = []
     if not isinstance(path, (str, os.PathLike)):  # a Hugging Face dataset, packed as pack packs it
         rows, wanted = _dataset_wanted(path, split, image_size, mirrors, pack_options, progress, steps, stack)
-        mirror, check = _found_or_packed(rows, wanted, "dataset", None, image_size, progress, pack_options, steps)
-        return _staged_and_opened(rows, "dataset", None, mirror, check, None, image_size, to, progress, pack_options,
-                                  steps, transform, target_transform, output, cache_limit)
+        opts = dataclasses.replace(opts, split=None)
+        mirror, check = _found_or_packed(rows, wanted, "dataset", opts, steps)
+        return _staged_and_opened(rows, "dataset", mirror, check, None, opts, steps)
     src = Path(os.path.abspath(os.path.expanduser(path)))
     kind = what_is(src)
     # before anything is imported or listed with retries (an empty folder took 13 s to be refused)
@@ -191,22 +194,19 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
             if kind == "folder" or source.columns:
                 pack_options = {**pack_options, "layout": source.name}
             wanted = _listed(src, kind, split, image_size, folder, pack_options, steps)
-            mirror, check = _found_or_packed(src, wanted, kind, split, image_size, progress, pack_options, steps,
-                                             early)
+            opts = dataclasses.replace(opts, split=split, pack_options=pack_options)
+            mirror, check = _found_or_packed(src, wanted, kind, opts, steps, early)
         finally:
             if early is not None:
                 early.stop()  # a no-op once the listing named what it staged (then it is taken below)
-    return _staged_and_opened(src, kind, split, mirror, check, early, image_size, to, progress, pack_options, steps,
-                              transform, target_transform, output, cache_limit)
+    return _staged_and_opened(src, kind, mirror, check, early, opts, steps)
 
 
-def _staged_and_opened(src: Union[Path, _InMemory], kind: str, split: Optional[str], mirror: Path,
-                       check: Optional[_Wanted], early: Optional[_Early], image_size: Any, to: str, progress: bool,
-                       pack_options: dict, steps: list[str], transform: Optional[Callable],
-                       target_transform: Optional[Callable], output: str,
-                       cache_limit: Optional[int] = None) -> MirrorDataset:
+def _staged_and_opened(src: Union[Path, _InMemory], kind: str, mirror: Path, check: Optional[_Wanted],
+                       early: Optional[_Early], opts: OpenOptions, steps: list[str]) -> MirrorDataset:
     """:func:`open_dataset`'s last steps: ``mirror`` (of ``src``: given, found or packed) staged,
     checked, and opened as its drop-in dataset, whose ``account`` is ``steps``."""
+    split, to, progress, pack_options = opts.split, opts.to, opts.progress, opts.pack_options
     # A mirror found (or given) is checked in its staged copy, which is opened next anyway: one
     # vetting of one file, not one of the copy on Drive (read over the link) and one of the local copy.
     at = len(steps)
@@ -219,17 +219,16 @@ def _staged_and_opened(src: Union[Path, _InMemory], kind: str, split: Optional[s
         except _Impostor as exc:  # a file claiming this source's fingerprint: packed beside, never overwritten
             assert check is not None  # only a mirror looked for is checked for what it holds
             steps.append(str(exc))
-            mirror, check = _found_or_packed(src, check, kind, split, image_size, progress, pack_options, steps,
-                                             passed=check.passed + [mirror])
+            mirror, check = _found_or_packed(src, check, kind, opts, steps, passed=check.passed + [mirror])
             at = len(steps)
             local = _staged(mirror, to, progress, steps)
             streamed = local is _STREAM
     if kind != "mirror" and _packs_split(kind, pack_options):
         split = None  # it chose what pack read
-    dataset = drop_in(mirror if streamed else local, split, transform=transform, target_transform=target_transform,
-                      output=output)
+    dataset = drop_in(mirror if streamed else local, split, transform=opts.transform,
+                      target_transform=opts.target_transform, output=opts.output)
     if streamed:
-        steps.append(_streamed(dataset, mirror, cache_limit, steps.pop()))
+        steps.append(_streamed(dataset, mirror, opts.cache_limit, steps.pop()))
     steps.append(f"opened as {type(dataset).__name__}: {len(dataset):,} {'samples' if kind == 'dataset' else 'images'}"
                  + (f" in {len(dataset.classes)} classes" if getattr(dataset, "classes", None) else ""))
     dataset.account = "\n".join(steps)
