@@ -43,7 +43,7 @@ from colabfast.packing.common import (
     _work_dir,
     lock_path,
 )
-from colabfast.packing.folders import _build, _encode_chunk, _Parts, _resume_assembly
+from colabfast.packing.folders import BuildOptions, _build, _encode_chunk, _Parts, _resume_assembly
 from colabfast.staging.extract import archive_suffix
 from colabfast.where import env
 from colabfast.where._fileio import FileEntry, PathLike, human_bytes, locked, partial_path
@@ -83,7 +83,8 @@ def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, o
             reused = sum((work / r["part"]).stat().st_size for r in _stream_log(work, _stream_key(archive, options)))
             _preflight_archive(archive.path, work, options["store"], options["image_size"], reused)
             source, orders, parts = _stream_parts(archive, options, work, workers, progress)
-            _build(build, work, source, orders, parts, fingerprint, on_error, False, seed, options, archive)
+            how = BuildOptions(fingerprint, options, on_error, False, seed, archive)
+            _build(build, work, source, orders, parts, how)
         _publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)

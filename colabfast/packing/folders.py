@@ -60,7 +60,20 @@ from colabfast.packing.common import (
 from colabfast.where import env
 from colabfast.where._fileio import PathLike, human_bytes, locked, open_regular, partial_path, retry, write_all
 
-__all__ = ["pack_folder"]
+__all__ = ["pack_folder", "BuildOptions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    """What :func:`_build` records in a mirror's header beside its images (``options`` as
+    :func:`~colabfast.packing.common._options` makes them), and what it does with unreadable files."""
+
+    fingerprint: str
+    options: dict
+    on_error: str
+    shuffle: bool
+    seed: int
+    archive: Optional[ArchiveSource] = None  # the archive the parts were streamed from
 
 
 def pack_folder(src: Any, dst: PathLike, *, options: dict, workers: int, on_error: str, progress: bool,
@@ -95,7 +108,7 @@ def pack_folder(src: Any, dst: PathLike, *, options: dict, workers: int, on_erro
             jobs = _plan_parts(source, orders, options, work)
             _preflight(source, work, options["store"], options["image_size"], reused=_reused(jobs))
             parts = _make_parts(source, orders, options, jobs, workers, progress, retries)
-            _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, options, None)
+            _build(build, work, source, orders, parts, BuildOptions(fingerprint, options, on_error, shuffle, seed))
         _publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)
@@ -157,9 +170,11 @@ def _preflight(source: Source, work: Path, store: str, image_size, reused: int =
                       "parts it finished.", stacklevel=4)
 
 
-def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,
-           on_error: str, shuffle: bool, seed: int, options: dict, archive: Optional[ArchiveSource]) -> None:
+def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts,
+           how: BuildOptions) -> None:
     """Assemble the parts in ``work`` into a verified mirror at ``build`` (the parts go into it)."""
+    fingerprint, options, on_error, shuffle, seed, archive = (how.fingerprint, how.options, how.on_error,
+                                                              how.shuffle, how.seed, how.archive)
     failures = sorted([(_printable(str(s.root / s.files[i].rel)), err)
                        for s in source.splits for i, err in parts.errors[s.name]]
                       + [(_printable(p), e) for p, e in source.unreadable])
