@@ -223,7 +223,7 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
             :func:`_pick_split`; a folder's pack option. FieldError: a first sample no mirror holds.
     """
     from colabfast.packing import PackRefused, dataset_fingerprint
-    from colabfast.packing.common import Contents, _options
+    from colabfast.packing.common import Contents, mirror_options
     from colabfast.packing.dataset import describe_dataset
     from colabfast.packing.hf import hf_kind, materialized, mirror_stem
 
@@ -258,7 +258,7 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
                     f"{dataset._fingerprint[:16]})")
     steps.append(f"{src}: its mirror is found by that fingerprint, with the options")
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_dataset_mirrors()
-    return src, _Wanted(folder, fingerprint, Contents(_options(store, None, quality), source=src.source,
+    return src, _Wanted(folder, fingerprint, Contents(mirror_options(store, None, quality), source=src.source,
                                                       layout="dataset"))
 
 
