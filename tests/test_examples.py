@@ -12,13 +12,15 @@ import pytest
 import colabfast as cf
 from colabfast.drive import mounting
 from colabfast.testing.data import make_imagefolder
+from colabfast.testing.layouts import make_yolo
 
-ENTRY_POINTS = ("stage", "pack", "DataLoader", "H5Dataset")
+ENTRY_POINTS = ("stage", "pack", "DataLoader", "H5Dataset", "open_dataset", "ultralytics_data")
 
 
 @pytest.fixture
 def world(standin, tmp_path, monkeypatch):
     flowers = make_imagefolder(standin / "MyDrive" / "flowers", classes=["daisy", "rose"], per_class=4, size=(64, 48))
+    make_yolo(standin / "MyDrive" / "pets-yolo", 4, size=(64, 48), classes=("cat", "dog"))
     monkeypatch.chdir(tmp_path)
     cf.pack(flowers, tmp_path / "flowers.h5", workers=0, progress=False)
     yield

@@ -339,10 +339,10 @@ def test_killed_archive_pack_resumes_from_its_last_part(tmp_path, monkeypatch):
     # The child stalls while saving its 4th part, so the kill always lands mid-stream with 3 parts logged
     # (on a busy machine the whole pack could otherwise finish before the parent looks).
     code = ("import time\nimport colabfast.packing as p\nfrom colabfast.packing import archives, common\n"
-            "common.CHUNK = 8\nsave, saved = archives._save_part, []\n"
+            "common.CHUNK = 8\nsave, saved = archives.save_part, []\n"
             "def stalling(path, result):\n    saved.append(path)\n    if len(saved) == 4:\n        time.sleep(600)\n"
             "    save(path, result)\n"
-            "archives._save_part = stalling\n"
+            "archives.save_part = stalling\n"
             f"p.pack({str(archive)!r}, {str(dst)!r}, image_size=32, workers=1, progress=False)\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
     log = tmp_path / ".m.h5.colabfast-pack" / "stream.jsonl"

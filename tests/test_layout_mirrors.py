@@ -421,11 +421,11 @@ def test_a_killed_pack_resumes_and_redoes_a_part_whose_written_images_were_lost(
     # killed after assembling in place, before sealing: the build holds more than its images, so the
     # next run assembles a new file from the parts and the images written (nothing is encoded again)
     m.unlink()
-    seal = packing_dataset._seal
-    monkeypatch.setattr(packing_dataset, "_seal", lambda build: (_ for _ in ()).throw(KeyboardInterrupt))
+    seal = packing_dataset.seal
+    monkeypatch.setattr(packing_dataset, "seal", lambda build: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         pack(root, tmp_path / "coco.h5", labels=ann, workers=0)
-    monkeypatch.setattr(packing_dataset, "_seal", seal)
+    monkeypatch.setattr(packing_dataset, "seal", seal)
     redone.clear()
     monkeypatch.setattr(packing_dataset, "_encode_part", lambda *a: redone.append(a[0]) or real(*a))
     m = pack(root, tmp_path / "coco.h5", labels=ann, workers=0)

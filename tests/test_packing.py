@@ -156,13 +156,13 @@ def test_assembly_moves_the_parts_into_the_mirror_peak_disk_is_the_mirror_and_on
     monkeypatch.setattr(common, "CHUNK", 20)
     out = tmp_path / "out"
     out.mkdir()
-    peak, real = [0], folders._load_part
+    peak, real = [0], folders.load_part
 
     def measuring(path):
         peak[0] = max(peak[0], _allocated(out))
         return real(path)
 
-    monkeypatch.setattr(folders, "_load_part", measuring)
+    monkeypatch.setattr(folders, "load_part", measuring)
     dst = pack(src, out / "m.h5", store="raw", workers=0, progress=False)
     mirror = dst.stat().st_size
     with h5py.File(dst) as f:
@@ -186,7 +186,7 @@ def torch_equal(a, b) -> bool:
 def test_killed_assembly_continues_with_the_parts_not_yet_moved(tmp_path, monkeypatch):
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=60, size=(48, 32))
     monkeypatch.setattr(common, "CHUNK", 20)
-    real, loaded = folders._load_part, []
+    real, loaded = folders.load_part, []
 
     def dying(path):
         loaded.append(path.name)
@@ -194,13 +194,13 @@ def test_killed_assembly_continues_with_the_parts_not_yet_moved(tmp_path, monkey
             raise KeyboardInterrupt
         return real(path)
 
-    monkeypatch.setattr(folders, "_load_part", dying)
+    monkeypatch.setattr(folders, "load_part", dying)
     with pytest.raises(KeyboardInterrupt):
         pack(src, tmp_path / "m.h5", workers=0, progress=False)
     work = tmp_path / ".m.h5.colabfast-pack"
     assert len(list(work.glob("*.npz"))) == 4  # 2 of 6 moved into the unfinished mirror, and deleted
     assert not (tmp_path / "m.h5").exists()
-    monkeypatch.setattr(folders, "_load_part", real)
+    monkeypatch.setattr(folders, "load_part", real)
     monkeypatch.setattr(folders, "_encode_chunk", lambda *a: pytest.fail("nothing is decoded again"))
     dst = pack(src, tmp_path / "m.h5", workers=0, progress=False)
     assert not work.exists()
@@ -751,7 +751,7 @@ def test_a_pack_stopped_by_a_full_disk_resumes_once_space_is_back(small_tmpfs, k
     dst = small_tmpfs / "m.h5"
     module = folders if kind == "folder" else archives
     saved = []
-    real = module._save_part
+    real = module.save_part
 
     def then_the_disk_fills(path, result):  # something else fills the disk halfway through (Drive's cache)
         real(path, result)
@@ -759,7 +759,7 @@ def test_a_pack_stopped_by_a_full_disk_resumes_once_space_is_back(small_tmpfs, k
         if len(saved) == 4:
             _fill(small_tmpfs / "filler", env.disk_free(small_tmpfs) - 4096)
 
-    monkeypatch.setattr(module, "_save_part", then_the_disk_fills)
+    monkeypatch.setattr(module, "save_part", then_the_disk_fills)
     with pytest.raises(OSError) as full:
         pack(src, dst, workers=0, progress=False)
     assert full.value.errno == errno.ENOSPC
@@ -767,7 +767,7 @@ def test_a_pack_stopped_by_a_full_disk_resumes_once_space_is_back(small_tmpfs, k
     assert sorted(work.glob("*.npz")) == sorted(saved) and not list(work.glob("*colabfast-partial"))
     (small_tmpfs / "filler").unlink()  # the space is back
     assert env.disk_free(small_tmpfs) < need  # not room for a whole new mirror: only for the rest of this one
-    monkeypatch.setattr(module, "_save_part", real)
+    monkeypatch.setattr(module, "save_part", real)
     pack(src, dst, workers=0, progress=True)
     out = capsys.readouterr().out
     assert ("resuming: 16 of 32 images were packed by an earlier run" if kind == "folder" else

@@ -13,7 +13,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from colabfast.errors import Error, NothingToOpen, OpenRefused, SourceNotFound
 from colabfast.opening.kinds import ACCEPTS
@@ -41,7 +41,24 @@ if TYPE_CHECKING:
     from colabfast.opening.early import _Early
 
 
-__all__: list[str] = []  # internal to colabfast.opening: nothing here is public
+__all__ = ["OpenOptions"]  # internal to colabfast.opening: its steps' options
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenOptions:
+    """What :func:`colabfast.open_dataset` was asked for (its arguments but ``path``), carried through
+    its steps; ``split`` and ``pack_options`` as the source's resolution leaves them."""
+
+    split: Optional[str] = None
+    transform: Optional[Callable] = None
+    target_transform: Optional[Callable] = None
+    output: str = "pil"
+    image_size: Any = None
+    mirrors: Optional[PathLike] = None
+    to: str = "auto"
+    cache_limit: Optional[int] = None
+    progress: bool = True
+    pack_options: dict = dataclasses.field(default_factory=dict)  # pack's options, checked by open_dataset
 
 
 class _Impostor(Exception):
@@ -124,10 +141,10 @@ def _listed(src: Path, kind: str, split: Optional[str], image_size: Any, folder:
 MAX_BESIDE = 10  # files at a mirror's names that are not it, before open_dataset gives up on that folder
 
 
-def _found_or_packed(src: Union[Path, _InMemory], wanted: _Wanted, kind: str, split: Optional[str], image_size: Any,
-                     progress: bool, options: dict, steps: list[str], early: Optional[_Early] = None,
-                     passed: Optional[list[Path]] = None) -> tuple[Path, Optional[_Wanted]]:
-    """The mirror of ``src`` with these options in its mirrors folder, packed there now unless a file
+def _found_or_packed(src: Union[Path, _InMemory], wanted: _Wanted, kind: str, opts: OpenOptions, steps: list[str],
+                     early: Optional[_Early] = None, passed: Optional[list[Path]] = None
+                     ) -> tuple[Path, Optional[_Wanted]]:
+    """The mirror of ``src`` with the options ``opts`` in its mirrors folder, packed there now unless a file
     has its name; with that file, ``wanted`` (what :func:`_checked` checks once it is staged). Its name
     is :func:`mirror_name`'s, or, beside the ``passed`` files that took the earlier names but are
     not it, the next copy's.
@@ -139,6 +156,7 @@ def _found_or_packed(src: Union[Path, _InMemory], wanted: _Wanted, kind: str, sp
     from colabfast.errors import MirrorError
     from colabfast.packing import pack
 
+    split, image_size, progress, options = opts.split, opts.image_size, opts.progress, opts.pack_options
     packs_split = _packs_split(kind, options)
     folder, passed = wanted.folder, passed or []
     wanted.passed = passed
@@ -205,7 +223,7 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
             :func:`_pick_split`; a folder's pack option. FieldError: a first sample no mirror holds.
     """
     from colabfast.packing import PackRefused, dataset_fingerprint
-    from colabfast.packing.common import Contents, _options
+    from colabfast.packing.common import Contents, mirror_options
     from colabfast.packing.dataset import describe_dataset
     from colabfast.packing.hf import hf_kind, materialized, mirror_stem
 
@@ -240,7 +258,7 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
                     f"{dataset._fingerprint[:16]})")
     steps.append(f"{src}: its mirror is found by that fingerprint, with the options")
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_dataset_mirrors()
-    return src, _Wanted(folder, fingerprint, Contents(_options(store, None, quality), source=src.source,
+    return src, _Wanted(folder, fingerprint, Contents(mirror_options(store, None, quality), source=src.source,
                                                       layout="dataset"))
 
 

@@ -108,60 +108,25 @@ def ultralytics_data(
     """The path of a ``data.yaml`` on local storage that ``ultralytics.YOLO(...).train(data=...)``
     trains from without reading Drive, made from a YOLO export (Ultralytics' or Roboflow's) on Drive.
 
-    The first time, each split the dataset YAML names is opened with :func:`colabfast.open_dataset`
-    (``layout="yolo"``): listed, and packed into a mirror in ``mirrors`` (or that mirror found there by
-    its fingerprint), and a record of the export is kept beside the mirrors
-    (``<export name>.yolo-<12 hex digits>.json``, a few kB, one per export and ``split``:
-    :mod:`colabfast.opening.exportrecord`). A later runtime reads that record and checks the export
-    against it: a stat of a zip; for a folder, a stat of its YAML and one listing (names only) of each
-    folder the splits' images and labels are in, all at once; then it stages the mirrors the record
-    names (at once; each mirror's metadata is checked on Drive in a child process while it copies,
-    :func:`colabfast.mirror.safety.vet`, and its staged copy of that version trusted). No file of the
-    export is opened or stat'ed one by one. A file added, removed or
-    renamed, or any change of a zip or of the YAML, is noticed: the export is then listed and what
-    changed packed again, as :func:`colabfast.open_dataset` does. Missed: a file of a folder export whose
-    bytes are rewritten under the same name (a label file edited in place); ``relist=True`` lists the
-    export and notices any change of a file's size or time, packing again what changed. Deleting the
-    record does the same once; deleting a mirror makes it be packed again. Drive does not change a
-    folder's time when a file is added to it, so the names are listed rather than a folder's time
-    stat'ed. The record is a small file Drive uploads in the background: a runtime that ends within
-    seconds of writing it may leave the next runtime to list the export once more.
+    Each split is packed once into a mirror (as :func:`colabfast.open_dataset` packs it), staged, and
+    written out as a YOLO tree on local disk whose YAML points at it; a later runtime checks the export
+    against a small record beside the mirrors and packs only what changed. Training reads local files
+    only. How it works (the record, what is noticed, the tree, what Ultralytics reads):
+    [How opening works](../how-opening-works.md#ultralytics_data).
 
-    The mirrors are then written out as a YOLO tree in
-    ``<colabfast.where.env.work_dir()>/ultralytics/<name>-<12 hex digits>/``: ``images/<split>/``
-    and ``labels/<split>/`` (the split's folder name in the export: ``train``, ``valid``, ...; ``all``
-    for an export with no split folders), each image at its path below the export's split folder, and
-    ``data.yaml``: the export's YAML with ``path:`` set to the tree and each split key (``train:``,
-    ``val:``, ``test:``, ``minival:``) set to its ``images/<split>`` folder, every other key
-    (``names``, ``nc``, Roboflow's ``roboflow:`` block, ...) kept. The tree is written in a temporary
-    folder and renamed into place with a marker file (``.colabfast-complete``); a later call in the same
-    runtime finds it complete (by the record) and stages and writes nothing. Nothing is written into the
-    export or its folder; the mirrors and the record go to ``mirrors`` (as
-    :func:`colabfast.open_dataset`'s, default ``colabfast-mirrors`` at the top of My Drive for an export
-    on Drive).
-
-    What Ultralytics reads from the tree is what it reads from the export (its ``verify_image_label``,
-    ``ultralytics/data/utils.py``), as :class:`colabfast.layouts.Yolo` reads it (the rules and their
-    sources are in :mod:`colabfast.layouts.yolo`):
-
-    - images: the bytes the mirror holds, which are the export's file bytes, except an image with an
-      EXIF orientation, which the mirror holds as its upright pixels (lossless PNG); it is written under
-      its own name, so its label file is found as before (``img2label_paths``,
-      ``ultralytics/data/utils.py``: by the path, whatever the bytes' format; OpenCV decodes by content);
-    - labels: one file per image with objects (none for a background image), ``class cx cy w h``
-      (or, in a split whose objects are all polygons, ``class x1 y1 x2 y2 ...``) normalised by the
-      upright image's size (Ultralytics' ``exif_size``), which is what the export's labels were; equal
-      to what Ultralytics reads from the export to float32 rounding (1e-6 of the image's size);
-    - images Ultralytics drops (a label file it refuses) are left out; duplicate rows are written once,
-      in the order Ultralytics leaves them (``np.unique``); a split mixing polygons and boxes is written
-      as boxes, as Ultralytics' detection reads it (``YOLODataset.verify_labels``,
-      ``ultralytics/data/dataset.py``).
-
-    Split keys are resolved as Ultralytics' ``check_det_dataset`` resolves them
-    (``ultralytics/data/utils.py``): relative to ``path:`` (taken relative to the YAML's folder where
-    that folder is in the export; an absolute ``path:``, or one that is not there, is where the export
-    was made: the YAML's folder is used), and a value starting with ``../`` that names nothing is read
-    without it (Roboflow's ``train: ../train/images``).
+    Examples:
+        >>> import colabfast as cf
+        >>> drive = cf.mount()
+        Mounted at /content/drive
+        >>> data = cf.ultralytics_data(drive / "pets-yolo", progress=False)
+        >>> print(data.read_text(), end="")  # the export's YAML, its paths on local disk
+        path: .../ultralytics/pets-yolo-...
+        train: images/train
+        nc: 2
+        names:
+        - cat
+        - dog
+        >>> # from ultralytics import YOLO; YOLO("yolov8n.pt").train(data=str(data))
 
     Args:
         path: the export's ``data.yaml`` (or ``.yml``), its folder, or a ``.zip`` of it (Roboflow's
@@ -171,9 +136,8 @@ def ultralytics_data(
         mirrors: the folder of the mirrors (:func:`colabfast.open_dataset`'s ``mirrors``).
         to: where each mirror is staged: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`.
             The tree itself is on local disk.
-        relist: list the export (each file's size and time) as :func:`colabfast.open_dataset` does,
-            instead of checking it against its record's names: notices a file rewritten under its
-            name; what changed is packed again. The record is then written anew.
+        relist: list the export (each file's size and time) instead of checking it against its record's
+            names: notices a file rewritten under its name; what changed is packed again.
         progress: show progress bars and print what was done.
 
     Returns:

@@ -11,7 +11,7 @@ of source it was given and which registered layout reads it from :func:`~colabfa
   included, as a mirror of typed columns.
 
 Each exposes one entry function of one shape, ``pack_<kind>(src, dst, *, options, workers, on_error,
-progress, overwrite, **what the kind takes) -> Path`` (``options`` as :func:`~colabfast.packing.common._options`
+progress, overwrite, **what the kind takes) -> Path`` (``options`` as :func:`~colabfast.packing.common.mirror_options`
 makes them; it returns ``dst`` as given), and builds on :mod:`~colabfast.packing.common`: the lock
 and work folder of a destination, the refusal to write over what is not a mirror of the same source,
 worker processes, resumable part files of :data:`CHUNK` samples, and sealing, verifying and
@@ -39,9 +39,9 @@ from colabfast.packing.common import (
     PackRefused,
     SplitRefused,
     _check_size,
-    _options,
-    _printable,
     lock_path,
+    mirror_options,
+    printable,
 )
 from colabfast.packing.dataset import pack_columns
 from colabfast.packing.folders import _listing as _folder_listing
@@ -145,7 +145,7 @@ def pack(
         raise PackRefused(f"quality must be 1..100, not {quality}")
     source = resolve(src, layout, labels, split, retries)
     route, voc_year = source.route, _voc_year(year, source)
-    options = _options(store, _check_size(image_size), quality)
+    options = mirror_options(store, _check_size(image_size), quality)
     workers = env.cpu_count() if workers is None else workers
     common: dict[str, Any] = {"options": options, "workers": workers, "on_error": on_error, "progress": progress,
               "overwrite": overwrite}
@@ -254,7 +254,7 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
     from the same listing: what a mirror found by that fingerprint is checked against
     (:func:`~colabfast.packing.common.differs`). Raises what :func:`pack` raises for the same source."""
     source = resolve(src, layout, labels, split, retries)
-    options = _options(store, _check_size(image_size), quality)
+    options = mirror_options(store, _check_size(image_size), quality)
     route, voc_year = source.route, _voc_year(year, source)
     archive = source.path or Path()  # set for an archive (and a folder)
     if route == "unpacked":
@@ -271,15 +271,15 @@ def source_listing(src: PathLike, *, layout: str = "auto", labels: Optional[Path
         dataset = _open_layout(source, on_error, retries, voc_year)
         return plan(dataset, None, options, source.name)[2], dataset.describe(), Contents(
             options, layout=source.name,
-            samples={"": (str(dataset.root), [_printable(p) for p in dataset.paths])})
+            samples={"": (str(dataset.root), [printable(p) for p in dataset.paths])})
     if route == "stream":
         fingerprint, streamed = _archive_listing(archive, options, source.name, labels, source.split, retries,
                                                  source.prefix if source.root else "")
-        return fingerprint, streamed.describe(), Contents(options, source=_printable(str(streamed.path)))
+        return fingerprint, streamed.describe(), Contents(options, source=printable(str(streamed.path)))
     fingerprint, listed, _ = _folder_listing(source.folder or source.src, options, source.name, shuffle, seed)
     return fingerprint, listed.describe(), Contents(
         options, layout=listed.layout, classes=listed.classes,
-        samples={s.name: (str(s.root), [_printable(f.rel) for f in s.files]) for s in listed.splits})
+        samples={s.name: (str(s.root), [printable(f.rel) for f in s.files]) for s in listed.splits})
 
 
 def dataset_fingerprint(dataset: Any, *, store: str = "encoded", image_size: Union[int, tuple[int, int], None] = None,
@@ -302,4 +302,4 @@ def dataset_fingerprint(dataset: Any, *, store: str = "encoded", image_size: Uni
                          "encoded (PNG, or the JPEG files' own bytes)")
     if not 1 <= quality <= 100:
         raise PackRefused(f"quality must be 1..100, not {quality}")
-    return plan(packable(dataset), None, _options(store, _check_size(image_size), quality), "dataset")[2]
+    return plan(packable(dataset), None, mirror_options(store, _check_size(image_size), quality), "dataset")[2]

@@ -31,19 +31,19 @@ from colabfast.mirror.format import IMAGEFOLDER
 from colabfast.mirror.safety import trust
 from colabfast.packing.archivesource import ArchiveSource, Position
 from colabfast.packing.common import (
-    _check_same_source,
-    _complete,
-    _existing_mirror,
-    _load_part,
-    _printable,
-    _process_pool,
-    _publish,
-    _save_part,
-    _stopping,
-    _work_dir,
+    check_same_source,
+    existing_mirror,
+    is_complete,
+    load_part,
     lock_path,
+    pack_work_dir,
+    printable,
+    process_pool,
+    publish,
+    save_part,
+    stopping,
 )
-from colabfast.packing.folders import _build, _encode_chunk, _Parts, _resume_assembly
+from colabfast.packing.folders import BuildOptions, _build, _encode_chunk, _Parts, _resume_assembly
 from colabfast.staging.extract import archive_suffix
 from colabfast.where import env
 from colabfast.where._fileio import FileEntry, PathLike, human_bytes, locked, partial_path
@@ -58,33 +58,34 @@ def pack_archive(src: PathLike, dst: PathLike, *, options: dict, workers: int, o
                  retries: int, prefix: str = "") -> Path:
     """:func:`colabfast.pack` for the archive ``src`` (``layout`` a registered layout that streams, or
     ``"auto"``; ``prefix`` the split folder read), never shuffled (``seed`` is recorded as given);
-    ``options`` as :func:`~colabfast.packing.common._options` makes them. Returns ``dst`` as given.
+    ``options`` as :func:`~colabfast.packing.common.mirror_options` makes them. Returns ``dst`` as given.
     Raises what :func:`colabfast.pack` raises."""
     given = Path(os.path.abspath(dst))
     dst = Path(os.path.realpath(given))  # one lock and one work folder, however the path is spelled
     path = os.fspath(src)
-    work = _work_dir(dst)
+    work = pack_work_dir(dst)
     work.parent.mkdir(parents=True, exist_ok=True)
     with locked(lock_path(dst), f"packing into {dst}"):  # one pack at a time: see pack_folder
-        packed_from = _existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
+        packed_from = existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
         fingerprint, archive = _listing(path, options, layout, labels, split, retries, prefix)
         if packed_from is not None:
-            _check_same_source(dst, packed_from, archive.path)
-        described = _printable(f"{archive.path}: {archive.describe()}")
+            check_same_source(dst, packed_from, archive.path)
+        described = printable(f"{archive.path}: {archive.describe()}")
         if progress:
             print(f"pack: {described}")
-        if _complete(dst, fingerprint):
+        if is_complete(dst, fingerprint):
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this archive with these options")
             return given
-        build = common._build_path(dst, work)
+        build = common.build_path(dst, work)
         work.mkdir(parents=True, exist_ok=True)
-        if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
+        if not is_complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
             reused = sum((work / r["part"]).stat().st_size for r in _stream_log(work, _stream_key(archive, options)))
             _preflight_archive(archive.path, work, options["store"], options["image_size"], reused)
             source, orders, parts = _stream_parts(archive, options, work, workers, progress)
-            _build(build, work, source, orders, parts, fingerprint, on_error, False, seed, options, archive)
-        _publish(build, dst)
+            how = BuildOptions(fingerprint, options, on_error, False, seed, archive)
+            _build(build, work, source, orders, parts, how)
+        publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)
     return given
@@ -188,7 +189,7 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
 
     if records and progress:
         print(f"pack: resuming after the {len(names)} images an earlier run packed")
-    pool = _process_pool(workers)
+    pool = process_pool(workers)
     inflight: deque[tuple[list[Future], list[str], Position]] = deque()
     log = open(work / "stream.jsonl", "a", encoding="utf-8")
 
@@ -200,7 +201,7 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
             raise
         k = len(names) // common.CHUNK
         path = work / f"stream-{k:06d}.npz"
-        _save_part(path, result)
+        save_part(path, result)
         log.write(json.dumps({"part": path.name, "names": batch, "errors": result["errors"],
                               "next": list(after)}) + "\n")
         log.flush()
@@ -219,7 +220,7 @@ def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: in
 
     size = archive.path.stat().st_size
     skipped = start.member if archive_suffix(archive.path) == ".tar" else 0  # a plain tar resumes at that offset
-    with log, _stopping(pool), tqdm(total=size, initial=skipped, unit="B", unit_scale=True, unit_divisor=1000,
+    with log, stopping(pool), tqdm(total=size, initial=skipped, unit="B", unit_scale=True, unit_divisor=1000,
                                     desc="pack", disable=not progress) as bar:
         bar.set_postfix_str(f"{len(names)} images packed", refresh=False)
         batch: list[tuple[str, Union[bytes, str]]] = []
@@ -255,7 +256,7 @@ def _drop_from_parts(work: Path, drop: list[int]) -> None:
         by_part.setdefault(j // common.CHUNK, []).append(j % common.CHUNK)
     for k, local in by_part.items():
         path = work / f"stream-{k:06d}.npz"
-        part = _load_part(path)
+        part = load_part(path)
         if part is None:
             raise MirrorError(f"{path} is unreadable though it was just written: run pack() again")
         ends = part["offsets"]
@@ -266,7 +267,7 @@ def _drop_from_parts(work: Path, drop: list[int]) -> None:
         part["blob"] = b"".join(part["blob"][ends[i]:ends[i + 1]].tobytes() for i in np.flatnonzero(sizes))
         part["offsets"] = np.concatenate([[0], np.cumsum(sizes)])
         part["shapes"][local] = 0
-        _save_part(path, part)
+        save_part(path, part)
 
 
 def _joined(results: list[dict]) -> dict:

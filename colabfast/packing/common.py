@@ -44,7 +44,7 @@ STOP_WAIT = 10.0  # seconds to wait for a stopped pool's manager thread
 STRAIGHT: contextvars.ContextVar[bool] = contextvars.ContextVar("colabfast_pack_straight", default=False)
 
 
-def _options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:
+def mirror_options(store: str, image_size: Union[int, Sequence[int], None], quality: int) -> dict:
     """The options a mirror records and its fingerprint covers (``image_size`` as :func:`_check_size` returns it)."""
     return {"store": store, "image_size": image_size, "quality": quality if image_size else None}
 
@@ -60,19 +60,19 @@ def _check_size(image_size) -> Union[int, list[int], None]:
     raise PackRefused(f"image_size must be a positive int (short side) or (H, W), not {image_size!r}")
 
 
-def _version() -> str:
+def package_version() -> str:
     from colabfast import __version__
 
     return __version__
 
 
-def _file_key(f: FileEntry) -> bytes:
+def file_key(f: FileEntry) -> bytes:
     """What a fingerprint takes from one source file: its name's bytes (any, as the file system
     holds them: not UTF-8 is fine), size and time."""
     return os.fsencode(f.rel) + f"\0{f.size}\0{f.mtime_ns}\n".encode()
 
 
-def _printable(name: str) -> str:
+def printable(name: str) -> str:
     """``name`` as text that can be written as UTF-8 (the mirror's paths, messages): the bytes of a name
     that is not valid UTF-8 (which Python lists as lone surrogates) become ``\\xNN``."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -84,7 +84,7 @@ def lock_path(dst: Path) -> Path:
     return env.cache_dir() / "locks" / f"pack-{state_name(dst)}.lock"
 
 
-def _work_dir(dst: Path) -> Path:
+def pack_work_dir(dst: Path) -> Path:
     """Where parts and the build go: beside ``dst`` on a local disk (or packing straight to it,
     :mod:`~colabfast.packing.placed`), else in the local work folder."""
     if not env.is_fuse(dst.parent) or STRAIGHT.get():
@@ -93,12 +93,12 @@ def _work_dir(dst: Path) -> Path:
     return env.work_dir() / "pack" / f"{dst.stem}-{tag}"
 
 
-def _build_path(dst: Path, work: Path) -> Path:
+def build_path(dst: Path, work: Path) -> Path:
     """Where the mirror is built: under its temporary name beside ``dst`` where ``work`` is, else in ``work``."""
     return partial_path(dst) if work.parent == dst.parent else work / "mirror.h5"
 
 
-def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
+def existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
     """The source of the mirror at ``dst``, or None when nothing is there (or ``overwrite``); refuses a
     folder, a special file, and (without ``overwrite``) a file that is not a colabfast mirror. Called
     before anything is read, so that a wrong ``dst`` costs nothing."""
@@ -121,9 +121,9 @@ def _existing_mirror(dst: Path, overwrite: bool, name: str) -> Optional[str]:
                          "was read. Pass another dst, or overwrite=True to replace it.") from None
 
 
-def _check_same_source(dst: Path, packed_from: str, root: Path) -> None:
+def check_same_source(dst: Path, packed_from: str, root: Path) -> None:
     """Refuse to replace a mirror of another source (see :func:`pack`'s ``overwrite``)."""
-    if packed_from != _printable(str(root)) and os.path.realpath(packed_from) != os.path.realpath(root):
+    if packed_from != printable(str(root)) and os.path.realpath(packed_from) != os.path.realpath(root):
         raise PackRefused(f"{dst} is a mirror of {packed_from}, not of {root}: packing would replace it, so "
                          "nothing was written. Pass another dst, or overwrite=True to replace it.")
 
@@ -135,7 +135,7 @@ class Contents:
     claim any file can copy; these are what it was computed from, as far as the mirror records
     them: not the files' sizes and times, nor KITTI's boxes)."""
 
-    options: dict  # store, image_size, quality (see _options)
+    options: dict  # store, image_size, quality (see mirror_options)
     source: Optional[str] = None  # the source as a mirror records it, where its fingerprint covers that (an archive's)
     layout: Optional[str] = None  # None: known only once read (an archive's "auto")
     classes: Any = ...  # the classes a mirror records (None: none); ...: not known from the listing
@@ -179,7 +179,7 @@ def differs(path: Path, contents: Contents) -> Optional[str]:
                 return f"its image {i}{where} is {rel}, where the source's image {k} is {names[k]}"
         kept = set(order.tolist())
         missing = [name for k, name in enumerate(names) if k not in kept and name not in skipped
-                   and _printable(os.path.join(root, name)) not in skipped]
+                   and printable(os.path.join(root, name)) not in skipped]
         if missing:
             return (f"it holds {held} images{where}, where the source lists {n}: {missing[0]}"
                     + (f" and {len(missing) - 1} more are" if len(missing) > 1 else " is")
@@ -192,7 +192,7 @@ def differs(path: Path, contents: Contents) -> Optional[str]:
     return None
 
 
-def _complete(path: Path, fingerprint: str) -> bool:
+def is_complete(path: Path, fingerprint: str) -> bool:
     """True if ``path`` is a complete, verified mirror with this ``fingerprint``: the destination of an
     earlier run (nothing to do), or its local build left when it was killed while copying it onto
     Drive (published again instead of being rebuilt)."""
@@ -208,7 +208,7 @@ def _complete(path: Path, fingerprint: str) -> bool:
 # --- worker processes -----------------------------------------------------------------------------
 
 
-def _process_pool(workers: int) -> Executor:
+def process_pool(workers: int) -> Executor:
     """Worker processes, all started now, before this call starts any thread of its own.
 
     Fork, as torch's DataLoader uses on Linux: spawn would re-import the caller's ``__main__``, which
@@ -227,7 +227,7 @@ def _process_pool(workers: int) -> Executor:
 
 
 @contextlib.contextmanager
-def _stopping(pool: Executor) -> Iterator[Executor]:
+def stopping(pool: Executor) -> Iterator[Executor]:
     """Shut ``pool`` down after the block; when the block fails (Ctrl-C), without starting the work
     still queued, and then waiting (up to ``STOP_WAIT``) for the pieces being decoded, which are
     thrown away, and for the pool's manager thread. Left running into the interpreter's exit, that
@@ -250,7 +250,7 @@ def _worker_start(parent: int) -> None:
 
     Ctrl-C in a terminal reaches every process of the group: each worker would print its own
     traceback (38 lines with 2 workers) before the packing process's one line; the packing process
-    stops the pool instead (:func:`_stopping`). Forked workers hold both ends of their work queue's
+    stops the pool instead (:func:`stopping`). Forked workers hold both ends of their work queue's
     pipe, so they never see it close when the packing process dies (a killed notebook kernel) and
     would wait forever; Linux can signal them instead (prctl PR_SET_PDEATHSIG).
 
@@ -288,7 +288,7 @@ class _InlineExecutor(Executor):
 # --- part files, and publishing the mirror built from them ------------------------------------------
 
 
-def _load_part(path: Path) -> Optional[dict]:
+def load_part(path: Path) -> Optional[dict]:
     try:
         with np.load(path, allow_pickle=False) as z:
             return {"blob": z["blob"], "offsets": z["offsets"], "shapes": z["shapes"],
@@ -297,7 +297,7 @@ def _load_part(path: Path) -> Optional[dict]:
         return None
 
 
-def _save_part(path: Path, result: dict) -> None:
+def save_part(path: Path, result: dict) -> None:
     """Write a part under a temporary name, renamed once whole; a failed write (a full disk) deletes
     it, so that the space it took is free for the re-run."""
     tmp = partial_path(path)
@@ -313,7 +313,7 @@ def _save_part(path: Path, result: dict) -> None:
     os.replace(tmp, path)
 
 
-def _seal(build: Path) -> None:
+def seal(build: Path) -> None:
     with h5py.File(build, "r+", locking=False) as f:
         f.attrs["complete"] = True
     with open(build, "rb+") as f:
@@ -321,7 +321,7 @@ def _seal(build: Path) -> None:
     trust(build)
 
 
-def _publish(build: Path, dst: Path) -> None:
+def publish(build: Path, dst: Path) -> None:
     """Move the verified build to ``dst`` atomically (copying it onto Drive first when needed)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     if build != partial_path(dst):

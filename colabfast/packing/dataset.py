@@ -46,16 +46,16 @@ from colabfast.mirror.verify import check_columns
 from colabfast.packing.common import (
     PackError,
     PackRefused,
-    _complete,
-    _existing_mirror,
-    _file_key,
-    _printable,
-    _publish,
-    _seal,
-    _stopping,
-    _version,
-    _work_dir,
+    existing_mirror,
+    file_key,
+    is_complete,
     lock_path,
+    pack_work_dir,
+    package_version,
+    printable,
+    publish,
+    seal,
+    stopping,
 )
 from colabfast.packing.parts import ARRAY, PIECE, _blob_pieces, _encode_part, _ends, _load, _pool
 from colabfast.where._fileio import PathLike, locked, read_json, write_all, write_json_atomic
@@ -78,11 +78,11 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
     given = Path(os.path.abspath(dst))
     dst = Path(os.path.realpath(given))
     is_layout = isinstance(dataset, Layout)
-    source = source or (_printable(str(dataset.root)) if is_layout else describe_dataset(dataset))
-    work = _work_dir(dst)
+    source = source or (printable(str(dataset.root)) if is_layout else describe_dataset(dataset))
+    work = pack_work_dir(dst)
     work.parent.mkdir(parents=True, exist_ok=True)
     with locked(lock_path(dst), f"packing into {dst}"):
-        packed_from = _existing_mirror(dst, overwrite, "mirror")
+        packed_from = existing_mirror(dst, overwrite, "mirror")
         if packed_from is not None and packed_from != source:
             raise PackRefused(f"{dst} is a mirror of {packed_from}, not of {source}: packing would replace it, so "
                              "nothing was written. Pass another dst, or overwrite=True to replace it.")
@@ -97,18 +97,18 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
             print(f"pack: {source}: {dataset.describe() if is_layout else f'{n} samples'}, fields "
                   + ", ".join(f"{f.name} ({f.kind if f.kind != 'array' else 'array'})" for f in flds
                               if f.as_ != "hidden"))
-        if not fingerprint.endswith("-anonymous") and _complete(dst, fingerprint):
+        if not fingerprint.endswith("-anonymous") and is_complete(dst, fingerprint):
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this dataset with these options")
             return given
-        build = common._build_path(dst, work)
+        build = common.build_path(dst, work)
         work.mkdir(parents=True, exist_ok=True)
         direct = _Direct.start(dataset, template, flds, options, work, build, fingerprint)
         part_paths, errors, n = make_parts(dataset, template, flds, options, work, workers, progress, fingerprint,
                                            direct)
         paths = list(dataset.paths) if is_layout else [str(i) for i in range(n)]
         failures = [(paths[i], e) for i, e in errors]
-        skipped = [(_printable(p), e) for p, e in (dataset.skipped if is_layout else [])]
+        skipped = [(printable(p), e) for p, e in (dataset.skipped if is_layout else [])]
         if failures and on_error == "raise":
             raise PackError(failures)
         if failures:
@@ -120,9 +120,9 @@ def pack_columns(src: Any, dst: PathLike, *, options: dict, workers: int, on_err
                       dataset.info if is_layout else None, split)
         build.parent.mkdir(parents=True, exist_ok=True)
         assemble(build, part_paths, flds, template, head, kept, [paths[i] for i in kept], direct)
-        _seal(build)
+        seal(build)
         check_built(build, flds, len(kept))
-        _publish(build, dst)
+        publish(build, dst)
         trust(dst)
         shutil.rmtree(work, ignore_errors=True)
     return given
@@ -145,7 +145,7 @@ def identity(dataset: Any) -> Optional[str]:
     if isinstance(dataset, Layout):
         h = hashlib.sha256(dataset.name.encode())
         for f in dataset.files:
-            h.update(_file_key(f))
+            h.update(file_key(f))
         return h.hexdigest()
     for name in ("fingerprint", "_fingerprint"):
         value = getattr(dataset, name, None)
@@ -347,7 +347,7 @@ def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: d
 
     pool = _pool(dataset, workers)
     inflight: deque[tuple[Future, range]] = deque()
-    with _stopping(pool), tqdm(total=n, initial=finished, unit="sample", desc="pack", disable=not progress) as bar:
+    with stopping(pool), tqdm(total=n, initial=finished, unit="sample", desc="pack", disable=not progress) as bar:
         k = 0
         while k * common.CHUNK < ends[0]:  # the end known so far: no part is made past it
             idx = range(k * common.CHUNK, min(n, (k + 1) * common.CHUNK))
@@ -617,5 +617,5 @@ def header(layout: str, source: str, options: dict, fingerprint: str, skipped: l
     return Header(layout=layout, store=options["store"], classes=classes, image_size=options["image_size"],
                   quality=options["quality"], shuffled=False, seed=None, fingerprint=fingerprint,
                   skipped=[{"path": p, "error": e} for p, e in skipped], source=source,
-                  created=datetime.now(timezone.utc).isoformat(timespec="seconds"), colabfast_version=_version(),
+                  created=datetime.now(timezone.utc).isoformat(timespec="seconds"), colabfast_version=package_version(),
                   layout_info=info, split=split, version=COLUMNS_VERSION)

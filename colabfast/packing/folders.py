@@ -41,62 +41,75 @@ from colabfast.mirror.safety import open_h5, trust
 from colabfast.packing.archivesource import ArchiveSource
 from colabfast.packing.common import (
     PackError,
-    _check_same_source,
-    _complete,
-    _existing_mirror,
-    _file_key,
-    _load_part,
-    _printable,
-    _process_pool,
-    _publish,
-    _save_part,
-    _seal,
-    _stopping,
     _verify_attrs,
-    _version,
-    _work_dir,
+    check_same_source,
+    existing_mirror,
+    file_key,
+    is_complete,
+    load_part,
     lock_path,
+    pack_work_dir,
+    package_version,
+    printable,
+    process_pool,
+    publish,
+    save_part,
+    seal,
+    stopping,
 )
 from colabfast.where import env
 from colabfast.where._fileio import PathLike, human_bytes, locked, open_regular, partial_path, retry, write_all
 
-__all__ = ["pack_folder"]
+__all__ = ["pack_folder", "BuildOptions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    """What :func:`_build` records in a mirror's header beside its images (``options`` as
+    :func:`~colabfast.packing.common.mirror_options` makes them), and what it does with unreadable files."""
+
+    fingerprint: str
+    options: dict
+    on_error: str
+    shuffle: bool
+    seed: int
+    archive: Optional[ArchiveSource] = None  # the archive the parts were streamed from
 
 
 def pack_folder(src: Any, dst: PathLike, *, options: dict, workers: int, on_error: str, progress: bool,
                 overwrite: bool, layout: str, shuffle: bool, seed: int, retries: int) -> Path:
     """:func:`colabfast.pack` for a folder (``layout`` ``"imagefolder"``, ``"kitti"`` or ``"auto"``) or, for
     ``"files"``, a list of image paths or ``(path, label)`` pairs; ``options`` as :func:`~colabfast.packing.
-    common._options` makes them. Returns ``dst`` as given. Raises what :func:`colabfast.pack` raises."""
+    common.mirror_options` makes them. Returns ``dst`` as given. Raises what :func:`colabfast.pack` raises."""
     given = Path(os.path.abspath(dst))
     dst = Path(os.path.realpath(given))  # one lock and one work folder, however the path is spelled
     path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
-    work = _work_dir(dst)
+    work = pack_work_dir(dst)
     work.parent.mkdir(parents=True, exist_ok=True)
     # Two packs into one destination would delete each other's parts and publish a mix (seen in 2 of
     # 9 concurrent runs): the second waits for the first, saying so.
     with locked(lock_path(dst), f"packing into {dst}"):
-        packed_from = _existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
+        packed_from = existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
         fingerprint, source, orders = _listing(src, options, layout, shuffle, seed)
         if packed_from is not None:
-            _check_same_source(dst, packed_from, source.root)
-        described = _printable(f"{source.root}: {source.describe()}")
+            check_same_source(dst, packed_from, source.root)
+        described = printable(f"{source.root}: {source.describe()}")
         if progress:
             print(f"pack: {described}")
-        if _complete(dst, fingerprint):
+        if is_complete(dst, fingerprint):
             if progress:
                 print(f"pack: {dst} is already a complete mirror of this source with these options")
             return given
-        build = common._build_path(dst, work)
+        build = common.build_path(dst, work)
         work.mkdir(parents=True, exist_ok=True)
-        if not _complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
+        if not is_complete(build, fingerprint) and not _resume_assembly(build, work, fingerprint):
             if source.unreadable and on_error == "raise":  # before any work, not after it
-                raise PackError([(_printable(p), e) for p, e in source.unreadable])
+                raise PackError([(printable(p), e) for p, e in source.unreadable])
             jobs = _plan_parts(source, orders, options, work)
             _preflight(source, work, options["store"], options["image_size"], reused=_reused(jobs))
             parts = _make_parts(source, orders, options, jobs, workers, progress, retries)
-            _build(build, work, source, orders, parts, fingerprint, on_error, shuffle, seed, options, None)
-        _publish(build, dst)
+            _build(build, work, source, orders, parts, BuildOptions(fingerprint, options, on_error, shuffle, seed))
+        publish(build, dst)
         trust(dst)  # opening what we just wrote needs no check in a child process
         shutil.rmtree(work, ignore_errors=True)
     return given
@@ -122,7 +135,7 @@ def _fingerprint(source: Source, orders: dict[str, np.ndarray], options: dict) -
     for s in source.splits:
         h.update(s.name.encode() + b"\0" + orders[s.name].tobytes())
         for f in s.files:
-            h.update(_file_key(f))
+            h.update(file_key(f))
         if s.objects is not None:
             h.update(s.objects.offsets.tobytes() + s.objects.bbox.tobytes())
     return h.hexdigest()
@@ -157,19 +170,21 @@ def _preflight(source: Source, work: Path, store: str, image_size, reused: int =
                       "parts it finished.", stacklevel=4)
 
 
-def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts, fingerprint: str,
-           on_error: str, shuffle: bool, seed: int, options: dict, archive: Optional[ArchiveSource]) -> None:
+def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray], parts: _Parts,
+           how: BuildOptions) -> None:
     """Assemble the parts in ``work`` into a verified mirror at ``build`` (the parts go into it)."""
-    failures = sorted([(_printable(str(s.root / s.files[i].rel)), err)
+    fingerprint, options, on_error, shuffle, seed, archive = (how.fingerprint, how.options, how.on_error,
+                                                              how.shuffle, how.seed, how.archive)
+    failures = sorted([(printable(str(s.root / s.files[i].rel)), err)
                        for s in source.splits for i, err in parts.errors[s.name]]
-                      + [(_printable(p), e) for p, e in source.unreadable])
+                      + [(printable(p), e) for p, e in source.unreadable])
     if failures and on_error == "raise":
         raise PackError(failures)
     if failures:
         what = "files and folders" if source.unreadable else "files"
         warnings.warn(f"pack: skipped {len(failures)} unreadable {what}, e.g. {failures[0][0]}: {failures[0][1]}",
                       stacklevel=4)
-    hidden = [(_printable(p), e) for p, e in source.hidden]
+    hidden = [(printable(p), e) for p, e in source.hidden]
     if hidden:
         warnings.warn(f"pack: left out {len(hidden)} hidden files or folders that torchvision reads, e.g. "
                       f"{hidden[0][0]}: {hidden[0][1]}. The mirror lists them (colabfast info).", stacklevel=4)
@@ -180,8 +195,8 @@ def _build(build: Path, work: Path, source: Source, orders: dict[str, np.ndarray
     head = Header(
         layout=source.layout, store=options["store"], classes=source.classes, image_size=options["image_size"],
         quality=options["quality"], shuffled=shuffle, seed=seed, fingerprint=fingerprint,
-        skipped=[{"path": p, "error": e} for p, e in sorted(failures + hidden)], source=_printable(str(source.root)),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), colabfast_version=_version(),
+        skipped=[{"path": p, "error": e} for p, e in sorted(failures + hidden)], source=printable(str(source.root)),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), colabfast_version=package_version(),
         labels=labels, class_names=None if names is None else [list(n) for n in names],
         split=archive.layout.split("-", 1)[1] if archive is not None and archive.layout.startswith("kaggle-") else None,
     )
@@ -286,7 +301,7 @@ def _plan_parts(source: Source, orders: dict[str, np.ndarray], options: dict, wo
             idx = order[k : k + common.CHUNK]
             h = hashlib.sha1(tags.encode())
             for i in idx:
-                h.update(_file_key(s.files[i]))
+                h.update(file_key(s.files[i]))
             jobs.append((s, work / f"{s.name or 'all'}-{k // common.CHUNK:06d}-{h.hexdigest()[:16]}.npz", idx))
     wanted = {p for _, p, _ in jobs}
     for stale in work.glob("*.npz"):
@@ -312,7 +327,7 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, jo
     errors: dict[str, list[tuple[int, str]]] = {s.name: [] for s in source.splits}
     todo = []
     for s, path, idx in jobs:
-        done = _load_part(path) if path.exists() else None
+        done = load_part(path) if path.exists() else None
         if done is None:
             todo.append((s, path, idx))
         else:  # finished by an earlier, interrupted run
@@ -321,16 +336,16 @@ def _make_parts(source: Source, orders: dict[str, np.ndarray], options: dict, jo
     finished = total - sum(len(idx) for _, _, idx in todo)
     if finished and progress:
         print(f"pack: resuming: {finished} of {total} images were packed by an earlier run")
-    pool = _process_pool(workers)
+    pool = process_pool(workers)
     inflight: deque[tuple[Future, Split, Path, np.ndarray]] = deque()
 
     def finish(fut: Future, s: Split, path: Path, idx: np.ndarray) -> None:
         result = fut.result()
-        _save_part(path, result)
+        save_part(path, result)
         errors[s.name].extend((int(idx[i]), msg) for i, msg in result["errors"])
         bar.update(len(idx))
 
-    with ThreadPoolExecutor(32, thread_name_prefix="colabfast-pack-read") as readers, _stopping(pool), \
+    with ThreadPoolExecutor(32, thread_name_prefix="colabfast-pack-read") as readers, stopping(pool), \
             tqdm(total=total, initial=finished, unit="img", desc="pack", disable=not progress) as bar:
         for s, path, idx in todo:
             items = list(readers.map(lambda p: _read_file(p, retries), [s.root / s.files[i].rel for i in idx]))
@@ -375,7 +390,7 @@ def _assemble(build: Path, work: Path, source: Source, orders: dict[str, np.ndar
     moves = _lay_out(build, source, orders, parts, head)
     _plan_moves(work, head.fingerprint or "", moves)
     _move_parts(build, work, moves)
-    _seal(build)
+    seal(build)
 
 
 def _part_bytes(path: Path) -> int:
@@ -418,7 +433,7 @@ def _move_parts(build: Path, work: Path, moves: list[tuple[str, int, int]]) -> N
             for name, offset, nbytes in moves:
                 if name in done:
                     continue
-                part = _load_part(work / name)
+                part = load_part(work / name)
                 if part is None or len(part["blob"]) != nbytes:
                     raise MirrorError(f"{work / name} is missing or unreadable while building {build}: delete "
                                       f"{work} and run pack() again")
@@ -457,7 +472,7 @@ def _resume_assembly(build: Path, work: Path, fingerprint: str) -> bool:
     if any(name not in done and not (work / name).is_file() for name, _, _ in moves):
         return False  # a part is gone that was never moved: build again
     _move_parts(build, work, moves)
-    _seal(build)
+    seal(build)
     _verify_attrs(build)
     return True
 
@@ -468,7 +483,7 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
     images, bytes)`` per part. Failed samples take no bytes in a part's blob, so each blob goes whole."""
     offsets, shapes, kept, crcs, at, pos = [np.zeros(1, np.int64)], [], [], [], [], 0
     for k, path in enumerate(part_paths):
-        part = _load_part(path)
+        part = load_part(path)
         if part is None:
             raise MirrorError(f"{path} is unreadable though it was just checked: run pack() again")
         idx = order[k * common.CHUNK : (k + 1) * common.CHUNK]
@@ -492,7 +507,7 @@ def _write_split(g: h5py.Group, s: Split, order: np.ndarray, part_paths: list[Pa
                 if shapes else np.zeros((0, 3), np.int32))
     write_array(g, "image_crc32", np.array(crcs, dtype=np.uint32))
     write_array(g, "order", kept_idx)
-    paths = [_printable(s.files[i].rel).encode("utf-8") for i in kept_idx]
+    paths = [printable(s.files[i].rel).encode("utf-8") for i in kept_idx]
     write_array(g, "paths", np.frombuffer(b"".join(paths), dtype=np.uint8))
     write_array(g, "path_offsets", np.concatenate([[0], np.cumsum([len(p) for p in paths])]).astype(np.int64))
     if s.targets is not None:

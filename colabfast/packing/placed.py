@@ -4,7 +4,7 @@ Into a destination on another file system (Drive), a pack builds its parts and t
 work folder and copies the mirror over at the end (:func:`~colabfast.packing.common._publish`): the
 local disk must hold about the mirror. Where it cannot (`NotEnoughSpace`), :func:`tries` packs again
 with the work folder beside the destination, ``.<name>.colabfast-pack`` (see
-:func:`~colabfast.packing.common._work_dir`): parts, spools and the build, under its temporary name,
+:func:`~colabfast.packing.common.pack_work_dir`): parts, spools and the build, under its temporary name,
 are all written there, verified there and renamed into place, so the local disk holds nothing that
 grows with the dataset (:data:`BUDGET` bounds what it may hold); a killed run resumes from the parts
 left there. What it costs against the local build: ``benchmarks/pack_straight.py``.
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from colabfast.errors import NotEnoughSpace
-from colabfast.packing.common import STRAIGHT, _work_dir
+from colabfast.packing.common import STRAIGHT, pack_work_dir
 from colabfast.where import env
 from colabfast.where._fileio import PathLike
 
@@ -58,7 +58,7 @@ class _Short(contextlib.AbstractContextManager):
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         if not isinstance(exc, NotEnoughSpace) or STRAIGHT.get() or not env.is_fuse(self.dst.parent):
             return False
-        shutil.rmtree(_work_dir(self.dst), ignore_errors=True)
+        shutil.rmtree(pack_work_dir(self.dst), ignore_errors=True)
         if self.progress:
             print(f"pack: {exc.strerror}: packing straight to {self.dst.parent} instead (its parts and build "
                   "beside it, under temporary names)")

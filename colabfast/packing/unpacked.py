@@ -121,14 +121,14 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
         when the archive does not hold what the layout reads; :class:`SplitRefused` (a ``PackRefused``)
         for a ``split`` it lacks, or none where it holds several.
     """
-    from colabfast.packing.common import _complete, _printable
+    from colabfast.packing.common import is_complete, printable
     from colabfast.packing.dataset import pack_columns
 
     archive = Path(os.path.abspath(src))
     check_split(archive, layout, labels, split)  # before anything is written
     fingerprint = unpacked_fingerprint(archive, layout, labels, split, options, retries, year)
     real = Path(os.path.realpath(os.path.abspath(dst)))
-    if not overwrite and _complete(real, fingerprint):  # found before extracting anything
+    if not overwrite and is_complete(real, fingerprint):  # found before extracting anything
         if progress:
             print(f"pack: {real} is already a complete mirror of {archive} with these options")
         return Path(os.path.abspath(dst))
@@ -140,7 +140,7 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
         extract(archive, folder, retries=retries)  # resumes: entries already extracted are skipped
         dataset = _open(folder, layout, labels, split, on_error, retries, archive, year)
         done = pack_columns(dataset, dst, options=options, workers=workers, on_error=on_error, progress=progress,
-                            overwrite=overwrite, layout=layout, fields=fields, source=_printable(str(archive)),
+                            overwrite=overwrite, layout=layout, fields=fields, source=printable(str(archive)),
                             fingerprint=fingerprint, split=split)
     except Exception:
         # A failure leaves no extraction behind (an export is quick to extract again); an interrupted
