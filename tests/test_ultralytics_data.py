@@ -189,6 +189,32 @@ def test_yaml_keys_kept_and_paths_rewritten_to_local_disk(local):
     assert {k for k in yaml.safe_load(data.read_text()) if k in ("train", "val", "test")} == {"train"}
 
 
+ROBOFLOW_PATHS = "train: ../train/images\nval: ../valid/images\ntest: ../test/images\n"
+
+
+@pytest.mark.parametrize("paths", [ROBOFLOW_PATHS, "train: train/images\nval: valid/images\ntest: test/images\n",
+                                   "path: .\ntrain: train/images\nval: valid/images\ntest: test/images\n"])
+def test_an_unzipped_roboflow_export_is_read_as_its_zip(local, paths):
+    """What Roboflow's ``version.download("yolov8")`` leaves (its zip unzipped: ``<split>/images``, no
+    ``images/`` folder), with its YAML's paths as Roboflow writes them or as users fix them: the tree
+    of its zip, and Ultralytics' labels."""
+    archive = roboflow_zip(local)
+    root = local / "export"  # the folder the zip holds
+    yaml_text = (root / "data.yaml").read_text()
+    (root / "data.yaml").write_text(paths + yaml_text[len(ROBOFLOW_PATHS):])
+    from_zip = cf.ultralytics_data(archive, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    from_folder = cf.ultralytics_data(root, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    ours, theirs = contents(from_folder.parent), contents(from_zip.parent)
+    assert ours.keys() == theirs.keys() and len([k for k in ours if k.startswith("images/")]) == 5
+    assert all(ours[k] == theirs[k] for k in ours if k not in ("data.yaml", COMPLETE))
+    doc, zipped = yaml.safe_load(from_folder.read_text()), yaml.safe_load(from_zip.read_text())
+    assert {**doc, "path": None} == {**zipped, "path": None}
+    for split, key in (("train", "train"), ("valid", "val"), ("test", "test")):
+        assert doc[key] == f"images/{split}"
+        assert same_as_ultralytics(root / split / "images", from_folder.parent / doc[key]) == (3 if key == "train"
+                                                                                                else 1)
+
+
 def test_second_call_and_second_runtime_pack_nothing(local, monkeypatch):
     import shutil
 

@@ -83,12 +83,13 @@ class _Export:
         from colabfast.layouts.images import is_image
 
         found: dict[str, str] = {}
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # Ultralytics' images/<split>/ (none in a Roboflow export)
             held = sorted((self.src / "images").iterdir())
             if any(p.is_file() and is_image(p.name) for p in held):
                 found[""] = "images/"  # no split: all of images/
             else:
                 found.update((p.name, f"images/{p.name}/") for p in held if p.is_dir() and not p.name.startswith("."))
+        with contextlib.suppress(OSError):  # Roboflow's <split>/images/
             for p in sorted(self.src.iterdir()):
                 if p.is_dir() and (p / "images").is_dir() and p.name != "images":
                     found.setdefault(p.name, f"{p.name}/images/")
