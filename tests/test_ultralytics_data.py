@@ -215,6 +215,38 @@ def test_an_unzipped_roboflow_export_is_read_as_its_zip(local, paths):
                                                                                                 else 1)
 
 
+def test_a_zip_is_listed_and_extracted_once_whatever_its_splits(local, monkeypatch):
+    """Three splits (train, valid, test) read the zip as often as one: one extraction, one listing."""
+    from colabfast.packing import unpacked
+
+    archive = roboflow_zip(local)
+    opened: list[str] = []
+    extracted: list[str] = []
+    zip_init, extract = zipfile.ZipFile.__init__, unpacked.extract
+
+    def counted_init(self, file, *args, **kwargs):
+        name = os.fspath(file) if isinstance(file, (str, os.PathLike)) else getattr(file, "name", "")
+        opened.append(os.path.abspath(name)) if name else None
+        zip_init(self, file, *args, **kwargs)
+
+    def counted_extract(src, *args, **kwargs):
+        extracted.append(os.fspath(src))
+        return extract(src, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "__init__", counted_init)
+    monkeypatch.setattr(unpacked, "extract", counted_extract)
+    reads = {}
+    for split in ("train", None):
+        new_runtime(local)
+        opened.clear(), extracted.clear()
+        data = cf.ultralytics_data(archive, split, mirrors=local / f"drive/mirrors-{split}", to="disk",
+                                   progress=False)
+        reads[split] = opened.count(str(archive))
+        assert extracted == [str(archive)], extracted
+    assert len(yaml.safe_load(data.read_text())) >= 3 and reads[None] == reads["train"] <= 3, reads
+    assert not any((env.work_dir() / "unpacked").iterdir())  # the extraction is removed
+
+
 def test_second_call_and_second_runtime_pack_nothing(local, monkeypatch):
     import shutil
 

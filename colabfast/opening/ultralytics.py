@@ -223,6 +223,14 @@ def _by_listing(given: Path, split: Union[str, Sequence[str], None], folder: Pat
     """:func:`ultralytics_data` the first time (or after a change): the export read and listed, each
     split's mirror found by its fingerprint or packed (:func:`colabfast.open_dataset`), the tree written,
     and the export's record written beside the mirrors."""
+    from colabfast.packing.unpacked import read_once
+
+    with read_once(given):  # a zip listed and extracted once for all its splits
+        return _listed(given, split, folder, record, to, progress, said)
+
+
+def _listed(given: Path, split: Union[str, Sequence[str], None], folder: Path, record: Path, to: str,
+            progress: bool, said: list[str]) -> Path:
     from colabfast.opening.exportrecord import stamps, write_record
     from colabfast.opening.opener import open_dataset
 
