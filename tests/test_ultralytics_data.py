@@ -150,6 +150,61 @@ def test_polygons_are_what_ultralytics_reads_from_the_export(local):
     assert len(first) == 2 and all(len(line.split()) > 6 for line in first)  # still polygons
 
 
+def png(path: Path, pixels: np.ndarray, **save) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, **save)
+    return path
+
+
+def test_16_bit_and_palette_images_are_read_as_ultralytics_reads_them(local):
+    """Ultralytics decodes with OpenCV (``imread``, ``ultralytics/utils/patches.py``): a 16-bit grey
+    PNG or TIFF keeps each value's high byte, where Pillow's ``convert("RGB")`` clips it to 255. The
+    tree's files and the mirror's pixels are OpenCV's, to the pixel."""
+    import cv2
+    from ultralytics.utils.patches import imread
+
+    root = local / "drive/deep"
+    grey16 = RNG.integers(0, 65536, (30, 40), dtype=np.uint16)
+    png(root / "images/train/grey16.png", grey16)
+    png(root / "images/train/grey16-trns.png", grey16[::-1].copy(), transparency=1234)
+    png(root / "images/train/grey16.tif", grey16[:, ::-1].copy())
+    cv2.imwrite(str(root / "images/train/rgb16.png"), RNG.integers(0, 65536, (30, 40, 3), dtype=np.uint16))
+    palette = Image.fromarray(RNG.integers(0, 256, (30, 40, 3), dtype=np.uint8)).quantize(16)
+    palette.save(text(root / "images/train/palette.png", "")), palette.save(root / "images/train/palette4.png",
+                                                                              bits=4, transparency=3)
+    turned = cv2.imencode(".png", grey16)[1].tobytes()  # a 16-bit grey PNG with an EXIF orientation
+    (root / "images/train/turned16.png").write_bytes(
+        turned[:33] + png_chunk(b"eXIf", with_orientation_exif(6)) + turned[33:])
+    sources = sorted((root / "images/train").iterdir())
+    for src in sources:
+        text(label_of(src), "1 0.5 0.5 0.5 0.5\n")
+    text(root / "data.yaml", "train: images/train\nval: images/train\nnames: [a, b, c]\n")
+    with Image.open(root / "images/train/grey16.png") as im:
+        assert im.mode == "I;16" and np.asarray(im.convert("RGB")).max() == 255  # Pillow's clip
+    data = cf.ultralytics_data(root, "train", mirrors=local / "drive/mirrors", to="disk", progress=False)
+    ds = cf.open_dataset(root, "train", mirrors=local / "drive/mirrors", layout="yolo", progress=False)
+    for k, src in enumerate(sources):
+        theirs = imread(str(src))
+        assert theirs.shape[2] == 3 and (src.name != "grey16.png" or theirs.max() > 200), src
+        assert np.array_equal(imread(str(data.parent / "images/train" / src.name)), theirs), src.name
+        assert ds.source_paths[k].endswith(src.name)
+        assert np.array_equal(np.asarray(ds[k][0])[..., ::-1], theirs), src.name  # the mirror's pixels
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    import struct
+    import zlib
+
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def with_orientation_exif(orientation: int) -> bytes:
+    """A PNG's ``eXIf`` chunk data: the TIFF block alone, without JPEG's ``Exif\\0\\0`` header."""
+    exif = Image.Exif()
+    exif[274] = orientation
+    return exif.tobytes()[6:]
+
+
 def roboflow_zip(local: Path) -> Path:
     """A Roboflow YOLO export zip: train/valid/test folders, ``../train/images`` paths, a roboflow block."""
     root = local / "export"
