@@ -302,6 +302,23 @@ def test_a_zip_is_listed_and_extracted_once_whatever_its_splits(local, monkeypat
     assert not any((env.work_dir() / "unpacked").iterdir())  # the extraction is removed
 
 
+def test_a_staged_mirror_of_another_mirrors_folder_is_refused_in_ultralytics_datas_terms(local):
+    """``open_dataset(mirrors=A)`` then ``ultralytics_data(mirrors=B)``: the staged copy from A is not
+    replaced, and the message says what ultralytics_data takes (not stage's ``dst=``/``overwrite=``)."""
+    from colabfast.errors import StageRefused
+
+    archive = roboflow_zip(local)
+    first, other = local / "drive/mirrors", local / "drive/other-mirrors"
+    cf.open_dataset(archive, "train", mirrors=first, to="disk", output="bytes", layout="yolo", progress=False)
+    with pytest.raises(StageRefused) as info:
+        cf.ultralytics_data(archive, mirrors=other, to="disk", progress=False)
+    message = str(info.value)
+    assert isinstance(info.value, cf.Error) and "\n" not in message, message
+    assert f"mirrors={str(first)!r}" in message and "dst" not in message and "overwrite" not in message, message
+    data = cf.ultralytics_data(archive, mirrors=first, to="disk", progress=False)  # what the message says
+    assert len(list((data.parent / "images/train").iterdir())) == 3
+
+
 def test_second_call_and_second_runtime_pack_nothing(local, monkeypatch):
     import shutil
 

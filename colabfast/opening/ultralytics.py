@@ -22,7 +22,7 @@ import shutil
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from colabfast.errors import ExportRefused, SourceNotFound, excerpt
 from colabfast.where import env
@@ -209,13 +209,33 @@ def ultralytics_data(
     selection = split if split is None or isinstance(split, str) else list(split)
     record = record_path(folder, root, selection)
     said: list[str] = []
-    data = None if relist else _by_record(record, given, folder, to, progress, said)
-    if data is None:
-        data = _by_listing(given, split, folder, record, to, progress, said)
+    with _refusals_said(given, folder):
+        data = None if relist else _by_record(record, given, folder, to, progress, said)
+        if data is None:
+            data = _by_listing(given, split, folder, record, to, progress, said)
     if progress:
         print(f"ultralytics_data: {'; '.join(said)}; train with data={str(data)!r} "
               f"({time.perf_counter() - start:.1f} s)")
     return data
+
+
+@contextlib.contextmanager
+def _refusals_said(given: Path, folder: Path) -> Iterator[None]:
+    """A staged copy that staging a mirror of ``folder`` would replace (one of a mirror of another mirrors
+    folder, staged by :func:`colabfast.open_dataset`), refused in what :func:`ultralytics_data` takes."""
+    from colabfast.errors import StageRefused
+
+    try:
+        yield
+    except StageRefused as exc:
+        target, source = getattr(exc, "target", None), getattr(exc, "staged_from", None)
+        if target is None:
+            raise
+        use = (f"call {CALL}({str(given)!r}, mirrors={str(Path(source).parent)!r}) to use the mirrors staged from "
+               "there, or " if source else "")
+        whose = f"was staged from {source}" if source else "is a file colabfast did not stage"
+        raise StageRefused(f"{target} {whose}: staging the mirror of {given} in {folder} would replace it, so "
+                           f"nothing was written; {use}delete {target} (a new runtime has none)") from None
 
 
 def _by_listing(given: Path, split: Union[str, Sequence[str], None], folder: Path, record: Path, to: str,
