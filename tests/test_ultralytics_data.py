@@ -319,6 +319,35 @@ def test_a_staged_mirror_of_another_mirrors_folder_is_refused_in_ultralytics_dat
     assert len(list((data.parent / "images/train").iterdir())) == 3
 
 
+def account_times(out: str) -> tuple[float, dict[str, float]]:
+    """The total and the parts of ultralytics_data's printed account (its last line)."""
+    import re
+
+    line = [x for x in out.splitlines() if x.startswith("ultralytics_data: ")][-1]
+    total, parts = re.fullmatch(r".*\(([0-9.]+) s: (.*)\)", line).groups()
+    return float(total), {what: float(s) for what, s in re.findall(r"(?:^|, )([^,]+?) ([0-9.]+) s", parts)}
+
+
+def test_the_accounts_times_add_up_to_the_calls(local, capsys):
+    """Each part of the account is timed from the end of the one before, from the call's start: they
+    add up to the printed total (to its rounding), which is the call's time (within the test's own)."""
+    import time
+
+    archive = roboflow_zip(local)
+    for runtime in ("first", "later"):
+        new_runtime(local)
+        capsys.readouterr()
+        began = time.perf_counter()
+        cf.ultralytics_data(archive, mirrors=local / "drive/mirrors", to="disk")
+        wall = time.perf_counter() - began
+        total, parts = account_times(capsys.readouterr().out)
+        assert abs(sum(parts.values()) - total) <= 0.005 * (len(parts) + 1), (total, parts)
+        assert total <= wall + 0.005 and "imports" in parts and "other" in parts, (total, wall, parts)
+        splits = [what for what in parts if what.startswith("split ")]
+        assert len(splits) == (3 if runtime == "first" else 0), parts  # a later runtime stages by the record
+        assert ("the tree written" in parts) == (runtime == "first"), parts
+
+
 def test_second_call_and_second_runtime_pack_nothing(local, monkeypatch):
     import shutil
 
