@@ -97,9 +97,10 @@ def encode_image(data: bytes, store: str, image_size, quality: int,
     """What the mirror stores for one source file, and the decoded (H, W, 3) shape.
 
     ``orient``: read the file as Ultralytics reads images: its RGB OpenCV's (:func:`opencv_rgb`), its EXIF
-    orientation (:func:`exif_orientation`) applied after (OpenCV's decoders, ``ImageOps.exif_transpose``). A file with an orientation
-    other than 1 is then never kept as it is (no decoder colabfast reads mirrors with applies it): its
-    upright pixels are stored as lossless PNG (raw, or JPEG at ``quality`` when resized, as any other).
+    orientation (:func:`exif_orientation`) applied after (OpenCV's decoders, ``ImageOps.exif_transpose``).
+    A file with an orientation other than 1 is then never kept as it is (no decoder colabfast reads
+    mirrors with applies it): its upright pixels are stored as lossless PNG (raw, or JPEG at
+    ``quality`` when resized, as any other).
 
     Decodes each file (so truncated and corrupt files fail here, not in training) with
     ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images

@@ -97,7 +97,7 @@ def _listed_splits(names: list[str], layout: str, split: Optional[str]) -> Optio
     return {name: prefix + where for name, where in found.items()} or None
 
 
-_KEPT: dict[tuple, list] = {}  # read_once's archives: (path, size, mtime_ns) -> [extraction folder, extracted]
+_KEPT: dict[Optional[tuple], list] = {}  # read_once's zips: (path, size, mtime_ns) -> [folder, extracted]
 
 
 @contextlib.contextmanager
