@@ -150,6 +150,61 @@ def test_polygons_are_what_ultralytics_reads_from_the_export(local):
     assert len(first) == 2 and all(len(line.split()) > 6 for line in first)  # still polygons
 
 
+def png(path: Path, pixels: np.ndarray, **save) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, **save)
+    return path
+
+
+def test_16_bit_and_palette_images_are_read_as_ultralytics_reads_them(local):
+    """Ultralytics decodes with OpenCV (``imread``, ``ultralytics/utils/patches.py``): a 16-bit grey
+    PNG or TIFF keeps each value's high byte, where Pillow's ``convert("RGB")`` clips it to 255. The
+    tree's files and the mirror's pixels are OpenCV's, to the pixel."""
+    import cv2
+    from ultralytics.utils.patches import imread
+
+    root = local / "drive/deep"
+    grey16 = RNG.integers(0, 65536, (30, 40), dtype=np.uint16)
+    png(root / "images/train/grey16.png", grey16)
+    png(root / "images/train/grey16-trns.png", grey16[::-1].copy(), transparency=1234)
+    png(root / "images/train/grey16.tif", grey16[:, ::-1].copy())
+    cv2.imwrite(str(root / "images/train/rgb16.png"), RNG.integers(0, 65536, (30, 40, 3), dtype=np.uint16))
+    palette = Image.fromarray(RNG.integers(0, 256, (30, 40, 3), dtype=np.uint8)).quantize(16)
+    palette.save(text(root / "images/train/palette.png", "")), palette.save(root / "images/train/palette4.png",
+                                                                              bits=4, transparency=3)
+    turned = cv2.imencode(".png", grey16)[1].tobytes()  # a 16-bit grey PNG with an EXIF orientation
+    (root / "images/train/turned16.png").write_bytes(
+        turned[:33] + png_chunk(b"eXIf", with_orientation_exif(6)) + turned[33:])
+    sources = sorted((root / "images/train").iterdir())
+    for src in sources:
+        text(label_of(src), "1 0.5 0.5 0.5 0.5\n")
+    text(root / "data.yaml", "train: images/train\nval: images/train\nnames: [a, b, c]\n")
+    with Image.open(root / "images/train/grey16.png") as im:
+        assert im.mode == "I;16" and np.asarray(im.convert("RGB")).max() == 255  # Pillow's clip
+    data = cf.ultralytics_data(root, "train", mirrors=local / "drive/mirrors", to="disk", progress=False)
+    ds = cf.open_dataset(root, "train", mirrors=local / "drive/mirrors", layout="yolo", progress=False)
+    for k, src in enumerate(sources):
+        theirs = imread(str(src))
+        assert theirs.shape[2] == 3 and (src.name != "grey16.png" or theirs.max() > 200), src
+        assert np.array_equal(imread(str(data.parent / "images/train" / src.name)), theirs), src.name
+        assert ds.source_paths[k].endswith(src.name)
+        assert np.array_equal(np.asarray(ds[k][0])[..., ::-1], theirs), src.name  # the mirror's pixels
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    import struct
+    import zlib
+
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def with_orientation_exif(orientation: int) -> bytes:
+    """A PNG's ``eXIf`` chunk data: the TIFF block alone, without JPEG's ``Exif\\0\\0`` header."""
+    exif = Image.Exif()
+    exif[274] = orientation
+    return exif.tobytes()[6:]
+
+
 def roboflow_zip(local: Path) -> Path:
     """A Roboflow YOLO export zip: train/valid/test folders, ``../train/images`` paths, a roboflow block."""
     root = local / "export"
@@ -187,6 +242,110 @@ def test_yaml_keys_kept_and_paths_rewritten_to_local_disk(local):
     # split= keeps the YAML keys asked for
     data = cf.ultralytics_data(archive, "train", mirrors=local / "drive/mirrors", to="disk", progress=False)
     assert {k for k in yaml.safe_load(data.read_text()) if k in ("train", "val", "test")} == {"train"}
+
+
+ROBOFLOW_PATHS = "train: ../train/images\nval: ../valid/images\ntest: ../test/images\n"
+
+
+@pytest.mark.parametrize("paths", [ROBOFLOW_PATHS, "train: train/images\nval: valid/images\ntest: test/images\n",
+                                   "path: .\ntrain: train/images\nval: valid/images\ntest: test/images\n"])
+def test_an_unzipped_roboflow_export_is_read_as_its_zip(local, paths):
+    """What Roboflow's ``version.download("yolov8")`` leaves (its zip unzipped: ``<split>/images``, no
+    ``images/`` folder), with its YAML's paths as Roboflow writes them or as users fix them: the tree
+    of its zip, and Ultralytics' labels."""
+    archive = roboflow_zip(local)
+    root = local / "export"  # the folder the zip holds
+    yaml_text = (root / "data.yaml").read_text()
+    (root / "data.yaml").write_text(paths + yaml_text[len(ROBOFLOW_PATHS):])
+    from_zip = cf.ultralytics_data(archive, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    from_folder = cf.ultralytics_data(root, mirrors=local / "drive/mirrors", to="disk", progress=False)
+    ours, theirs = contents(from_folder.parent), contents(from_zip.parent)
+    assert ours.keys() == theirs.keys() and len([k for k in ours if k.startswith("images/")]) == 5
+    assert all(ours[k] == theirs[k] for k in ours if k not in ("data.yaml", COMPLETE))
+    doc, zipped = yaml.safe_load(from_folder.read_text()), yaml.safe_load(from_zip.read_text())
+    assert {**doc, "path": None} == {**zipped, "path": None}
+    for split, key in (("train", "train"), ("valid", "val"), ("test", "test")):
+        assert doc[key] == f"images/{split}"
+        assert same_as_ultralytics(root / split / "images", from_folder.parent / doc[key]) == (3 if key == "train"
+                                                                                                else 1)
+
+
+def test_a_zip_is_listed_and_extracted_once_whatever_its_splits(local, monkeypatch):
+    """Three splits (train, valid, test) read the zip as often as one: one extraction, one listing."""
+    from colabfast.packing import unpacked
+
+    archive = roboflow_zip(local)
+    opened: list[str] = []
+    extracted: list[str] = []
+    zip_init, extract = zipfile.ZipFile.__init__, unpacked.extract
+
+    def counted_init(self, file, *args, **kwargs):
+        name = os.fspath(file) if isinstance(file, (str, os.PathLike)) else getattr(file, "name", "")
+        opened.append(os.path.abspath(name)) if name else None
+        zip_init(self, file, *args, **kwargs)
+
+    def counted_extract(src, *args, **kwargs):
+        extracted.append(os.fspath(src))
+        return extract(src, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "__init__", counted_init)
+    monkeypatch.setattr(unpacked, "extract", counted_extract)
+    reads = {}
+    for split in ("train", None):
+        new_runtime(local)
+        opened.clear(), extracted.clear()
+        data = cf.ultralytics_data(archive, split, mirrors=local / f"drive/mirrors-{split}", to="disk",
+                                   progress=False)
+        reads[split] = opened.count(str(archive))
+        assert extracted == [str(archive)], extracted
+    assert len(yaml.safe_load(data.read_text())) >= 3 and reads[None] == reads["train"] <= 3, reads
+    assert not any((env.work_dir() / "unpacked").iterdir())  # the extraction is removed
+
+
+def test_a_staged_mirror_of_another_mirrors_folder_is_refused_in_ultralytics_datas_terms(local):
+    """``open_dataset(mirrors=A)`` then ``ultralytics_data(mirrors=B)``: the staged copy from A is not
+    replaced, and the message says what ultralytics_data takes (not stage's ``dst=``/``overwrite=``)."""
+    from colabfast.errors import StageRefused
+
+    archive = roboflow_zip(local)
+    first, other = local / "drive/mirrors", local / "drive/other-mirrors"
+    cf.open_dataset(archive, "train", mirrors=first, to="disk", output="bytes", layout="yolo", progress=False)
+    with pytest.raises(StageRefused) as info:
+        cf.ultralytics_data(archive, mirrors=other, to="disk", progress=False)
+    message = str(info.value)
+    assert isinstance(info.value, cf.Error) and "\n" not in message, message
+    assert f"mirrors={str(first)!r}" in message and "dst" not in message and "overwrite" not in message, message
+    data = cf.ultralytics_data(archive, mirrors=first, to="disk", progress=False)  # what the message says
+    assert len(list((data.parent / "images/train").iterdir())) == 3
+
+
+def account_times(out: str) -> tuple[float, dict[str, float]]:
+    """The total and the parts of ultralytics_data's printed account (its last line)."""
+    import re
+
+    line = [x for x in out.splitlines() if x.startswith("ultralytics_data: ")][-1]
+    total, parts = re.fullmatch(r".*\(([0-9.]+) s: (.*)\)", line).groups()
+    return float(total), {what: float(s) for what, s in re.findall(r"(?:^|, )([^,]+?) ([0-9.]+) s", parts)}
+
+
+def test_the_accounts_times_add_up_to_the_calls(local, capsys):
+    """Each part of the account is timed from the end of the one before, from the call's start: they
+    add up to the printed total (to its rounding), which is the call's time (within the test's own)."""
+    import time
+
+    archive = roboflow_zip(local)
+    for runtime in ("first", "later"):
+        new_runtime(local)
+        capsys.readouterr()
+        began = time.perf_counter()
+        cf.ultralytics_data(archive, mirrors=local / "drive/mirrors", to="disk")
+        wall = time.perf_counter() - began
+        total, parts = account_times(capsys.readouterr().out)
+        assert abs(sum(parts.values()) - total) <= 0.005 * (len(parts) + 1), (total, parts)
+        assert total <= wall + 0.005 and "imports" in parts and "other" in parts, (total, wall, parts)
+        splits = [what for what in parts if what.startswith("split ")]
+        assert len(splits) == (3 if runtime == "first" else 0), parts  # a later runtime stages by the record
+        assert ("the tree written" in parts) == (runtime == "first"), parts
 
 
 def test_second_call_and_second_runtime_pack_nothing(local, monkeypatch):

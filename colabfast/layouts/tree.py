@@ -185,12 +185,30 @@ def tree_of(path: Union[PathLike, Tree], retries: int = 5) -> Tree:
         return _Folder(path, retries)
     if suffix != ".zip":
         return _Tar(path, retries)
+    key = zip_key(path) if LISTED else None
+    if key in LISTED and LISTED[key] is not None:
+        return _Names(path, list(LISTED[key] or ()))
     try:
         with retry(lambda: zipfile.ZipFile(path), retries) as z:
             names = [safe_relpath(path, info.filename) + ("/" if info.is_dir() else "") for info in z.infolist()]
     except zipfile.BadZipFile as exc:
         raise ArchiveReadError(path, "(the central directory at its end)", str(exc)) from exc
-    return _Names(path, names)
+    if key in LISTED:
+        LISTED[key] = names
+    return _Names(path, list(names))
+
+
+# The zips listed once (colabfast.packing.unpacked.read_once): (path, size, mtime_ns) -> their names once read
+LISTED: dict[tuple, Optional[list[str]]] = {}
+
+
+def zip_key(path: PathLike) -> Optional[tuple]:
+    """What a zip's listing is kept by in :data:`LISTED`: its path, size and time (None: no such file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.path.abspath(path), st.st_size, st.st_mtime_ns
 
 
 SPLIT_FOLDERS = ("train", "val", "valid", "test")  # a folder holding only these holds splits, not classes

@@ -18,8 +18,9 @@ The rules followed are Ultralytics' own (``ultralytics`` 8.4.190, dataset cache 
   -0.01 and up to 1.01 kept as written (not clipped); a file it cannot use (a malformed line, a class
   outside ``names``, ...) drops its image; duplicate rows removed;
 - the image read upright: its EXIF orientation applied, as ``BaseDataset.load_image``
-  (``ultralytics/data/base.py``) decodes it with OpenCV (``imread``, ``ultralytics/utils/patches.py``),
-  and its size the oriented one (``exif_size``), which the normalised labels refer to;
+  (``ultralytics/data/base.py``) decodes it with OpenCV (``imread``, ``ultralytics/utils/patches.py``:
+  ``cv2.imdecode(..., IMREAD_COLOR)``, a 16-bit image's high byte kept, a palette expanded), and its
+  size the oriented one (``exif_size``), which the normalised labels refer to;
 - polygons kept only where every object of the split has one: a split mixing boxes and polygons is
   read as boxes, as ``YOLODataset.verify_labels`` (``ultralytics/data/dataset.py``) does for detection;
 - each image checked as ``check_image`` (``ultralytics/data/utils.py``, called by ``verify_image_label``)

@@ -19,9 +19,9 @@ class ImageFile:
     ``pack`` stores an ImageFolder's files (``kind="image"``: the pixels of
     ``PIL.Image.open(f).convert("RGB")``, kept as the file's bytes where every decoder gives those
     pixels), or losslessly in the file's own mode (``kind="mask"``: a palette PNG stays ``"P"`` with
-    its palette, class ids stay exact). ``orient``: the image is read upright, its EXIF orientation
-    applied after the RGB conversion (as Ultralytics reads images): a file with an orientation is stored
-    as its upright pixels, see :func:`colabfast.mirror.encoding.encode_image`."""
+    its palette, class ids stay exact). ``orient``: the image is read as Ultralytics reads it, OpenCV's
+    RGB (:func:`opencv_rgb`: a 16-bit grey image keeps its high byte) turned upright by its EXIF
+    orientation: a file with an orientation is stored as its upright pixels, see :func:`encode_image`."""
 
     data: bytes
     path: str  # relative to the layout's root, for messages
@@ -71,6 +71,18 @@ def oriented_size(img: Image.Image) -> tuple[int, int]:
     return img.size[::-1] if exif_orientation(img) in (5, 6, 7, 8) else img.size
 
 
+def opencv_rgb(img: Image.Image) -> Image.Image:
+    """``img`` in RGB as OpenCV's ``imdecode(..., IMREAD_COLOR)`` decodes it, which is how Ultralytics reads
+    images (``imread`` in ``ultralytics/utils/patches.py``): a 16-bit grey image keeps each value's high
+    byte (``>> 8``), where Pillow's ``convert("RGB")`` clips it to 255; any other mode (palette, 16-bit
+    RGB, alpha dropped) is ``convert("RGB")``, whose pixels are OpenCV's."""
+    if img.mode.startswith("I;16") or img.mode == "I" and img.format == "PNG":
+        import numpy as np
+
+        return Image.fromarray((np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8)).convert("RGB")
+    return img.convert("RGB")
+
+
 def _decodes_scaled(data: bytes) -> bool:
     """True if libjpeg-turbo decodes the JPEG ``data`` at 1/8 scale without an error or a warning."""
     try:
@@ -84,10 +96,11 @@ def encode_image(data: bytes, store: str, image_size, quality: int,
                  orient: bool = False) -> tuple[bytes, tuple[int, int, int]]:
     """What the mirror stores for one source file, and the decoded (H, W, 3) shape.
 
-    ``orient``: apply the file's EXIF orientation (:func:`exif_orientation`) after converting to RGB, as
-    Ultralytics reads images (OpenCV's decoders, ``ImageOps.exif_transpose``). A file with an orientation
-    other than 1 is then never kept as it is (no decoder colabfast reads mirrors with applies it): its
-    upright pixels are stored as lossless PNG (raw, or JPEG at ``quality`` when resized, as any other).
+    ``orient``: read the file as Ultralytics reads images: its RGB OpenCV's (:func:`opencv_rgb`), its EXIF
+    orientation (:func:`exif_orientation`) applied after (OpenCV's decoders, ``ImageOps.exif_transpose``).
+    A file with an orientation other than 1 is then never kept as it is (no decoder colabfast reads
+    mirrors with applies it): its upright pixels are stored as lossless PNG (raw, or JPEG at
+    ``quality`` when resized, as any other).
 
     Decodes each file (so truncated and corrupt files fail here, not in training) with
     ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images
@@ -127,7 +140,7 @@ def encode_image(data: bytes, store: str, image_size, quality: int,
             img.draft(mode, (max(1, width // 8), max(1, height // 8)))
             img.load()
         return data, (height, width, 3)
-    rgb = img.convert("RGB")
+    rgb = opencv_rgb(img) if orient else img.convert("RGB")
     if turn is not None:  # after the conversion, as OpenCV turns its decoded BGR: the same pixels either way
         rgb = rgb.transpose(turn)
     # A tRNS chunk of a 1-bit or 16-bit grey PNG stays in ``info`` as one int, which PIL cannot save

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import importlib
 import json
 import os
 import posixpath
@@ -22,7 +23,7 @@ import shutil
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from colabfast.errors import ExportRefused, SourceNotFound, excerpt
 from colabfast.where import env
@@ -83,12 +84,13 @@ class _Export:
         from colabfast.layouts.images import is_image
 
         found: dict[str, str] = {}
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # Ultralytics' images/<split>/ (none in a Roboflow export)
             held = sorted((self.src / "images").iterdir())
             if any(p.is_file() and is_image(p.name) for p in held):
                 found[""] = "images/"  # no split: all of images/
             else:
                 found.update((p.name, f"images/{p.name}/") for p in held if p.is_dir() and not p.name.startswith("."))
+        with contextlib.suppress(OSError):  # Roboflow's <split>/images/
             for p in sorted(self.src.iterdir()):
                 if p.is_dir() and (p / "images").is_dir() and p.name != "images":
                     found.setdefault(p.name, f"{p.name}/images/")
@@ -158,11 +160,11 @@ def ultralytics_data(
         StageRefused: a ``to`` that is not ``"auto"``, ``"disk"`` or ``"ram"``.
         OSError, MirrorError, PackError, StageError: as :func:`colabfast.open_dataset` raises them.
     """
+    said = _Account()  # from the call's start: its times add up to the call's
     if to not in ("auto", "disk", "ram"):
         from colabfast.errors import StageRefused
 
         raise StageRefused(f"to must be 'auto', 'disk' or 'ram', not {to!r}")
-    start = time.perf_counter()
     given = Path(os.path.abspath(os.path.expanduser(path)))
     root = given.parent if given.suffix.lower() in (".yaml", ".yml") else given  # the export's folder or zip
     from colabfast.opening.exportrecord import record_path
@@ -171,21 +173,74 @@ def ultralytics_data(
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(root)
     selection = split if split is None or isinstance(split, str) else list(split)
     record = record_path(folder, root, selection)
-    said: list[str] = []
-    data = None if relist else _by_record(record, given, folder, to, progress, said)
-    if data is None:
-        data = _by_listing(given, split, folder, record, to, progress, said)
+    for module in ("colabfast.opening.opener", "colabfast.packing", "colabfast.datasets"):  # torch, torchvision
+        importlib.import_module(module)
+    said.lap("imports")
+    with _refusals_said(given, folder):
+        data = None if relist else _by_record(record, given, folder, to, progress, said)
+        if not relist:
+            said.lap("the mirrors staged and the tree written (or found)" if data else "the record read")
+        if data is None:
+            data = _by_listing(given, split, folder, record, to, progress, said)
+            said.lap("the export's record written")
     if progress:
-        print(f"ultralytics_data: {'; '.join(said)}; train with data={str(data)!r} "
-              f"({time.perf_counter() - start:.1f} s)")
+        print(f"ultralytics_data: {'; '.join(said)}; train with data={str(data)!r} ({said.timed()})")
     return data
 
 
+class _Account(list[str]):
+    """What :func:`ultralytics_data` did (its lines) and where its time went: each part timed from the
+    end of the one before, the first from the call's start, so that the parts add up to the call's time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = self.last = time.perf_counter()
+        self.times: list[tuple[str, float]] = []
+
+    def lap(self, what: str) -> None:
+        now = time.perf_counter()
+        self.times.append((what, now - self.last))
+        self.last = now
+
+    def timed(self) -> str:
+        """``"<total> s: <part> <s> s, ..., other <s> s"``."""
+        self.lap("other")
+        parts = ", ".join(f"{what} {seconds:.2f} s" for what, seconds in self.times)
+        return f"{self.last - self.start:.2f} s: {parts}"
+
+
+@contextlib.contextmanager
+def _refusals_said(given: Path, folder: Path) -> Iterator[None]:
+    """A staged copy that staging a mirror of ``folder`` would replace (one of a mirror of another mirrors
+    folder, staged by :func:`colabfast.open_dataset`), refused in what :func:`ultralytics_data` takes."""
+    from colabfast.errors import StageRefused
+
+    try:
+        yield
+    except StageRefused as exc:
+        target, source = getattr(exc, "target", None), getattr(exc, "staged_from", None)
+        if target is None:
+            raise
+        use = (f"call {CALL}({str(given)!r}, mirrors={str(Path(source).parent)!r}) to use the mirrors staged from "
+               "there, or " if source else "")
+        whose = f"was staged from {source}" if source else "is a file colabfast did not stage"
+        raise StageRefused(f"{target} {whose}: staging the mirror of {given} in {folder} would replace it, so "
+                           f"nothing was written; {use}delete {target} (a new runtime has none)") from None
+
+
 def _by_listing(given: Path, split: Union[str, Sequence[str], None], folder: Path, record: Path, to: str,
-                progress: bool, said: list[str]) -> Path:
+                progress: bool, said: _Account) -> Path:
     """:func:`ultralytics_data` the first time (or after a change): the export read and listed, each
     split's mirror found by its fingerprint or packed (:func:`colabfast.open_dataset`), the tree written,
     and the export's record written beside the mirrors."""
+    from colabfast.packing.unpacked import read_once
+
+    with read_once(given):  # a zip listed and extracted once for all its splits
+        return _listed(given, split, folder, record, to, progress, said)
+
+
+def _listed(given: Path, split: Union[str, Sequence[str], None], folder: Path, record: Path, to: str,
+            progress: bool, said: _Account) -> Path:
     from colabfast.opening.exportrecord import stamps, write_record
     from colabfast.opening.opener import open_dataset
 
@@ -195,13 +250,16 @@ def _by_listing(given: Path, split: Union[str, Sequence[str], None], folder: Pat
     found = stamps(export.src, export.kind, export.yaml_rel, [export.splits()[s] for s in splits])
     folder_ok = given == export.src or (export.yaml_rel in YAML_NAMES and not any(  # what the folder would name
         (export.src / other).exists() for other in YAML_NAMES if other != export.yaml_rel))
+    said.lap(f"the export's YAML read and its {'zip' if export.kind == 'archive' else 'folders'} listed")
     datasets: dict[str, Any] = {}
     for name in splits:
         datasets[name] = open_dataset(export.src, split=name or None, mirrors=folder, to=to,
                                       progress=progress, output="bytes", layout="yolo")
+        said.lap(f"split {name or 'all'} by open_dataset (listing/extraction/packing/staging as needed)")
     fingerprints = {name: _fingerprint(ds.path) for name, ds in datasets.items()}
     tree = _tree_path(export.stem, export.doc, keys, fingerprints)
     _written(tree, export.doc, str(export.src), keys, datasets.items(), said)
+    said.lap("the tree written")
     mirrors = {}
     for name, ds in datasets.items():  # the staged copy has the mirror's name (colabfast.stage's default)
         size, head = ds.path.stat().st_size, ds.reader.index.header
@@ -223,7 +281,7 @@ def _by_listing(given: Path, split: Union[str, Sequence[str], None], folder: Pat
     return tree / "data.yaml"
 
 
-def _by_record(record: Path, given: Path, folder: Path, to: str, progress: bool, said: list[str]) -> Optional[Path]:
+def _by_record(record: Path, given: Path, folder: Path, to: str, progress: bool, said: _Account) -> Optional[Path]:
     """:func:`ultralytics_data` from the export's record (:mod:`colabfast.opening.exportrecord`): the
     export checked against it (a stat of the YAML or zip, a listing of each folder; no file opened)
     while its mirrors are staged (a copy cancelled if the check fails), and the tree written, or found
@@ -259,6 +317,7 @@ def _by_record(record: Path, given: Path, folder: Path, to: str, progress: bool,
             why = changed(src, rec["stamps"])
         except OSError as exc:
             why = f"{src} cannot be read ({exc.strerror or exc})"
+        said.lap("the export checked against its record")
         if why is not None:
             cancel.set()  # the copies stop; waited for as the pool closes
             said.append(f"{why} since the export's record ({record.name}): listing it")
@@ -316,7 +375,7 @@ def _staged_mirror(mirror: Path, m: dict, to: str, progress: bool, cancel: Any) 
 
 
 def _written(tree: Path, doc: dict, source: str, keys: dict[str, str], datasets: Iterable[tuple[str, Any]],
-             said: list[str]) -> None:
+             said: _Account) -> None:
     """The tree at ``tree`` written from ``datasets`` (split name, mirror's dataset: taken as they come)
     unless it is complete already (said in ``said``)."""
     start = time.perf_counter()

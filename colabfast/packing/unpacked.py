@@ -11,13 +11,13 @@ extracting anything.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from colabfast.errors import SourceNotFound
 from colabfast.packing.common import PackRefused, SplitRefused
@@ -25,7 +25,7 @@ from colabfast.staging.extract import archive_suffix, extract
 from colabfast.where import env
 from colabfast.where._fileio import PathLike, retry
 
-__all__ = ["archive_layout", "check_split", "pack_unpacked", "unpacked_fingerprint"]
+__all__ = ["archive_layout", "check_split", "pack_unpacked", "read_once", "unpacked_fingerprint"]
 
 
 def archive_layout(path: PathLike, layout: str) -> Optional[str]:
@@ -56,12 +56,15 @@ def check_split(path: PathLike, layout: str, labels: Optional[PathLike], split: 
     Raises:
         SplitRefused: listing the export's splits and the call to make.
     """
+    from colabfast.errors import ArchiveReadError
+    from colabfast.layouts.tree import tree_of
+    from colabfast.staging.extract import UnsafeArchiveError
+
     if archive_suffix(path) != ".zip" or labels is not None:
         return
     try:
-        with zipfile.ZipFile(path) as z:
-            names = [n for n in z.namelist() if not n.endswith("/")]
-    except (OSError, zipfile.BadZipFile):
+        names = [n for n in getattr(tree_of(path), "names", []) if n and not n.endswith("/")]
+    except (OSError, ArchiveReadError, UnsafeArchiveError):
         return  # extracting it says what is wrong
     found = _listed_splits(names, layout, split)
     if found and (split is None and len(found) > 1 or split is not None and split not in found):
@@ -94,6 +97,31 @@ def _listed_splits(names: list[str], layout: str, split: Optional[str]) -> Optio
     return {name: prefix + where for name, where in found.items()} or None
 
 
+_KEPT: dict[Optional[tuple], list] = {}  # read_once's zips: (path, size, mtime_ns) -> [folder, extracted]
+
+
+@contextlib.contextmanager
+def read_once(path: PathLike) -> Iterator[None]:
+    """Within the block, the zip at ``path`` is listed once and extracted at most once, however many of its
+    splits are packed (:func:`colabfast.ultralytics_data` packs each); the extraction is removed at the
+    block's end. Anything but a zip: nothing done."""
+    from colabfast.layouts.tree import LISTED, zip_key
+
+    key = zip_key(path) if archive_suffix(path) == ".zip" else None
+    if key is None or key in _KEPT:
+        yield
+        return
+    tag = hashlib.sha1(os.fsencode(key[0])).hexdigest()[:10]
+    folder = env.work_dir() / "unpacked" / f"{Path(key[0]).stem}-{tag}-{os.getpid()}"
+    _KEPT[key], LISTED[key] = [folder, False], None
+    try:
+        yield
+    finally:
+        del _KEPT[key]
+        LISTED.pop(key, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def unpacked_fingerprint(path: PathLike, layout: str, labels: Optional[PathLike], split: Optional[str],
                          options: dict, retries: int = 5, year: Optional[str] = None) -> str:
     """What a mirror of the archive at ``path`` records and is found by: the archive's name, size and
@@ -121,6 +149,7 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
         when the archive does not hold what the layout reads; :class:`SplitRefused` (a ``PackRefused``)
         for a ``split`` it lacks, or none where it holds several.
     """
+    from colabfast.layouts.tree import zip_key
     from colabfast.packing.common import is_complete, printable
     from colabfast.packing.dataset import pack_columns
 
@@ -133,11 +162,15 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
             print(f"pack: {real} is already a complete mirror of {archive} with these options")
         return Path(os.path.abspath(dst))
     tag = hashlib.sha1(os.fsencode(real)).hexdigest()[:10]
-    folder = env.work_dir() / "unpacked" / f"{real.stem}-{tag}"
-    if progress:
+    kept = _KEPT.get(zip_key(archive)) if _KEPT else None  # read_once's: extracted once for every split
+    folder = kept[0] if kept else env.work_dir() / "unpacked" / f"{real.stem}-{tag}"
+    if progress and not (kept and kept[1]):
         print(f"pack: extracting {archive} to {folder} (a {layout} layout is packed from its folder)")
     try:
-        extract(archive, folder, retries=retries)  # resumes: entries already extracted are skipped
+        if not (kept and kept[1]):
+            extract(archive, folder, retries=retries)  # resumes: entries already extracted are skipped
+            if kept:
+                kept[1] = True
         dataset = _open(folder, layout, labels, split, on_error, retries, archive, year)
         done = pack_columns(dataset, dst, options=options, workers=workers, on_error=on_error, progress=progress,
                             overwrite=overwrite, layout=layout, fields=fields, source=printable(str(archive)),
@@ -146,8 +179,11 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
         # A failure leaves no extraction behind (an export is quick to extract again); an interrupted
         # run (Ctrl-C, a killed runtime) keeps it, and the next run's extract() resumes it.
         shutil.rmtree(folder, ignore_errors=True)
+        if kept:
+            kept[1] = False
         raise
-    shutil.rmtree(folder, ignore_errors=True)
+    if not kept:
+        shutil.rmtree(folder, ignore_errors=True)
     return done
 
 

@@ -282,8 +282,10 @@ def prepare_file(target: Path, src: Path, entry: FileEntry, opts: StageOptions) 
         return
     if not opts.overwrite:
         whose = f"was staged from {record.get('source')}" if is_ours(record) else "is a file colabfast did not stage"
-        raise StageRefused(f"{target} {whose}: staging {src} would replace it, so nothing was written. Pass "
-                         f"another dst, or overwrite=True to replace it.")
+        refused = StageRefused(f"{target} {whose}: staging {src} would replace it, so nothing was written. Pass "
+                               f"another dst, or overwrite=True to replace it.")
+        refused.target, refused.staged_from = target, record.get("source") if is_ours(record) else None  # type: ignore[attr-defined]
+        raise refused
 
 
 class Hashes:
