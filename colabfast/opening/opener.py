@@ -231,6 +231,12 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
         raise OpenRefused(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
                           f"{', '.join(_pack_options())}")
     steps: list[str] = []
+    from colabfast.packing.hf import load_saved
+
+    if (saved := load_saved(path)) is not None:  # a folder datasets' save_to_disk wrote: its mirrors beside it
+        where = Path(os.path.abspath(os.path.expanduser(path)))
+        steps.append(f"{where} is a Hugging Face dataset saved with save_to_disk: read with datasets.load_from_disk")
+        path, mirrors = saved, mirrors if mirrors is not None else default_mirrors(where)
     if not isinstance(path, (str, os.PathLike)):  # a Hugging Face dataset, packed as pack packs it
         rows, wanted = _dataset_wanted(path, split, image_size, mirrors, pack_options, progress, steps, stack)
         mirror, check = _found_or_packed(rows, wanted, "dataset", None, image_size, progress, pack_options, steps)
