@@ -23,7 +23,7 @@ from colabfast.opening.found import (
     _resolved,
 )
 from colabfast.opening.kinds import OWN_ARGUMENTS, _empty, what_is
-from colabfast.opening.mirrors import default_mirrors, drop_in
+from colabfast.opening.mirrors import default_mirrors, drop_in, kaggle_note
 from colabfast.where import env
 from colabfast.where._fileio import PathLike, human_bytes
 
@@ -236,7 +236,10 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
     if (saved := load_saved(path)) is not None:  # a folder datasets' save_to_disk wrote: its mirrors beside it
         where = Path(os.path.abspath(os.path.expanduser(path)))
         steps.append(f"{where} is a Hugging Face dataset saved with save_to_disk: read with datasets.load_from_disk")
-        path, mirrors = saved, mirrors if mirrors is not None else default_mirrors(where)
+        if mirrors is None:
+            mirrors = default_mirrors(where)
+            steps += kaggle_note(Path(mirrors))
+        path = saved
     if not isinstance(path, (str, os.PathLike)):  # a Hugging Face dataset, packed as pack packs it
         rows, wanted = _dataset_wanted(path, split, image_size, mirrors, pack_options, progress, steps, stack)
         mirror, check = _found_or_packed(rows, wanted, "dataset", None, image_size, progress, pack_options, steps)
@@ -259,6 +262,7 @@ def _open(path: Any, split: Optional[str], transform: Optional[Callable], target
     early = None
     if kind != "mirror":
         folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
+        steps += kaggle_note(folder) if mirrors is None else []
         given = pack_options.get("layout", "auto")  # a folder's layout is the one its mirror records
         early = _Early.start(src, folder, to, progress, split, None if given == "auto" or kind != "folder" else given)
         try:

@@ -132,6 +132,7 @@ def pack(
         ArchiveReadError: a truncated or corrupt archive (the next run resumes from the parts kept).
         UnsafeArchiveError: an archive member named absolute or climbing out with ``..``.
         NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) local disk cannot hold what the build needs.
+        NotWritable: (an ``OSError``) ``dst``'s folder is read-only or not yours: nothing is written.
     """
     if store not in STORES:
         raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")
@@ -140,6 +141,9 @@ def pack(
     if not 1 <= quality <= 100:
         raise PackRefused(f"quality must be 1..100, not {quality}")
     source = resolve(src, layout, labels, split, retries)
+    target = Path(os.path.abspath(os.fspath(dst)))
+    if not os.path.lexists(target):  # a read-only folder (Kaggle's /kaggle/input) named before any work
+        env.check_writable(target.parent, "dst=", target.name)
     route, voc_year = source.route, _voc_year(year, source)
     options = _options(store, _check_size(image_size), quality)
     workers = env.cpu_count() if workers is None else workers
