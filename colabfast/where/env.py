@@ -47,7 +47,8 @@ def in_colab() -> bool:
     return os.path.exists(COLAB_MARKER)
 
 
-KAGGLE_ROOT = "/kaggle"  # Kaggle's notebooks: input/ (the datasets, read-only) and working/ (kept as output)
+# Kaggle's notebooks: input/ (the datasets, read-only) and working/ (kept as output); another root for tests
+KAGGLE_ROOT = os.environ.get("COLABFAST_KAGGLE_ROOT", "/kaggle")
 KAGGLE_VARS = ("KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_URL_BASE")  # set in Kaggle's notebooks
 
 
