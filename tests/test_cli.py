@@ -418,3 +418,11 @@ def test_open_an_empty_folder_fails_at_once(tmp_path):
         "[]"], out.stderr
     out = run("open", str(tmp_path / "empty"), "-q")
     assert out.returncode == 1 and "is an empty folder" in out.stderr and not (tmp_path / "colabfast-mirrors").exists()
+
+
+def test_open_streams_with_to_stream(tmp_path):
+    """Issue 52, item 7: `colabfast open --to` had no stream."""
+    make_imagefolder(tmp_path / "pets", classes=2, per_class=2, size=(16, 12))
+    out = run("open", str(tmp_path / "pets"), "--to", "stream", "--mirrors", str(tmp_path / "m"))
+    assert out.returncode == 0, out.stderr
+    assert "stream" in out.stdout and out.stdout.strip().splitlines()[-1].startswith(str(tmp_path / "m"))
