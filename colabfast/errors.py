@@ -58,7 +58,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused", "StageError", "StageRefused",
-           "NotEnoughSpace", "NotWritable", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
+           "NotEnoughSpace", "NotWritable", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused",
+           "SplitRefused",
            "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "LayoutError",
            "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
            "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]

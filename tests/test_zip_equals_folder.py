@@ -73,7 +73,8 @@ def _kaggle(part: str):
 
 
 FIXTURES = {  # a case -> its layout, a builder writing the folder and returning it and the split, pack's layout=
-    "imagefolder": ("imagefolder", lambda r: (make_imagefolder(r, classes=3, per_class=2, size=(16, 12)), None), "auto"),
+    "imagefolder": ("imagefolder", lambda r: (make_imagefolder(r, classes=3, per_class=2, size=(16, 12)), None),
+                    "auto"),
     "files": ("files", _files, "auto"),
     "kitti": ("kitti", lambda r: (make_kitti(r, train=3, test=2, size=(40, 20)), None), "auto"),
     "coco": ("coco", lambda r: (make_coco(r, 3, size=(32, 24)).parent, None), "auto"),

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import glob
 import os
 from datetime import datetime
@@ -17,7 +16,6 @@ from colabfast.where import env
 from colabfast.where._fileio import (
     PathLike,
     human_bytes,
-    partial_path,
     retry,
 )
 from colabfast.where.env import MIRRORS_FOLDER
