@@ -211,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", help=_SPLIT_HELP + "; kitti: the mirror's split to open, training (default) or testing")
     p.add_argument("--mirrors", metavar="DIR", help="folder of mirrors (default: colabfast-mirrors at the top of "
                                                     "My Drive, or beside the source)")
-    p.add_argument("--to", choices=["auto", "disk", "ram"], default="auto",
-                   help="where the mirror is staged (default auto: RAM in Colab when it fits, else disk)")
+    p.add_argument("--to", choices=["auto", "disk", "ram", "stream"], default="auto",
+                   help="where the mirror is staged (default auto: RAM in Colab when it fits, else disk); stream: "
+                        "read in place through a bounded local cache, nothing staged")
     p.add_argument("--layout", choices=_PACK_LAYOUTS, default="auto", help="what PATH holds (default: detected)")
     p.add_argument("--labels", metavar="FILE", help=_LABELS_HELP)
     p.add_argument("--store", choices=["encoded", "raw"], default="encoded",

@@ -59,10 +59,11 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 __all__ = ["Error", "DriveError", "DriveSimError", "FetchError", "FetchRefused", "StageError", "StageRefused",
-           "NotEnoughSpace", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused", "SplitRefused",
-           "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "MountError",
-           "LayoutError", "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused",
-           "IndexTypeError", "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
+           "NotEnoughSpace", "NotWritable", "UnsafeArchiveError", "ArchiveReadError", "PackError", "PackRefused",
+           "SplitRefused",
+           "SourceNotFound", "SourceNotAFolder", "FieldError", "MirrorError", "ImageSizeError", "LayoutError",
+           "LayoutFileNotFoundError", "LayoutNotFoundError", "NothingToOpen", "OpenRefused", "IndexTypeError",
+           "MountError", "LoaderStateError", "SamplerRefused", "ExportRefused", "CacheLimitError"]
 
 
 class Error(Exception):
@@ -153,6 +154,12 @@ class NotEnoughSpace(Error, OSError):
     """The destination (local disk, a RAM disk, Drive's cache) has no room for what stage, pack or an
     extraction would write, checked before writing (or it filled up while writing): the message says
     what is needed, what is free and where. An ``OSError`` with ``errno.ENOSPC``, as it always was."""
+
+
+class NotWritable(Error, OSError):
+    """A folder pack or open_dataset would write a mirror into is read-only, not yours, full or over its
+    quota (Kaggle's ``/kaggle/input``, a shared Drive folder): found before writing anything; the message
+    names the folder and where to write instead. An ``OSError`` with the cause's errno."""
 
 
 # --- archives -------------------------------------------------------------------------------------

@@ -67,6 +67,11 @@ TINY = {
         "YOLO_OFFLINE": "true",
         "YOLO_AUTOINSTALL": "false",
     },
+    "kaggle.ipynb": {  # a stand-in /kaggle in the session's folder (set in _kernel_env)
+        "KAGGLE_KERNEL_RUN_TYPE": "Interactive",
+        "COLABFAST_BATCH_SIZE": "8",
+        "COLABFAST_IMAGE_SIZE": "32",
+    },
     "huggingface.ipynb": {  # its tiny dataset is built in memory: no hub in the tests
         "COLABFAST_BATCH_SIZE": "8",
         "COLABFAST_STEPS": "3",
@@ -90,6 +95,7 @@ def _kernel_env(notebook: str) -> dict:
     env = {
         "COLABFAST_TINY": "1",
         "COLABFAST_DRIVE_ROOT": str(work / "drive"),
+        **({"COLABFAST_KAGGLE_ROOT": str(work / "kaggle")} if notebook == "kaggle.ipynb" else {}),
         **TINY[notebook],
     }
     env = {k: os.environ.get(k, v) for k, v in env.items()}  # what the caller set wins

@@ -303,10 +303,10 @@ def test_ctrl_c_during_pack_is_one_line_and_the_next_run_says_it_resumes(tmp_pat
             "from colabfast.cli import main\nsys.exit(main(sys.argv[1:]))\n")
     pausing = ("import faulthandler, os, signal, sys, colabfast.packing.folders as f\n"
                "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as in a terminal, though CI ran us with &
-               "faulthandler.enable(all_threads=True)\nsave, told = f._save_part, int(sys.argv.pop(1))\n"
+               "faulthandler.enable(all_threads=True)\nsave, told = f.save_part, int(sys.argv.pop(1))\n"
                "def saved(path, result, parts=[]):\n    save(path, result)\n    parts.append(path)\n"
                "    if len(parts) == 3:\n        os.write(told, b'3')\n        signal.pause()\n"
-               "f._save_part = saved\n") + code
+               "f.save_part = saved\n") + code
     cwd = Path(__file__).parents[1]
     child = subprocess.Popen([sys.executable, "-c", pausing, str(told), "pack", str(src), str(dst), "--workers", "2",
                               "-q"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -422,3 +422,11 @@ def test_open_an_empty_folder_fails_at_once(tmp_path):
         "[]"], out.stderr
     out = run("open", str(tmp_path / "empty"), "-q")
     assert out.returncode == 1 and "is an empty folder" in out.stderr and not (tmp_path / "colabfast-mirrors").exists()
+
+
+def test_open_streams_with_to_stream(tmp_path):
+    """Issue 52, item 7: `colabfast open --to` had no stream."""
+    make_imagefolder(tmp_path / "pets", classes=2, per_class=2, size=(16, 12))
+    out = run("open", str(tmp_path / "pets"), "--to", "stream", "--mirrors", str(tmp_path / "m"))
+    assert out.returncode == 0, out.stderr
+    assert "stream" in out.stdout and out.stdout.strip().splitlines()[-1].startswith(str(tmp_path / "m"))

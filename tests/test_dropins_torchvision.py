@@ -325,6 +325,33 @@ def test_coco_api_of_the_mirror_is_torchvisions(tmp_path):
         assert stats[0] == 1.0
 
 
+def test_coco_api_keeps_the_jsons_keys_and_order(tmp_path):
+    """Issue 52, item 7: ``.coco`` lacked ``info``/``licenses`` and listed ids sorted; pycocotools' ``COCO``
+    keeps the JSON's keys and its images' and annotations' order."""
+    import json
+    import random
+
+    from colabfast.testing.layouts import make_coco as make_export
+
+    ann = make_export(tmp_path / "images", 6, size=(32, 24), seed=3)
+    data = json.loads(ann.read_text())
+    data["images"].reverse()
+    random.Random(0).shuffle(data["annotations"])
+    data = {"info": data["info"], "images": data["images"], "licenses": data["licenses"],
+            "annotations": data["annotations"], "categories": data["categories"]}  # keys in another order too
+    ann.write_text(json.dumps(data))
+    ours = cf.H5CocoDetection(pack(tmp_path / "images", tmp_path / "coco.h5")).coco
+    try:
+        from pycocotools.coco import COCO
+
+        theirs = COCO(str(ann)).dataset
+    except ImportError:
+        theirs = data
+    assert list(ours.dataset) == list(theirs) == ["info", "images", "licenses", "annotations", "categories"]
+    assert ours.dataset == theirs and list(ours.imgs) == [i["id"] for i in data["images"]]
+    assert list(ours.anns) == [a["id"] for a in data["annotations"]]
+
+
 def test_coco_api_on_torchvisions_test_data(tvcoco):
     """The same COCO for images without width/height and without categories; loadRes works on it."""
     root, ann, m = tvcoco

@@ -377,3 +377,25 @@ cf.pack(hf, {out!r}, workers=0, progress=False)
     got = measure(code.format(path=str(tmp_path / "bomb.png"), out=str(tmp_path / "bomb.h5")))
     assert got.colabfast_error and "row 0, feature 'image' is 12000x12000" in got.error, got.error
     assert got.peak - ok.peak < BOUND, (got.peak, ok.peak)
+
+
+def test_a_save_to_disk_folder_opens_as_load_from_disk_reads_it(local, monkeypatch):
+    """Issue 52, item 4: a Dataset's save_to_disk folder (it raised NothingToOpen), its mirror beside it."""
+    hf = _dataset()
+    hf.save_to_disk(str(local / "saved"))
+    want = datasets.load_from_disk(str(local / "saved"))
+    ds = cf.open_dataset(local / "saved", workers=0, progress=False)
+    _same_samples(ds, [want[i] for i in range(len(want))])
+    assert "datasets.load_from_disk" in ds.account and len(_mirrors(local / MIRRORS_FOLDER)) == 1
+    _no_pack(monkeypatch)
+    again = cf.open_dataset(str(local / "saved"), workers=0, progress=False)
+    assert "found a mirror of it made" in again.account
+
+
+def test_a_saved_dataset_dict_folder_needs_split(local):
+    dd = datasets.DatasetDict(train=_dataset(7, 0), test=_dataset(3, 1))
+    dd.save_to_disk(str(local / "saved"))
+    with pytest.raises(cf.SplitRefused, match=r"'test' \(3 rows\).*'train' \(7 rows\)"):
+        cf.open_dataset(local / "saved", workers=0, progress=False)
+    ds = cf.open_dataset(local / "saved", "test", workers=0, progress=False)
+    _same_samples(ds, [dd["test"][i] for i in range(3)])

@@ -420,10 +420,11 @@ class H5CocoDetection(_PairOf, datasets.CocoDetection):
 
     @functools.cached_property
     def coco(self) -> COCO:
-        """pycocotools' ``COCO`` of this mirror: its images' entries in the JSON (for a mirror packed
-        before colabfast kept them: id, file name, and the stored image's width and height), their
-        annotations and the categories (an empty list where the JSON had none, so that
-        ``COCO.loadRes`` works), indexed by ``COCO.createIndex``.
+        """pycocotools' ``COCO`` of this mirror, as ``COCO(annFile)`` builds it: the JSON's keys in its
+        order (``info``, ``licenses``...), its images' entries and their annotations in the JSON's order
+        (for a mirror packed before colabfast kept them: in ``ids`` order; before it kept the entries: id,
+        file name, and the stored image's size), and the categories (an empty list where the JSON had
+        none, so that ``COCO.loadRes`` works), indexed by ``COCO.createIndex``.
 
         Raises:
             ImportError: pycocotools is not installed (``pip install pycocotools``).
@@ -437,17 +438,28 @@ class H5CocoDetection(_PairOf, datasets.CocoDetection):
 
         names = [f.name for f in self.fields]
         entry_k = names.index("coco") if "coco" in names else None
-        images, annotations = [], []
+        images, annotations, places = [], [], []
         for i, position in enumerate(self.positions_of(range(len(self)))):
             if entry_k is not None:
-                images.append(self.value(entry_k, position)["image"])
+                held = self.value(entry_k, position)
+                images.append(held["image"])
+                places.append(held.get("places"))
             else:
                 h, w = (int(v) for v in self.reader.shapes[position][:2])
                 rel = os.path.relpath(self.source_paths[i], self.header.source)
                 images.append({"id": self.ids[i], "file_name": rel, "height": h, "width": w})
             annotations += self.value(self._target_k, position)
+        parts = {"images": images, "annotations": annotations, "categories": list(self.categories)}
+        if places and None not in places:  # the JSON's order (pycocotools keeps it), not the sorted ids'
+            parts["images"] = [images[j] for j in sorted(range(len(images)), key=lambda j: places[j][0])]
+            at = [k for place in places for k in place[1]]
+            parts["annotations"] = [a for _, a in sorted(zip(at, annotations), key=lambda pair: pair[0])]
+        other = self.info.get("coco_other", {})  # the JSON's info, licenses, ..., in its keys' order
+        keys = [k for k in self.info.get("coco_keys", []) if k in parts or k in other]
+        dataset = {k: parts[k] if k in parts else other[k] for k in keys}
+        dataset.update((k, v) for k, v in parts.items() if k not in dataset)
         coco = COCO()
-        coco.dataset = {"images": images, "annotations": annotations, "categories": list(self.categories)}
+        coco.dataset = dataset
         with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints its progress
             coco.createIndex()
         return coco

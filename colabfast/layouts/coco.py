@@ -74,7 +74,9 @@ class Coco(Layout):
     ``layout[i]`` is ``{"image": ImageFile, "id": int, "target": list of dict, "coco": {"image": dict}}``:
     the image file's bytes, the image id ``ids[i]`` (``sorted`` image ids, as ``CocoDetection.ids``),
     the annotation dicts of that image as in the JSON, in its order (``CocoDetection(...)[i][1]``), and
-    the image's entry in the JSON (what ``H5CocoDetection.coco`` rebuilds pycocotools' ``COCO`` from).
+    the image's entry in the JSON and its and its annotations' places there (what ``H5CocoDetection.coco``
+    rebuilds pycocotools' ``COCO`` from, with the JSON's other keys, ``info`` and ``licenses``, kept in
+    ``info``).
 
     Raises:
         LayoutFileNotFoundError: the JSON is missing (a ``FileNotFoundError``, as torchvision's).
@@ -100,7 +102,8 @@ class Coco(Layout):
         rels: dict[int, str] = {}  # image id -> its file, normalised ("./a.jpg" is "a.jpg")
         twice: set[int] = set()
         refused: set[int] = set()  # ids of image entries left out: their annotations go with them
-        for img in entries(ann_path, dataset, "images", problems):
+        place: dict[int, int] = {}  # image id -> its place in the JSON's images (for .coco's order)
+        for k, img in enumerate(entries(ann_path, dataset, "images", problems)):
             rel = image_path(ann_path, img, problems)
             if rel is None:
                 if is_int(img.get("id")):
@@ -111,7 +114,7 @@ class Coco(Layout):
                              f"{by_id[img['id']]['file_name']!r} and {img['file_name']!r})",
                              fix='Give each image its own id, or pass on_error="skip" to leave both out')
                 twice.add(img["id"])
-            by_id[img["id"]], rels[img["id"]] = img, rel
+            by_id[img["id"]], rels[img["id"]], place[img["id"]] = img, rel, k
             if image_size(img) is None:
                 notes.add("size", f"image {img['id']}")
         for i in twice:  # which image its annotations belong to is unknown: neither is kept
@@ -125,6 +128,7 @@ class Coco(Layout):
         cat_ids = {c["id"] for c in categories if isinstance(c, dict) and is_int(c.get("id"))}
 
         targets: dict[int, list[dict]] = {i: [] for i in by_id}
+        ann_places: dict[int, list[int]] = {i: [] for i in by_id}  # each annotation's place in the JSON's
         bad_images: dict[int, str] = {}
         ann_ids: dict[int, int] = {}  # annotation id -> its index in annotations
         for k, ann in enumerate(entries(ann_path, dataset, "annotations", problems)):
@@ -144,6 +148,7 @@ class Coco(Layout):
                 if (edge := past_edge(ann, by_id[image_id])) is not None:
                     notes.add("edge", f"{where}: {edge}")
                 targets[image_id].append(ann)
+                ann_places[image_id].append(k)
             elif is_int(ann.get("image_id")) and ann["image_id"] in by_id and not problems.raising:
                 bad_images.setdefault(ann["image_id"], f"{where} in {ann_rel}: {why}")
             else:
@@ -154,6 +159,7 @@ class Coco(Layout):
         self.ids: list[int] = []
         self.paths, self.targets, self.files = [], [], []
         self.entries: list[dict] = []
+        self.places: list[list] = []  # [the image's place in the JSON, its annotations' places]
         for i in ids:
             rel = rels[i]
             entry = found[rel]
@@ -167,13 +173,16 @@ class Coco(Layout):
                 self.paths.append(rel)
                 self.targets.append(targets[i])
                 self.entries.append(by_id[i])
+                self.places.append([place[i], ann_places[i]])
                 self.files.append(entry)
         # a file two image ids share is listed once
         st = retry(lambda: os.stat(ann_path), retries)
         self.files = [*dict.fromkeys(self.files), FileEntry(ann_rel, st.st_size, st.st_mtime_ns)]
         self.skipped = problems.skipped
         self.notes = notes.records(os.fspath(ann_path))
-        self.info = {"categories": categories, "annotation_file": ann_rel}
+        self.info = {"categories": categories, "annotation_file": ann_rel, "coco_keys": list(dataset),
+                     "coco_other": {k: v for k, v in dataset.items() if k not in ("images", "annotations",
+                                                                                  "categories")}}
         if self.notes:
             self.info["notes"] = [list(n) for n in self.notes]
 
@@ -181,7 +190,7 @@ class Coco(Layout):
         rel = self.paths[index]
         data = retry(lambda: read_regular(self.root / rel), self.retries)
         return {"image": ImageFile(data, rel), "id": self.ids[index], "target": self.targets[index],
-                "coco": {"image": self.entries[index]}}
+                "coco": {"image": self.entries[index], "places": self.places[index]}}
 
     @classmethod
     def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:

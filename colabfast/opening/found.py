@@ -26,6 +26,7 @@ from colabfast.opening.mirrors import (
     _older_mirrors,
     _seconds,
     default_dataset_mirrors,
+    kaggle_note,
     mirror_name,
 )
 from colabfast.where import env
@@ -258,6 +259,7 @@ def _dataset_wanted(obj: Any, split: Optional[str], image_size: Any, mirrors: Op
                     f"{dataset._fingerprint[:16]})")
     steps.append(f"{src}: its mirror is found by that fingerprint, with the options")
     folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_dataset_mirrors()
+    steps += kaggle_note(folder) if mirrors is None else []
     return src, _Wanted(folder, fingerprint, Contents(mirror_options(store, None, quality), source=src.source,
                                                       layout="dataset"))
 

@@ -23,7 +23,8 @@ ACCEPTS = ("open_dataset accepts a mirror made by colabfast.pack (.h5), a datase
            "of class folders, KITTI's training/image_2 + label_2, a COCO folder with its annotation JSON, a "
            "VOCdevkit tree, a YOLO export (images/ + labels/ + data.yaml), images/ + masks/ folders, a folder of "
            "images with one CSV table of labels (or Kaggle's train.csv beside train/), a folder of split folders "
-           "(train/, val/, ...) with split=, or a folder of images), or an archive of an ImageFolder tree or "
+           "(train/, val/, ...) with split=, a Hugging Face dataset's save_to_disk folder, or a folder of images), "
+           "or an archive of an ImageFolder tree or "
            "ImageNet's (.zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)")
 # pack()'s arguments that are open_dataset's own (split, image_size, progress) or that it decides (src, dst;
 # fields and overwrite: a mirror open_dataset packs is of the source as it is, at a name no other file takes)

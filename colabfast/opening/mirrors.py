@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import glob
 import os
 from datetime import datetime
@@ -17,7 +16,6 @@ from colabfast.where import env
 from colabfast.where._fileio import (
     PathLike,
     human_bytes,
-    partial_path,
     retry,
 )
 from colabfast.where.env import MIRRORS_FOLDER
@@ -32,7 +30,9 @@ __all__ = ["default_mirrors", "mirror_name", "drop_in", "default_dataset_mirrors
 def default_mirrors(src: Path) -> Path:
     """Where mirrors of ``src`` go by default: ``colabfast-mirrors`` at the top of My Drive when ``src``
     is on Google Drive (also for a shared drive's folder: your own Drive is where you may write), else
-    a ``colabfast-mirrors`` folder beside ``src``."""
+    a ``colabfast-mirrors`` folder beside ``src``; on Kaggle, in ``/kaggle/working`` (its input is read-only)."""
+    if env.in_kaggle() and env.drive_kind(src) is None:
+        return env.kaggle_working() / MIRRORS_FOLDER
     if env.drive_kind(src) is not None:
         for folder in src.parents:
             if folder.name in ("MyDrive", "My Drive"):
@@ -42,12 +42,23 @@ def default_mirrors(src: Path) -> Path:
     return src.parent / MIRRORS_FOLDER
 
 
+def kaggle_note(folder: Path) -> list[str]:
+    """The account's line on Kaggle saying where its mirrors go by default (``folder``); none elsewhere."""
+    if not env.in_kaggle():
+        return []
+    return [f"on Kaggle: mirrors go to {folder}, its writable folder, kept as the notebook's output (/kaggle/input "
+            "is read-only); staged copies go to local disk"]
+
+
 def default_dataset_mirrors() -> Path:
     """Where mirrors of a Hugging Face dataset go by default (it has no folder to put them beside):
     ``colabfast-mirrors`` at the top of My Drive when Drive is mounted (:func:`colabfast.where.env.drive_mounts`),
     so the next runtime finds them, else in colabfast's local cache folder (:func:`colabfast.where.env.cache_dir`).
     Where several Drives are mounted, the one at Colab's ``/content/drive`` wins, then the others by
-    their mountpoints' order (never by chance: a second call must find the first call's mirror)."""
+    their mountpoints' order (never by chance: a second call must find the first call's mirror). On
+    Kaggle, ``/kaggle/working/colabfast-mirrors``."""
+    if env.in_kaggle():
+        return env.kaggle_working() / MIRRORS_FOLDER
     colab = os.path.join(env.COLAB_CONTENT, "drive")
     for mount in sorted(env.drive_mounts(), key=lambda m: (m.mountpoint != colab, m.mountpoint)):
         for name in ("MyDrive", "My Drive"):
@@ -182,26 +193,8 @@ def _check_writable(folder: Path) -> None:
     """Make ``folder`` and write a byte there, before any packing: a read-only or full Drive is named now.
 
     Raises:
-        OSError: with the cause's errno, naming ``folder`` and the fix (``mirrors=`` elsewhere).
-    """
-    probe = partial_path(folder / f".probe-{os.getpid()}")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"\0")
-        probe.unlink()
-    except OSError as exc:
-        raise _cannot_write(folder, exc) from exc
-
-
-def _cannot_write(folder: Path, exc: OSError) -> OSError:
-    where = "Drive" if env.drive_kind(folder) is not None else "it"
-    why = {errno.EROFS: f"{where} is read-only", errno.ENOSPC: f"{where} is full",
-           errno.EDQUOT: f"{where} is over its storage quota"}.get(exc.errno or 0, exc.strerror or str(exc))
-    local = env.work_dir() / MIRRORS_FOLDER
-    return OSError(exc.errno, f"cannot write a mirror into {folder}: {why} ({exc}). Nothing was overwritten. Pass "
-                              f"mirrors= a folder with room that you may write, e.g. another Drive folder, or "
-                              f"mirrors={str(local)!r} (local disk: gone when the runtime ends, so the next one "
-                              "packs again).")
+        NotWritable: (an ``OSError``) naming ``folder`` and the fix (``mirrors=`` elsewhere)."""
+    env.check_writable(folder, "mirrors=")
 
 
 def _seconds(t: float) -> str:

@@ -25,7 +25,7 @@ from colabfast.opening.found import (
     _resolved,
 )
 from colabfast.opening.kinds import OWN_ARGUMENTS, _empty, what_is
-from colabfast.opening.mirrors import default_mirrors, drop_in
+from colabfast.opening.mirrors import default_mirrors, drop_in, kaggle_note
 from colabfast.where import env
 from colabfast.where._fileio import PathLike, human_bytes
 
@@ -159,6 +159,15 @@ def _open(path: Any, opts: OpenOptions, stack: contextlib.ExitStack) -> MirrorDa
         raise OpenRefused(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
                           f"{', '.join(_pack_options())}")
     steps: list[str] = []
+    from colabfast.packing.hf import load_saved
+
+    if (saved := load_saved(path)) is not None:  # a folder datasets' save_to_disk wrote: its mirrors beside it
+        where = Path(os.path.abspath(os.path.expanduser(path)))
+        steps.append(f"{where} is a Hugging Face dataset saved with save_to_disk: read with datasets.load_from_disk")
+        if mirrors is None:
+            mirrors = default_mirrors(where)
+            steps += kaggle_note(Path(mirrors))
+        path = saved
     if not isinstance(path, (str, os.PathLike)):  # a Hugging Face dataset, packed as pack packs it
         rows, wanted = _dataset_wanted(path, split, image_size, mirrors, pack_options, progress, steps, stack)
         opts = dataclasses.replace(opts, split=None)
@@ -181,6 +190,7 @@ def _open(path: Any, opts: OpenOptions, stack: contextlib.ExitStack) -> MirrorDa
     early = None
     if kind != "mirror":
         folder = Path(os.path.abspath(mirrors)) if mirrors is not None else default_mirrors(src)
+        steps += kaggle_note(folder) if mirrors is None else []
         given = pack_options.get("layout", "auto")  # a folder's layout is the one its mirror records
         early = _Early.start(src, folder, to, progress, split, None if given == "auto" or kind != "folder" else given)
         try:

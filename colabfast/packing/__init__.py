@@ -136,6 +136,7 @@ def pack(
         NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) local disk cannot hold what the build needs,
             and ``dst`` is on it (for ``dst`` on Drive, pack then writes straight there:
             :mod:`~colabfast.packing.placed`), or ``dst``'s disk cannot either.
+        NotWritable: (an ``OSError``) ``dst``'s folder is read-only or not yours: nothing is written.
     """
     if store not in STORES:
         raise PackRefused(f"store must be 'encoded' or 'raw', not {store!r}")
@@ -144,6 +145,9 @@ def pack(
     if not 1 <= quality <= 100:
         raise PackRefused(f"quality must be 1..100, not {quality}")
     source = resolve(src, layout, labels, split, retries)
+    target = Path(os.path.abspath(os.fspath(dst)))
+    if not os.path.lexists(target):  # a read-only folder (Kaggle's /kaggle/input) named before any work
+        env.check_writable(target.parent, "dst=", target.name)
     route, voc_year = source.route, _voc_year(year, source)
     options = mirror_options(store, _check_size(image_size), quality)
     workers = env.cpu_count() if workers is None else workers

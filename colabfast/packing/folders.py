@@ -77,10 +77,13 @@ class BuildOptions:
 
 
 def pack_folder(src: Any, dst: PathLike, *, options: dict, workers: int, on_error: str, progress: bool,
-                overwrite: bool, layout: str, shuffle: bool, seed: int, retries: int) -> Path:
+                overwrite: bool, layout: str, shuffle: bool, seed: int, retries: int,
+                recorded: Optional[tuple[str, Path]] = None) -> Path:
     """:func:`colabfast.pack` for a folder (``layout`` ``"imagefolder"``, ``"kitti"`` or ``"auto"``) or, for
     ``"files"``, a list of image paths or ``(path, label)`` pairs; ``options`` as :func:`~colabfast.packing.
-    common.mirror_options` makes them. Returns ``dst`` as given. Raises what :func:`colabfast.pack` raises."""
+    common.mirror_options` makes them; ``recorded``: the fingerprint and source the mirror records instead of
+    the folder's (an archive extracted to it). Returns ``dst`` as given. Raises what :func:`colabfast.pack`
+    raises."""
     given = Path(os.path.abspath(dst))
     dst = Path(os.path.realpath(given))  # one lock and one work folder, however the path is spelled
     path = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
@@ -91,6 +94,8 @@ def pack_folder(src: Any, dst: PathLike, *, options: dict, workers: int, on_erro
     with locked(lock_path(dst), f"packing into {dst}"):
         packed_from = existing_mirror(dst, overwrite, Path(path).name.split(".")[0] or "mirror")
         fingerprint, source, orders = _listing(src, options, layout, shuffle, seed)
+        if recorded is not None:
+            fingerprint, source.root = recorded
         if packed_from is not None:
             check_same_source(dst, packed_from, source.root)
         described = printable(f"{source.root}: {source.describe()}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import os
 import re
 import shutil
 import tempfile
@@ -34,7 +35,7 @@ from PIL import Image, ImageOps
 from colabfast.images.decode import check_encoded
 from colabfast.layouts.base import ImageFile
 
-__all__ = ["packable", "none_kinds", "hf_kind", "mirror_stem", "materialized", "HF_KINDS"]
+__all__ = ["packable", "none_kinds", "hf_kind", "mirror_stem", "materialized", "load_saved", "HF_KINDS"]
 
 # The classes of ``datasets`` that open_dataset takes, by name (``datasets/arrow_dataset.py``,
 # ``datasets/iterable_dataset.py``, ``datasets/dataset_dict.py``): found by module name, not imported.
@@ -158,6 +159,28 @@ def hf_kind(obj: Any) -> Optional[str]:
         if cls.__name__ in HF_KINDS and cls.__module__.split(".")[0] == "datasets":
             return cls.__name__
     return None
+
+
+def load_saved(path: Any) -> Optional[Any]:
+    """The ``Dataset`` or ``DatasetDict`` that ``save_to_disk`` wrote to the folder ``path``, read with
+    ``datasets.load_from_disk``; None for any other path. The folder is one by the files
+    ``load_from_disk`` looks for (``datasets/load.py``): ``dataset_info.json`` and ``state.json`` (a
+    ``Dataset``), or ``dataset_dict.json`` (a ``DatasetDict``, its splits' folders beside it).
+
+    Raises:
+        ImportError: such a folder, and ``datasets`` is not installed (the message says to install it)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    folder = Path(os.path.abspath(os.path.expanduser(path)))
+    if not ((folder / "dataset_info.json").is_file() and (folder / "state.json").is_file()
+            or (folder / "dataset_dict.json").is_file()):
+        return None
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(f"{folder} is a Hugging Face dataset saved with save_to_disk: reading it needs the "
+                          "datasets package: pip install datasets") from exc
+    return datasets.load_from_disk(str(folder))
 
 
 def mirror_stem(dataset: Any, split: Optional[str]) -> str:

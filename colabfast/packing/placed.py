@@ -1,7 +1,7 @@
 """Packing straight to the destination when the local disk is short: :func:`tries`.
 
 Into a destination on another file system (Drive), a pack builds its parts and the mirror in the local
-work folder and copies the mirror over at the end (:func:`~colabfast.packing.common._publish`): the
+work folder and copies the mirror over at the end (:func:`~colabfast.packing.common.publish`): the
 local disk must hold about the mirror. Where it cannot (`NotEnoughSpace`), :func:`tries` packs again
 with the work folder beside the destination, ``.<name>.colabfast-pack`` (see
 :func:`~colabfast.packing.common.pack_work_dir`): parts, spools and the build, under its temporary name,

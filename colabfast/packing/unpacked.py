@@ -149,6 +149,7 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
         when the archive does not hold what the layout reads; :class:`SplitRefused` (a ``PackRefused``)
         for a ``split`` it lacks, or none where it holds several.
     """
+    from colabfast.layouts import LAYOUTS
     from colabfast.layouts.tree import zip_key
     from colabfast.packing.common import is_complete, printable
     from colabfast.packing.dataset import pack_columns
@@ -171,6 +172,16 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
             extract(archive, folder, retries=retries)  # resumes: entries already extracted are skipped
             if kept:
                 kept[1] = True
+        if layout not in LAYOUTS:  # an image layout that does not stream (KITTI, plain files): its folder's
+            from colabfast.packing.folders import pack_folder
+
+            root = _top(folder) / (split or "")
+            done = pack_folder(root, dst, options=options, workers=workers, on_error=on_error, progress=progress,
+                               overwrite=overwrite, layout=layout, shuffle=False, seed=0, retries=retries,
+                               recorded=(fingerprint, archive))
+            if not kept:
+                shutil.rmtree(folder, ignore_errors=True)
+            return done
         dataset = _open(folder, layout, labels, split, on_error, retries, archive, year)
         done = pack_columns(dataset, dst, options=options, workers=workers, on_error=on_error, progress=progress,
                             overwrite=overwrite, layout=layout, fields=fields, source=printable(str(archive)),
@@ -187,16 +198,19 @@ def pack_unpacked(src: PathLike, dst: PathLike, *, layout: str, labels: Optional
     return done
 
 
+def _top(folder: Path) -> Path:
+    """The extracted ``folder``, or the one folder at its top (``zip -r ds.zip ds``)."""
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name != "__MACOSX"]
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else folder
+
+
 def _open(folder: Path, layout: str, labels: Optional[PathLike], split: Optional[str], on_error: str, retries: int,
           archive: Path, year: Optional[str] = None) -> Any:
     """The layout over the extracted ``folder``: its root the folder (or its one top-level folder),
     or for an export of several splits (``train/``, ``valid/``, ``test/``) the folder ``split``."""
     from colabfast.layouts import LAYOUTS
 
-    root = folder
-    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
-    if len(entries) == 1 and entries[0].is_dir():
-        root = entries[0]
+    root = _top(folder)
     kwargs: dict[str, Any] = {"on_error": on_error, "retries": retries}
     if year is not None:
         kwargs["year"] = year
