@@ -605,7 +605,10 @@ class StreamCache:
         while not self._file(u).exists():
             error = self.directory / "error.txt"
             if error.exists():
-                raise OSError(f"{self.source.name}: streaming failed: {error.read_text(errors='replace')}")
+                said = error.read_text(errors="replace")
+                if said.startswith("NotEnoughSpace: "):  # the local disk filled up: the owner's error, here too
+                    raise NotEnoughSpace(errno.ENOSPC, said.split("] ", 1)[-1])
+                raise OSError(f"{self.source.name}: streaming failed: {said}")
             if time.monotonic() > deadline or not self.directory.exists():
                 return  # read directly
             time.sleep(WAIT)
