@@ -16,7 +16,7 @@ import pytest
 
 import colabfast as cf
 from colabfast.diagnosis import doctor
-from colabfast.loading.streaming import limit_for, streams_of
+from colabfast.loading.streaming import streams_of
 from colabfast.testing import data
 from colabfast.where import env
 
@@ -94,6 +94,8 @@ def test_a_cache_limit_above_the_free_space_is_refused_with_the_most_that_fits(m
     assert not any((env.work_dir() / ".colabfast-stream").glob("m-*"))  # nothing left of the refused one
     ds = cf.open_dataset(mirror, output="bytes", to="stream", cache_limit=10 << 20, progress=False)
     assert streams_of(ds)[0].limit == 10 << 20
+    from colabfast.loading.streaming import limit_for
+
     folder = env.work_dir()
     assert limit_for(folder, 5 << 20, drivefs=True)[0] == 5 << 20  # Drive's own cache takes as much again
     with pytest.raises(cf.CacheLimitError, match="Drive's own cache takes as much again. Pass cache_limit=5242880"):
