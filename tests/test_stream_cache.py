@@ -139,8 +139,6 @@ def test_block_files_are_made_in_a_private_folder_and_no_link_redirects_them(mir
     victim.write_bytes(b"mine")
     ds = cf.open_dataset(mirror, output="bytes", to="stream", cache_limit=1 << 24, progress=False)
     (cache,) = streams_of(ds)
-    for folder in (cache.directory, cache.directory.parent):
-        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     cache._warming.join()
     (cache.directory / f".u{cache.unit}-0.part").symlink_to(victim)  # planted where unit 0 is written
     handle = cache.source.open()
@@ -149,6 +147,8 @@ def test_block_files_are_made_in_a_private_folder_and_no_link_redirects_them(mir
     finally:
         cache.source.close(handle)
     assert victim.read_bytes() == b"mine"
+    for folder in (cache.directory, cache.directory.parent):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     block = cache.directory / f"u{cache.unit}-0"
     assert not block.is_symlink() and block.stat().st_size == cache.sizes[0]
     with open(mirror, "rb") as f:  # the mirror's image data of the block's samples, as stored

@@ -182,8 +182,9 @@ def open_dataset(
         StageRefused: (a ``ValueError``) a ``to`` that is not ``"auto"``, ``"disk"``, ``"ram"`` or
             ``"stream"``; ``cache_limit`` with ``"disk"`` or ``"ram"``.
         CacheLimitError: (a ``ValueError``) a ``cache_limit`` smaller than the mirror's largest block
-            of 64 samples (the message gives the smallest that works); :class:`colabfast.DataLoader`
-            raises it too for one that cannot hold the blocks one batch reads.
+            of 64 samples (the message gives the smallest that works), or above the local disk's free
+            space (the most that fits), or a ``LOCAL_WORLD_SIZE`` that is no number;
+            :class:`colabfast.DataLoader` raises it too for one that cannot hold the blocks one batch reads.
         TypeError: an option that is not pack's.
         OSError: the mirrors folder cannot be written (read-only or full Drive; the message says to
             pass ``mirrors=`` elsewhere), or as pack and stage raise.
