@@ -186,7 +186,8 @@ def clean() -> list[tuple[Path, int]]:
     holds. Returns each folder deleted, with the bytes it took."""
     from colabfast.where import env
 
-    root, out = env.work_dir() / ".colabfast-stream", []
+    root = env.work_dir() / ".colabfast-stream"
+    out: list[tuple[Path, int]] = []
     if not root.is_dir():
         return out
     with locked(root / ".lock", "cleaning the stream cache folders"):
@@ -249,18 +250,18 @@ def limit_for(folder: Path, cache_limit: Optional[int], drivefs: bool = False) -
     try:
         ranks = max(1, int(value))
     except ValueError:
-        raise CacheLimitError(f"LOCAL_WORLD_SIZE={quoted(value)} is not a whole number: torchrun sets it to the number of "
-                              "processes on this machine. Unset it, or set it to that number") from None
+        raise CacheLimitError(f"LOCAL_WORLD_SIZE={quoted(value)} is not a whole number: torchrun sets it to the "
+                              "number of processes on this machine. Unset it, or set it to that number") from None
     free = env.disk_free(folder)
     shared = f", shared by {ranks} local ranks" if ranks > 1 else ""
     if cache_limit is None:
         return free // 2 // ranks, "half the local disk's free space" + shared
     room = free // (2 if drivefs else 1) // ranks
     if cache_limit > room:
-        raise CacheLimitError(f"cache_limit={human_bytes(cache_limit)} is more than the local disk holds at {folder}: "
-                              f"{human_bytes(free)} free" + shared + (", and Drive's own cache takes as much again"
-                                                                      if drivefs else "")
-                              + f". Pass cache_limit={room} or less, or none (half the free space)")
+        drive = ", and Drive's own cache takes as much again" if drivefs else ""
+        raise CacheLimitError(f"cache_limit={human_bytes(cache_limit)} is more than the local disk holds at "
+                              f"{folder.parent}: {human_bytes(free)} free{shared}{drive}. Pass cache_limit={room} "
+                              "or less, or none (half the free space)")
     return cache_limit, "cache_limit"
 
 
