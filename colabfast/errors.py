@@ -387,4 +387,5 @@ class ExportRefused(Error, ValueError):
 class CacheLimitError(Error, ValueError):
     """A mirror streamed through a local cache (``open_dataset(..., to="stream", cache_limit=...)``,
     :mod:`colabfast.datasets.stream`) was given a ``cache_limit`` too small to hold what one batch of
-    the epoch reads: the message gives the smallest limit that works."""
+    the epoch reads (the message gives the smallest limit that works), or more than the local disk's
+    free space (the most that fits), or ``LOCAL_WORLD_SIZE`` is not a whole number."""

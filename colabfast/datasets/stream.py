@@ -59,12 +59,12 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from colabfast.datasets.streamsource import MountSource
-from colabfast.errors import CacheLimitError, MirrorError, MountError
+from colabfast.errors import CacheLimitError, Error, MirrorError, MountError, NotEnoughSpace
 from colabfast.where._fileio import human_bytes
 
 __all__ = ["FETCHERS", "NEXT_UNITS", "UNIT_SAMPLES", "StreamCache"]
@@ -100,7 +100,7 @@ class StreamCache:
         self.source = source if source is not None else MountSource(self.path, reader._version)
         self.directory, self.limit, self.unit = Path(directory), int(limit), int(unit)
         self.offsets = np.asarray(reader.offsets, dtype=np.int64)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.page = _page(self.directory)
         self._set_unit(self.unit)
         largest = int(self.disk.max()) + self.overhead if len(self.sizes) else 0
@@ -483,7 +483,7 @@ class StreamCache:
         start, end = int(self.bounds[u]), int(self.bounds[u + 1])
         target, part = self._file(u), self.directory / f".u{self.unit}-{u}.part"
         buffer = bytearray(min(PIECE, max(end - start, 1)))
-        with open(part, "wb") as out:
+        with self._created(part) as out:
             pos = start
             while pos < end:
                 view = memoryview(buffer)[: min(PIECE, end - pos)]
@@ -498,6 +498,22 @@ class StreamCache:
         with self._cond:
             self.fetched += end - start
             self._since_refresh += end - start
+
+    @contextlib.contextmanager
+    def _created(self, part: Path) -> Iterator[Any]:
+        """A unit's file ``part`` made anew (:func:`_create`); the local disk filling up while it is
+        written is :class:`~colabfast.errors.NotEnoughSpace` naming the folder (the partial file deleted)."""
+        try:
+            with _create(part) as out:
+                yield out
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or isinstance(exc, Error):
+                raise
+            _unlink(part)
+            raise NotEnoughSpace(errno.ENOSPC, f"{self.directory}: the local disk filled up while streaming "
+                                 f"{self.source.name} into this cache ({human_bytes(self._used)} of its "
+                                 f"cache_limit={human_bytes(self.limit)} in use): something else writes to that disk. "
+                                 "Free space there, or open the dataset again with a smaller cache_limit") from None
 
     def _drop_drive_cache(self) -> None:
         from colabfast.where import env
@@ -589,7 +605,7 @@ class StreamCache:
         fd = fds.get(u)
         if fd is None:
             try:
-                fd = fds[u] = os.open(self._file(u), os.O_RDONLY)
+                fd = fds[u] = os.open(self._file(u), os.O_RDONLY | os.O_NOFOLLOW)
             except FileNotFoundError:
                 return False
         view, at = memoryview(part).cast("B"), b - int(self.bounds[u])  # type: ignore[arg-type]
@@ -619,6 +635,8 @@ class StreamCache:
             error = self.directory / "error.txt"
             if error.exists():  # the owner's fetch failed: its error, raised again in this worker
                 said = error.read_text(errors="replace")
+                if said.startswith("NotEnoughSpace: "):  # the local disk filled up: the owner's error, here too
+                    raise NotEnoughSpace(errno.ENOSPC, said.split("] ", 1)[-1])
                 raise MountError(errno.EIO, f"{self.source.name}: streaming failed: {said}")
             if time.monotonic() > deadline or not self.directory.exists() or self._plan() is not planned:
                 return  # read directly: gone, or the plan it read for ended
@@ -654,9 +672,16 @@ class StreamCache:
 
 def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    with open(tmp, "wb") as f:
+    with _create(tmp) as f:
         write(f)
     os.replace(tmp, path)
+
+
+def _create(path: Path) -> Any:
+    """``path`` made anew for writing, ``O_EXCL | O_NOFOLLOW``: what was at that name (a partial file of
+    a run that stopped, a link planted there) is unlinked first, never written through."""
+    _unlink(path)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "wb")
 
 
 def _unlink(path: Path) -> None:

@@ -53,16 +53,18 @@ def describe(data: Optional[PathLike] = None) -> str:
         Lines ``name  value`` for platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive, GPU and
         the JPEG decoder (:func:`colabfast.where.codec.jpeg_codec`), then an ``advice`` list, led by what
         is broken in this Python's install (:func:`colabfast.where.env.install_problems`: a required
-        package that does not import, a torch/torchvision pair not built together).
+        package that does not import, a torch/torchvision pair not built together), then the stream
+        caches of ended runs it deleted (:func:`colabfast.loading.streaming.clean`).
     """
     broken = env.install_problems()
+    leftovers = _stream_leftovers()  # first: the disk's free space then counts what they took
     work = env.work_dir()
     gpu_info = env.gpu()
     decode = gpu_info is not None and codec.gpu_decode_available()
     drives = env.drive_mounts()
     rows = _machine_rows(work, gpu_info, decode, drives)
 
-    advice = [f"fix this first: {problem}" for problem in broken]
+    advice = [f"fix this first: {problem}" for problem in broken] + leftovers
     path, plan = None, None
     if data is None:
         advice += _drive_advice(drives)
@@ -88,6 +90,17 @@ def describe(data: Optional[PathLike] = None) -> str:
     text = [f"{name:<{width}}  {value}" for name, value in rows]
     text += ["", "advice:"] + [f"- {a}" for a in advice]
     return "\n".join(text)
+
+
+def _stream_leftovers() -> list[str]:
+    """Delete the stream caches of processes gone (a kernel restarted while it streamed); a line saying so."""
+    from colabfast.loading.streaming import clean
+
+    gone = clean()
+    if not gone:
+        return []
+    return [f"deleted {len(gone)} stream cache folder{'s' * (len(gone) > 1)} ({human_bytes(sum(n for _, n in gone))}) "
+            f"left under {gone[0][0].parent} by runs that ended while they streamed"]
 
 
 def _machine_rows(

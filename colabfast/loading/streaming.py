@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -23,10 +24,12 @@ from torch.utils.data import BatchSampler, SequentialSampler
 
 from colabfast.datasets.dropins import through_subsets
 from colabfast.datasets.stream import UNIT_SAMPLES, StreamCache, remove
+from colabfast.errors import CacheLimitError, quoted
 from colabfast.loading.sampler import BlockShuffleSampler
-from colabfast.where._fileio import human_bytes
+from colabfast.where._fileio import human_bytes, locked
 
-__all__ = ["cache_folder", "choice", "default_limit", "known_order", "planned", "stream", "streams_of"]
+__all__ = ["cache_folder", "choice", "clean", "discard", "known_order", "limit_for", "planned", "stream",
+           "streams_of"]
 
 
 def known_order(loader: Any, later: int = 0) -> Optional[Callable[[], np.ndarray]]:
@@ -146,7 +149,7 @@ def stream(dataset: Any, limit: int, directory: Path, unit: int = UNIT_SAMPLES,
         share = limit if len(readers) == 1 else limit * int(r.offsets[-1]) // total
         r.stream = StreamCache(r, Path(directory) / f"column-{k}", share, unit, source)
         out.append(r.stream)
-    weakref.finalize(dataset, remove, Path(directory), os.getpid())  # the folder, once the dataset goes
+    weakref.finalize(dataset, discard, Path(directory), os.getpid())  # the folder, once the dataset goes
     return out
 
 
@@ -157,25 +160,110 @@ def _readers(dataset: Any) -> list[Any]:
     return readers
 
 
+OWNER = ".owner"  # in each stream folder: locked by the process that uses it, for as long as it does
+_held: dict[str, int] = {}  # folder -> the descriptor of its owner lock, in the process that made it
+
+
 def cache_folder(stem: str) -> Path:
-    """A new folder for one dataset's stream caches, ``<work_dir>/.colabfast-stream/<stem>-<random>``."""
+    """A new folder (mode 0700) for one dataset's stream caches, ``<work_dir>/.colabfast-stream/<stem>-<random>``,
+    locked as this process's until :func:`discard`; the folders of processes gone (a kernel restarted, a
+    ``kill -9``) are deleted first (:func:`clean`)."""
     import tempfile
 
     from colabfast.where import env
 
     root = env.work_dir() / ".colabfast-stream"
-    root.mkdir(exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{stem}-", dir=root))
+    root.mkdir(mode=0o700, exist_ok=True)
+    clean()
+    with locked(root / ".lock", "making a stream cache folder"):  # clean() never sees it without its lock
+        folder = Path(tempfile.mkdtemp(prefix=f"{stem}-", dir=root))  # mode 0700, a name no other takes
+        _held[str(folder)] = _lock(folder / OWNER)
+    return folder
 
 
-def default_limit(folder: Path) -> tuple[int, str]:
-    """``open_dataset``'s ``cache_limit`` when none is given, and why: half the free space where ``folder``
-    is, divided among torchrun's ``LOCAL_WORLD_SIZE`` ranks (each streams into a cache of its own)."""
+def clean() -> list[tuple[Path, int]]:
+    """Delete the stream folders under ``<work_dir>/.colabfast-stream`` whose owner is gone: their lock is
+    free (the kernel lets go of a process's locks as it ends, however it ends); never one a live process
+    holds. Returns each folder deleted, with the bytes it took."""
     from colabfast.where import env
 
-    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return (env.disk_free(folder) // 2 // ranks,
-            "half the local disk's free space" + (f", shared by {ranks} local ranks" if ranks > 1 else ""))
+    root = env.work_dir() / ".colabfast-stream"
+    out: list[tuple[Path, int]] = []
+    if not root.is_dir():
+        return out
+    with locked(root / ".lock", "cleaning the stream cache folders"):
+        for entry in os.scandir(root):
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False) or entry.path in _held:
+                continue
+            try:
+                fd = _lock(Path(entry.path) / OWNER)  # a folder without one: its maker died making it
+            except OSError:  # BlockingIOError: its owner lives; anything else: not ours to judge
+                continue
+            try:
+                taken = 0
+                for folder, _, names in os.walk(entry.path):
+                    for name in names:
+                        with contextlib.suppress(OSError):
+                            taken += os.lstat(os.path.join(folder, name)).st_blocks * 512
+                shutil.rmtree(entry.path, ignore_errors=True)
+                out.append((Path(entry.path), taken))
+            finally:
+                os.close(fd)
+    return out
+
+
+def discard(folder: Path, owner: int) -> None:
+    """Delete ``folder`` (made by :func:`cache_folder`) and let go of its lock, from process ``owner`` only."""
+    if os.getpid() == owner:
+        remove(Path(folder), owner)
+        fd = _held.pop(str(folder), None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _lock(path: Path) -> int:
+    """A descriptor holding ``flock(path)`` (made if missing); ``BlockingIOError`` while another holds it.
+    ``flock`` itself, not ``filelock``: a torch worker forked from the owner shares the descriptor, and
+    only a close by every holder, never an unlock from one, may let go of the lock."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def limit_for(folder: Path, cache_limit: Optional[int], drivefs: bool = False) -> tuple[int, str]:
+    """``open_dataset``'s stream cache limit at ``folder``, and why: ``cache_limit`` where the local disk
+    can hold it, else half the free space; both divided among torchrun's ``LOCAL_WORLD_SIZE`` ranks
+    (each streams into a cache of its own). ``drivefs``: Drive's own cache takes as much again there.
+
+    Raises:
+        CacheLimitError: ``cache_limit`` is more than the free space (the message gives the most that
+            fits), or ``LOCAL_WORLD_SIZE`` is not a whole number.
+    """
+    from colabfast.where import env
+
+    value = os.environ.get("LOCAL_WORLD_SIZE", "").strip() or "1"
+    try:
+        ranks = max(1, int(value))
+    except ValueError:
+        raise CacheLimitError(f"LOCAL_WORLD_SIZE={quoted(value)} is not a whole number: torchrun sets it to the "
+                              "number of processes on this machine. Unset it, or set it to that number") from None
+    free = env.disk_free(folder)
+    shared = f", shared by {ranks} local ranks" if ranks > 1 else ""
+    if cache_limit is None:
+        return free // 2 // ranks, "half the local disk's free space" + shared
+    room = free // (2 if drivefs else 1) // ranks
+    if cache_limit > room:
+        drive = ", and Drive's own cache takes as much again" if drivefs else ""
+        raise CacheLimitError(f"cache_limit={human_bytes(cache_limit)} is more than the local disk holds at "
+                              f"{folder.parent}: {human_bytes(free)} free{shared}{drive}. Pass cache_limit={room} "
+                              "or less, or none (half the free space)")
+    return cache_limit, "cache_limit"
 
 
 class _Advancing:

@@ -115,7 +115,8 @@ def open_dataset(
         OpenRefused: (a ``TypeError``) neither a path nor a Hugging Face dataset; an option not pack's.
         FieldError: a Hugging Face dataset's first row that no mirror holds.
         StageRefused: an unknown ``to``; ``cache_limit`` with ``"disk"`` or ``"ram"``.
-        CacheLimitError: a ``cache_limit`` below the mirror's largest block of 64 samples.
+        CacheLimitError: a ``cache_limit`` below the mirror's largest block of 64 samples, above the local disk's
+            free space (the most that fits), or a ``LOCAL_WORLD_SIZE`` that is no number.
         OSError: the mirrors folder cannot be written (pass ``mirrors=`` elsewhere), or as pack and stage raise.
         PackError, UnsafeArchiveError, StageError, DriveError: as the steps raise them.
     """
@@ -278,17 +279,15 @@ def _staged(mirror: Path, to: str, progress: bool, steps: list[str]) -> Path:
 
 def _streamed(dataset: MirrorDataset, mirror: Path, cache_limit: Optional[int], why: str) -> str:
     """Make ``dataset`` (opened on ``mirror`` where it is) read through a stream cache; the account's line."""
-    import shutil
-
     from colabfast.datasets.stream import UNIT_SAMPLES
-    from colabfast.loading.streaming import cache_folder, default_limit, stream
+    from colabfast.loading.streaming import cache_folder, discard, limit_for, stream
 
     directory = cache_folder(mirror.stem)
-    cache_limit, how = default_limit(directory) if cache_limit is None else (cache_limit, "cache_limit")
     try:
+        cache_limit, how = limit_for(directory, cache_limit, drivefs=env.drive_kind(mirror) == "drivefs")
         caches = stream(dataset, cache_limit, directory)
     except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
+        discard(directory, os.getpid())
         raise
     blocks = sum(len(c.sizes) for c in caches)
     return (f"streamed from {mirror} through a local cache of at most {human_bytes(cache_limit)} ({how}) at "

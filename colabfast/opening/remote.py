@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -53,7 +53,7 @@ def open_remote(url: str, split: Optional[str], *, transform: Optional[Callable]
         CacheLimitError: as :func:`colabfast.open_dataset` with ``to="stream"``.
     """
     from colabfast.datasets.streamsource import RemoteSource
-    from colabfast.loading.streaming import cache_folder, default_limit, stream
+    from colabfast.loading.streaming import cache_folder, discard, limit_for, stream
     from colabfast.mirror.safety import vet
     from colabfast.opening.mirrors import drop_in
 
@@ -71,10 +71,11 @@ def open_remote(url: str, split: Optional[str], *, transform: Optional[Callable]
         holes = _shell(url, shell)
         vet(shell)
         dataset = drop_in(shell, split, transform=transform, target_transform=target_transform, output=output)
-        cache_limit, how = default_limit(directory) if cache_limit is None else (cache_limit, "cache_limit")
+        cache_limit, how = limit_for(directory, cache_limit)
         caches = stream(dataset, cache_limit, directory / "cache", source=source)
+        weakref.finalize(dataset, discard, directory, os.getpid())  # the shell too, once the dataset goes
     except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
+        discard(directory, os.getpid())
         raise
     image_bytes = sum(n for _, n in holes)
     blocks = sum(len(c.sizes) for c in caches)
@@ -100,8 +101,10 @@ def _shell(url: str, shell: Path) -> list[tuple[int, int]]:
                           "libhdf5 looping on a corrupt file)") from None
     if done.returncode == 3:
         raise MirrorError(done.stdout.strip())
-    if done.returncode == 4:
-        raise FileNotFoundError(done.stdout.strip())
+    if done.returncode == 4:  # this process found it (RemoteSource): a filesystem of its own, as memory:// is
+        raise StageRefused(f"{url}: the child process that reads its metadata finds no such file, although this "
+                           "process does: fsspec's memory:// (or another filesystem of this process alone) cannot "
+                           "be streamed. Write the file to local disk or a bucket and open that")
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise MirrorError(f"{url}: the child process reading its metadata failed (exit {done.returncode}: {tail})")
