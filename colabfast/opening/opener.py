@@ -81,8 +81,8 @@ def open_dataset(
 
     Args:
         path: a mirror, a dataset folder or an archive (:data:`ACCEPTS`), as ``str`` or ``os.PathLike``;
-            a mirror's fsspec URL (streamed: :mod:`colabfast.opening.remote`); or a Hugging Face
-            ``Dataset``, ``DatasetDict``, ``IterableDataset`` or ``IterableDatasetDict``.
+            a mirror's fsspec URL (streamed: :mod:`colabfast.opening.remote`); a Hugging Face ``Dataset``,
+            ``DatasetDict``, ``IterableDataset``, ``IterableDatasetDict`` or ``save_to_disk`` folder.
         split: a ``DatasetDict``'s split; KITTI's ``"training"`` (default) or ``"testing"``; what pack
             reads of a VOC tree, a YOLO export, Kaggle's ImageNet zip (``"train"``, ``"val"``) or a folder
             of split folders (``train``, ``val``, ...); None for other layouts.
@@ -90,7 +90,7 @@ def open_dataset(
             uint8 [3, H, W], or ``"bytes"``; see :class:`colabfast.H5ImageFolder`).
         image_size: resize when packing, as :func:`colabfast.pack`; not for a Hugging Face dataset.
         mirrors: the folder of mirrors (default :func:`default_mirrors`: ``colabfast-mirrors`` at the top of
-            My Drive for a source on Drive, else beside it; :func:`default_dataset_mirrors` for Hugging Face).
+            My Drive for a source on Drive, on Kaggle in ``/kaggle/working``, else beside it).
         to: ``"auto"``, ``"disk"`` or ``"ram"``, as :func:`colabfast.stage`; or ``"stream"``: read where it
             is through a local cache ([streaming](../streaming.md)); ``"auto"`` streams what does not fit.
         cache_limit: bytes the stream cache may take (default: half the local disk's free space, shared
@@ -101,10 +101,8 @@ def open_dataset(
             ``quality``, ``workers``, ``on_error``, ``retries``; ``store`` only ``"encoded"``).
 
     Returns:
-        The drop-in dataset for the mirror's layout (:data:`DROP_INS`: :class:`colabfast.H5ImageFolder`,
-        :class:`colabfast.H5Kitti`, :class:`colabfast.H5CocoDetection`, :class:`colabfast.H5VOCDetection`,
-        :class:`colabfast.H5VOCSegmentation`, or :class:`colabfast.H5Dataset` for the rest); its
-        ``account`` (str, one line per step) says what was done.
+        The drop-in dataset for the mirror's layout (:data:`DROP_INS`, e.g. :class:`colabfast.H5ImageFolder`);
+        its ``account`` (str, one line per step) says what was done.
 
     Raises:
         NothingToOpen: (a ``FileNotFoundError``) nothing at ``path``, an empty folder, or no images in it.

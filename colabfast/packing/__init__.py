@@ -111,8 +111,7 @@ def pack(
         image_size: resize as ``torchvision.transforms.Resize(image_size)`` (int: short side; ``(H, W)``),
             re-encoded as JPEG at ``quality`` when ``store="encoded"``.
         quality: JPEG quality (1-100) of re-encoded images.
-        shuffle: store a folder's samples in a seeded random order (``seed``); indices stay the source's.
-        seed: the shuffle's seed.
+        shuffle, seed: store a folder's samples in a random order seeded by ``seed``; indices stay the source's.
         workers: processes decoding and checking images (default: the CPUs; 0: this process).
         on_error: ``"raise"`` lists every unreadable file or folder in a `PackError` and writes nothing;
             ``"skip"`` packs the rest, warns, and records what it skipped (``colabfast info``).
@@ -133,9 +132,8 @@ def pack(
         FieldError: a dataset's sample that no mirror of its columns holds.
         ArchiveReadError: a truncated or corrupt archive (the next run resumes from the parts kept).
         UnsafeArchiveError: an archive member named absolute or climbing out with ``..``.
-        NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) local disk cannot hold what the build needs,
-            and ``dst`` is on it (for ``dst`` on Drive, pack then writes straight there:
-            :mod:`~colabfast.packing.placed`), or ``dst``'s disk cannot either.
+        NotEnoughSpace: (an ``OSError``, ``errno.ENOSPC``) neither local disk nor ``dst``'s holds the build
+            (for ``dst`` on Drive, pack writes straight there when local is short: :mod:`~colabfast.packing.placed`).
         NotWritable: (an ``OSError``) ``dst``'s folder is read-only or not yours: nothing is written.
     """
     if store not in STORES:
