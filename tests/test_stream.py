@@ -388,13 +388,16 @@ def test_a_new_iterator_mid_epoch_replaces_the_old_ones_plan(mirror):
     it = iter(loader)
     next(it)
     ref = _next_epoch(staged, loader)
+    before = cache.fetched
     # the old iterator goes only once the new one has planned its epoch: its readers, waiting for a
-    # block of the old plan, must not wait for the new one (which needs this thread to go on)
+    # block of the old plan, must not wait for the new one (which needs this thread to go on), and
+    # leaving the old plan must leave the new one be
     it = iter(loader)
     batches = _returns(lambda: list(it))
     assert len(batches) == len(ref)
     for a, b in zip(ref, batches):
         _same(a, b)
+    assert cache.fetched - before >= int(cache.sizes.sum()) - cache.limit  # streamed through the cache
     assert _returns(lambda: ds[last][1]) == staged[last][1]
 
 

@@ -17,7 +17,9 @@ the epoch is past it.
   which :class:`colabfast.DataLoader` calls as its batches come out of the readers). Fetching in
   first-use order and evicting on last use cannot deadlock when the limit holds the units of any one
   batch (a unit's samples are one stretch of the order): :meth:`start` refuses a smaller limit with
-  the smallest that works, and the constructor one smaller than the largest unit.
+  the smallest that works, and the constructor one smaller than the largest unit. An epoch's iterator
+  that ends, or is closed or dropped early, ends its plan (:meth:`StreamCache.leave`): no fetch thread
+  waits for room the loop will not free, and reads outside an epoch go to the mount.
 - **Across epochs.** The plan can name the next epoch's order too: once this epoch's units are all
   claimed, the threads fetch the few units that order reads first (:data:`NEXT_UNITS`, as far as the
   room allows), so the next epoch's first batches find their units. The handles on the source stay
