@@ -40,6 +40,7 @@ from colabfast.packing.common import (
     _check_size,
     _options,
     _printable,
+    check_writable,
     lock_path,
 )
 from colabfast.packing.dataset import pack_columns
@@ -143,7 +144,7 @@ def pack(
     source = resolve(src, layout, labels, split, retries)
     target = Path(os.path.abspath(os.fspath(dst)))
     if not os.path.lexists(target):  # a read-only folder (Kaggle's /kaggle/input) named before any work
-        env.check_writable(target.parent, "dst=", target.name)
+        check_writable(target.parent, "dst=", target.name)
     route, voc_year = source.route, _voc_year(year, source)
     options = _options(store, _check_size(image_size), quality)
     workers = env.cpu_count() if workers is None else workers
