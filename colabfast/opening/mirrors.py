@@ -194,7 +194,9 @@ def _check_writable(folder: Path) -> None:
 
     Raises:
         NotWritable: (an ``OSError``) naming ``folder`` and the fix (``mirrors=`` elsewhere)."""
-    env.check_writable(folder, "mirrors=")
+    from colabfast.packing.common import check_writable
+
+    check_writable(folder, "mirrors=")
 
 
 def _seconds(t: float) -> str:

@@ -39,6 +39,7 @@ from colabfast.packing.common import (
     PackRefused,
     SplitRefused,
     _check_size,
+    check_writable,
     lock_path,
     mirror_options,
     printable,
@@ -145,7 +146,7 @@ def pack(
     source = resolve(src, layout, labels, split, retries)
     target = Path(os.path.abspath(os.fspath(dst)))
     if not os.path.lexists(target):  # a read-only folder (Kaggle's /kaggle/input) named before any work
-        env.check_writable(target.parent, "dst=", target.name)
+        check_writable(target.parent, "dst=", target.name)
     route, voc_year = source.route, _voc_year(year, source)
     options = mirror_options(store, _check_size(image_size), quality)
     workers = env.cpu_count() if workers is None else workers

@@ -28,14 +28,15 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import h5py
 import numpy as np
 
-from colabfast.errors import MirrorError, PackError, PackRefused, SplitRefused
+from colabfast.errors import MirrorError, NotWritable, PackError, PackRefused, SplitRefused
 from colabfast.mirror.format import Header, check, header, split_names
 from colabfast.mirror.index import read_order, read_paths
 from colabfast.mirror.safety import open_h5, read_h5, trust
 from colabfast.where import env
 from colabfast.where._fileio import FileEntry, partial_path, state_name
+from colabfast.where.env import MIRRORS_FOLDER
 
-__all__ = ["CHUNK", "PackError", "PackRefused", "SplitRefused", "Contents", "differs", "lock_path"]
+__all__ = ["CHUNK", "PackError", "PackRefused", "SplitRefused", "Contents", "differs", "lock_path", "check_writable"]
 
 CHUNK = 256  # samples per part file: the unit of parallel work and of resuming
 COPY_CHUNK = 8 << 20  # bytes per write when copying a built mirror onto Drive
@@ -351,3 +352,28 @@ def publish(build: Path, dst: Path) -> None:
 def _verify_attrs(path: Path) -> None:
     with open_h5(path) as f:
         check(f, path)
+
+
+def check_writable(folder: Path, what: str = "mirrors=", name: str = MIRRORS_FOLDER) -> None:
+    """Make ``folder`` and write a byte there, before a mirror is written into it.
+
+    Raises:
+        NotWritable: (an ``OSError``, the cause's errno) naming ``folder``, why, and what to pass as
+            ``what`` instead (``name`` in ``/kaggle/working`` on Kaggle, else on local disk)."""
+    probe = partial_path(folder / f".probe-{os.getpid()}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"\0")
+        probe.unlink()
+    except OSError as exc:
+        on = "Drive" if env.drive_kind(folder) is not None else "it"
+        why = {errno.EROFS: f"{on} is read-only", errno.ENOSPC: f"{on} is full", errno.EACCES: "it is not yours to "
+               "write", errno.EDQUOT: f"{on} is over its storage quota"}.get(exc.errno or 0, exc.strerror or str(exc))
+        if env.in_kaggle():
+            fix = (f"{what}'{env.kaggle_working() / name}' (Kaggle's writable folder, kept as the notebook's output; "
+                   "/kaggle/input is read-only)")
+        else:
+            fix = (f"another Drive folder with room, or {what}'{env.work_dir() / name}' (local disk: gone when the "
+                   "runtime ends, so the next one packs again)")
+        raise NotWritable(exc.errno, f"cannot write a mirror into {folder}: {why} ({exc.strerror or exc}). Nothing "
+                          f"was written. Pass {what} a folder you may write, e.g. {fix}") from exc

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
 import shutil
 import stat
@@ -26,7 +25,7 @@ from colabfast.where import standin as standin
 from colabfast.where._fileio import PathLike
 from colabfast.where.mounttable import Mount
 
-__all__ = ["DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "kaggle_working", "check_writable",
+__all__ = ["DriveMount", "in_colab", "in_kaggle", "in_notebook", "platform", "kaggle_working",
            "drive_kind", "drive_mounts", "standin_mountpoints", "drivefs_dir", "cache_dir", "work_dir",
            "storage", "is_ram", "is_fuse", "cpu_count", "ram_total", "ram_available", "ram_headroom", "disk_free",
            "can_mount", "has_fuse", "shm_size", "recommended_num_workers", "gpu",
@@ -61,34 +60,6 @@ def in_kaggle() -> bool:
 def kaggle_working() -> Path:
     """Kaggle's writable folder, ``/kaggle/working``: kept as the notebook's output (about 20 GB)."""
     return Path(KAGGLE_ROOT) / "working"
-
-
-def check_writable(folder: Path, what: str = "mirrors=", name: str = MIRRORS_FOLDER) -> None:
-    """Make ``folder`` and write a byte there, before a mirror is written into it.
-
-    Raises:
-        NotWritable: (an ``OSError``, the cause's errno) naming ``folder``, why, and what to pass as
-            ``what`` instead (``name`` in ``/kaggle/working`` on Kaggle, else on local disk)."""
-    from colabfast.errors import NotWritable
-    from colabfast.where._fileio import partial_path
-
-    probe = partial_path(folder / f".probe-{os.getpid()}")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"\0")
-        probe.unlink()
-    except OSError as exc:
-        on = "Drive" if drive_kind(folder) is not None else "it"
-        why = {errno.EROFS: f"{on} is read-only", errno.ENOSPC: f"{on} is full", errno.EACCES: "it is not yours to "
-               "write", errno.EDQUOT: f"{on} is over its storage quota"}.get(exc.errno or 0, exc.strerror or str(exc))
-        if in_kaggle():
-            fix = (f"{what}'{kaggle_working() / name}' (Kaggle's writable folder, kept as the notebook's output; "
-                   "/kaggle/input is read-only)")
-        else:
-            fix = (f"another Drive folder with room, or {what}'{work_dir() / name}' (local disk: gone when the "
-                   "runtime ends, so the next one packs again)")
-        raise NotWritable(exc.errno, f"cannot write a mirror into {folder}: {why} ({exc.strerror or exc}). Nothing "
-                          f"was written. Pass {what} a folder you may write, e.g. {fix}") from exc
 
 
 def in_notebook() -> bool:
