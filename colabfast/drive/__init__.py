@@ -1,6 +1,5 @@
 """Google Drive: mount it (or a local stand-in outside Colab), refresh its cache, push its writes
 (:mod:`~colabfast.drive.mounting`); download what is shared by link (:mod:`~colabfast.staging.fetching`).
-The Drive simulator that plays Drive's latency and faults outside Colab is :mod:`colabfast.drivesim`.
 """
 
 from __future__ import annotations

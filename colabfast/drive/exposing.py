@@ -1,6 +1,5 @@
 """Showing the stand-in (:mod:`colabfast.where.standin`) at a mountpoint and taking it down: a bind
-mount, a folder of symlinks, or the FUSE Drive simulator (:mod:`colabfast.drivesim.simulator`, imported only when
-``$COLABFAST_DRIVE_SIM`` asks for it). :mod:`colabfast.drive` calls it for the local case.
+mount, a folder of symlinks, or the FUSE Drive simulator (``$COLABFAST_DRIVE_SIM``).
 """
 
 from __future__ import annotations
@@ -26,12 +25,8 @@ _SIMS: dict = {}
 
 
 def expose(mountpoint: str, readonly: bool, *, may_mount: bool) -> str:
-    """Show the stand-in root (created with :func:`prepare_root`) at ``mountpoint``, creating the
-    mountpoint folder as Colab's Drive client does, and :func:`register` it.
-
-    Through the simulator when ``$COLABFAST_DRIVE_SIM`` is set, else by a bind mount when
-    ``may_mount`` (``env.can_mount()``) and the kernel agrees, else as a folder of symlinks (which
-    cannot enforce ``readonly``: it warns). Returns the form, as :func:`form` names it.
+    """Show the stand-in root at ``mountpoint`` (the simulator, a bind mount where ``may_mount``, else
+    symlinks, which cannot enforce ``readonly``) and :func:`register` it; returns :func:`form`'s name.
 
     Raises:
         DriveError: the simulator did not start, or a mount command failed.
@@ -58,8 +53,7 @@ def expose(mountpoint: str, readonly: bool, *, may_mount: bool) -> str:
 
 
 def unexpose(mountpoint: str) -> None:
-    """Take down the stand-in at ``mountpoint``, if that is what is there (:func:`form`), and
-    :func:`unregister` it. The files stay in :func:`root`.
+    """Take down the stand-in at ``mountpoint``, if that is what is there, and :func:`unregister` it.
 
     Raises:
         DriveError: an unmount command failed (with the next step).

@@ -1,15 +1,8 @@
 """Google Drive: mount it (or a local stand-in outside Colab), refresh its cache, push its writes.
 
-In Colab, :func:`mount` calls ``google.colab.drive.mount``. Elsewhere a folder plays Drive
-(:func:`colabfast.where.standin.root`, holding ``MyDrive/`` and ``Shareddrives/``) and is exposed at the
-mountpoint the way Colab lays Drive out, with Colab's messages and errors, so a notebook written for
-Colab runs unchanged. With ``COLABFAST_DRIVE_SIM`` set it is exposed through the FUSE Drive simulator
-instead, to show Drive's per-file latency locally. This module keeps Colab's side (checks, messages,
-refresh and flush); :mod:`colabfast.where.standin` owns the stand-in itself and
-:mod:`colabfast.drive.exposing` shows it.
-
-Every command runs with ``check=True``: a failure raises :class:`DriveError` naming the command and
-the next step, where a failing ``!cmd`` in a notebook would go unnoticed.
+Outside Colab a folder (:func:`colabfast.where.standin.root`) plays Drive with Colab's layout, messages
+and errors. Every command runs with ``check=True``: a failure raises :class:`DriveError` naming the
+command and the next step.
 """
 
 from __future__ import annotations
@@ -80,23 +73,16 @@ def mount(
 ) -> Path:
     """Mount Google Drive at ``mountpoint``, in Colab or (as a local stand-in) anywhere else.
 
-    In Colab this is ``google.colab.drive.mount`` with the same arguments. Elsewhere the folder
-    :func:`colabfast.where.standin.root` (``$COLABFAST_DRIVE_ROOT``, default ``~/colabfast-drive``) is
-    exposed at ``mountpoint`` with Drive's layout (``MyDrive``, ``Shareddrives``, and ``My Drive``
-    resolving to ``MyDrive``): by a bind mount where this process may mount (root with
-    ``CAP_SYS_ADMIN``), else as a folder of symlinks, or through the FUSE Drive simulator when
-    ``$COLABFAST_DRIVE_SIM`` is set (``"open_ms=100,mbps=60"``: the simulator's keyword arguments; any
-    value without ``=`` means its defaults). It prints what Colab prints and raises what Colab raises
-    for the same mountpoints.
-
-    One liberty outside Colab: a mountpoint directly in ``/content`` (Colab's working folder, always
-    there in Colab) gets ``/content`` created when it is missing, so ``mount()`` with the default works.
+    In Colab this is ``google.colab.drive.mount``. Elsewhere :func:`colabfast.where.standin.root`
+    (``$COLABFAST_DRIVE_ROOT``, default ``~/colabfast-drive``) is exposed with Drive's layout (``MyDrive``,
+    ``Shareddrives``) by a bind mount, a folder of symlinks, or the FUSE Drive simulator with
+    ``$COLABFAST_DRIVE_SIM`` (``"open_ms=100,mbps=60"``), printing and raising what Colab does; a missing
+    ``/content`` is created.
 
     Args:
         mountpoint: where Drive appears; Colab's convention is ``/content/drive``. ``~`` is expanded.
         force_remount: mount again even if Drive is already there.
-        readonly: mount read-only. The stand-in enforces it as a bind mount or the simulator; as a
-            folder of symlinks it warns that it cannot.
+        readonly: mount read-only (as a folder of symlinks the stand-in warns that it cannot).
         timeout_ms: Colab's mount timeout; the local stand-in does not wait for anything.
 
     Returns:
@@ -176,9 +162,7 @@ def flush_and_unmount(timeout_ms: int = COLAB_FLUSH_TIMEOUT_MS) -> None:
 def mount_standin(
     mountpoint: str, force_remount: bool = False, timeout_ms: int = 120000, readonly: bool = False
 ) -> None:
-    """Colab's ``drive.mount`` for the local stand-in: same signature, checks in the same order, same
-    messages and errors; returns None as Colab's does. :func:`mount` and
-    :func:`colabfast.testing.colab_shim` call this outside Colab; see :func:`mount` for the rest."""
+    """Colab's ``drive.mount`` for the local stand-in: same signature, checks, messages and errors."""
     del timeout_ms  # the stand-in is local: nothing to wait for
     if " " in mountpoint:
         raise ValueError("Mountpoint must not contain a space.")
@@ -194,9 +178,8 @@ def mount_standin(
 
 
 def flush_and_unmount_standin(timeout_ms: int = COLAB_FLUSH_TIMEOUT_MS) -> None:
-    """Colab's ``drive.flush_and_unmount`` for the local stand-in: syncs the disk and takes down every
-    mountpoint that exposes it (:func:`colabfast.where.env.standin_mountpoints`), leaving the mountpoint
-    folders empty as Colab does. The files stay in the stand-in root.
+    """Colab's ``drive.flush_and_unmount`` for the local stand-in: sync, then take down every mountpoint
+    exposing it (:func:`colabfast.where.env.standin_mountpoints`).
 
     Raises:
         ValueError: ``'flush_and_unmount failed'`` (Colab's error), chained to the cause.
@@ -217,16 +200,9 @@ def flush_and_unmount_standin(timeout_ms: int = COLAB_FLUSH_TIMEOUT_MS) -> None:
 def refresh_drive(mountpoint: PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = False) -> DriveReport:
     """Make Drive show its current contents and free the disk its client's cache takes.
 
-    - DriveFS (Colab): ``flush_and_unmount()`` (pending writes go up first), then delete the DriveFS
-      folder (:func:`colabfast.where.env.drivefs_dir`, where it caches everything read through the mount:
-      copying N GB off Drive needs 2·N GB of disk), then mount again.
-    - google-drive-ocamlfuse: unmount and wait for the client to exit (it uploads what is pending),
-      ``google-drive-ocamlfuse -cc`` (clears ``~/.gdfuse/<label>/cache``), then mount again with the
-      client's own command line.
-    - The local stand-in or the simulator: nothing to do, they keep no cache.
-
-    Nothing written before the call is lost: the cache is only deleted after the client has pushed
-    its writes and is no longer mounted.
+    Pending writes go up and the client unmounts before its cache (DriveFS's, or
+    google-drive-ocamlfuse's via ``-cc``) is deleted, then Drive is mounted again; the stand-in keeps no
+    cache. Steps per client: [Drive and staging](../drive-and-staging.md#how-it-works).
 
     Args:
         mountpoint: where Drive is mounted (a path inside it will do).
@@ -254,12 +230,8 @@ def refresh_drive(mountpoint: PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = Fa
 
 
 def flush_drive(mountpoint: PathLike = DEFAULT_MOUNTPOINT, *, quiet: bool = False) -> DriveReport:
-    """Push pending writes (a freshly copied mirror, checkpoints) to Drive and wait until they are up.
-
-    Drive has no flush without unmount: in Colab this is ``flush_and_unmount()`` then mount again
-    (DriveFS uploads in the background, minutes for large files, and a runtime that ends first loses
-    them); google-drive-ocamlfuse is unmounted, waited for, and mounted again; the local stand-in
-    writes straight to disk, so it only syncs.
+    """Push pending writes (a freshly copied mirror, checkpoints) to Drive and wait until they are up: an
+    unmount and mount again (Drive has no flush without one); the stand-in only syncs.
 
     Args:
         mountpoint: where Drive is mounted (a path inside it will do).
@@ -304,12 +276,8 @@ def _locate(mountpoint: PathLike) -> tuple[str, str]:
 
 
 def failure_advice(path: PathLike, errors: list[BaseException]) -> Optional[str]:
-    """What to do about reads from Drive that kept failing, or None when there is nothing specific.
-
-    ENOTCONN means the client went away: remount. A persistent EIO on DriveFS is often Drive refusing
-    the download; DriveFS's log (``~/.config/Google/DriveFS/Logs/drive_fs.txt``) says why, as Colab's
-    own ``drive.py`` reads it (googlecolab/colabtools): ``QUOTA_EXCEEDED`` (a file read too often,
-    typical of shared datasets) or ``QueryManager timed out`` (listing a huge folder).
+    """What to do about reads from Drive that kept failing, or None: remount for ENOTCONN; for EIO on
+    DriveFS, what its log says (``QUOTA_EXCEEDED``, ``QueryManager timed out``), as Colab's ``drive.py`` reads it.
     """
     codes = {getattr(e, "errno", None) for e in errors}
     if errno.ENOTCONN in codes:

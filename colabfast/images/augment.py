@@ -1,24 +1,10 @@
 """Per-sample CPU augmentation fused with decoding, for the reader threads: :func:`fuse`, :class:`FusedTransform`.
 
-The usual training transform, ``v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip()])``
-(or a ``Resize``/``CenterCrop`` followed by flips), costs more in torchvision's per-call Python (input
-flattening, kernel dispatch, tv_tensor wrapping: about 0.4 ms per image on the development machine)
-than in its pixel work, and in threads that Python holds the GIL. :class:`FusedTransform` does the
-same steps in one pass per image, FFCV-style (its ``RandomResizedCropRGBImageDecoder`` draws the crop,
-then decodes and resizes; Leclerc et al., CVPR 2023): it draws every random parameter first, with the
-arithmetic of torchvision's ``make_params`` on an explicit generator, then decodes the stored image
-(the JPEG, or a view of the raw pixels: a crop of a raw image reads only its pixels), then calls the
-same kernels the transforms call (``torchvision.transforms.v2.functional``'s; for a crop's antialiased
-bilinear uint8 resize, torch's kernel itself, as torchvision calls it, without its Python:
-:func:`_resized_hwc`). Same draws, same kernels: the same pixels as the transforms (tested against
-them, image for image).
-
-``draft=True`` also decodes a JPEG at 1/2, 1/4 or 1/8 scale (libjpeg-turbo's DCT scaling through
-``simplejpeg``'s ``min_height``/``min_width``; PIL calls it ``Image.draft``) when the crop is shrunk by
-twice that much or more, skipping most of the inverse DCT and colour conversion. The pixels then
-differ slightly from decode-then-crop-then-resize (see :meth:`FusedTransform._draft_scale` for the
-figures). No DCT scaling applies to a 224 px crop of an image under 896 px on a side (ImageNet's
-500x375, a 256 px mirror): it is for large photos.
+The crop is drawn with torchvision's ``make_params`` arithmetic, then the image decoded and the same
+``torchvision.transforms.v2.functional`` kernels called in one pass (FFCV's ``RandomResizedCropRGBImageDecoder``;
+Leclerc et al., CVPR 2023): the same pixels as the transforms. ``draft=True`` decodes a JPEG at 1/2, 1/4
+or 1/8 scale (libjpeg-turbo's DCT scaling) where the crop shrinks it enough. How it works:
+[Feeding the GPU](../gpu-feed.md#how-it-works).
 """
 
 from __future__ import annotations
@@ -45,8 +31,8 @@ _DRAFT_SCALES = (8, 4, 2)  # libjpeg-turbo's power-of-two DCT scalings, largest 
 
 def _native_resize(t: v2.RandomResizedCrop) -> bool:
     """True where ``F.resize`` of a uint8 image with ``t``'s options calls torch's antialiased bilinear
-    uint8 kernel itself (torchvision's rule: bilinear, antialias, a CPU with AVX2/AVX-512 or ARM), so
-    that :func:`_resized_hwc` may call it without torchvision's and ``interpolate``'s Python."""
+    uint8 kernel itself (torchvision's rule), so :func:`_resized_hwc` may call it directly.
+    """
     try:  # an InterpolationMode, or its value (torchvision 0.29 keeps the str)
         bilinear = v2.InterpolationMode(t.interpolation) == v2.InterpolationMode.BILINEAR
     except ValueError:  # a PIL constant: torchvision converts it, its own call decides
@@ -61,11 +47,9 @@ def _native_resize(t: v2.RandomResizedCrop) -> bool:
 
 
 def _resized_hwc(crop: np.ndarray, size: Any) -> torch.Tensor:
-    """``F.resize(image, size, BILINEAR, antialias=True)`` of the uint8 image whose channels-last pixels
-    are ``crop`` (``[h, w, C]``, contiguous), as ``[C, H, W]`` in channels-last memory: the call
-    torchvision makes (``interpolate`` of the image restrided as a channels-last ``[1, C, h, w]``) made
-    directly. torchvision's wrapper and ``interpolate``'s checks held the GIL for about 40 us per
-    image, a tenth of a 256 px image's time in a reader thread (tested equal to ``F.resize``)."""
+    """``F.resize(image, size, BILINEAR, antialias=True)`` of the channels-last pixels ``crop`` (``[h, w, C]``)
+    as ``[C, H, W]`` in channels-last memory, without torchvision's Python (tested equal to ``F.resize``).
+    """
     h, w, c = crop.shape
     out_h, out_w = int(size[0]), int(size[1])
     image = torch.from_numpy(crop)
@@ -75,9 +59,8 @@ def _resized_hwc(crop: np.ndarray, size: Any) -> torch.Tensor:
 
 
 def _upsample(nchw: torch.Tensor, size: Any, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """torch's antialiased bilinear kernel (``align_corners=False``, no scale factors) of ``nchw``
-    (uint8 ``[1, C, h, w]``, channels-last strides) to ``size`` ``(H, W)``, into ``out`` where given
-    (any strides: channels-last ones are written directly)."""
+    """torch's antialiased bilinear kernel of ``nchw`` (uint8 ``[1, C, h, w]``) to ``size``, into ``out`` where
+    given."""
     if out is None:
         return torch._C._nn._upsample_bilinear2d_aa(nchw, [int(size[0]), int(size[1])], False, None)
     return torch._C._nn._upsample_bilinear2d_aa(nchw, [int(size[0]), int(size[1])], False, None, None,  # type: ignore[call-arg]
@@ -85,10 +68,9 @@ def _upsample(nchw: torch.Tensor, size: Any, out: Optional[torch.Tensor] = None)
 
 
 def scratch(name: str, shape: tuple[int, ...], channels_last: bool = False) -> Any:
-    """This thread's reused uint8 memory called ``name``, of at least ``shape``'s size: an array of
-    ``shape`` (1-D: at least that long), or with ``channels_last`` a ``[N, C, H, W]`` tensor in
-    channels-last memory. Only for what is used up before this thread's next call with ``name``: new
-    memory each time costs a page fault per 4 KiB (65 of a 256 px raw image's 120 us read, one core)."""
+    """This thread's reused uint8 memory called ``name``, of at least ``shape``'s size (``channels_last``: a
+    ``[N, C, H, W]`` tensor), for what is used up before this thread's next call with ``name``.
+    """
     held = getattr(_threads, name, None)
     n = math.prod(shape)
     if held is None or held.size < n:
@@ -106,13 +88,13 @@ _threads = threading.local()  # per reader thread: scratch()'s memory
 @dataclasses.dataclass(frozen=True)
 class FusedTransform:
     """A leading ``v2.RandomResizedCrop``, ``v2.Resize`` or ``v2.CenterCrop`` (or none) and the random
-    flips after it, applied to one stored image in one pass (see the module docstring).
+    flips after it, applied to one stored image in one pass.
 
     Attributes:
         leading: the leading transform, or None.
         flips: ``(dim, p)`` per flip in order: dim -1 horizontal, -2 vertical; flipped with probability p.
         draft: DCT-scaled JPEG decoding where the crop is shrunk 4x or more (not exact).
-        center: a ``v2.CenterCrop`` after a leading ``v2.Resize`` (``Resize(256)``, ``CenterCrop(224)``), or None.
+        center: a ``v2.CenterCrop`` after a leading ``v2.Resize``, or None.
     """
 
     leading: Optional[Union[v2.RandomResizedCrop, v2.Resize, v2.CenterCrop]]
@@ -163,18 +145,15 @@ class FusedTransform:
         return None
 
     def draw_batch(self, shapes: Any, generator: torch.Generator) -> list:
-        """:meth:`draw` for each of ``shapes`` in order: all of a batch's draws before its first image is
-        made (the same numbers in the same order; then no torch call between images). Where nothing is
-        random (no ``RandomResizedCrop``, no flip) nothing is drawn: every draw is ``(None, [])``."""
+        """:meth:`draw` for each of ``shapes`` in order, all before the batch's first image is made."""
         if not (isinstance(self.leading, v2.RandomResizedCrop) or self.flips):
             return [(None, [])] * len(shapes)
         return [self.draw(shape, generator) for shape in shapes]
 
     def draw(self, shape: Any, generator: torch.Generator) -> tuple[Optional[tuple[int, int, int, int]], list[int]]:
-        """The random part of :meth:`apply` for an image of ``shape`` (``[H, W, ...]``): the crop box
-        ``(top, left, height, width)`` (None unless ``RandomResizedCrop``) and the dims to flip, drawn
-        from ``generator`` in torchvision's order. A batch drawn image by image, then made in pieces by
-        several threads (:meth:`make`), is the batch one thread makes with :meth:`apply`."""
+        """The crop box ``(top, left, height, width)`` (None unless ``RandomResizedCrop``) and the dims to flip
+        for an image of ``shape``, drawn from ``generator`` in torchvision's order.
+        """
         h, w = int(shape[0]), int(shape[1])
         draw = _Draws.of(generator)
         box = draw.crop(self.leading, self.log_ratio, h, w) if isinstance(self.leading, v2.RandomResizedCrop) else None
@@ -188,9 +167,9 @@ class FusedTransform:
         return self._made(hwc, int(shape[0]), int(shape[1]), box), flipped
 
     def centre_box(self, shape: Any) -> Optional[tuple[int, int, int, int]]:
-        """``(top, left, height, width)`` of a plain ``v2.CenterCrop`` in an image of ``shape`` (``[H, W,
-        ...]``) at least the crop's size (torchvision's anchor arithmetic,
-        ``_center_crop_compute_crop_anchor``), else None (another transform, or a crop that pads)."""
+        """``(top, left, height, width)`` of a plain ``v2.CenterCrop`` no larger than ``shape`` (torchvision's
+        ``_center_crop_compute_crop_anchor``), else None.
+        """
         t = self.leading
         if not isinstance(t, v2.CenterCrop):
             return None
@@ -201,11 +180,8 @@ class FusedTransform:
 
     def make_into(self, stored: Union[torch.Tensor, np.ndarray], shape: Any, raw: bool, where: int,
                   box: Optional[tuple[int, int, int, int]], flipped: list[int], out: np.ndarray) -> None:
-        """:meth:`make` written into ``out``, flips applied: uint8 ``[1, C, H, W]`` (any strides: a view of
-        a batch's memory), ``(H, W)`` :meth:`output_size`. The common cases write there directly: a
-        crop's resize, and a centre crop of at least the crop's size, copied by numpy as a box of rows
-        (torchvision's anchor arithmetic, ``_center_crop_compute_crop_anchor``). The decoded image
-        goes into this thread's reused memory (:func:`scratch`). Raises as :meth:`__call__`."""
+        """:meth:`make` written into ``out`` (uint8 ``[1, C, H, W]``, any strides), flips applied. Raises as
+        :meth:`__call__`."""
         hwc, box = self._pixels(stored, shape, raw, where, box, reuse=True)
         h, w = int(shape[0]), int(shape[1])
         t = self.leading  # (a tensor is made only where torch works: torch.from_numpy too drops the GIL)
@@ -295,12 +271,9 @@ class FusedTransform:
                                                              max_size=self.leading.max_size))
 
     def _draft_scale(self, h: int, w: int, box: Optional[tuple[int, int, int, int]]) -> int:
-        """The largest of 8, 4, 2 by which the image may be shrunk while decoding and keep twice the
-        pixels the output needs (1: none): the resize after it still shrinks 2x or more, so the DCT's
-        8x8 block averaging never dominates the filter (with no margin, 1600x1200 photo-like JPEGs
-        resized to 96 and 224 px differed from the exact path by 0.6-0.8 levels on average, up to 19;
-        with it by 0.3, up to 6, at 1.4x the speed instead of 1.6-1.9x; PIL's and torchvision's own
-        antialiased resizes differ by 0.3-1.2 on average)."""
+        """The largest of 8, 4, 2 by which the image may be shrunk while decoding and keep twice the output's
+        pixels (1: none); 0.3 levels from the exact path on average (docs/gpu-feed.md, "How it works").
+        """
         t = self.leading
         need: tuple[float, ...]
         if isinstance(t, v2.RandomResizedCrop) and box is not None:
@@ -317,9 +290,7 @@ class FusedTransform:
 
 
 class _Draws:
-    """torchvision's draws from one generator, each one torch call into a reused one-element tensor,
-    read back through a numpy view of it (``.item()`` is one more torch call, and every torch call
-    drops and retakes the GIL, which the other reader thread is waiting for)."""
+    """torchvision's draws from one generator, each one torch call into a reused one-element tensor."""
 
     _local = threading.local()
 
@@ -343,10 +314,9 @@ class _Draws:
 
     def crop(self, t: v2.RandomResizedCrop, log_ratio: tuple[float, float], height: int,
              width: int) -> tuple[int, int, int, int]:
-        """``t.make_params`` for an image of ``height`` x ``width`` (``log_ratio``: ``t._log_ratio`` as
-        floats): torchvision's arithmetic and draws, in its order (``torchvision/transforms/v2/_geometry.py``),
-        so a generator in the state of a worker's global one gives that worker's crop ``(top, left, height,
-        width)``."""
+        """``t.make_params``'s crop ``(top, left, height, width)`` for ``height`` x ``width``, in torchvision's order
+        (``torchvision/transforms/v2/_geometry.py``).
+        """
         g, area, (lo, hi) = self.generator, height * width, log_ratio
         for _ in range(10):
             target_area = area * self.uniform(t.scale[0], t.scale[1])
@@ -372,10 +342,9 @@ class _Draws:
 def fuse(transform: Any, *, draft: bool = False) -> Optional[FusedTransform]:
     """``transform`` as a :class:`FusedTransform`, or None where it is anything else.
 
-    Fused: ``v2.Compose`` (or one transform) of an optional leading ``v2.RandomResizedCrop``,
-    ``v2.Resize`` (optionally followed by a ``v2.CenterCrop``: the evaluation transform) or
-    ``v2.CenterCrop``, followed by any number of ``v2.RandomHorizontalFlip`` and
-    ``v2.RandomVerticalFlip``, at least one step; exactly those classes (a subclass may draw otherwise).
+    Fused: a ``v2.Compose`` (or one transform) of an optional ``v2.RandomResizedCrop``, ``v2.Resize``
+    (optionally then ``v2.CenterCrop``) or ``v2.CenterCrop``, then any ``v2.RandomHorizontalFlip`` and
+    ``v2.RandomVerticalFlip``; exactly those classes (a subclass may draw otherwise).
     """
     steps = list(transform.transforms) if type(transform) is v2.Compose else [transform]
     leading = steps.pop(0) if steps and type(steps[0]) in _LEADING else None

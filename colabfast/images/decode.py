@@ -1,23 +1,9 @@
 """Decode batches of encoded images (JPEG bytes) on the GPU with nvJPEG, falling back to the CPU.
 
-A 2-vCPU Colab VM decodes about 2k ImageNet-size JPEGs per second at best (``colabfast bench loader``,
-benchmarks/README.md); nvJPEG
-through ``decode_jpeg(list_of_tensors, device="cuda")`` (TorchCodec's, or torchvision.io's where
-torchcodec >= 0.16 is missing: :mod:`colabfast.where.codec`) decodes a whole batch in one
-call and leaves the CPUs only reading bytes. Files arrive from the workers packed in one tensor
-(:class:`EncodedImages`): hundreds of small tensors would each cost a shared-memory segment when
-crossing from a worker process.
-
-Decoded images are uint8 ``[3, H, W]``: grayscale and CMYK files are converted to RGB on both the CPU
-and the GPU path, so a batch has one channel count. Decoders differ slightly (chroma upsampling, IDCT):
-GPU and CPU pixels agree within a few levels, not exactly.
-
-Bytes from a file are not trusted. Every decoder here reads the image's size from its header first
-and refuses one over ``PIL.Image.MAX_IMAGE_PIXELS`` (:func:`check_encoded`: a few kilobytes of JPEG
-can declare 16000x16000 pixels, 768 MB decoded), and only libjpeg (simplejpeg, torchcodec or
-torchvision, nvJPEG) and PIL see the bytes: torchvision 0.29's PNG decoder segfaults the process on a
-corrupt IDAT (libpng's "incorrect data check"), so PNG, GIF and WebP are decoded by PIL, which raises
-instead.
+Decoded images are RGB uint8 ``[3, H, W]`` on both paths (GPU and CPU pixels agree within a few levels).
+Every decoder checks the header's size against ``PIL.Image.MAX_IMAGE_PIXELS`` first; PNG, GIF and WebP
+are decoded by PIL (torchvision 0.29's PNG decoder segfaults on a corrupt IDAT).
+[Mirrors from strangers](../mirror-format.md#images-from-strangers) says why.
 """
 
 from __future__ import annotations
@@ -66,11 +52,8 @@ class EncodedImages:
     Attributes:
         data: uint8 tensor ``[total_bytes]``, the files back to back.
         lengths: int64 tensor ``[B]``, bytes per file.
-        indices: int64 tensor ``[B]`` of dataset indices, or None when unknown (then errors name the
-            position in the batch).
-        sizes: int64 tensor ``[B, 2]``, each file's ``(H, W)`` as its header gives it, set by a reader that
-            checked every header already (:func:`checked_jpeg_sizes`) so :func:`decode_batch` does not parse
-            them again; None: :func:`decode_batch` checks each header itself.
+        indices: int64 tensor ``[B]`` of dataset indices, or None (errors then name batch positions).
+        sizes: int64 tensor ``[B, 2]``, headers' ``(H, W)`` checked already (:func:`checked_jpeg_sizes`), or None.
     """
 
     data: torch.Tensor
@@ -130,16 +113,8 @@ def is_jpeg(data: torch.Tensor) -> bool:
 
 
 def jpeg_mask(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Which of the files packed back to back in ``data`` start with the JPEG signature, in one numpy
-    expression (no Python per file).
-
-    Args:
-        data: uint8 array ``[total_bytes]``.
-        starts: int64 array ``[B]``, each file's first byte in ``data``.
-        lengths: int64 array ``[B]``, bytes per file.
-
-    Returns:
-        bool array ``[B]``.
+    """Which files packed in ``data`` (uint8 ``[total_bytes]``) at ``starts`` with ``lengths`` (int64 ``[B]``)
+    start with the JPEG signature: bool ``[B]``.
     """
     if not len(data):
         return np.zeros(len(lengths), dtype=bool)
@@ -149,9 +124,8 @@ def jpeg_mask(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
 
 def checked_jpeg_sizes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                        declared: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ``(H, W)`` headers of JPEGs packed back to back, checked against the sizes declared for them,
-    with one libjpeg-turbo header read per file (``simplejpeg.decode_jpeg_header``) and no other Python
-    per file: the fast path of :func:`check_encoded` for a batch headed to nvJPEG.
+    """The ``(H, W)`` headers of JPEGs packed back to back, checked against ``declared``: the fast path of
+    :func:`check_encoded` for a batch headed to nvJPEG (``simplejpeg.decode_jpeg_header`` per file).
 
     Args:
         data: uint8 array ``[total_bytes]``.
@@ -160,10 +134,8 @@ def checked_jpeg_sizes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
         declared: integer array ``[B, >=2]``, the ``(H, W, ...)`` declared for each file.
 
     Returns:
-        ``(sizes, passed)``: int64 ``[B, 2]``, the declared ``(H, W)`` of every file (its header's too
-        where it passed); bool ``[B]``, True where the file is a JPEG whose header reads and gives the
-        declared size, within ``PIL.Image.MAX_IMAGE_PIXELS``. A file that did not pass is one for
-        :func:`check_encoded`, which says why (or passes it: not a JPEG, say).
+        ``(sizes, passed)``: int64 ``[B, 2]`` declared sizes; bool ``[B]``, True for a JPEG whose header
+        gives the declared size within ``PIL.Image.MAX_IMAGE_PIXELS`` (the others go to :func:`check_encoded`).
     """
     sizes = np.ascontiguousarray(declared[:, :2], dtype=np.int64)
     passed = jpeg_mask(data, starts, lengths)
@@ -185,11 +157,8 @@ def checked_jpeg_sizes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
 
 
 def encoded_size(data: np.ndarray) -> tuple[int, int]:
-    """``(H, W)`` of an encoded image from its header alone: a JPEG's SOF (libjpeg-turbo through
-    ``simplejpeg``, about 4 us), a PNG's IHDR, else what ``PIL.Image.open`` reads.
-
-    Args:
-        data: uint8 array ``[num_bytes]`` of the file.
+    """``(H, W)`` of an encoded image (uint8 ``[num_bytes]``) from its header alone: a JPEG's SOF, a PNG's
+    IHDR, else what ``PIL.Image.open`` reads.
 
     Raises:
         ValueError: no readable header.
@@ -216,9 +185,8 @@ def encoded_size(data: np.ndarray) -> tuple[int, int]:
 def check_encoded(
     data: np.ndarray, where: Union[str, int] = "", size: Optional[Size] = None
 ) -> tuple[int, int]:
-    """The ``(H, W)`` of an encoded image's header (:func:`encoded_size`), checked before decoding it:
-    at most ``PIL.Image.MAX_IMAGE_PIXELS`` pixels (None there: no limit; read at each call), and
-    ``size`` when given (the ``(H, W)`` a mirror declares for it).
+    """The ``(H, W)`` of an encoded image's header, checked before decoding: at most
+    ``PIL.Image.MAX_IMAGE_PIXELS`` pixels (None: no limit), and ``size`` when given.
 
     Raises:
         ImageSizeError: too many pixels, or not ``size``; the message names ``where``.
@@ -236,8 +204,7 @@ def check_encoded(
 
 
 def check_pixels(h: int, w: int, where: Union[str, int] = "") -> None:
-    """Refuse a declared ``h`` x ``w`` over ``PIL.Image.MAX_IMAGE_PIXELS`` (None there: no limit) before
-    memory is allocated by it, with :func:`check_encoded`'s words.
+    """Refuse a declared ``h`` x ``w`` over ``PIL.Image.MAX_IMAGE_PIXELS`` before memory is allocated by it.
 
     Raises:
         ImageSizeError: too many pixels; the message names ``where`` and how to raise the limit.
@@ -259,8 +226,8 @@ def _check_size(h: int, w: int, where: Union[str, int], size: Optional[Size]) ->
 
 
 def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Size] = None) -> Image.Image:
-    """Decode one encoded image with PIL, as ``torchvision.datasets.ImageFolder`` loads files:
-    ``PIL.Image.open(f).convert("RGB")``, its size checked first (:func:`check_encoded`).
+    """Decode one encoded image as ``torchvision.datasets.ImageFolder`` does (``PIL.Image.open(f).convert("RGB")``),
+    its size checked first.
 
     Args:
         data: uint8 array ``[num_bytes]`` of the file.
@@ -286,10 +253,9 @@ def decode_pil(data: np.ndarray, where: Union[str, int] = "", size: Optional[Siz
 
 def decode_hwc(data: Union[torch.Tensor, np.ndarray], where: Union[str, int] = "", size: Optional[Size] = None,
                buffer: Optional[np.ndarray] = None) -> np.ndarray:
-    """:func:`decode_cpu`'s pixels as a uint8 array ``[H, W, 3]`` (no tensor made), decoded by libjpeg-turbo
-    into ``buffer`` where given (a C-contiguous uint8 array of at least ``H * W * 3`` bytes: the result
-    then views it; a JPEG that only torchvision or PIL decodes gets memory of its own). Arguments and
-    errors as :func:`decode_cpu`'s; ``data`` may be a uint8 array ``[num_bytes]``."""
+    """:func:`decode_cpu`'s pixels as a uint8 array ``[H, W, 3]``, into ``buffer`` where given (C-contiguous,
+    at least ``H * W * 3`` bytes). Arguments and errors as :func:`decode_cpu`'s.
+    """
     raw = data if isinstance(data, np.ndarray) else data.numpy()
     if raw[:3].tobytes() != JPEG_MAGIC:
         return np.array(decode_pil(raw, where, size))  # a writable copy (asarray's is read-only)
@@ -329,26 +295,18 @@ def decode_cpu(
 ) -> torch.Tensor:
     """Decode one encoded image on the CPU, converted to RGB, its header checked first.
 
-    JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` with the settings of
-    ``torchvision.io.decode_image`` and PIL (accurate IDCT, fancy upsampling), so the pixels are the
-    same (tested), straight into ``out`` when given, with the GIL released for the decode, and faster
-    than ``torchvision.io.decode_image`` (benchmarks/README.md, "Batch reader vs worker processes and
-    FFCV"). JPEGs that libjpeg decodes
-    only with a warning (e.g. extraneous bytes before a marker) go to TorchCodec's or torchvision.io's
-    ``decode_jpeg`` (:mod:`colabfast.where.codec`).
-    Other formats (PNG, GIF, WebP) are decoded by PIL (:func:`decode_pil`; a KITTI PNG decodes about
-    as fast as by torchvision, whose libpng binding crashes the process on corrupt data).
+    JPEGs go to libjpeg-turbo (``simplejpeg``) with the settings of ``torchvision.io.decode_image``
+    (the same pixels, GIL released), those it only decodes with a warning to ``decode_jpeg``
+    (:mod:`colabfast.where.codec`); PNG, GIF and WebP to PIL (:func:`decode_pil`).
 
     Args:
         data: uint8 tensor ``[num_bytes]`` of a JPEG, PNG, GIF or WebP file.
         where: what to call the image in errors: a dataset index, or a phrase.
-        out: optional uint8 array ``[H, W, 3]`` (C-contiguous) to decode into; the image must have
-            exactly that size.
+        out: optional uint8 array ``[H, W, 3]`` (C-contiguous) to decode into, of exactly the image's size.
         size: the ``(H, W)`` the image must have (without ``out``), or None.
 
     Returns:
-        uint8 tensor ``[3, H, W]``: a CHW view of HWC memory (``out``'s when given), as torchvision
-        returns it.
+        uint8 tensor ``[3, H, W]``: a CHW view of HWC memory (``out``'s when given).
 
     Raises:
         ImageSizeError: more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``, or a size other than
@@ -369,11 +327,8 @@ def _label(where: Union[str, int]) -> str:
 def decode_batch(images: EncodedImages, device: Union[str, torch.device]) -> list[torch.Tensor]:
     """Decode a batch of encoded files onto ``device``: JPEGs in one nvJPEG call on CUDA.
 
-    On a CUDA device the JPEGs go to ``decode_jpeg(list, device=...)`` in one call (TorchCodec's, or
-    torchvision.io's: :func:`colabfast.where.codec.jpeg_codec`);
-    if nvJPEG rejects the batch, each JPEG is retried alone and the ones it still rejects (e.g. CMYK or
-    corrupt files) are decoded on the CPU. Other formats (PNG, ...) are decoded on the CPU and copied.
-    On a CPU device everything is decoded on the CPU. Runs on the current CUDA stream.
+    JPEGs nvJPEG rejects are retried alone, then decoded on the CPU; other formats are decoded on the
+    CPU and copied. Runs on the current CUDA stream.
 
     Args:
         images: the packed files.

@@ -1,38 +1,11 @@
 """Batched image transforms: :class:`RandomResizedCrop`, :class:`Resize`, :class:`CenterCrop`,
 :class:`RandomHorizontalFlip`, :class:`Compose`.
 
-torchvision's transforms take one image at a time: on a GPU each image costs several kernel launches
-and a few hundred microseconds of Python, so a batch of 128 spends more time on the host than the GPU
-spends on the pixels: ``v2.RandomResizedCrop(224)`` + flip take several times nvJPEG's decode of the
-batch, this module's batched version a fraction of it (per batch on an H100: benchmarks/README.md,
-"GPU feed on an H100 (2 CPUs)").
-These transforms take a whole batch (a list of ragged uint8 ``[C, H, W]`` images, as nvJPEG decodes
-them, or a stacked ``[B, C, H, W]`` tensor) and do their work in a number of kernel launches that
-does not grow with the batch:
-
-1. each transform only *plans*: it updates, for every image, a box in source pixels, the size the
-   image has at that point and a flip flag; random parameters for the whole batch are drawn in one
-   vectorised call on the CPU from the transform's own ``torch.Generator``;
-2. the batch is rendered once: ragged images are padded into one tensor (a nested tensor's
-   ``to_padded_tensor``, each image's last row and column repeated into the padding), then one
-   ``torchvision.ops.roi_align`` crops and resizes every image, then the flips and the rounding back
-   to uint8 apply to the whole batch.
-
-The parameters are drawn on the CPU for any device, so the same generator state gives the same crops
-on the CPU and on the GPU (tests compare the geometry with torchvision's per-image results on the CPU).
-One CPU image at a time (as DataLoader workers call a transform) whose box lies on whole pixels is
-rendered by torchvision's own antialiased ``resized_crop`` instead: torchvision's pixels, and 7x
-faster there than ``roi_align`` on the CPU.
-
-Interpolation differs from torchvision's ``antialias=True`` bilinear resize: ``roi_align``
-(``aligned=True``, adaptive sampling) averages ``ceil(crop / output)`` bilinear samples per output
-pixel along each axis, a box filter over bilinear taps, where torchvision applies a triangle filter
-as wide as the scale factor; upsampling is plain bilinear in both. Pixels next to a crop's edge may
-blend in the source pixels just outside the crop (torchvision clamps at the crop's edge), and a
-:class:`Resize` followed by a crop resamples once, not twice. Measured on 64 photo-like JPEGs of about
-500x375 under ``RandomResizedCrop(224)``, against torchvision's ``resized_crop(..., antialias=True)``
-of the same crops: a mean of 0.32 levels of 255 (0.49 for the worst image); tests/test_transforms.py
-checks < 1.5 per image.
+They take a whole batch (a list of ragged uint8 ``[C, H, W]`` images, or a ``[B, C, H, W]`` tensor)
+in a number of kernel launches that does not grow with it: each transform plans a box per image, its
+draws made at once on the CPU, then one ``torchvision.ops.roi_align`` renders the batch. The
+interpolation differs from torchvision's antialiased resize by a mean of 0.32 levels of 255; how it
+works: [Feeding the GPU](../gpu-feed.md#how-it-works).
 
 Use them as ``colabfast.DataLoader(..., transform=Compose([RandomResizedCrop(224),
 RandomHorizontalFlip()]))``; normalisation stays with the loader's ``mean``/``std``/``dtype``.
@@ -103,8 +76,7 @@ class Geometry:
 class BatchTransform:
     """Base of the batched transforms: :meth:`plan` changes a :class:`Geometry`, ``__call__`` renders.
 
-    ``batched = True`` tells :class:`colabfast.loading.prefetch.BatchConverter` to call the transform once per
-    batch. A transform called with one image ``[C, H, W]`` (in a CPU DataLoader worker) returns one.
+    ``batched = True`` tells :class:`colabfast.loading.prefetch.BatchConverter` to call it once per batch.
     """
 
     batched = True
@@ -175,19 +147,14 @@ class _Random(BatchTransform):
 
 class RandomResizedCrop(_Random):
     """Crop a random area and aspect ratio of each image and resize it to ``size``: torchvision's
-    ``v2.RandomResizedCrop`` for a batch (Szegedy et al., "Going deeper with convolutions", 2015).
-
-    The parameters follow torchvision's ``RandomResizedCrop.get_params`` exactly in distribution: up to
-    10 attempts of an area fraction uniform in ``scale`` and a log-uniform aspect ratio in ``ratio``,
-    the first that fits the image wins, with a uniform position; if none fits, a centre crop of the
-    whole image clipped to ``ratio``. All images' attempts are drawn at once (see :meth:`get_params`).
+    ``v2.RandomResizedCrop`` for a batch (Szegedy et al., "Going deeper with convolutions", 2015), its
+    ``get_params`` distribution exactly (10 attempts, then a centre crop).
 
     Args:
         size: output ``(height, width)``, or one int for a square.
         scale: range of the crop's area as a fraction of the image's.
         ratio: range of the crop's aspect ratio (width / height).
-        generator: CPU ``torch.Generator`` for the draws. Default: a new one seeded from torch's global
-            RNG when the transform is made (so ``torch.manual_seed`` before makes runs repeat).
+        generator: CPU ``torch.Generator`` for the draws; default one seeded from torch's global RNG.
 
     Raises:
         ValueError: a bad ``size``, or ``scale``/``ratio`` not ordered ``(min, max)``.
@@ -218,11 +185,8 @@ class RandomResizedCrop(_Random):
 
 def crop_params(heights: torch.Tensor, widths: torch.Tensor, scale: Sequence[float], ratio: Sequence[float],
                 generator: torch.Generator, attempts: int = 10) -> tuple[torch.Tensor, ...]:
-    """torchvision's ``RandomResizedCrop.get_params`` for a batch, vectorised; see :class:`RandomResizedCrop`.
-
-    Draws every attempt of every image at once (float32 uniforms, as torchvision's ``torch.empty(1)
-    .uniform_``), then takes each image's first attempt that fits; rounding is half-to-even as
-    Python's ``round``. Returns ``(top, left, height, width)``, int64 ``[B]`` each.
+    """torchvision's ``RandomResizedCrop.get_params`` for a batch, vectorised: ``(top, left, height, width)``,
+    int64 ``[B]`` each.
     """
     n = len(heights)
     area = (heights * widths).double()
@@ -251,8 +215,7 @@ def crop_params(heights: torch.Tensor, widths: torch.Tensor, scale: Sequence[flo
 
 
 class Resize(BatchTransform):
-    """Resize each image: ``size=(h, w)`` to that size, ``size=int`` so the shorter side is ``size``
-    (the longer one ``int(size * long / short)``, as torchvision's ``v2.Resize``).
+    """Resize each image to ``size=(h, w)``, or its shorter side to ``size=int`` (as ``v2.Resize``).
 
     Args:
         size: ``(height, width)`` or the shorter side's length.
@@ -278,8 +241,7 @@ class Resize(BatchTransform):
 
 
 class CenterCrop(BatchTransform):
-    """Crop the centre of each image to ``size`` (torchvision's ``v2.CenterCrop``: the offset is
-    ``round((H - h) / 2)``); a crop larger than the image is padded with zeros, as torchvision's.
+    """Crop the centre of each image to ``size`` (``v2.CenterCrop``: zero-padded where larger than the image).
 
     Args:
         size: ``(height, width)`` or one int for a square.
@@ -340,15 +302,11 @@ class Compose(BatchTransform):
 
 
 def reseed(transform: object, seed: Union[int, torch.Generator, None]) -> bool:
-    """Reseed the random steps of ``transform`` (a :class:`BatchTransform`, through :class:`Compose`)
-    whose generator the caller did not give, each from one seed and its position; True if any was.
+    """Reseed the random steps of ``transform`` that were given no generator, from ``seed`` (an int, or a
+    ``torch.Generator`` to draw it from; None: torch's global RNG); True if any was.
 
-    ``seed`` is that seed, or a ``torch.Generator`` (None: torch's global RNG) to draw it from, drawn
-    only when there is a step to reseed: any other transform leaves the caller's random streams as
-    they are. :class:`colabfast.DataLoader` calls it at the start of each epoch with its
-    ``generator``, as torch's DataLoader draws its workers' base seed, so ``torch.manual_seed(s)``
-    before the loop repeats a run's crops and flips and each epoch draws new ones. A transform built
-    with ``generator=`` keeps its own stream.
+    :class:`colabfast.DataLoader` calls it each epoch with its ``generator``, so ``torch.manual_seed``
+    repeats a run's crops and flips.
     """
     own = _own_random_steps(transform)
     if own and not isinstance(seed, int):
@@ -424,7 +382,7 @@ def render(images: Images, geometry: Geometry) -> Union[torch.Tensor, list[torch
 
     Returns:
         ``[B, C, h, w]`` when all outputs have one size, else a list of ``[C, h, w]``; uint8 input is
-        rounded and clamped back to uint8, floating input keeps its dtype.
+        rounded and clamped back to uint8.
     """
     from torchvision.ops import roi_align
 
@@ -477,10 +435,7 @@ def _whole_pixels(geometry: Geometry, heights: torch.Tensor, widths: torch.Tenso
 
 
 def _render_one(image: torch.Tensor, geometry: Geometry) -> torch.Tensor:
-    """One CPU image whose box is on whole pixels, by torchvision's ``resized_crop`` (antialiased):
-    torchvision's own pixels, and on the CPU 7x faster than ``roi_align`` (4,700 against 630 crops
-    of 256 px images to 224 per second on 2 CPUs, measured on the development machine). DataLoader
-    workers call the transforms this way, one image at a time."""
+    """One CPU image whose box is on whole pixels, by torchvision's antialiased ``resized_crop`` (7x faster)."""
     from torchvision.transforms.v2 import functional as F
 
     top, left = int(geometry.y1[0]), int(geometry.x1[0])
@@ -501,17 +456,8 @@ def _sizes(images: Images) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _padded(images: Images, heights: torch.Tensor, widths: torch.Tensor,
             outside: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The batch as one float tensor ``[B, C, H', W']`` for ``roi_align``, and a mask or None.
-
-    ``roi_align`` clamps its bilinear taps at the tensor's edge, so a box inside its image needs the
-    image's last row and column to continue into the padding: ragged images are padded by one more row
-    and column than the largest, and each image's row ``H`` and column ``W`` repeat its rows ``H - 1``
-    and ``W - 1`` (two gathers and two scatters for the batch), which gives the taps past an edge the
-    edge's value, as for an image alone. Boxes reaching outside their image (``outside``) take a mask
-    ``[B, 1, H', W']`` instead (1 on image pixels, zero padding): ``roi_align`` of the image over
-    ``roi_align`` of the mask is then the interpolation of the image alone, with zeros outside it.
-    Both give the same pixels inside the image; the repeat saves the mask's memory (128 MB for a batch
-    of 128 images of 500x375) and its second ``roi_align``.
+    """The batch as one float tensor ``[B, C, H', W']`` for ``roi_align``, edge rows and columns repeated into
+    the padding, and a mask (boxes reaching outside their image) or None.
     """
     compute = torch.float64 if _dtype(images) == torch.float64 else torch.float32
     if isinstance(images, torch.Tensor):

@@ -1,11 +1,8 @@
 """Every source layout colabfast packs and opens, and their registry (`colabfast.layouts.registry`).
 
-A layout is one class: a `Layout` (a folder read as a map-style dataset, packed into a mirror of
-typed columns and opened as `colabfast.H5Dataset` or a drop-in: COCO, Pascal VOC, YOLO, image/mask
-pairs, CSV tables), an `ImageLayout` (a folder listed into an image mirror: ImageFolder, KITTI, plain
-files) or an `ArchiveLayout` (ImageNet's and Kaggle's archives, read as one stream). What a source is
-made of is seen as a `colabfast.layouts.tree.Tree`, the same for a folder and an archive of it. A new
-layout is one new module holding one class that `register` registers.
+A layout is one class, registered: a `Layout` (a folder read as a map-style dataset into a mirror of
+columns), an `ImageLayout` (a folder listed into an image mirror) or an `ArchiveLayout` (archives read
+as one stream). [Layouts and mirrors](../layouts.md#a-layout-of-your-own) says how to add one.
 """
 
 from colabfast.layouts.base import (

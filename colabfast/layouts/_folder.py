@@ -35,14 +35,8 @@ def hidden(rel: str) -> bool:
 
 
 def list_files(root: Path, retries: int) -> tuple[list[FileEntry], dict[str, str]]:
-    """Every regular file under ``root`` but hidden ones, sorted by path (links followed, listed in
-    parallel), and what a layout must refuse where it would read it, by path: ``"resolves outside
-    ROOT"`` for a file that a symlink (the file, or a folder on its way) leads out of ``root`` (nothing
-    outside the source is read, as :class:`~colabfast.layouts.coco.Coco` refuses them), and ``"is not
-    a regular file but a FIFO"`` (a device, a socket) for what would block a read or read as endless
-    or empty: a label file named so would otherwise be missed, its image taken as unlabelled.
-
-    One ``realpath`` per symlink, in parallel (each a round trip on Drive).
+    """Every regular file under ``root`` but hidden ones, sorted (links followed, listed in parallel), and
+    what a layout must refuse by path: ``"resolves outside ROOT"`` or ``"is not a regular file but a FIFO"``.
     """
     links: list[str] = []
     special: dict[str, str] = {}
@@ -90,12 +84,10 @@ def read_file(root: Path, rel: str, retries: int) -> bytes:
 
 def read_text(root: Path, entry: FileEntry, retries: int, limit: int, *, not_text: type[LayoutError] = LayoutError,
               fix: Optional[str] = None) -> str:
-    """The UTF-8 text of an annotation file (a BOM dropped, as ``encoding="utf-8-sig"`` reads it),
-    refused over ``limit`` bytes before it is read.
+    """The UTF-8 text of an annotation file (a BOM dropped), refused over ``limit`` bytes before it is read.
 
     Raises:
-        LayoutError: the file is larger than ``limit`` bytes; ``not_text`` (with ``fix``): it is not
-            UTF-8 text.
+        LayoutError: larger than ``limit`` bytes, or (``not_text``, with ``fix``) not UTF-8.
     """
     path = root / entry.rel
     if entry.size > limit:

@@ -1,11 +1,5 @@
-"""Reading a stranger's annotation files safely: size and nesting limits checked before parsing,
-a dataset YAML's aliases counted as it is parsed, file names from annotations kept inside the source
-folder, and the files they name found (and stat'ed for the mirror's fingerprint) in parallel, as Drive
-round trips want.
-
-Private helpers of the layout modules (:mod:`colabfast.layouts.coco`, :mod:`colabfast.layouts.voc`;
-``Skipped`` and ``inside`` also for those on `colabfast.layouts._folder`; ``load_yaml`` for every
-reader of a ``data.yaml``: the YOLO layout and ``colabfast.ultralytics_data``).
+"""Reading a stranger's annotation files safely: size and nesting limits before parsing, a YAML's aliases
+counted, annotated file names kept inside the source folder and stat'ed in parallel.
 """
 
 from __future__ import annotations
@@ -79,17 +73,12 @@ def read_limited(path: PathLike, limit: int, retries: int) -> bytes:
 
 
 def load_yaml(text: Union[str, bytes], path: PathLike) -> Any:
-    """The dataset YAML ``text`` (of the file at ``path``; bytes are decoded as Ultralytics opens the
-    file, ``encoding="utf-8-sig"``) parsed as ``yaml.safe_load`` parses it, as Ultralytics' ``YAML.load``
-    does (``ultralytics/utils/__init__.py``): no tags that make Python objects. Its nodes are counted
-    as they are composed, each alias as the nodes it stands for (`_CountingLoader`), so a small
-    file that would expand to a huge one when walked or printed (an alias bomb) is refused as it is read.
+    """The dataset YAML ``text`` parsed as ``yaml.safe_load``, as Ultralytics' ``YAML.load`` does
+    (``ultralytics/utils/__init__.py``), its nodes counted with aliases expanded (an alias bomb is refused).
 
     Raises:
-        LayoutError: not UTF-8, not valid YAML (also a value ``safe_load`` cannot make: an int of over
-            4300 digits, a date of a 13th month), a tag it refuses (e.g. ``!!python/object``),
-            an alias inside its own anchor, more than ``MAX_DEPTH`` levels of nesting or more than
-            ``MAX_YAML_NODES`` nodes with its aliases expanded; naming the line.
+        LayoutError: not UTF-8, not valid YAML, a refused tag (``!!python/object``), an alias inside its
+            own anchor, more than ``MAX_DEPTH`` levels or ``MAX_YAML_NODES`` nodes; naming the line.
     """
     if isinstance(text, bytes):
         data = text
@@ -112,10 +101,9 @@ def load_yaml(text: Union[str, bytes], path: PathLike) -> Any:
 
 
 class _CountingLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` counting, as it composes the document, its nodes with every alias expanded
-    (an alias counts the nodes of its anchor) and its depth, and refusing past ``MAX_YAML_NODES`` or
-    ``MAX_DEPTH``: what walking or printing what ``safe_load`` returns would visit. The count of an
-    anchor is known once it is composed; an alias inside its own anchor (a recursive document) is refused."""
+    """``yaml.SafeLoader`` counting its nodes (aliases expanded) and depth as it composes, refusing past
+    ``MAX_YAML_NODES`` or ``MAX_DEPTH`` and any recursive alias.
+    """
 
     def __init__(self, text: str, path: PathLike) -> None:
         super().__init__(text)
@@ -155,9 +143,7 @@ class _CountingLoader(yaml.SafeLoader):
 
 @dataclasses.dataclass(frozen=True)
 class JsonShape:
-    """What :func:`json_shape` finds in a JSON text: how deep its arrays and objects nest, how many
-    there are, and how many values the largest entry of a top-level list holds (an image or an
-    annotation of a COCO file)."""
+    """What :func:`json_shape` finds: nesting depth, container count, and the largest top-level entry's values."""
 
     depth: int
     containers: int
@@ -167,13 +153,8 @@ class JsonShape:
 def json_shape(data: bytes) -> JsonShape:
     """The :class:`JsonShape` of the JSON text ``data``, found without parsing it.
 
-    Brackets and commas inside strings do not count: escaped backslashes, then escaped quotes, are
-    removed (JSON has backslashes only inside strings, and left-to-right pairs are exactly its
-    escapes), so every remaining quote delimits a string, and a bracket or comma is inside one where
-    an odd number of quotes precede it. An entry is a value of a container at depth 2 (an element of
-    ``images``); its values are counted as the commas and containers inside it (one less than its
-    values per non-empty container). All of it runs in C (``bytes.replace``, ``translate``, numpy):
-    about 0.5 s for 67 MB of COCO annotations, a fortieth of ``json.loads`` on the same machine.
+    Escapes are removed, so a bracket or comma is inside a string where an odd number of quotes precede
+    it; all in C (``bytes.replace``, numpy): a fortieth of ``json.loads``'s time.
     """
     text = data.replace(b"\\\\", b"").replace(b'\\"', b"")
     text = text.translate(None, _NOT_STRUCTURE)
@@ -208,10 +189,9 @@ _STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
 
 
 def safe_rel(name: object) -> Union[str, None]:
-    """``name`` (a file name from an annotation) as a POSIX path inside the source folder, or None
-    where it is not one: not a string, empty, absolute, with ``..`` or a NUL, or hidden (a part
-    starting with ``.``, which colabfast skips as :func:`colabfast.layouts.images.is_image` does).
-    ``.`` parts and doubled slashes are dropped."""
+    """``name`` from an annotation as a POSIX path inside the source folder, or None: not a string, empty,
+    absolute, with ``..`` or a NUL, or hidden.
+    """
     if not isinstance(name, str) or "\0" in name or name.startswith("/"):
         return None
     parts = [p for p in name.split("/") if p not in ("", ".")]
@@ -226,13 +206,8 @@ def inside(root_real: str, path: str) -> bool:
 
 
 def stat_files(root: Path, rels: Iterable[str], retries: int) -> dict[str, Union[FileEntry, str]]:
-    """Each of ``rels`` (safe POSIX paths below ``root``) as a :class:`FileEntry`, or why it cannot be
-    used: ``"is missing"``, ``"is not a regular file"``, ``"resolves outside ..."`` (a symlink, or a
-    symlinked folder on its way, leading out of ``root``: nothing outside the source is read),
-    ``"cannot be looked up (File name too long)"`` (or a loop of symlinks).
-
-    One ``lstat`` per file and one ``realpath`` per folder, in ``WORKERS`` threads (each a round trip
-    on Drive), retrying transient errors ``retries`` times.
+    """Each of ``rels`` below ``root`` as a :class:`FileEntry`, or why not (``"is missing"``, ``"is not a
+    regular file"``, ``"resolves outside ..."``, ``"cannot be looked up (...)"``); in ``WORKERS`` threads.
     """
     rels = list(dict.fromkeys(rels))
     root_real = os.path.realpath(root)
@@ -282,9 +257,7 @@ def parallel(fn: Callable[[str], T], items: list[str]) -> list[T]:
 
 
 class Skipped(list[tuple[str, str]]):
-    """A layout's ``skipped``: ``(path, why)`` for each problem ``on_error="skip"`` left out, at most
-    ``MAX_LISTED`` of them, then one that counts the rest (``"... and N more problems"``): a file of a
-    million bad entries costs a thousand records, not a million."""
+    """A layout's ``skipped``: at most ``MAX_LISTED`` ``(path, why)`` records, then one counting the rest."""
 
     more = 0
 

@@ -37,46 +37,21 @@ BOX_SLACK = 1.0  # pixels a box may pass its image's edge by (rounding in real e
 class Coco(Layout):
     """A COCO detection folder as a map-style dataset, in ``torchvision.datasets.CocoDetection``'s order.
 
-    Whose rules: pycocotools' (``pycocotools/coco.py``, ``COCO.__init__`` and ``COCO.createIndex``),
-    through which torchvision reads the file (``torchvision/datasets/coco.py``, ``CocoDetection``:
-    ``ids = sorted(coco.imgs)``, an item's target ``coco.loadAnns(coco.getAnnIds(id))``). What
-    pycocotools loads is loaded, each leniency listed in ``notes``:
-
-    - an image entry without ``width``/``height`` (pycocotools reads neither; torchvision's own test
-      data has none): kept, its boxes not checked against its edges;
-    - no ``categories`` (``createIndex`` skips it), a ``category_id`` not among them: kept;
-    - a box more than ``BOX_SLACK`` pixels past its image's edge: kept as it is;
-    - an annotation whose int ``image_id`` names no image (COCO 2014 excerpts have them): left out,
-      as ``CocoDetection``, whose ids are the images', never returns it.
-
-    What pycocotools cannot load, or loads wrongly, is a problem (see ``on_error``): an annotation id
-    given twice (``createIndex`` keeps the last under that id, so ``CocoDetection`` returns it twice
-    and loses the other), an image id given twice, an ``image_id`` or ``category_id`` that is not an
-    int (a list or object crashes ``createIndex``), a ``bbox`` that is not 4 finite numbers or has a
-    negative width or height, and what colabfast refuses for safety (below).
+    What pycocotools (``pycocotools/coco.py``, ``COCO.createIndex``) loads is loaded, each leniency listed
+    in ``notes``; what it cannot load or loads wrongly is a problem (see ``on_error``); the rules and limits:
+    [Layouts and mirrors](../layouts.md#how-layouts-read-a-strangers-files).
 
     Args:
         root: the images folder; each image entry's ``file_name`` is relative to it.
-        labels: the annotation JSON (``CocoDetection``'s ``annFile``, relative to the current
-            folder or absolute). None: Roboflow's export, ``root/_annotations.coco.json``.
+        labels: the annotation JSON (``annFile``); None: Roboflow's ``root/_annotations.coco.json``.
         on_error: ``"raise"`` a :class:`LayoutError` at the first problem, or ``"skip"``: leave out
             the image (or the stray annotation) and list it in ``skipped``.
         retries: retries of each file operation for Drive's transient errors.
 
-    The JSON is read whole and checked before any image is: it may have at most
-    ``MAX_ANNOTATION_BYTES`` (512 MiB), nest at most ``MAX_DEPTH`` (64) levels, hold at most one array
-    or object per ``MIN_BYTES_PER_CONTAINER`` (12) bytes, and at most ``MAX_ENTRY_VALUES`` (1 Mi) values
-    in one image or annotation (all refused before parsing: what parsing costs stays what a COCO file of
-    that size costs). Each image entry needs an int ``id`` (unique) and a ``file_name`` inside ``root``
-    (not absolute, no ``..``, not hidden, no symlink leading out) naming an existing file; each
-    annotation an int ``id`` (unique) and an int ``image_id``.
-
     ``layout[i]`` is ``{"image": ImageFile, "id": int, "target": list of dict, "coco": {"image": dict}}``:
-    the image file's bytes, the image id ``ids[i]`` (``sorted`` image ids, as ``CocoDetection.ids``),
-    the annotation dicts of that image as in the JSON, in its order (``CocoDetection(...)[i][1]``), and
-    the image's entry in the JSON and its and its annotations' places there (what ``H5CocoDetection.coco``
-    rebuilds pycocotools' ``COCO`` from, with the JSON's other keys, ``info`` and ``licenses``, kept in
-    ``info``).
+    the image's bytes, ``sorted`` image ids' ``i``-th, its annotation dicts in the JSON's order
+    (``CocoDetection(...)[i][1]``), and its image entry with its and its annotations' places in the JSON
+    (what ``H5CocoDetection.coco`` rebuilds pycocotools' ``COCO`` from; ``info``, ``licenses`` kept).
 
     Raises:
         LayoutFileNotFoundError: the JSON is missing (a ``FileNotFoundError``, as torchvision's).
@@ -209,10 +184,8 @@ def annotation_name(root: Path, path: Path) -> str:
 
 
 def parse_json(path: Path, data: bytes) -> dict:
-    """The JSON object in ``data``, refused before parsing where parsing it would cost more than a
-    COCO file of its size does: nested deeper than ``MAX_DEPTH``, with more arrays and objects than
-    one per ``MIN_BYTES_PER_CONTAINER`` bytes, or an image or annotation of more than
-    ``MAX_ENTRY_VALUES`` values.
+    """The JSON object in ``data``, refused before parsing where it nests deeper than ``MAX_DEPTH``, holds
+    more than one container per ``MIN_BYTES_PER_CONTAINER`` bytes, or an entry of over ``MAX_ENTRY_VALUES``.
 
     Raises:
         LayoutError: one of those, or ``data`` is not JSON, or not an object with an ``images`` list.

@@ -1,11 +1,6 @@
-"""ImageNet's labels as torchvision gives them, read from the files the dataset ships with.
-
-``torchvision.datasets.ImageNet`` takes its classes from the devkit (``ILSVRC2012_devkit_t12.tar.gz``):
-``data/meta.mat`` maps the ILSVRC2012 ids 1..1000 to WordNet ids and class names, and
-``data/ILSVRC2012_validation_ground_truth.txt`` gives the id of each validation image, in the sorted
-order of the validation file names. Kaggle's copy (``imagenet-object-localization-challenge.zip``)
-gives the same facts as ``LOC_synset_mapping.txt`` and ``LOC_val_solution.csv``. Both are parsed
-here as torchvision's ``parse_devkit_archive`` does, without extracting anything.
+"""ImageNet's labels as torchvision gives them, read from the devkit (``data/meta.mat``,
+``ILSVRC2012_validation_ground_truth.txt``) or Kaggle's ``LOC_synset_mapping.txt`` and
+``LOC_val_solution.csv``, parsed as torchvision's ``parse_devkit_archive`` does, nothing extracted.
 """
 
 from __future__ import annotations
@@ -40,11 +35,9 @@ class ImageNetLabels:
     """Class names and validation labels of ImageNet.
 
     Attributes:
-        class_names: WordNet id -> class names (torchvision's ``wnid_to_classes``: a tuple of
-            ``str``, e.g. ``("tench", "Tinca tinca")``).
-        val_wnids: the WordNet id of each validation image, in sorted file-name order (the devkit),
-            or None.
-        val_by_stem: validation image id (file name without extension) -> WordNet id (Kaggle), or None.
+        class_names: WordNet id -> class names (torchvision's ``wnid_to_classes``).
+        val_wnids: each validation image's WordNet id, in sorted file-name order (the devkit), or None.
+        val_by_stem: validation image id -> WordNet id (Kaggle), or None.
         origin: where these came from, e.g. ``"ILSVRC2012_devkit_t12.tar.gz (data/meta.mat, ...)"``.
     """
 
@@ -54,10 +47,7 @@ class ImageNetLabels:
     origin: str
 
     def val_targets(self, names: list[str]) -> list[str]:
-        """The WordNet id of each validation file in ``names`` (file names, in any order).
-
-        The devkit labels files by their place in the sorted list of all validation files, as
-        torchvision's ``parse_val_archive`` does; Kaggle's CSV by image id.
+        """The WordNet id of each validation file in ``names`` (in any order).
 
         Raises:
             ValueError: the labels do not cover these files (wrong devkit, or a partial archive).
@@ -76,9 +66,7 @@ class ImageNetLabels:
 
 
 def read_devkit(path: PathLike) -> ImageNetLabels:
-    """Read ``ILSVRC2012_devkit_t12.tar.gz`` (or a folder holding its ``data/``) as torchvision does.
-
-    Needs ``scipy`` for ``meta.mat`` (preinstalled on Colab), as torchvision does.
+    """Read ``ILSVRC2012_devkit_t12.tar.gz`` (or a folder holding its ``data/``) as torchvision does (needs scipy).
 
     Raises:
         FileNotFoundError: the devkit or one of its two files is missing.
@@ -129,11 +117,7 @@ def _parse_meta_mat(data: bytes) -> tuple[dict[int, str], dict[str, tuple[str, .
 
 
 def read_kaggle_labels(synsets: str, solution: Optional[str], origin: str) -> ImageNetLabels:
-    """Labels from Kaggle's ``LOC_synset_mapping.txt`` and (for validation) ``LOC_val_solution.csv`` texts.
-
-    A synset line is ``n01440764 tench, Tinca tinca``; a solution row is
-    ``ILSVRC2012_val_00000001,n01751748 x0 y0 x1 y1 n01751748 ...``: the first WordNet id is the class.
-    """
+    """Labels from Kaggle's ``LOC_synset_mapping.txt`` and (for validation) ``LOC_val_solution.csv`` texts."""
     class_names = {}
     for line in synsets.splitlines():
         wnid, _, words = line.strip().partition(" ")
@@ -147,9 +131,9 @@ def read_kaggle_labels(synsets: str, solution: Optional[str], origin: str) -> Im
 
 
 class ArchiveLayout(ImageLayout):
-    """ImageNet as its own archives hold it, read front to back into an image mirror, never extracted
-    (`colabfast.packing.archivesource.ArchiveSource` reads them): the classes, targets and sample order
-    of ``torchvision.datasets.ImageNet``."""
+    """ImageNet's own archives, read front to back into an image mirror (never extracted) with the classes,
+    targets and order of ``torchvision.datasets.ImageNet``.
+    """
 
     packed = "stream"
     streams = True

@@ -1,13 +1,8 @@
-"""The image layouts: folders :func:`colabfast.pack` packs into an image mirror (format version 2)
-rather than a mirror of columns: ``"imagefolder"`` (torchvision's ``ImageFolder``), ``"kitti"``
-(torchvision's ``Kitti``) and ``"files"`` (images without classes), each an :class:`ImageLayout` that
-lists its folder into an :class:`ImageListing` (:meth:`ImageLayout.read`).
+"""The image layouts packed into an image mirror (format version 2): ``"imagefolder"`` (torchvision's
+``ImageFolder``), ``"kitti"`` (torchvision's ``Kitti``) and ``"files"`` (images without classes).
 
-The sample order and class indices are torchvision's, so a mirror can stand in for
-``torchvision.datasets.ImageFolder``. The folders are listed in parallel (one round trip per folder
-on Drive) by :func:`colabfast.where._fileio.scan_tree`, following links as torchvision does (also links
-that leave the source folder), but never a link back to a folder it is in (a loop, which torchvision
-follows until the path is too long). Hidden files and folders are left out, and reported.
+Order and class indices are torchvision's; folders are listed in parallel, links followed but never a
+loop; hidden files and folders are left out, and reported.
 """
 
 from __future__ import annotations
@@ -39,11 +34,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 
 def is_image(rel: str) -> bool:
-    """An image file as ImageFolder sees one (extension), minus hidden files and folders.
-
-    torchvision keeps a hidden name with an image extension (macOS ``._x.jpg`` AppleDouble files,
-    ``.ipynb_checkpoints/``), then fails to decode it or takes it for a class; colabfast skips them.
-    """
+    """An image file as ImageFolder sees one (extension), minus hidden files and folders (``._x.jpg``)."""
     return rel.lower().endswith(IMG_EXTENSIONS) and not any(part.startswith(".") for part in rel.split("/"))
 
 
@@ -169,10 +160,7 @@ def _hidden_part(rel: str) -> Optional[int]:
 
 def _hidden(root: Path, files: list[FileEntry], dirs: list[str], classes: bool,
             reader: str = "torchvision's ImageFolder") -> list[tuple[str, str]]:
-    """``(path, why)`` for each hidden file or folder that torchvision (``reader``) would read and
-    colabfast leaves out (see :func:`is_image`): a hidden file with an image extension, a hidden
-    folder holding some, and (``classes``: the imagefolder layout) a hidden folder beside the
-    classes, which torchvision would take for a class."""
+    """``(path, why)`` for each hidden file or folder torchvision would read and colabfast leaves out."""
     held: dict[str, int] = {}  # the topmost hidden entry -> image files it holds
     if classes:
         held.update((d, 0) for d in dirs if "/" not in d and d.startswith("."))
@@ -343,13 +331,12 @@ class ImageLayout(BaseLayout):
 
     @classmethod
     def archive_labels(cls, path: Path, read: Callable[[str], bytes], labels: Optional[PathLike]) -> Any:
-        """The labels of the archive at ``path`` (``read(name)`` gives a zip member's bytes), for
-        `archive_paths`: None, or an object with ``origin`` (where they came from, in words, recorded in
-        the mirror) and optionally ``class_names`` (class -> its names). None here: its folders name the
-        classes.
+        """The labels of the archive at ``path``: None (its folders name the classes), or an object with
+        ``origin`` and optionally ``class_names``.
 
         Raises:
-            PackRefused: a ``labels=`` file, which this layout does not read."""
+            PackRefused: a ``labels=`` file, which this layout does not read.
+        """
         if labels is not None:
             raise PackRefused(f"labels={os.fspath(labels)!r}: the {cls.name} layout takes its classes from the "
                               "archive's folders; labels= is ImageNet's devkit, for its validation tar")
@@ -364,13 +351,12 @@ class ImageLayout(BaseLayout):
 
     @classmethod
     def read(cls, root: Path, workers: int = 32) -> ImageListing:
-        """The samples of the folder ``root``, listed (no image read). The listing's ``layout`` is the
-        image mirror's (the format's: ``"imagefolder"`` with classes and targets, ``"files"`` with targets
-        only, ``"kitti"`` with objects), which says the drop-in its mirror opens as.
+        """The samples of the folder ``root``, listed (no image read), in the image mirror's ``layout``.
 
         Raises:
             FileNotFoundError: it holds no images (or, for KITTI, a training image without a label file).
-            LayoutError: a malformed annotation (a KITTI label line that does not have 15 fields)."""
+            LayoutError: a malformed annotation (a KITTI label line that does not have 15 fields).
+        """
         raise NotImplementedError
 
 
@@ -393,11 +379,11 @@ class KittiLayout(ImageLayout):
 
     @classmethod
     def split_args(cls, split: Optional[str]) -> dict:
-        """``{"train": ...}`` for ``split`` ``"training"`` (or None) or ``"testing"``, as torchvision's
-        ``Kitti(train=)``.
+        """``{"train": ...}`` for ``split`` ``"training"`` (or None) or ``"testing"``, as ``Kitti(train=)``.
 
         Raises:
-            PackRefused: (a ``ValueError``) another ``split``."""
+            PackRefused: (a ``ValueError``) another ``split``.
+        """
         if split not in (None, *KITTI_SPLITS):
             raise PackRefused(f"split={split!r}: a KITTI mirror holds {' and '.join(KITTI_SPLITS)} (default training)")
         return {"train": split != "testing"}

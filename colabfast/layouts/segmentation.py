@@ -30,24 +30,20 @@ MASK_FOLDERS = ("masks", "labels")  # the first present is used
 
 @register
 class Segmentation(Layout):
-    """A folder of images and their masks as a map-style dataset.
+    """A folder of images and their masks as a map-style dataset, sorted by image path.
 
-    ``seg[i]`` is ``(ImageFile(kind="image"), ImageFile(kind="mask"))``: the bytes of image ``i``
-    and of its mask, which the mirror keeps losslessly in the mask file's own mode (a palette PNG
-    stays ``"P"`` with its palette; class ids stay exact). Samples are sorted by image path.
+    ``seg[i]`` is ``(ImageFile(kind="image"), ImageFile(kind="mask"))``; masks are kept losslessly in
+    their own mode (a palette PNG stays ``"P"``).
 
     Args:
         root: the folder holding ``images/`` and ``masks/`` (else ``labels/``).
-        on_error: ``"raise"``: an image without a mask, a mask without an image, two files with one
-            stem, or an image or mask that is a FIFO, a device or a symlink leading out of ``root``
-            (nothing outside it is read) raise :class:`LayoutError`; ``"skip"``: they are left out and
-            listed in ``skipped``.
+        on_error: ``"raise"``: an unpaired file, two files with one stem, or a FIFO, device or symlink
+            leading out of ``root`` raise :class:`LayoutError`; ``"skip"``: listed in ``skipped``.
         retries: retries of each file read on Drive's transient errors.
 
     Raises:
-        LayoutError: no ``images/`` or no ``masks/``/``labels/`` with images, or (with
-            ``on_error="raise"``) an unpaired, ambiguous or refused file. ``seg[i]`` raises it for a mask whose
-            size differs from its image's (checked from both headers as the pair is read).
+        LayoutError: no ``images/`` or no ``masks/``/``labels/`` with images, or (``on_error="raise"``)
+            an unpaired, ambiguous or refused file; ``seg[i]``: a mask whose size differs from its image's.
         FileNotFoundError: ``root`` does not exist.
     """
 
@@ -106,11 +102,10 @@ class Segmentation(Layout):
         return unique
 
     def __getitem__(self, index: int) -> tuple[ImageFile, ImageFile]:
-        """Pair ``index``: ``(ImageFile(kind="image"), ImageFile(kind="mask"))``.
+        """Pair ``index``.
 
         Raises:
-            LayoutError: the mask's size (width, height) differs from the image's, or either header
-                cannot be read.
+            LayoutError: the mask's size differs from the image's, or either header cannot be read.
             OSError: a file cannot be read (after ``retries`` on transient errors).
         """
         image, mask = self.paths[index], self._masks[index]

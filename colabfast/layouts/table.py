@@ -1,25 +1,8 @@
 """Images labelled by a CSV table, as Kaggle competitions ship them (``train.csv`` beside ``train/``).
 
-Named ``table`` rather than ``csv``: a module ``csv.py`` shadows the standard library's in tools
-that put its folder on ``sys.path``.
-
-The table's rules:
-
-- the table is ``labels=``, else the one ``.csv`` file at the folder's top, else, where there are
-  several (Kaggle's ``train.csv`` beside ``sample_submission.csv``), the one named after a folder of
-  images beside it (``train.csv`` for ``train/``), else the one that is not a Kaggle submission template
-  (``labels.csv`` beside ``sample_submission.csv``, as dog-breed-identification ships them: a
-  ``sample_submission*.csv`` lists the test images' ids with columns to fill in, never labels): a
-  guess, which :meth:`Csv.describe` says;
-- the first row names the columns; the path column is the first named one of ``PATH_COLUMNS``
-  (any case), else the first column (a guess, also said); every other column is a label column;
-- a path is a file under ``root`` (``train/a.jpg``), or the end of exactly one image's path under
-  ``root``, with or without its extension (``a.jpg``, ``a``, ``x/a`` for ``train/x/a.jpg``: Kaggle's
-  ids name ``<id>.<ext>`` in a sub-folder); paths that are absolute or have a ``..`` part are refused,
-  and only files listed under ``root`` are ever read;
-- a label column whose values are all numbers is kept as numbers (``int`` if all are integral, else
-  ``float``); any other holds class names, numbered in sorted order as ImageFolder numbers its
-  class folders (``info["classes"][column]`` lists them).
+Named ``table``: a module ``csv.py`` shadows the standard library's. The table's rules (which file,
+which column, how paths match, numbers or classes) are in
+[Layouts and mirrors](../layouts.md#how-layouts-read-a-strangers-files).
 """
 
 from __future__ import annotations
@@ -52,28 +35,24 @@ Label = Union[int, float]
 
 @register
 class Csv(Layout):
-    """Images under ``root`` labelled by a CSV table, as a map-style dataset (rules: the module's docstring).
+    """Images under ``root`` labelled by a CSV table, as a map-style dataset in the table's row order.
 
-    ``table[i]`` is ``(ImageFile, target)``: the image's bytes, and its label (an ``int`` class index
-    or number, or a ``float``), or a tuple of them, one per label column in the table's order, when
-    there are several. Samples are in the table's row order.
+    ``table[i]`` is ``(ImageFile, target)``: the label (an ``int`` class index or number, or a ``float``),
+    or a tuple of them, one per label column.
 
     Args:
         root: the folder the table's paths are relative to.
-        labels: the CSV file (comma, semicolon, tab or ``|`` separated, UTF-8); None: the one ``.csv``
-            file at ``root``'s top, or of several the one named after a folder of images there.
+        labels: the CSV file (comma, semicolon, tab or ``|`` separated, UTF-8); None: found at ``root``'s top.
         on_error: ``"raise"``: a bad row raises :class:`LayoutError`; ``"skip"``: the row is left out
             and listed in ``skipped`` (as ``(table, "line N: why")``).
         retries: retries of each file read on Drive's transient errors.
 
     Raises:
         LayoutError: the table is over ``MAX_TABLE_BYTES``, not UTF-8 CSV, has no label column, or
-            (with ``on_error="raise"``) a row with the wrong number of fields, an empty label, a NaN
-            or infinite number, a path that is absolute, has ``..`` or names no single image under
-            ``root``, names an image that is a FIFO, a device or a symlink leading out of ``root``
-            (nothing outside it is read), or the same image as an earlier row. Each names the table
-            and line. The table itself is refused when it is not a regular file, or has a line over
-            ``MAX_LINE_CHARS``.
+            (``on_error="raise"``) a row with the wrong number of fields, an empty label, a NaN or
+            infinite number, a path that is absolute, has ``..`` or names no single image, names a FIFO,
+            a device or a symlink leading out of ``root``, or the same image as an earlier row; each names
+            the table and line. Also a table that is not a regular file or has a line over ``MAX_LINE_CHARS``.
         FileNotFoundError: ``root`` or the table does not exist.
     """
 
@@ -133,12 +112,7 @@ class Csv(Layout):
         self.info: dict[str, Any] = {"columns": columns, "classes": classes}
 
     def _read_table(self) -> tuple[list[str], list[tuple[int, list[str]]]]:
-        """The header and the ``(line, fields)`` of each non-empty row, every row as wide as the header.
-
-        Raises:
-            LayoutError: the table is over ``MAX_TABLE_BYTES``, not a regular file, not UTF-8, not CSV,
-                empty, or has a line over ``MAX_LINE_CHARS``.
-        """
+        """The header and each non-empty row's ``(line, fields)``. Raises LayoutError as the class says."""
         size = retry(lambda: os.stat(self.table), self.retries).st_size
         if size > MAX_TABLE_BYTES:
             raise LayoutError(self.table, f"{human_bytes(size)}, over the limit of {human_bytes(MAX_TABLE_BYTES)}",
@@ -172,9 +146,7 @@ class Csv(Layout):
         return header, rows
 
     def _lines(self, data: bytes) -> Iterator[str]:
-        """The table's lines as ``open(newline="")`` reads them (for ``csv.reader``), one at a time: a
-        line over ``MAX_LINE_CHARS`` is refused before ``csv`` splits it (a table of one 250 MB line held
-        1.6 GB as fields)."""
+        """The table's lines for ``csv.reader``, one over ``MAX_LINE_CHARS`` refused before it is split."""
         f = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
         number = 0
         while line := f.readline(MAX_LINE_CHARS + 1):
@@ -226,9 +198,7 @@ class Csv(Layout):
 
     @classmethod
     def detect(cls, tree: Any, *, labels: Optional[PathLike] = None, split: Optional[str] = None) -> bool:
-        """True if the folder holds images and one ``.csv`` file at its top, or several, one of which is
-        named after a folder of images beside it (Kaggle's ``train.csv`` for ``train/``) or all but one
-        Kaggle submission templates (``labels.csv`` beside ``sample_submission.csv``)."""
+        """True if the folder holds images and a label table found by the rules of :func:`_find_table`."""
         tree = tree_of(tree)
         top = tree.entries()
         tables = [name for name, is_dir in top.items() if name.lower().endswith(".csv") and not is_dir]
@@ -246,11 +216,9 @@ def _is_image_name(name: str) -> bool:
 
 
 def _delimiter(lines: list[str]) -> str:
-    """The delimiter of a table that starts with ``lines``: of ``DELIMITERS``, the one by which most
-    non-empty rows are as wide as the first, which has 2 fields or more (ties: the first of
-    ``DELIMITERS``); ``","`` where none splits it. ``csv.Sniffer`` guesses by regular expressions that
-    backtrack (minutes of CPU for 64 kB of ``a,",",",...``); this splits each line once per delimiter
-    with ``csv.reader``, which reads a character once."""
+    """The delimiter of ``DELIMITERS`` by which most rows are as wide as the first (``","`` where none
+    splits it); ``csv.Sniffer`` backtracks for minutes on hostile tables.
+    """
     best, score = ",", 0
     for delimiter in DELIMITERS:
         widths = []
@@ -282,8 +250,7 @@ def _is_int(text: str) -> bool:
 
 
 def _find_table(root: Path, files: list[FileEntry]) -> tuple[Path, str]:
-    """The label table at ``root``'s top (the module's rules), and the guess made, in words ("" where
-    there was one table).
+    """The label table at ``root``'s top, and the guess made, in words ("" where there was one table).
 
     Raises:
         LayoutError: no table, or several and neither exactly one named after a folder of images nor
@@ -344,11 +311,11 @@ class _Finder:
                         self.by_end.setdefault(key, []).append(f)
 
     def find(self, value: str, table: Path, line: int) -> FileEntry:
-        """The one image ``value`` names (see the module's docstring).
+        """The one image ``value`` names.
 
         Raises:
-            LayoutError: ``value`` is empty, absolute, has a ``..`` part, names no image or several, or
-                names one that is not a regular file or that a symlink leads out of the root.
+            LayoutError: ``value`` is empty, absolute, has ``..``, names no image or several, or one that is
+                not a regular file or that a symlink leads out of the root.
         """
         path = value.replace("\\", "/")
         if not path or path.startswith("/") or (len(path) > 1 and path[1] == ":") or "\0" in path:

@@ -1,14 +1,6 @@
-"""The ``"voc-detection"`` and ``"voc-segmentation"`` layouts: a Pascal VOC tree
-(``VOCdevkit/VOC20xx`` with ``JPEGImages``, ``Annotations/*.xml``, ``SegmentationClass/*.png`` and
-``ImageSets/{Main,Segmentation}/<split>.txt``), as ``torchvision.datasets.VOCDetection`` and
-``VOCSegmentation`` read it.
-
-Whose rules: torchvision's (``torchvision/datasets/voc.py``): where each year lies
-(``DATASET_YEAR_DICT[year]["base_dir"]``: ``VOCdevkit/VOC<year>`` for 2007 to 2012, 2007's test set
-included, and ``TrainVal/VOCdevkit/VOC2011`` for 2011, as its archive unpacks), the image set and
-the files of each id (``_VOCBase.__init__``: ``ImageSets/<Main or Segmentation>/<image_set>.txt``,
-one id a line, stripped; ``JPEGImages/<id>.jpg`` and ``Annotations/<id>.xml`` or
-``SegmentationClass/<id>.png``) and the XML's parsing (``VOCDetection.parse_voc_xml``, copied below).
+"""The ``"voc-detection"`` and ``"voc-segmentation"`` layouts: a Pascal VOC tree as
+``torchvision.datasets.VOCDetection`` and ``VOCSegmentation`` read it (``torchvision/datasets/voc.py``:
+``DATASET_YEAR_DICT``'s folders, ``_VOCBase.__init__``'s image sets, ``parse_voc_xml`` copied below).
 """
 
 from __future__ import annotations
@@ -48,26 +40,19 @@ class _VOCBase(Layout):
     """A Pascal VOC tree's image set as a map-style dataset, in torchvision's order.
 
     Args:
-        root: the folder holding ``VOCdevkit/`` (torchvision's ``root``; for 2011 also
-            ``TrainVal/VOCdevkit/VOC2011``, where torchvision looks for it), ``VOCdevkit`` itself, or
-            one ``VOC20xx`` folder.
-        split: the image set, ``ImageSets/<Main or Segmentation>/<split>.txt`` (torchvision's
-            ``image_set``: ``"train"``, ``"val"``, ``"trainval"``, ``"test"``).
-        year: which ``VOC<year>`` folder (``"2012"`` or 2012; torchvision's ``year``, its
-            ``"2007"`` test set being ``year="2007", split="test"``) where ``root`` holds several;
-            None: the only one.
+        root: the folder holding ``VOCdevkit/`` (for 2011 also ``TrainVal/VOCdevkit/VOC2011``),
+            ``VOCdevkit`` itself, or one ``VOC20xx`` folder.
+        split: the image set, ``ImageSets/<Main or Segmentation>/<split>.txt`` (torchvision's ``image_set``).
+        year: which ``VOC<year>`` folder where ``root`` holds several; None: the only one.
         on_error: ``"raise"`` a :class:`LayoutError` at the first problem, or ``"skip"``: leave the
             sample out and list it in ``skipped``.
         retries: retries of each file operation for Drive's transient errors.
 
-    The image set lists one id a line (blank lines ignored); an id must be a plain file name (no
-    ``/``, not hidden), and its image ``JPEGImages/<id>.jpg`` and target file must exist inside
-    ``root`` (no symlink leading out).
+    An id must be a plain file name (no ``/``, not hidden) whose files exist inside ``root``.
 
     Raises:
-        LayoutNotFoundError: no VOC tree, or none of that year (a ``RuntimeError`` too, as
-            torchvision's "Dataset not found or corrupted").
-        LayoutFileNotFoundError: no such image set file (a ``FileNotFoundError`` too, as torchvision's).
+        LayoutNotFoundError: no VOC tree, or none of that year (a ``RuntimeError`` too, as torchvision's).
+        LayoutFileNotFoundError: no such image set file (a ``FileNotFoundError`` too).
         LayoutError: several years and no ``year``, a split that is not a file name, a set file over
             ``MAX_ANNOTATION_BYTES``, or (``on_error="raise"``) a bad id, a missing file or a bad
             target; the message names the file and the line.
@@ -137,17 +122,12 @@ class _VOCBase(Layout):
 
 @register
 class VOCDetection(_VOCBase):
-    """Pascal VOC detection (see :class:`_VOCBase` for the arguments): ``ImageSets/Main/<split>.txt``.
+    """Pascal VOC detection (arguments: :class:`_VOCBase`): ``ImageSets/Main/<split>.txt``.
 
-    Every ``Annotations/<id>.xml`` is parsed in the constructor (in threads, Drive's round trips),
-    with ``defusedxml`` refusing DTDs and entities (billion laughs); an XML over ``MAX_XML_BYTES``
-    (1 MiB), nested deeper than ``MAX_DEPTH`` (64), malformed, or whose root is not
-    ``<annotation>`` is a problem of its sample.
-
-    ``layout[i]`` is ``{"image": ImageFile, "target": dict}``: ``JPEGImages/<ids[i]>.jpg``'s bytes and
-    the XML as ``torchvision.datasets.VOCDetection.parse_voc_xml`` gives it
-    (``{"annotation": {"filename": str, "size": {...}, "object": [{"name": str, "bndbox": {...}}, ...]}}``,
-    values as strings).
+    Every XML is parsed in the constructor with ``defusedxml`` (no DTDs or entities); one over
+    ``MAX_XML_BYTES``, deeper than ``MAX_DEPTH``, malformed or not ``<annotation>`` is its sample's problem.
+    ``layout[i]`` is ``{"image": ImageFile, "target": dict}``, the target as
+    ``torchvision.datasets.VOCDetection.parse_voc_xml`` gives it.
     """
 
     name = "voc-detection"
@@ -178,11 +158,8 @@ class VOCDetection(_VOCBase):
 
 @register
 class VOCSegmentation(_VOCBase):
-    """Pascal VOC segmentation (see :class:`_VOCBase` for the arguments): ``ImageSets/Segmentation/<split>.txt``.
-
-    ``layout[i]`` is ``{"image": ImageFile(kind="image"), "mask": ImageFile(kind="mask")}``:
-    ``JPEGImages/<ids[i]>.jpg`` and ``SegmentationClass/<ids[i]>.png`` (a palette PNG: class ids,
-    255 on borders), the files' bytes as they are.
+    """Pascal VOC segmentation (arguments: :class:`_VOCBase`): ``ImageSets/Segmentation/<split>.txt``;
+    ``layout[i]`` is ``{"image": ImageFile(kind="image"), "mask": ImageFile(kind="mask")}``.
     """
 
     name = "voc-segmentation"
@@ -195,9 +172,7 @@ class VOCSegmentation(_VOCBase):
 
 
 def voc_trees(tree: Tree) -> list[str]:
-    """Where in ``tree`` its ``VOC20xx`` folders are (``""``: it is one), by year: itself, in
-    ``VOCdevkit/``, and VOC 2011 in ``TrainVal/VOCdevkit/`` (torchvision's
-    ``DATASET_YEAR_DICT["2011"]["base_dir"]``, preferred there where both hold it)."""
+    """Where in ``tree`` its ``VOC20xx`` folders are, by year (``""``: it is one)."""
     if YEAR_DIR.fullmatch(tree.name) and tree.is_dir("ImageSets"):
         return [""]
     found: dict[str, str] = {}
@@ -295,9 +270,7 @@ def xml_depth(node: Element) -> int:
 
 
 def parse_voc_xml(node: Element) -> dict[str, Any]:
-    """An XML element as a dict: torchvision's ``VOCDetection.parse_voc_xml``, copied (BSD-3-Clause)
-    so that a target equals torchvision's: a leaf is its stripped text, a repeated child a list,
-    and ``annotation``'s ``object`` always a list."""
+    """An XML element as a dict: torchvision's ``VOCDetection.parse_voc_xml``, copied (BSD-3-Clause)."""
     voc_dict: dict[str, Any] = {}
     children = list(node)
     if children:

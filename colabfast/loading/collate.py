@@ -1,11 +1,4 @@
-"""The uint8 collate: :func:`collate`, ``default_collate`` for image datasets.
-
-Images stay uint8 (4x less to copy than float32) and a batch of same-size images is one tensor
-filled with one memcpy per image, in the layout the GPU wants (channels-last) or contiguous; ragged
-images and still-encoded files are batched as they are, for :mod:`colabfast.loading.prefetch` to finish.
-:class:`colabfast.DataLoader` uses it by default; give it to your own ``torch.utils.data.DataLoader``
-with :class:`colabfast.CUDAPrefetcher`.
-"""
+"""The uint8 collate: :func:`collate`, ``default_collate`` for image datasets."""
 
 from __future__ import annotations
 
@@ -27,35 +20,23 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
             per_sample: frozenset = frozenset()) -> Any:
     """``default_collate`` for image datasets: images stay uint8 and are batched with one memcpy each.
 
-    The image is a sample's first element (torchvision's ``(image, target)`` convention) or the sample
-    itself when it is a tensor. Images:
+    The image is a sample's first element or the sample itself when it is a tensor:
 
-    - same-shape uint8 ``[C, H, W]``: one tensor allocated as ``[B, H, W, C]`` (in shared memory in a
-      worker, as ``default_collate`` does) and returned as its ``permute(0, 3, 1, 2)`` view, a
-      channels-last ``[B, C, H, W]`` batch; a sample that is a CHW view of HWC memory (what
-      ``torchvision.io.decode_jpeg`` returns) is copied with one memcpy. With
-      ``memory_format=torch.contiguous_format`` the batch is a contiguous ``[B, C, H, W]`` instead.
+    - same-shape uint8 ``[C, H, W]``: a channels-last ``[B, C, H, W]`` batch (``[B, H, W, C]`` memory, shared
+      in a worker); contiguous with ``memory_format=torch.contiguous_format``.
     - different sizes: an :class:`~colabfast.loading.prefetch.ImageList` (a list) of the images.
-    - encoded files (1-D uint8 JPEG/PNG bytes): one :class:`~colabfast.images.decode.EncodedImages` that
-      packs all files into a single tensor plus their lengths.
-    - other tensors (e.g. float images from a transform): stacked as ``default_collate`` does.
+    - encoded files (1-D uint8 JPEG/PNG bytes): one :class:`~colabfast.images.decode.EncodedImages`.
+    - other tensors: stacked as ``default_collate`` does.
 
-    Everything else is collated like ``default_collate`` (numbers to tensors, dicts per key,
-    namedtuples, equal-length sequences transposed), except that a sequence of dicts, a sequence
-    whose length differs between samples, an empty sequence, tensors of different shapes (boxes
-    ``[M, 4]`` with M per image), a dict holding such tensors, or None is kept per sample (a list of
-    the samples' values): KITTI target lists are never transposed, detection targets
-    (``{"boxes": [M, 4], "labels": [M]}``) are a list of dicts as torchvision's detection models take
-    them, and a test split's None targets pass. Tensors of one shape in every sample of a batch
-    (one box each) are stacked as ``default_collate`` stacks them, unless ``per_sample`` names them.
+    The rest is collated like ``default_collate``, except that sequences of dicts, ragged sequences, empty
+    sequences, tensors of different shapes (boxes ``[M, 4]``), dicts holding them, and None stay a list per
+    sample (as torchvision's detection models take targets).
 
     Args:
         batch: the samples.
-        memory_format: layout of same-shape uint8 image batches (see above).
-        per_sample: places in a sample (paths of tuple positions and dict keys, e.g. ``(1,)`` for the
-            target of an ``(image, target)`` pair) kept per sample whatever their values are in one
-            batch: what :meth:`colabfast.H5Dataset.per_sample` names (its ragged and JSON fields), so that
-            a batch whose images happen to hold one box each is not stacked where others are lists.
+        memory_format: layout of same-shape uint8 image batches.
+        per_sample: paths in a sample (tuple positions and dict keys, e.g. ``(1,)``) always kept per sample:
+            what :meth:`colabfast.H5Dataset.per_sample` names.
 
     Returns:
         The batch, structured like one sample.
@@ -73,8 +54,7 @@ def collate(batch: Sequence[Any], *, memory_format: torch.memory_format = torch.
 
 
 def collate_value(values: Sequence[Any], path: tuple = (), per_sample: frozenset = frozenset()) -> Any:
-    """``default_collate`` of one part of the samples (at ``path`` in a sample), keeping dict lists, ragged
-    lists, None, and what ``per_sample`` names (see :func:`collate`) per sample."""
+    """``default_collate`` of the samples' part at ``path``, keeping what :func:`collate` keeps per sample."""
     elem = values[0]
     if elem is None or path in per_sample:
         return list(values)

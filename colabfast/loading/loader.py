@@ -1,6 +1,4 @@
-""":class:`DataLoader`: a ``torch.utils.data.DataLoader`` built from its plan
-(:mod:`colabfast.loading.planning`): reader threads or worker processes, the uint8 collate, the feed to the
-GPU, and the clock of each stage. :mod:`colabfast.loading` says what it picks and why."""
+""":class:`DataLoader`: a ``torch.utils.data.DataLoader`` built from its plan (:mod:`colabfast.loading.planning`)."""
 
 from __future__ import annotations
 
@@ -34,10 +32,8 @@ __all__ = ["DataLoader", "LoaderStateError"]
 
 
 class _Prepared(Dataset):
-    """The caller's dataset with each sample's image decoded (and transformed) in the worker.
-
-    Attributes not found here are looked up on the wrapped dataset, so ``loader.dataset.classes``
-    still works; the dataset itself is ``loader.dataset.dataset``, as with ``Subset``.
+    """The caller's dataset with each sample's image decoded (and transformed) in the worker; other
+    attributes are the wrapped dataset's.
     """
 
     def __init__(self, dataset: Dataset, *, keep_jpeg: bool, transform: Optional[Callable], decode: bool = True,
@@ -269,9 +265,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _batches(self, batch_indices: Optional[Iterable] = None, base_seed: Optional[int] = None, *,
                  start: int = 0, states: Optional[list] = None) -> Iterator:
-        """The epoch's host batches, before converting: of ``batch_indices`` (default: the loader's batch
-        sampler); ``base_seed`` restarts the reader threads' random streams (default: as torch would);
-        ``start`` and ``states``: resuming, as :meth:`ThreadWorkers.batches` takes them."""
+        """The epoch's host batches, before converting (arguments: resuming, as :meth:`ThreadWorkers.batches`)."""
         inner = self.dataset.dataset if isinstance(self.dataset, _Prepared) else self.dataset
         return streaming.planned(self, inner, batch_indices,  # the plan first: workers read once started
                                  lambda: self._host_batches(batch_indices, base_seed, start=start, states=states))
@@ -332,34 +326,22 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._waited(self._feeding.start(self._batches))
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands: enough for :meth:`load_state_dict` to make a loader built the same
-        way, in a new process, yield exactly the batches this one would yield next (torchdata's
-        ``StatefulDataLoader`` convention; what is restored, and what not, in
-        :mod:`colabfast.loading.resume`). Save it with the model's checkpoint (``torch.save``).
+        """Where this loader stands, for :meth:`load_state_dict` in a new process (torchdata's
+        ``StatefulDataLoader`` convention; [Resuming](../resume.md)). Save it with the model's checkpoint.
 
         Returns:
-            a dict of numbers, strings, lists and CPU tensors (random states; ``torch.load`` reads it with
-            ``weights_only=True``): the position in the epoch (batches yielded by the latest iterator;
-            None between epochs), the epoch's start, the random streams of the reader threads, of the
-            transform and of torch's worker processes.
+            a dict of numbers, strings, lists and CPU tensors (``torch.load(weights_only=True)`` reads it).
         """
         return resume.state_of(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state`` (:meth:`state_dict` of a loader built with the same arguments): the next
-        ``iter(loader)`` yields the batches that loader would have yielded next, the rest of its epoch
-        (none of the batches before are read), or the next epoch where it had finished one. Restore
-        torch's global RNG (``torch.set_rng_state``) from the same checkpoint for the training loop's own
-        draws; the loader puts it back as it finds it.
-
-        Every key, type and range of ``state`` is checked against its schema (docs/resume.md, "The
-        state's schema") before anything changes; of the samplers only their seed and epoch are taken.
+        """Resume from ``state`` (:meth:`state_dict` of a loader built the same way): the next ``iter(loader)``
+        yields the rest of its epoch, or the next epoch. Restore torch's global RNG from the same checkpoint.
 
         Raises:
-            LoaderStateError: ``state`` is not a colabfast.DataLoader state of this version, breaks the
-                schema (a key missing or extra, a value of another type or out of range, random states no
-                generator takes), or was saved by a loader of another dataset length, batch size,
-                ``num_workers``, sampler or number of reader threads. The loader is left as it was.
+            LoaderStateError: ``state`` breaks the schema (docs/resume.md), or was saved by a loader of another
+                dataset length, batch size, ``num_workers``, sampler or number of reader threads; the loader is
+                left as it was.
         """
         resume.check(self, state)
         self._loaded = state if state["position"] is not None else None
@@ -367,7 +349,6 @@ class DataLoader(torch.utils.data.DataLoader):
             resume.restore_between_epochs(self, state)
 
     def _waited(self, batches: Iterator) -> Iterator:
-        """``batches``, timing the training loop's wait in ``next()`` for each (stage ``"wait"``)."""
         add, now, wait = self._clock.add, stages.now, stages.WAIT
         marks = self._marks  # this epoch's: a newer iterator counts its own batches
         try:
@@ -390,28 +371,13 @@ class DataLoader(torch.utils.data.DataLoader):
                 close()
 
     def stage_times(self) -> dict[str, StageTime]:
-        """The time this loader's work took so far, per stage: name -> :class:`~colabfast.loading.stages.StageTime`
-        (``count`` items, ``seconds`` of wall time summed over the threads that did it), in pipeline order,
-        only the stages that ran:
-
-        - ``"read"``: reading samples (a mirror's ``pread``; where torch's fetcher reads in this process
-          for the loader to decode, the dataset's ``__getitem__``); counted in samples.
-        - ``"decode+transform"``: decoding images and per-sample transforms; samples.
-        - ``"collate"``: making batches of samples; samples.
-        - ``"copy"``: on CUDA, the feeder thread's copies to the GPU and the GPU work it starts (nvJPEG,
-          normalising, a GPU transform); batches.
-        - ``"wait"``: the training loop waiting for the next batch; batches.
-
-        Work in other processes (torch's worker processes) is not counted: there only
-        ``"wait"`` (and ``"copy"``) show. Two ``perf_counter_ns`` calls per stage per batch (per sample
-        where torch's fetcher reads), added per thread without locks (:mod:`colabfast.loading.stages`).
-        :func:`colabfast.diagnose` names the stage that takes longest.
+        """The time this loader's work took so far, per stage (:mod:`colabfast.loading.stages`), in pipeline
+        order: name -> :class:`~colabfast.loading.stages.StageTime`. Work in worker processes is not counted.
         """
         return self._clock.times()
 
     def close(self) -> None:
-        """Stop what runs for this loader outside the training thread: the feeder thread. Iterating again
-        starts it anew."""
+        """Stop the feeder thread; iterating again starts it anew."""
         if self._feeding is not None:
             self._feeding.stop()
 
@@ -439,9 +405,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
 
 def _prepared(dataset: Any, p: Plan, transform: Optional[Callable], clock: StageClock) -> Any:
-    """The dataset torch's workers read: the caller's, or wrapped (:class:`_Prepared`) to decode and
-    transform its images there, or to hand a mirror's images to the collate as views of its read
-    buffer (the collate copies every image it batches). A reader reads the caller's dataset itself."""
+    """The dataset torch's workers read: the caller's, or wrapped in :class:`_Prepared`."""
     cuda = p.device.type == "cuda"
     if p.reader is not None:
         return dataset
@@ -455,8 +419,7 @@ def _prepared(dataset: Any, p: Plan, transform: Optional[Callable], clock: Stage
 
 
 class _TimedCollate(functools.partial):
-    """The plan's collate (a ``functools.partial`` of :func:`colabfast.loading.collate.collate`, its ``keywords``
-    as they were), adding the time each call takes to the loader's clock (stage ``"collate"``)."""
+    """The plan's collate, timed (stage ``"collate"``)."""
 
     clock: StageClock
 
@@ -476,9 +439,9 @@ class _TimedCollate(functools.partial):
 
 
 class _TimedConvert:
-    """The loader's :class:`~colabfast.loading.prefetch.BatchConverter` as the CUDA feeder calls it, timed
-    (stage ``"copy"``); before each batch it records the transform's random states in ``marks`` under
-    as stream ``"transform"`` (the feeder runs ahead of the training loop: :meth:`DataLoader.state_dict`)."""
+    """The feeder's :class:`~colabfast.loading.prefetch.BatchConverter`, timed (stage ``"copy"``), recording
+    the transform's random states per batch in ``marks``.
+    """
 
     def __init__(self, convert: Callable[[Any], Any], clock: StageClock) -> None:
         self.convert, self.clock = convert, clock
@@ -500,10 +463,7 @@ class _TimedConvert:
 
 
 class _Once:
-    """A loader's index sampler that yields ``rest`` (a resumed epoch's remaining batches) while it is
-    set, else the sampler's own: what torch's iterator takes from ``DataLoader._index_sampler`` (it
-    calls ``iter()`` on it twice as it starts workers, and keeps it for persistent workers). The loader
-    sets ``rest`` to None as its next epoch begins."""
+    """A resumed epoch's index sampler: yields ``rest`` while set, else the sampler's own."""
 
     def __init__(self, sampler: Any, rest: Iterable) -> None:
         self.sampler, self.rest = sampler, cast(Optional[Iterable], rest)
@@ -525,16 +485,9 @@ def _where_transform_runs(transform: Callable, cuda: bool, threads: bool = False
 
 @contextlib.contextmanager
 def _frozen_for_fork(forking: bool) -> Iterator[None]:
-    """Start forked workers with every object of this process out of their garbage collector's reach.
+    """Fork workers with this process's objects frozen out of their collectors' reach (``gc.freeze``).
 
-    A forked worker inherits this process's objects, CUDA tensors among them. Where one sits in a
-    reference cycle (garbage here, or made garbage in the child when the other threads' frames are
-    gone), the worker's collector frees it; a tensor the feeder ``record_stream``-ed then records a
-    CUDA event, CUDA cannot run in a forked child, and the worker aborts ("CUDA error: initialization
-    error" in ``insert_events``; seen on an H100 with ``num_workers=1``). ``gc.freeze()`` before the
-    fork keeps the children's collectors off everything inherited (Python's documented recipe for
-    fork, ``gc.freeze``); the parent takes it back with ``gc.unfreeze()`` once the workers run.
-    Only where CUDA is initialised: elsewhere there is nothing to protect.
+    A child's collector freeing an inherited CUDA tensor aborts it (docs/gpu-feed.md, "How it works").
     """
     if not (forking and torch.cuda.is_initialized()):
         yield

@@ -33,8 +33,7 @@ BLOCKS_PER_BATCH = 16  # so a batch from a class-sorted mirror still mixes >= 16
 
 
 def find_attr(dataset: Any, name: str, default: Any = None) -> Any:
-    """``dataset.<name>``, looking through wrappers to the dataset inside
-    (:func:`colabfast.datasets.dropins.unwrap`)."""
+    """``dataset.<name>``, looked up through wrappers (:func:`colabfast.datasets.dropins.unwrap`)."""
     for d in unwrap(dataset):
         value = getattr(d, name, None)
         if value is not None:
@@ -53,20 +52,15 @@ class DatasetFacts:
 
     Attributes:
         dataset: the dataset as given.
-        inner: the dataset under every ``torch.utils.data.Subset`` (``random_split`` makes them);
-            ``dataset`` itself without one.
-        mapping: int64, the indices of ``dataset`` mapped onto ``inner``'s (negative ones counted from
-            the end), or None without a Subset.
+        inner: the dataset under every ``torch.utils.data.Subset``; ``dataset`` itself without one.
+        mapping: int64, ``dataset``'s indices mapped onto ``inner``'s, or None without a Subset.
         iterable: an ``IterableDataset``.
-        output: ``dataset.output`` (``"tensor"``, ``"bytes"``, ``"pil"``), looked up through wrappers
-            (:func:`colabfast.datasets.dropins.unwrap`); None where no dataset says.
-        mirror: an h5 mirror (``is_mirror``, looked up so too).
-        shuffled: a mirror packed in shuffled order (``shuffled``, looked up so too).
-        own_transforms: ``inner`` has a ``transform``, ``target_transform`` or ``transforms`` of its own.
-        per_sample: what the collate keeps per sample (``inner.per_sample()``: a mirror of columns' ragged
-            and JSON fields; see :func:`colabfast.loading.collate.collate`).
-        from_main: the dataset, a dataset it wraps, or ``inner``'s own transform is defined in
-            ``__main__`` (a notebook), which spawned processes cannot import.
+        output: ``dataset.output`` (``"tensor"``, ``"bytes"``, ``"pil"``) through wrappers; None if unset.
+        mirror: an h5 mirror (``is_mirror``, through wrappers).
+        shuffled: a mirror packed in shuffled order (``shuffled``, through wrappers).
+        own_transforms: ``inner`` has a ``transform``, ``target_transform`` or ``transforms``.
+        per_sample: what the collate keeps per sample (``inner.per_sample()``).
+        from_main: the dataset or ``inner``'s transform is defined in ``__main__`` (spawned workers cannot import it).
     """
 
     dataset: Any = dataclasses.field(repr=False)
@@ -82,19 +76,17 @@ class DatasetFacts:
 
     @property
     def pil_mirror(self) -> bool:
-        """A mirror dataset (under any Subsets) giving PIL images that nothing of its own makes tensors:
-        ``output="pil"`` and no ``transform`` (nor joint ``transforms`` beyond torchvision's wrapper)."""
+        """A mirror giving PIL images that no transform of its own makes tensors."""
         inner = self.inner
         return (isinstance(inner, datasets.MirrorDataset) and inner.output == "pil" and inner.transform is None
                 and (inner.transforms is None or isinstance(inner.transforms, StandardTransform)))
 
 
 def dataset_facts(dataset: Any) -> DatasetFacts:
-    """The :class:`DatasetFacts` of ``dataset``: its Subsets walked once
-    (:func:`colabfast.datasets.dropins.through_subsets`), its attributes read once.
+    """The :class:`DatasetFacts` of ``dataset``, its Subsets walked once.
 
     Raises:
-        IndexError: a Subset's index is outside the dataset it wraps (as indexing it would).
+        IndexError: a Subset's index is outside the dataset it wraps.
     """
     inner, mapping = datasets.through_subsets(dataset)
     iterable = isinstance(dataset, IterableDataset)
@@ -111,18 +103,14 @@ def dataset_facts(dataset: Any) -> DatasetFacts:
 
 
 class BlockPlan(NamedTuple):
-    """In a :func:`plan`: a :class:`~colabfast.loading.sampler.BlockShuffleSampler` with blocks of ``block_size``,
-    rank ``rank`` of ``num_replicas`` reading its share of each epoch, which the DataLoader builds
-    (:meth:`build`)."""
+    """In a :func:`plan`: a :class:`~colabfast.loading.sampler.BlockShuffleSampler` the DataLoader builds."""
 
     block_size: int
     num_replicas: int = 1
     rank: int = 0
 
     def build(self, dataset: Sized, generator: Optional[torch.Generator], drop_last: bool) -> BlockShuffleSampler:
-        """The sampler, seeded by :func:`~colabfast.loading.sampler.shared_seed` (from ``generator``, as
-        ``RandomSampler``; rank 0's under ``torch.distributed``), padding or (``drop_last``) truncating the
-        epoch to a multiple of ``num_replicas``.
+        """The sampler, seeded by :func:`~colabfast.loading.sampler.shared_seed` from ``generator``.
 
         Raises:
             SamplerRefused: ``drop_last`` with fewer samples than replicas.
@@ -136,17 +124,14 @@ class BlockPlan(NamedTuple):
 
 
 class ShardPlan(NamedTuple):
-    """In a :func:`plan`: under ``torch.distributed``, a ``torch.utils.data.DistributedSampler`` shuffling
-    a dataset that is not a mirror, rank ``rank`` of ``num_replicas`` reading every ``num_replicas``-th
-    index of each epoch's permutation (:meth:`build`)."""
+    """In a :func:`plan`: a shuffling ``DistributedSampler`` for a dataset that is not a mirror."""
 
     num_replicas: int
     rank: int
 
     def build(self, dataset: Sized, generator: Optional[torch.Generator],
               drop_last: bool) -> torch.utils.data.DistributedSampler:
-        """The ``DistributedSampler``, seeded by :func:`~colabfast.loading.sampler.shared_seed` (from
-        ``generator``, rank 0's seed on every rank) with the loader's ``drop_last``.
+        """The ``DistributedSampler``, seeded by :func:`~colabfast.loading.sampler.shared_seed` from ``generator``.
 
         Raises:
             SamplerRefused: ``drop_last`` with fewer samples than replicas.
@@ -164,11 +149,9 @@ SAMPLER_PLANS = (BlockPlan, ShardPlan)  # what the DataLoader builds itself, wit
 
 
 class ReaderPlan(NamedTuple):
-    """In a :func:`plan`: batches made by ``threads`` threads in this process (0: by the thread that
-    converts them, the CUDA feeder), ``prefetch`` batches ahead of the one handed out: whole batches
-    read by :mod:`colabfast.loading.reader`, with ``fused`` (a :class:`~colabfast.images.augment.FusedTransform`)
-    applied to each image as it is decoded, drawing as worker processes would
-    (:mod:`colabfast.loading.threadworkers`)."""
+    """In a :func:`plan`: batches made by ``threads`` reader threads (0: the CUDA feeder), ``prefetch`` ahead,
+    ``fused`` (a :class:`~colabfast.images.augment.FusedTransform`) applied as each image is decoded.
+    """
 
     threads: int
     prefetch: int
@@ -182,30 +165,22 @@ class ReaderPlan(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What :class:`DataLoader` does with its arguments, as :func:`plan` decides it: one field per
-    decision, and why each was made.
+    """What :class:`DataLoader` does with its arguments, as :func:`plan` decides it, and why.
 
     Attributes:
         device: where batches arrive.
-        decode: where encoded images are decoded: ``"cpu"`` (in the workers), ``"gpu"`` (JPEGs in
-            batches by nvJPEG, in the feeder thread), or ``"auto"`` (they arrive decoded).
-        reader: the threads of :mod:`colabfast.loading.reader` that read whole batches, or None: torch's
-            workers (or the main process) read and collate.
+        decode: ``"cpu"`` (in the workers), ``"gpu"`` (nvJPEG in the feeder), or ``"auto"`` (arrive decoded).
+        reader: the reader threads of :mod:`colabfast.loading.reader`, or None (torch's workers read).
         num_workers: torch's worker processes (0 with a reader).
         persistent_workers: whether the workers survive between epochs.
-        prefetch_factor: batches read ahead per worker, or per reader thread with a reader (torch then
-            gets None); None without either.
-        pin_memory: whether batches are put in pinned memory (asynchronous copies to CUDA).
-        sampler: a :class:`BlockPlan` or :class:`ShardPlan` (the loader builds that sampler), the caller's
-            ``sampler`` or ``batch_sampler``, or the name of torch's default (``"RandomSampler"``,
-            ``"SequentialSampler"``).
-        layout: the memory format of the uint8 image batches that :func:`colabfast.loading.collate.collate` and
-            the reader build (channels-last for CUDA), or None where neither batches: the caller's
-            ``collate_fn``, or no batching.
-        collate_fn: what torch collates with: :func:`colabfast.loading.collate.collate` in ``layout``, the
-            caller's ``collate_fn``, or None (torch's ``default_convert``, without batching).
+        prefetch_factor: batches read ahead per worker or reader thread; None without either.
+        pin_memory: whether batches are put in pinned memory.
+        sampler: a :class:`BlockPlan` or :class:`ShardPlan`, the caller's sampler or batch sampler, or
+            torch's default's name (``"RandomSampler"``, ``"SequentialSampler"``).
+        layout: memory format of the uint8 image batches, or None where the caller's ``collate_fn`` batches.
+        collate_fn: what torch collates with (None: ``default_convert``, without batching).
         reasons: decision name -> why, for every field above.
-        facts: what the plan was made from (:class:`DatasetFacts`); the loader builds from them too.
+        facts: what the plan was made from (:class:`DatasetFacts`).
     """
 
     device: torch.device
@@ -222,10 +197,7 @@ class Plan:
     facts: DatasetFacts = dataclasses.field(repr=False, compare=False)
 
     def choices(self) -> dict[str, tuple[Any, str]]:
-        """The decisions as ``loader.choices`` lists them: name -> ``(value, why)``, in this order:
-        ``device``, ``decode``, ``reader`` (``"none"`` without one), ``num_workers``,
-        ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``sampler``, ``collate_fn``
-        (``"colabfast.loading.collate.collate"``, the caller's, or ``"default_convert"``)."""
+        """The decisions as ``loader.choices`` lists them: name -> ``(value, why)``."""
         collate_fn: Any = self.collate_fn
         if self.layout is not None:
             collate_fn = "colabfast.loading.collate.collate"
@@ -260,26 +232,16 @@ def plan(
 ) -> Plan:
     """What :class:`DataLoader` will do with these arguments: a :class:`Plan`.
 
-    A pure function of its arguments and the machine (CPUs, GPU, start method, ``torch.distributed``'s
-    world size and rank): it starts no worker, opens nothing and draws no random number, so the
-    defaults can be read and tested before a loader exists. The arguments are :class:`DataLoader`'s;
-    see there for what each default means.
-
-    Under ``torch.distributed`` (initialised, world size above 1) and with no ``sampler`` or
-    ``batch_sampler`` given, ``shuffle=True`` shards each epoch among the ranks: a mirror gets a
-    :class:`BlockPlan` of ``num_replicas`` shares, any other map-style dataset a :class:`ShardPlan` (a
-    ``DistributedSampler``); the loader seeds either with rank 0's seed
-    (:func:`colabfast.loading.sampler.shared_seed`). ``shuffle=False`` shards nothing, as torch's
-    ``DataLoader`` does not: such a loader is usually evaluation, where every rank reading the whole
-    dataset keeps each rank's metric the dataset's (sharding it would need an ``all_reduce``, and its
-    padding counts samples twice); ``sampler=DistributedSampler(dataset, shuffle=False)`` shards it.
+    A pure function of its arguments (:class:`DataLoader`'s) and the machine: it starts no worker, opens
+    nothing and draws no random number. Under ``torch.distributed``, ``shuffle=True`` shards each epoch
+    among the ranks; ``shuffle=False`` shards nothing, as torch's ``DataLoader``
+    ([Distributed training](../distributed.md)).
 
     Raises:
         ValueError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``, or ``"gpu"`` without CUDA or
-            batching; a mirror dataset gives PIL images (``output="pil"``) that nothing turns into
-            tensors before they are batched.
+            batching; a mirror gives PIL images (``output="pil"``) that nothing turns into tensors.
         RuntimeError: a CUDA ``device`` without a GPU.
-        IndexError: a ``Subset`` holds an index outside the dataset it wraps (:func:`dataset_facts`).
+        IndexError: a ``Subset`` holds an index outside the dataset it wraps.
     """
     facts = dataset_facts(dataset)  # everything below asks these, not the dataset
     reasons: dict[str, str] = {}
@@ -366,8 +328,7 @@ def plan(
 
 
 def _too_many_workers(num_workers: int, reader_fits: bool) -> str:
-    """Why ``num_workers`` above the CPU count is taken but not what the caller may think (said in
-    ``loader.choices``; :class:`DataLoader` warns it once per process)."""
+    """Why ``num_workers`` above the CPU count is taken but not what the caller may think."""
     cpus = env.cpu_count()
     why = (f"set by caller: {num_workers} worker processes on {cpus} CPUs (colabfast.where.env.cpu_count()) only take "
            "turns on them")
@@ -395,7 +356,6 @@ def _choose_decode(decode: str, facts: DatasetFacts, cuda: bool, batching: bool)
 
 
 def _default_workers(facts: DatasetFacts, context: Any, *functions: Any) -> tuple[int, str]:
-    """The worker processes for a caller who asked for none, and why."""
     if facts.iterable:
         return 0, "IterableDataset: every worker would replay the stream"
     if context is None and _spawned() and (facts.from_main or _from_main(None, *functions)):
@@ -432,10 +392,7 @@ def _choose_sampler(facts: DatasetFacts, sampler: Any, batch_sampler: Any, shuff
 
 
 def _check_batchable(facts: DatasetFacts, *, per_image_transform: bool) -> None:
-    """Refuse, before any worker starts, a mirror dataset whose PIL images would reach the collate:
-    ``output="pil"`` (the default, as torchvision's) with no transform of its own, nor a
-    ``DataLoader(transform=...)`` run per image before batching, to make them tensors. torch's own
-    error comes later, from a worker, and names neither the dataset nor the fix."""
+    """Refuse, before any worker starts, a mirror whose PIL images would reach the collate."""
     if not facts.pil_mirror or per_image_transform:  # its own transform (or H5Kitti's joint ones) may make tensors
         return
     mirror = facts.inner
@@ -450,12 +407,10 @@ def _check_batchable(facts: DatasetFacts, *, per_image_transform: bool) -> None:
 
 
 def _spawned() -> bool:
-    """True when workers start by spawn/forkserver (macOS, Windows), not by fork (Linux, Colab)."""
     return torch.multiprocessing.get_start_method(allow_none=False) != "fork"
 
 
 def _from_main(dataset: Any, *functions: Any) -> bool:
-    """True if the dataset (or a dataset it wraps) or one of the functions is defined in ``__main__``."""
     wrapped = list(unwrap(dataset))
     return any(getattr(type(d), "__module__", None) == "__main__" for d in wrapped) or any(
         f is not None and getattr(f, "__module__", None) == "__main__" for f in functions

@@ -1,17 +1,7 @@
 """Turn host batches into model inputs: :class:`Normalize`, :class:`BatchConverter`, :class:`CUDAPrefetcher`.
 
-Images travel from the workers as uint8 (4x less to copy than float32) and become model inputs at the
-end: decoded if they are still encoded, transformed, converted to ``dtype``, normalised and put in
-``memory_format``. :class:`BatchConverter` does that on the CPU or, inside :class:`CUDAPrefetcher`,
-on the GPU; both use the same :class:`Normalize`, so the CPU and CUDA paths agree.
-
-On CUDA a :class:`Feeder` thread does that conversion off the training thread, on a side CUDA stream,
-and hands each batch over with a CUDA event (NVIDIA DALI's and FFCV's hand-over): the host work of
-decoding and transforming overlaps with the model's step instead of adding to it. Copies come from
-pinned memory with ``non_blocking=True``, as in NVIDIA apex's ``data_prefetcher`` and timm's
-``PrefetchLoader``; every handed-out tensor is ``record_stream``-ed so its memory is not reused while
-the model still reads it. Unlike timm before the fix for timm#2781, the side stream is created once per
-prefetcher, not once per epoch (a new stream per epoch grew reserved GPU memory).
+On CUDA a :class:`Feeder` thread converts on a side stream and hands each batch over with an event
+(NVIDIA DALI's and FFCV's hand-over); how it works: [Feeding the GPU](../gpu-feed.md#how-it-works).
 """
 
 from __future__ import annotations
@@ -39,32 +29,20 @@ FEED_DEPTH = 3
 
 
 class ImageList(list):
-    """A batch of images that could not be stacked (different sizes): a list of ``[C, H, W]`` tensors.
-
-    The collate makes it for ragged images so that the conversion step knows these are the images;
-    items may also be still-encoded files (:class:`~colabfast.images.decode.Encoded`). Users receive a
-    plain ``list`` after conversion.
-    """
+    """A batch of images that could not be stacked (different sizes): a list of ``[C, H, W]`` tensors."""
 
 
 class Normalize:
     """Convert images to ``dtype``, normalise with ``mean``/``std`` and set ``memory_format``.
 
-    Integer images are scaled to 0..1 when converted to a floating ``dtype`` (uint8 by 1/255, as
-    torchvision's ``v2.ToDtype(dtype, scale=True)``); floating images are not rescaled. Scaling and
-    normalisation are fused into one multiply-add, ``out = x * (scale / std) - mean / std``, computed
-    in float32 (float64 for float64 output) and rounded once to ``dtype``: on CUDA one kernel that
-    reads the uint8 batch; on the CPU a conversion, then the multiply-add in place (vectorised).
+    Integer images are scaled to 0..1 (as ``v2.ToDtype(dtype, scale=True)``), fused with the normalisation
+    into one multiply-add computed in float32.
 
     Args:
-        dtype: output dtype, e.g. ``torch.float32``, ``torch.float16``, ``torch.bfloat16``. Default:
-            float32 when ``mean`` or ``std`` is given, else the images keep their dtype.
-        mean: per-channel mean in 0..1 units (torchvision ``Normalize`` convention, e.g. ImageNet's
-            ``(0.485, 0.456, 0.406)``), one value per channel or one for all. Default 0.
-        std: per-channel standard deviation in 0..1 units (ImageNet: ``(0.229, 0.224, 0.225)``).
-            Default 1.
-        memory_format: ``None`` gives contiguous tensors (``[B, C, H, W]`` as a plain DataLoader
-            returns); ``torch.channels_last`` gives channels-last memory (3-D images: HWC memory).
+        dtype: output dtype; default float32 when ``mean`` or ``std`` is given, else the images' own.
+        mean: per-channel mean in 0..1 units (ImageNet: ``(0.485, 0.456, 0.406)``). Default 0.
+        std: per-channel standard deviation in 0..1 units (ImageNet: ``(0.229, 0.224, 0.225)``). Default 1.
+        memory_format: ``None`` (contiguous) or ``torch.channels_last``.
 
     Raises:
         ValueError: ``mean``/``std`` with a non-floating ``dtype``, a zero ``std``, or a number of
@@ -188,23 +166,16 @@ def _same_shape(images: Sequence[torch.Tensor]) -> bool:
 class BatchConverter:
     """Make one host batch into model inputs on ``device``.
 
-    The batch is what a collate returned. Its images are the batch itself when it is a tensor,
-    :class:`ImageList` or :class:`~colabfast.images.decode.EncodedImages`, else its first element (the
-    ``(image, target)`` convention); a dict batch has none (``ValueError`` if images should change).
-    Images are decoded if encoded (on CUDA by nvJPEG, see :func:`~colabfast.images.decode.decode_batch`),
-    transformed (a batched :mod:`colabfast.images.transforms` transform takes the whole batch at once; any
-    other callable, e.g. a torchvision v2 transform, is called per image), stacked when their shapes
-    agree (else returned as a list), and normalised. Every other tensor in the batch is moved to ``device`` unchanged;
-    non-tensors (strings, None, KITTI target dicts' floats) pass through.
+    The images are the batch when it is a tensor, :class:`ImageList` or
+    :class:`~colabfast.images.decode.EncodedImages`, else its first element; they are decoded (nvJPEG on
+    CUDA), transformed, stacked when their shapes agree, and normalised. Other tensors are moved unchanged.
 
     Args:
         device: where the batch goes.
         normalize: the :class:`Normalize` applied to the images.
-        transform: a batched transform (``transform.batched`` is True, e.g.
-            ``colabfast.images.transforms.RandomResizedCrop(224)``), called once with the batch's images (a list
-            of uint8 ``[C, H, W]`` or a ``[B, C, H, W]`` tensor on ``device``); or a callable applied to
-            each image, e.g. ``torchvision.transforms.v2.RandomResizedCrop(224)``; None for none.
-        non_blocking: copy with ``non_blocking=True`` (asynchronous from pinned memory).
+        transform: a batched transform (``transform.batched``, e.g. ``colabfast.images.transforms``) called once
+            per batch, or a callable applied per image; None for none.
+        non_blocking: copy with ``non_blocking=True``.
     """
 
     def __init__(
@@ -306,34 +277,10 @@ def tensors(x: Any) -> Iterator[torch.Tensor]:
 
 
 class Feeder:
-    """Convert host batches in a background thread and hand them out in order: an iterator.
+    """Convert host batches in a background thread and hand them out in order, with a CUDA event each.
 
-    A feeder thread takes host batches from ``batches``, runs ``convert`` on each (on the side
-    ``stream`` when given: decode, transform, stack, dtype, normalisation, memory format) and puts the
-    result into a queue of ``depth`` batches together with a CUDA event recorded after its work. The
-    consumer waits on that event (its stream waits for this batch's work only, never for the whole
-    side stream) and ``record_stream``-s every CUDA tensor it receives, so memory freed by the consumer
-    is not reused while its kernels still read it. The host-side work (nvJPEG calls, the per-image
-    Python of a torchvision transform, launching kernels) thus leaves the training thread, which on an
-    H100 pinned to 2 CPUs brought ResNet-50 fed with nvJPEG much closer to the data-on-GPU ceiling, with
-    torchvision's per-image transforms and more so with :mod:`colabfast.images.transforms` (``colabfast bench
-    gpu``: benchmarks/README.md, "GPU feed on an H100 (2 CPUs)"). NVIDIA DALI and FFCV hand batches over
-    the same way, with an event per batch.
-
-    Behaviour:
-
-    - An exception in ``batches`` or ``convert`` is raised in the consumer at the batch where it
-      happened, after the batches before it; the feeder then stops.
-    - Order is the order of ``batches``; one thread draws every random number in it, so a seeded run
-      repeats.
-    - At most ``depth`` converted batches wait in the queue, plus one being converted: GPU memory is
-      bounded by ``depth``.
-    - :meth:`close` (called when the iterator is exhausted, garbage-collected after a ``break``, by
-      its :class:`Feeding` at a new epoch, on a ``KeyboardInterrupt`` while waiting for a batch, and at
-      interpreter exit) stops the thread and joins it; the thread closes ``batches`` (a DataLoader
-      iterator shuts its workers down). An interrupt during the training step leaves the feeder
-      held by the notebook's traceback, blocked on its full queue (``depth`` batches), until the
-      next ``iter(loader)`` closes it.
+    An error in ``batches`` or ``convert`` is raised at the batch where it happened; at most ``depth``
+    converted batches wait; :meth:`close` stops and joins the thread.
 
     Args:
         batches: iterator of host batches, consumed in the feeder thread only.
@@ -465,17 +412,7 @@ def _close_all() -> None:
 
 
 class Feeding:
-    """The feeders of one loader, one epoch at a time: the only place a :class:`Feeder` is made and the
-    previous one closed (:class:`colabfast.DataLoader` and :class:`CUDAPrefetcher` each hold one).
-
-    Two feeders must never read one DataLoader iterator at once (persistent workers reuse it), so
-    :meth:`start` stops the previous epoch's thread before ``batches()`` makes the next iterator. Only
-    a weak reference to the running feeder is kept: one dropped after a ``break`` is collected and
-    stops itself.
-
-    Args:
-        convert, stream, depth: as :class:`Feeder`, for every epoch's feeder.
-    """
+    """One loader's feeders, one epoch at a time: :meth:`start` stops the previous one first."""
 
     def __init__(self, convert: Callable[[Any], Any], stream: Optional[torch.cuda.Stream], depth: int) -> None:
         self.convert, self.stream, self.depth = convert, stream, depth
@@ -489,11 +426,7 @@ class Feeding:
         self._running = None
 
     def start(self, batches: Callable[[], Iterator]) -> Feeder:
-        """A new epoch's :class:`Feeder` over ``batches()``, called once the previous feeder has stopped.
-
-        Raises:
-            ValueError: ``depth`` < 1.
-        """
+        """A new epoch's :class:`Feeder` over ``batches()``."""
         self.stop()
         feeder = Feeder(batches(), self.convert, self.stream, self.depth)
         self._running = weakref.ref(feeder)
@@ -503,21 +436,15 @@ class Feeding:
 class CUDAPrefetcher:
     """Wrap any DataLoader so its batches arrive on the GPU, converted ahead by a feeder thread.
 
-    For users who keep their own ``torch.utils.data.DataLoader`` (``colabfast.DataLoader`` does this
-    itself). Give that loader ``pin_memory=True``, or the copies cannot overlap with compute, and a
-    uint8 collate (:func:`colabfast.loading.collate.collate`) so images cross the PCIe bus as bytes.
+    Give the loader ``pin_memory=True`` and the uint8 :func:`colabfast.loading.collate.collate`.
 
     Args:
         loader: any iterable of batches (re-iterable for several epochs).
         device: the CUDA device, e.g. ``"cuda"`` or ``"cuda:1"``.
         mean, std, dtype, memory_format: as :class:`Normalize` (``mean``/``std`` in 0..1 units).
-        transform: applied on the GPU before stacking: a :mod:`colabfast.images.transforms` transform to the
-            whole batch, any other callable to each image (uint8 ``[C, H, W]``); see :class:`BatchConverter`.
-        depth: converted batches queued ahead of the training loop (:class:`Feeder`); GPU memory for
-            that many batches stays allocated.
-
-    Iterating yields the loader's batches with images converted and all tensors on ``device``;
-    ``len()`` is the loader's.
+        transform: applied on the GPU: a :mod:`colabfast.images.transforms` transform to the whole batch,
+            any other callable to each image.
+        depth: converted batches queued ahead of the training loop.
 
     Raises:
         RuntimeError: no CUDA GPU is available.

@@ -1,21 +1,8 @@
 """Whole batches read from a mirror by threads in the training process: :class:`BatchReader`.
 
-A plain ``DataLoader`` over a mirror pays, per sample, a Python call, and per batch a worker process,
-a collate and a trip through shared memory. For a mirror those costs are most of the work: raw
-pixels need no decoding at all, and JPEG decoding (libjpeg-turbo through ``simplejpeg``, see
-:func:`~colabfast.images.decode.decode_cpu`) and ``os.pread`` release the GIL. So for the indices of one
-batch (mostly runs of consecutive samples, as :class:`~colabfast.loading.sampler.BlockShuffleSampler` draws
-them) this reads each run with one ``pread`` straight into the batch's own memory, decodes encoded
-images in the same thread straight into their slots of the batch, and hands the batch over as
-``colabfast.loading.collate.collate`` would have built it; with a crop fused in (:func:`fused_for`), a raw
-mirror's images are read crop first, only the rows each crop covers (``BatchReader._crop_rows``). A
-pool of threads reads ``prefetch`` batches ahead, in order. FFCV's loader works the same way
-(threads in one process, whole-batch reads into preallocated memory; Leclerc et al., "FFCV:
-Accelerating Training by Removing Data Bottlenecks", CVPR 2023); the figures against it are in
-``benchmarks/README.md``.
-
-``colabfast.DataLoader`` uses it on its own where it gives the same batches as its worker path
-(:func:`applies` says when and why not), and says so in ``loader.choices["reader"]``.
+Each run of consecutive samples is one ``pread`` straight into the batch's memory, decoded in the same
+thread (FFCV's loader: Leclerc et al., CVPR 2023). ``colabfast.DataLoader`` uses it where it gives the
+same batches as its worker path (:func:`applies`). How it works: [Feeding the GPU](../gpu-feed.md#how-it-works).
 """
 
 from __future__ import annotations
@@ -54,13 +41,9 @@ __all__ = ["BatchReader", "applies", "fused_for"]
 
 
 def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool, str]:
-    """Whether :class:`BatchReader` can read ``dataset``'s batches, and why (or why not).
-
-    It can for an :class:`~colabfast.H5ImageFolder`, or a ``Subset`` of one (a train/validation
-    split), with no ``transform`` or ``target_transform`` of its own, ``output="tensor"`` or
-    ``"bytes"``, and no per-image ``DataLoader(transform=...)`` to run on the CPU: then a sample is
-    its stored bytes, decoded or not, and its label, which threads can produce without running the
-    caller's Python per sample.
+    """Whether :class:`BatchReader` can read ``dataset``'s batches, and why (or why not): an
+    :class:`~colabfast.H5ImageFolder` (or a ``Subset`` of one) with no transforms of its own,
+    ``output="tensor"`` or ``"bytes"``, and no per-image CPU ``transform``.
     """
     dataset = through_subsets(dataset)[0]
     if isinstance(dataset, H5Dataset) and not transform_on_cpu and (decode != "cpu" or dataset.output != "bytes"):
@@ -85,17 +68,12 @@ def applies(dataset: Any, *, transform_on_cpu: bool, decode: str) -> tuple[bool,
 
 def fused_for(dataset: Any, *, transform: Optional[Callable], decode: str,
               draft: bool = False) -> tuple[Optional[FusedTransform], str]:
-    """The per-sample transform :class:`BatchReader` can run itself, fused with decoding
-    (:func:`colabfast.images.augment.fuse`), for ``dataset`` and the loader's CPU ``transform``, and why (or
-    why not).
+    """The per-sample transform :class:`BatchReader` can run fused with decoding
+    (:func:`colabfast.images.augment.fuse`), and why (or why not).
 
-    It can for an :class:`~colabfast.H5ImageFolder` (or a ``Subset`` of one) with ``output="tensor"``
-    whose own ``transform`` fuses (no ``target_transform``, no loader ``transform``), or with no
-    transforms of its own and a loader ``transform`` that fuses; likewise for an
-    :class:`~colabfast.H5Dataset` of ``(image, target)`` pairs (:meth:`~colabfast.H5Dataset.batchable`)
-    and a loader ``transform`` that fuses. Anything else runs in worker processes, where torchvision's
-    per-call Python does not hold the GIL of the process that trains (in threads it ran slower than
-    the worker processes: benchmarks/README.md, "CPU augmentation in the reader threads").
+    It can for an :class:`~colabfast.H5ImageFolder` with ``output="tensor"`` and one fusing transform (its
+    own or the loader's), or an :class:`~colabfast.H5Dataset` of ``(image, target)`` pairs
+    (:meth:`~colabfast.H5Dataset.batchable`) and a fusing loader ``transform``.
     """
     inner = through_subsets(dataset)[0]
     if decode == "gpu" or getattr(inner, "output", None) != "tensor":
@@ -118,37 +96,20 @@ def fused_for(dataset: Any, *, transform: Optional[Callable], decode: str,
 class BatchReader:
     """Batches of an :class:`~colabfast.H5ImageFolder` read by threads, as the loader's collate builds them.
 
-    Each batch is ``[images, targets]``: ``targets`` int64 ``[B]``; ``images`` for ``output="tensor"``
-    a uint8 ``[B, 3, H, W]`` tensor (channels-last memory when ``channels_last``, else contiguous)
-    when all images of the batch have one size, else an :class:`~colabfast.loading.prefetch.ImageList`; for
-    ``output="bytes"`` an :class:`~colabfast.images.decode.EncodedImages` (the batch's files back to back
-    in one tensor, read with one ``pread`` per run of consecutive samples, no per-sample tensors).
-    Every batch owns its memory: nothing is reused while the caller holds the batch or any view of
-    it. Memory the caller has dropped is reused for later batches (up to ``prefetch + threads + 2``
-    batches' worth kept for the reader's lifetime: fresh pages cost a fault each); with
-    ``pin_memory`` it is allocated in pinned memory through torch's caching host allocator, which
-    reuses freed blocks itself, so the copy to the GPU is asynchronous.
+    Each batch is ``[images, targets]``: ``targets`` int64 ``[B]``; ``images`` a uint8 ``[B, 3, H, W]``
+    tensor (``output="tensor"``, one size), an :class:`~colabfast.loading.prefetch.ImageList` (sizes
+    differ), or an :class:`~colabfast.images.decode.EncodedImages` (``output="bytes"``). Every batch owns
+    its memory; memory the caller dropped is reused.
 
     Args:
-        dataset: the mirror dataset, or a ``Subset`` of it (see :func:`applies`); the indices given to
-            :meth:`batches` and :meth:`read` are this dataset's. They are mapped to stored positions
-            (through the Subsets, then :meth:`~colabfast.datasets.dropins.MirrorDataset.positions_of`), and
-            everything is read by position: a run of consecutive stored samples is one read.
-        threads: batches read at once; 0 reads each batch in the thread that iterates :meth:`batches`
-            when it asks for it (no reader threads, nothing read ahead).
-        prefetch: batches read ahead of the one handed out (default ``2 * threads``; none without
-            threads); memory is bounded by ``prefetch + threads + 2`` batches besides those the caller
-            holds.
+        dataset: the mirror dataset, or a ``Subset`` of it (see :func:`applies`).
+        threads: batches read at once; 0 reads each batch in the iterating thread when asked.
+        prefetch: batches read ahead (default ``2 * threads``).
         channels_last: the memory layout of same-size image batches.
-        pin_memory: allocate batches (images, or the files of ``output="bytes"``) in pinned memory
-            (needs CUDA).
-        fused: a per-sample transform run on each image as it is decoded (see :func:`fused_for`), drawing
-            from the generator given to :meth:`read`; the images are then its outputs.
-        index_map: with ``dataset`` the mirror itself, what the indices given are mapped through first
-            (int64, as :func:`colabfast.datasets.dropins.through_subsets` finds it for a ``Subset``), so a caller
-            that walked the Subsets already need not hand them over again.
-        clock: where the time each thread spends reading, decoding and transforming, and making the
-            batch is added (:mod:`colabfast.loading.stages`; default: a clock of its own, ``reader.clock``).
+        pin_memory: allocate batches in pinned memory (needs CUDA).
+        fused: a per-sample transform run as each image is decoded (see :func:`fused_for`).
+        index_map: int64 indices mapped through first, when ``dataset`` is the mirror under Subsets.
+        clock: where each stage's time is added (:mod:`colabfast.loading.stages`; default its own).
 
     Raises (while iterating):
         MirrorError: an image cannot be decoded, a read ends early (the file was truncated), or with
@@ -204,13 +165,8 @@ class BatchReader:
 
     def split(self, indices: Sequence[int], generator: Optional[torch.Generator],
               parts: int) -> Optional[tuple[list[Callable[[], list]], Callable[[list[list]], list]]]:
-        """The batch for ``indices`` as ``parts`` pieces for as many threads, and how to join them: the
-        same batch :meth:`read` makes, sooner. ``fused``'s random draws are all made here, in order,
-        from ``generator``; each piece only decodes and transforms. For an epoch's first batch, which
-        one thread would otherwise make alone while the training loop waits (0.25-0.28 s for 64 JPEGs of
-        500x375 just after ``open_dataset`` staged them, against 0.11-0.13 s for the next ones, measured
-        on 2 CPUs). None where splitting gains nothing: raw pixels (a copy), files for nvJPEG, targets
-        that are not one tensor, or fewer than 2 samples per piece.
+        """The batch for ``indices`` as ``parts`` pieces for as many threads, and how to join them: the same
+        batch :meth:`read` makes, sooner (all random draws made here). None where splitting gains nothing.
         """
         if parts < 2 or len(indices) < 2 * parts or self.dataset.output == "bytes" or self._targets is None:
             return None
@@ -279,9 +235,7 @@ class BatchReader:
 
     def read(self, indices: Sequence[int], generator: Optional[torch.Generator] = None,
              draws: Optional[list] = None, out: Optional[torch.Tensor] = None) -> list:
-        """One batch for ``indices`` (see the class docstring); ``generator``: what ``fused`` draws from,
-        or ``draws``: its draws made already (:meth:`split`), one per index; ``out``: memory for the
-        images (``[B, H, W, C]`` channels-last, else ``[B, C, H, W]``), used where the batch has that shape."""
+        """One batch for ``indices``, drawing from ``generator`` (or ``draws`` made already); ``out``: image memory."""
         mapped = indices if self._map is None else self._map[np.asarray(indices, dtype=np.int64)]
         indices = [int(i) for i in mapped]  # the mirror's
         positions = self.dataset.positions_of(indices)  # where they are stored: all reads go by these
@@ -306,9 +260,7 @@ class BatchReader:
     # --- reading ---------------------------------------------------------------------------------
 
     def _read_runs(self, indices: Sequence[int], batch: torch.Tensor, starts: Sequence[int]) -> None:
-        """Fill ``batch[starts[k]:starts[k + 1]]`` (1-D uint8) with stored sample ``indices[k]``: one
-        read per run of consecutive stored positions, whatever their order in the batch (a block the
-        sampler shuffled inside), scattered into their places; no read exceeds ``MAX_READ`` bytes."""
+        """Fill ``batch`` with stored samples ``indices``, one read (at most ``MAX_READ``) per run."""
         offsets = self.dataset.reader.offsets
         order = np.argsort(indices, kind="stable")
         for a, b in runs(np.asarray(indices, dtype=np.int64)[order], offsets, MAX_READ):
@@ -402,12 +354,9 @@ class BatchReader:
 
     def _read_fused(self, indices: list[int], generator: Optional[torch.Generator],
                     draws: Optional[list] = None, given: Optional[torch.Tensor] = None) -> Any:
-        """The images at stored positions ``indices`` through ``fused``, drawing from ``generator`` (or
-        with ``draws`` made already). Where every output has one size (a crop), the batch is allocated
-        first and each image made straight into its row, flipped there
-        (:meth:`~colabfast.images.augment.FusedTransform.make_into`), from stored bytes read into this
-        thread's reused memory; else each image is made on its own and copied into the batch, or
-        into an :class:`ImageList` where their sizes differ."""
+        """The images at stored positions ``indices`` through ``fused``, made straight into the batch's rows
+        where every output has one size.
+        """
         assert self.fused is not None
         reader, fused = self.dataset.reader, self.fused
         raw = reader.store == "raw"
@@ -483,15 +432,9 @@ class BatchReader:
         return out
 
     def _crop_rows(self, indices: list[int], draws: list) -> Optional[tuple[np.ndarray, list[int], list, list]]:
-        """Raw pixels read crop first: for each stored position in ``indices``, only the rows its crop
-        covers (``draws``' ``RandomResizedCrop`` box, or the centre crop's), one ``pread`` per image
-        into this thread's reused memory (:meth:`~colabfast.datasets.mirrorreader.MirrorReader.read_ranges`). Returns
-        ``(memory, starts, shapes, draws)``: image ``k``'s rows at ``memory[starts[k]:]``, their shape
-        ``[rows, W, C]``, its draws with the box moved up to them. None where this reads no less or
-        costs more: any image without such a box (a ``Resize``, a crop that pads), ``verify`` (a
-        checksum covers whole images), in-memory data, or, on a FUSE mount such as Drive, where the
-        number of reads is what costs, a batch whose samples are mostly stored next to each other
-        (:class:`~colabfast.BlockShuffleSampler`): read one run at a time instead."""
+        """Raw pixels read crop first, only the rows each crop covers: ``(memory, starts, shapes, draws)``, or
+        None where that reads no less or costs more (no crop box, ``verify``, in memory, runs on a FUSE mount).
+        """
         reader, fused = self.dataset.reader, self.fused
         assert fused is not None
         if self.dataset.verify or reader.blob is not None:
@@ -542,11 +485,7 @@ class BatchReader:
         return self._decode(index, data, size=self.dataset.reader.shapes[index][:2])
 
     def _within_limit(self, positions: Sequence[int]) -> None:
-        """Raise MirrorError where an encoded image at stored ``positions`` declares more pixels than
-        ``PIL.Image.MAX_IMAGE_PIXELS`` (:func:`~colabfast.images.decode.check_pixels`): the batch, and each
-        image's decoding memory, are allocated by the declared sizes, and a hostile mirror's 60000x60000
-        made that an 80 GiB MemoryError before any header was read. Raw pixels are bounded by the file
-        (their sizes are the stored bytes, :func:`~colabfast.mirror.index.load_index`)."""
+        """Raise MirrorError where an image at ``positions`` declares more than ``PIL.Image.MAX_IMAGE_PIXELS``."""
         reader = self.dataset.reader
         limit = Image.MAX_IMAGE_PIXELS
         if reader.store != "encoded" or limit is None or not len(positions):
@@ -586,9 +525,7 @@ class BatchReader:
         return self._memory.empty(shape)
 
     def _fill(self, out: list[torch.Tensor], start: int) -> None:
-        """``out`` (1-D uint8 tensors, filled one after the other) from the image data at ``start``:
-        from RAM for ``in_memory`` mirrors, else one ``preadv`` with retries of transient errors
-        (:meth:`MirrorReader.read_into`)."""
+        """Fill ``out`` from the image data at ``start``: from RAM, else one ``preadv`` with retries."""
         reader = self.dataset.reader
         if reader.blob is not None:
             for part in out:
@@ -607,18 +544,7 @@ def _flipped(x: Any, dims: Sequence[int]) -> Any:
 
 
 class _Recycled:
-    """uint8 batch memory that is reused once nothing references it any more.
-
-    Fresh memory for every batch costs a page fault per 4 KiB page on first write: for a 12.6 MB
-    batch of 256 px images that was 3.5 ms of 4.8 ms to fill it (1.3 ms into reused memory), measured
-    on the development machine. Batches are handed to the caller as tensors made with
-    ``torch.from_numpy`` from arrays kept here; a tensor (and every view of it) holds a reference to
-    its array, so an array whose only references are this pool's is free for the next batch. Nothing
-    a caller still holds is ever overwritten. At most ``keep`` arrays are tracked, for the reader's
-    lifetime (as persistent workers keep their batches in flight between epochs); when a new one is
-    needed, a free one of another size or else the oldest is forgotten (a batch the caller holds
-    stays the caller's).
-    """
+    """uint8 batch memory reused once nothing references it (a fresh page costs a fault on first write)."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep

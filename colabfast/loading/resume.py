@@ -1,40 +1,10 @@
 """What :meth:`colabfast.DataLoader.state_dict` keeps so that a new process resumes mid-epoch: an epoch's
-start (:class:`EpochStart`), the random streams the loader's threads hold before each batch (:class:`Marks`),
-and the replay of an epoch's first draws (:func:`rest_of_epoch`).
+start (:class:`EpochStart`), the random streams the loader's threads hold before each batch
+(:class:`Marks`), and the replay of an epoch's first draws (:func:`rest_of_epoch`).
 
-The convention is torchdata's ``StatefulDataLoader`` (https://github.com/meta-pytorch/data,
-``torchdata/stateful_dataloader/``): ``state_dict()``
-describes the batches yielded so far by the latest iterator, ``load_state_dict()`` makes the next
-``iter(loader)`` yield exactly the batches the uninterrupted loader would have yielded next. Where
-torchdata fast-forwards the sampler and leaves random transforms to the dataset, colabfast also restores
-the random streams it owns, so the batches are exact with random crops too:
-
-- the epoch's order: the loader's ``generator`` (or torch's global RNG) as it was when the epoch began,
-  and the samplers' seed and epoch (``set_epoch``; a
-  :class:`~colabfast.loading.sampler.BlockShuffleSampler` counting epochs itself, its seed drawn as the
-  loader was built). The epoch's first draws (transform seed, workers' base seed, the sampler's seed)
-  are made again from that state, in the order the epoch made them, and the batches already yielded
-  are skipped as index lists, without reading them. torch's global RNG is then put back as it was
-  before (the training loop's own draws, restored by the caller from its checkpoint, stay theirs);
-  the loader's own ``generator`` is left where the epoch's draws leave it.
-- the reader threads' streams (:class:`~colabfast.loading.threadworkers.ThreadWorkers`): each thread's
-  generator state just before the first batch it has not handed out yet, recorded by the threads as
-  they begin each batch (they run ahead of the training loop).
-- the random steps of a :mod:`colabfast.images.transforms` transform drawing in this process: on CUDA,
-  run by the feeder thread ahead of the loop, their generators' states before the next batch, recorded
-  the same way; on the CPU without workers, their states as they are (nothing runs ahead).
-
-- torch's worker processes' streams (torch's, Python's and NumPy's RNG, which a dataset's own random
-  transforms draw from, and the generators of :mod:`colabfast.images.transforms` steps in the worker's
-  dataset): each batch comes back from its worker stamped with them (:class:`Stamping`, installed as
-  the workers start, around the loader's ``collate_fn``), and the state keeps each worker's after its last
-  batch handed out. Workers resumed mid-epoch start from those (:class:`Restoring`, around
-  ``worker_init_fn``), take their batches in the same turn as before (torch deals batch ``k`` to
-  worker ``k % num_workers`` from worker 0 each epoch: the rest of the epoch is preceded by as many empty
-  batches as that needs), and those not yet reached in the epoch are seeded from the same base seed.
-
-Random numbers drawn anywhere else (a dataset's own generator object, another library's RNG) are not
-the loader's to restore.
+torchdata's ``StatefulDataLoader`` convention (https://github.com/meta-pytorch/data,
+``torchdata/stateful_dataloader/``), plus the random streams colabfast owns, so the batches are exact
+with random crops too: what is restored and what not is in [Resuming](../resume.md).
 """
 
 from __future__ import annotations
@@ -97,10 +67,9 @@ class EpochStart:
     """What an epoch's first draws come from, taken before it draws anything.
 
     Attributes:
-        rng: the state of the loader's ``generator`` (or of torch's global generator when it has none).
+        rng: the state of the loader's ``generator`` (or of torch's global generator).
         samplers: :func:`sampler_fields` of the loader's samplers.
-        seeded: whether the reader threads or worker processes already had their random streams
-            (persistent ones draw no new base seed).
+        seeded: whether the threads or workers already had their random streams.
     """
 
     rng: torch.Tensor
@@ -118,10 +87,8 @@ class EpochStart:
 class Marks:
     """Random streams' states recorded just before the batch at each position of an epoch is made.
 
-    Threads that make batches ahead of the training loop record here as they begin a batch
-    (:meth:`record`); :meth:`before` answers with the states before a batch not yet handed out.
-    Thread-safe: a thread records under the lock before it draws, so a state read under the lock is
-    either the one recorded for that batch or the stream's current one, untouched by it.
+    Threads record under the lock before they draw (:meth:`record`); :meth:`before` answers with the
+    states before a batch not yet handed out.
     """
 
     def __init__(self) -> None:
@@ -167,9 +134,7 @@ def _steps_in(dataset: Any) -> list:
 
 
 def worker_states(dataset: Any) -> tuple:
-    """This worker process's random streams: torch's, Python's and NumPy's global RNG, and each random
-    step of a colabfast transform in ``dataset`` (its generator's state, or None where this worker has
-    not drawn from it yet)."""
+    """This worker's random streams: torch's, Python's and NumPy's RNG and each colabfast transform step's."""
     steps = [s.generator.get_state() if s._worker is not None else None for s in _steps_in(dataset)]
     version, words, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state(legacy=True))
@@ -240,10 +205,9 @@ def _stamps(loader: Any) -> bool:
 
 @contextlib.contextmanager
 def starting_workers(loader: Any, starting: bool) -> Iterator[None]:
-    """Around the start of torch's iterator over ``loader``: where it starts worker processes, their
-    batches come stamped (:class:`Stamping`), and where ``loader`` resumes, the workers start from its
-    states (:class:`Restoring`) and torch draws their base seed from a stand-in generator in the state
-    ``loader._restore`` names (the epoch's own seed again), not from the loader's generator."""
+    """Around the start of torch's iterator: workers' batches come stamped (:class:`Stamping`), and a resumed
+    loader's workers start from its states (:class:`Restoring`).
+    """
     restore, loader._restore = loader._restore, None
     if not (starting and _stamps(loader)):
         yield
@@ -455,8 +419,7 @@ def _keeps_streams(loader: Any) -> bool:
 
 
 def check(loader: Any, state: Any) -> None:
-    """Refuse a ``state`` that ``loader`` cannot resume, checking every key, type and range of the
-    schema (docs/resume.md) before anything changes: see `colabfast.DataLoader.load_state_dict`.
+    """Refuse a ``state`` that ``loader`` cannot resume, checking the schema (docs/resume.md) first.
 
     Raises:
         LoaderStateError: one, naming the key and what is wrong with it (a bounded excerpt of the value).
@@ -558,11 +521,9 @@ def _generators(states: list[torch.Tensor]) -> list[torch.Generator]:
 
 
 def rest_of_epoch(loader: Any, state: dict[str, Any]) -> Iterator:
-    """The batches of the epoch ``state`` stopped in, from its position on: the epoch's first draws made
-    again from its start in the order the epoch made them (transform seed, base seed, the sampler's
-    own), the batches before skipped as index lists (nothing read), the threads' and the transform's
-    streams restored; torch's global RNG then put back as it was, the loader's generator left where
-    the epoch's draws leave it."""
+    """The batches of the epoch ``state`` stopped in, from its position on: its first draws made again,
+    earlier batches skipped as index lists, the streams restored, torch's global RNG put back.
+    """
     start, y = EpochStart.from_dict(state["start"]), state["position"]
     now = rng_state(None) if loader.generator is None else None
     set_rng_state(loader.generator, start.rng)

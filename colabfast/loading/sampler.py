@@ -1,25 +1,7 @@
-"""Shuffle an h5 mirror in blocks of consecutive items: :class:`BlockShuffleSampler`.
+"""Shuffle an h5 mirror in blocks of consecutively stored items: :class:`BlockShuffleSampler`.
 
-A random permutation reads a file at random offsets, and cold random reads are slow: through the Drive
-simulator a block-shuffled epoch of a mirror reads cold faster than a random one (``colabfast bench
-coldreads``: benchmarks/README.md, "The latest full run, summarised"). Shuffling whole blocks of consecutive
-indices, and the items inside each block, keeps most of the randomness while the reads of one block
-land close together in the file and close together in time. The same idea as FFCV's quasi-random
-order and WebDataset's shard shuffle; typed like MosaicML Streaming's ``shuffle/`` functions.
-
-The blocks are of consecutive *stored* samples: a mirror's index ``i`` is torchvision's sample ``i``,
-while the file may store its samples in another order (``pack(shuffle=True)``, an archive's member
-order); the sampler walks the dataset in stored order (:func:`colabfast.datasets.dropins.read_order`, also
-through ``Subset``/``random_split``) and yields the dataset's indices, so each block is still one read.
-
-Under ``torch.distributed`` (torchrun) every rank must shuffle with the same seed, so that their
-shares partition each epoch: :func:`shared_seed` draws it as ``RandomSampler`` does and hands rank 0's
-to every rank.
-
-Batches mix about ``batch_size / block_size`` blocks, so on a class-sorted mirror a batch holds at
-most that many classes. Either pack the mirror with ``shuffle=True`` (its stored blocks then mix
-classes: tensorpack's pre-shuffled file plus FFCV's block order), or keep ``block_size`` well below the
-batch size; :class:`colabfast.DataLoader` does one or the other.
+Cold random reads are slow; blocks keep one block's reads close in the file (FFCV's quasi-random order,
+WebDataset's shard shuffle). How it works: [Feeding the GPU](../gpu-feed.md#how-it-works).
 """
 
 from __future__ import annotations
@@ -40,23 +22,17 @@ __all__ = ["BlockShuffleSampler", "block_shuffle", "replica_share", "check_share
 
 
 def world() -> tuple[int, int]:
-    """``(num_replicas, rank)`` of this process: the world size and rank of ``torch.distributed``'s
-    default process group when it is initialised (torchrun, ``init_process_group``), else ``(1, 0)``."""
+    """``(num_replicas, rank)`` of ``torch.distributed``'s default group when initialised, else ``(1, 0)``."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_world_size(), torch.distributed.get_rank()
     return 1, 0
 
 
 def shared_seed(generator: Optional[torch.Generator] = None) -> int:
-    """A sampler's seed: an int64 drawn from ``generator`` (else torch's global RNG), as
-    ``torch.utils.data.RandomSampler`` draws its own, so ``torch.manual_seed`` repeats a run.
+    """A sampler's seed drawn from ``generator`` (else torch's global RNG) as ``RandomSampler`` draws its own.
 
-    Under ``torch.distributed`` with more than one rank, every rank draws (its generator moves as
-    ``RandomSampler``'s would) and then takes rank 0's seed, sent with
-    ``torch.distributed.broadcast_object_list`` (on the CPU with gloo, on the current CUDA device with
-    nccl): ranks seeded differently would shuffle different orders, and their shares would overlap
-    instead of partitioning the epoch. That broadcast is a collective: every rank must call this (build
-    its loader) in the same order, as with any collective.
+    Under ``torch.distributed`` every rank draws and takes rank 0's seed (``broadcast_object_list``, a
+    collective: every rank must call this in the same order).
 
     Returns:
         an int in ``[-2**63, 2**63)``, the same on every rank.
@@ -95,11 +71,8 @@ def block_shuffle(num_samples: int, block_size: int, seed: int, epoch: int) -> N
 def replica_share(order: NDArray[np.int64], num_replicas: int, rank: int, drop_last: bool = False) -> NDArray[np.int64]:
     """The contiguous share of ``order`` that replica ``rank`` of ``num_replicas`` reads.
 
-    Like ``torch.utils.data.DistributedSampler`` (``torch/utils/data/distributed.py``), the order is
-    padded by repeating its start (or, with ``drop_last``, truncated) to a multiple of ``num_replicas``,
-    so the replicas' shares together are the epoch plus at most ``num_replicas - 1`` repeated indices;
-    unlike it, each replica gets a contiguous slice instead of every ``num_replicas``-th index, so it
-    still reads whole blocks.
+    Padded by repeating its start (or, with ``drop_last``, truncated) to a multiple of ``num_replicas``, as
+    ``torch/utils/data/distributed.py`` does, but each replica gets a contiguous slice, so it reads whole blocks.
 
     Returns:
         int64 array of ``ceil(len(order) / num_replicas)`` indices (``floor`` with ``drop_last``).
@@ -121,8 +94,7 @@ def check_shares(num_samples: int, num_replicas: int, rank: int, drop_last: bool
 
     Raises:
         SamplerRefused: ``rank`` outside ``0 .. num_replicas - 1``, or ``drop_last`` with fewer than
-            ``num_replicas`` samples (every share empty: pass ``drop_last=False`` to pad, as
-            ``DistributedSampler`` does).
+            ``num_replicas`` samples.
     """
     if num_replicas < 1 or not 0 <= rank < num_replicas:
         raise SamplerRefused(f"need 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
@@ -133,32 +105,27 @@ def check_shares(num_samples: int, num_replicas: int, rank: int, drop_last: bool
 
 
 class BlockShuffleSampler(Sampler[int]):
-    """Sampler that shuffles blocks of consecutively stored samples, for datasets stored in one file.
+    """Sampler that shuffles blocks of consecutively stored samples, and the samples in each block.
+
+    Batches mix about ``batch_size / block_size`` blocks: on a class-sorted mirror, pack with ``shuffle=True``
+    or keep ``block_size`` well below the batch size (:class:`colabfast.DataLoader` does one or the other).
 
     Args:
-        data_source: the dataset: its ``len``, and for a mirror or a ``Subset`` of one where its
-            samples are stored (:func:`colabfast.datasets.dropins.read_order`, found once, here). Blocks are
-            of samples stored one after the other; for any other dataset, of consecutive indices.
+        data_source: the dataset; for a mirror or a ``Subset`` of one, blocks follow its stored order
+            (:func:`colabfast.datasets.dropins.read_order`), else consecutive indices.
         block_size: consecutive stored samples per block.
-        shuffle: False reads in stored order, front to back (each replica its contiguous share): the
-            dataset's index order for a mirror stored in source order, the packed random order for
-            one packed with ``shuffle=True``. For torchvision's order, use no sampler (``shuffle=False``).
+        shuffle: False reads in stored order, front to back (each replica its contiguous share).
         seed: fixes every epoch's order together with the epoch; every replica must use the same.
-        num_replicas: processes sharing the epoch (distributed training); each gets a contiguous,
-            equal share of the global order (see :func:`replica_share`). Default: the world size
-            when ``torch.distributed`` is initialised, else 1.
-        rank: which share this process reads, ``0 .. num_replicas - 1``. Default: this process's
-            rank when ``torch.distributed`` is initialised, else 0.
-        drop_last: truncate the order to a multiple of ``num_replicas`` instead of padding it
-            (:func:`replica_share`). :class:`colabfast.DataLoader` passes its own ``drop_last``.
+        num_replicas: processes sharing the epoch; default the ``torch.distributed`` world size, else 1.
+        rank: which share this process reads; default this process's rank, else 0.
+        drop_last: truncate the order to a multiple of ``num_replicas`` instead of padding it.
 
-    Epochs: :meth:`set_epoch` selects the order (call it before each epoch, as with
-    ``DistributedSampler``). If it is never called, each new iteration advances the epoch, so the
-    order changes every epoch as with ``RandomSampler``.
+    Call :meth:`set_epoch` before each epoch (as with ``DistributedSampler``); if it is never called,
+    each new iteration advances the epoch.
 
     Raises:
-        SamplerRefused: (a ``ValueError``) ``block_size < 1``; ``rank`` outside ``0 .. num_replicas - 1``;
-            ``drop_last`` with fewer samples than replicas (every share would be empty).
+        SamplerRefused: ``block_size < 1``; ``rank`` outside ``0 .. num_replicas - 1``; ``drop_last`` with
+            fewer samples than replicas.
     """
 
     def __init__(

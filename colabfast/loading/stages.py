@@ -1,22 +1,15 @@
 """Time spent per stage of a loader's work: :class:`StageClock`, read as :class:`StageTime` per stage.
 
-``colabfast.DataLoader`` times each stage of making a batch where it runs, in the thread that runs it,
-as SPDL's pipeline keeps statistics per stage (a count and the time spent, per stage; the shape of its
-``TaskStatsHook``, not the dependency), so :func:`colabfast.diagnose` can name the slow stage:
+Timed where each stage runs, per thread without a lock (the shape of SPDL's ``TaskStatsHook``):
 
-- ``"read"``: bytes from the mirror or file (``pread``), or, where torch's fetcher reads a sample
-  in this process, the dataset's ``__getitem__`` (which for a torchvision dataset also decodes and
-  transforms); counted in samples.
-- ``"decode+transform"``: decoding images and the per-sample transform (fused or not); samples.
-- ``"collate"``: making the batch from the samples (the reader's batch memory, targets, the
-  transposing copies; the loader's collate); samples.
-- ``"copy"``: on CUDA, the feeder thread's host-to-GPU copy and the GPU work it launches (nvJPEG
-  decoding, normalising, a GPU transform); batches. Absent on the CPU.
+- ``"read"``: bytes from the mirror (``pread``), or the dataset's ``__getitem__`` where torch's fetcher
+  reads in this process; counted in samples.
+- ``"decode+transform"``: decoding images and the per-sample transform; samples.
+- ``"collate"``: making the batch from the samples; samples.
+- ``"copy"``: on CUDA, the feeder's copy to the GPU and the GPU work it launches; batches.
 - ``"wait"``: the training loop waiting in ``next()`` for a batch; batches.
 
-Each thread adds to its own accumulators (a list of ints: no lock, two ``perf_counter_ns`` calls per
-timed stretch); :meth:`StageClock.times` sums them when asked. Work done in other processes (torch's
-worker processes) is not seen here.
+Work in other processes (torch's worker processes) is not seen here.
 """
 
 from __future__ import annotations
@@ -35,8 +28,7 @@ now = time.perf_counter_ns
 
 @dataclasses.dataclass(frozen=True)
 class StageTime:
-    """One stage's work: ``count`` items (samples or batches, see :mod:`colabfast.loading.stages`) in ``seconds``
-    of wall time, summed over the threads that did it (two threads busy for 1 s make 2 s)."""
+    """One stage's work: ``count`` items in ``seconds`` of wall time, summed over threads."""
 
     count: int
     seconds: float
@@ -71,7 +63,6 @@ class StageClock:
             return slots
 
     def _fold(self) -> None:
-        """Move the counts of threads that ended (they add nothing more) into ``_ended``; under the lock."""
         live = []
         for thread, slots in self._slots:
             if thread.is_alive():
@@ -92,8 +83,7 @@ class StageClock:
         return slots[2 * READ + 1] + slots[2 * DECODE + 1]
 
     def add_rest(self, stage: int, start: int, mark: int, count: int) -> None:
-        """Add to ``stage`` the time since ``start`` (``perf_counter_ns``) that this thread did not add to
-        ``read`` or ``decode+transform`` since :meth:`mark` returned ``mark``."""
+        """Add to ``stage`` the time since ``start`` not already added to ``read`` or ``decode+transform``."""
         self.add(stage, now() - start - (self.mark() - mark), count)
 
     def times(self) -> dict[str, StageTime]:
@@ -107,7 +97,7 @@ class StageClock:
 
 
 def since(after: dict[str, StageTime], before: Optional[dict[str, StageTime]]) -> dict[str, StageTime]:
-    """The work of each stage between two readings of :meth:`StageClock.times` (stages with none left out)."""
+    """The work of each stage between two readings of :meth:`StageClock.times`."""
     before = before or {}
     out = {}
     for name, t in after.items():

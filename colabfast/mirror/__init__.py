@@ -1,14 +1,8 @@
 """The HDF5 mirror format: what :func:`colabfast.pack` writes and the datasets read, and its checks.
 
-A mirror is one HDF5 file holding a whole dataset, so Drive serves one big file instead of thousands
-of small ones: version 2, a sample table (imagefolder, kitti, files), and versions 3 and 4, a mirror
-of columns (any dataset, the layouts of :mod:`colabfast.layouts`; 4 where a column holds None), every
-dataset contiguous, unfiltered and checksummed. The format is specified once, in
-``docs/mirror-format.md`` (the groups, datasets and attributes of each version, the checksums, and
-what is checked before a mirror from a stranger is trusted); this module is its implementation:
-:class:`Header` reads and writes the root attributes, :func:`load_columns` a mirror of columns,
-:func:`colabfast.images.decode.check_encoded` an encoded image's header. Any problem is one
-:class:`MirrorError` naming the file (and the sample)."""
+Specified in ``docs/mirror-format.md``: version 2, a sample table (imagefolder, kitti, files), and
+versions 3 and 4, a mirror of columns. Any problem is one :class:`MirrorError` naming the file (and sample).
+"""
 
 from __future__ import annotations
 

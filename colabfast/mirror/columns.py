@@ -1,55 +1,9 @@
 """Samples as typed columns: how a mirror of any map-style dataset stores what ``dataset[i]`` returned.
 
-A sample (a tuple, a dict, or a single value, nested as deep as the dataset nests them) is cut
-into **fields**, each stored in one column of one **kind** (format version 3, see
-:mod:`colabfast.mirror`), and put back together in the same shape when read:
-
-==========  ===============================================  ==============================================
-kind        what it holds                                    stored as
-==========  ===============================================  ==============================================
-image       PIL images, uint8 ``[C, H, W]`` tensors or       the file's own JPEG bytes where the image is
-            ``tv_tensors.Image``, uint8 ``[H, W, C]``         a JPEG file's unmodified pixels (or was asked
-            ndarrays (C = 1, 3 or 4)                         for with ``fields={"x": "jpeg"}``), else a
-                                                             lossless PNG; its ``(H, W, C)``
-mask        PIL ``"P"`` images (palette kept), layouts'      lossless PNG in the image's own mode
-            mask files
-int         Python/NumPy integers                            int64 ``[N]``
-float       Python/NumPy floats                              float64 ``[N]``
-bool        bools                                            uint8 ``[N]``
-str         text                                             UTF-8 bytes + offsets
-bytes       ``bytes``                                        bytes + offsets
-ndarray     arrays/tensors of one dtype and shape            ``[N, *shape]`` (bool as uint8)
-ragged      arrays/tensors whose first dimension varies      rows ``[M, *trail]`` + offsets ``[N + 1]``
-            (boxes ``[M, 4]``, labels ``[M]``)
-json        lists, ``None``, anything else JSON can hold     UTF-8 JSON + offsets, at most
-            (COCO's list of annotation dicts)                :data:`MAX_JSON_BYTES` per sample
-==========  ===============================================  ==============================================
-
-**None** in an image, mask, int, float, bool, str or bytes column (as a Hugging Face dataset holds
-any feature's missing values) comes back as None: the column stores a placeholder there (0, empty,
-a 1x1 PNG) and a ``nulls`` array (uint8 ``[N]``, 1 where the sample's value was None), and the field
-says so (``meta["nulls"]``; such a mirror is format version 4, which colabfast before it refuses
-rather than return the placeholders). A first sample's None makes a json column, which holds None,
-numbers and strings exactly (``fields={"x": "str"}``, or ``"image"``, names the kind instead; a
-Hugging Face dataset's features name it for you: :mod:`colabfast.packing.hf`).
-
-An image is stored as the file's own bytes where it is one unchanged (a JPEG, or any file a Hugging
-Face ``Image`` feature holds: PNG in any mode, WebP, TIFF, GIF, ...), else encoded losslessly as
-``datasets`` encodes an image it is given (``datasets/features/image.py``, ``image_to_bytes``): PNG,
-or TIFF for a mode PNG does not give back exactly (``I``, ``F``, ``CMYK``, ...; checked by decoding
-it). It comes back with the ``format`` it had (``"JPEG"``, ``"PNG"``, ``"WEBP"``...) where that was
-its stored file's (the ``formats`` array, 1 there, and ``meta["formats"]``), else None, as from
-``convert()``.
-
-Images hold at most ``PIL.Image.MAX_IMAGE_PIXELS`` pixels, the limit every reader of a mirror decodes
-by (raise it, or set None, before packing and wherever the mirror is read); a sample nests tuples and
-dicts at most :data:`MAX_TEMPLATE_DEPTH` levels deep as fields, and lists, tuples and dicts at most
-:data:`MAX_DEPTH` levels deep in all (a JSON field's too).
-
-Nothing is ever pickled. A field's kind comes from the first sample; every later sample must
-fit it (:class:`FieldError` names the index and the field otherwise). Whether an array field is
-``ndarray`` or ``ragged`` is decided once every sample is seen. ``torchvision.tv_tensors`` come
-back as the same classes (``BoundingBoxes`` with its format and each sample's canvas size).
+A sample is cut into fields, each stored in one column of one kind (image, mask, int, float, bool, str,
+bytes, ndarray, ragged, json) and put back together in the same shape when read; the kinds, None values
+and limits are specified in [The mirror format](../mirror-format.md#versions-3-and-4-a-mirror-of-columns).
+Images are stored as ``datasets`` stores them (``datasets/features/image.py``, ``image_to_bytes``).
 """
 
 from __future__ import annotations
@@ -88,11 +42,9 @@ MAX_DEPTH = 64  # lists, tuples and dicts nested in one sample: far inside Pytho
 
 @dataclasses.dataclass
 class Field:
-    """One column: ``name`` (the field's path in the sample, e.g. ``"1.boxes"``), ``kind`` (one of
-    :data:`KINDS`; ``"array"`` until packing decides ``ndarray`` or ``ragged``), ``as_`` (what the
-    reader returns: ``"pil"``, ``"tensor"``, ``"ndarray"``, ``"python"``, ``"numpy"``, or a
-    ``tv_tensors`` class name), ``dtype`` (arrays, NumPy scalars), ``shape`` (``ndarray``: each
-    sample's; ``ragged``: the trailing dimensions), and ``meta`` (``BoundingBoxes``' format)."""
+    """One column: ``name`` (the field's path, e.g. ``"1.boxes"``), ``kind`` (of :data:`KINDS`; ``"array"``
+    until packing decides), ``as_`` (what the reader returns), ``dtype``, ``shape`` and ``meta``.
+    """
 
     name: str
     kind: str
@@ -323,12 +275,8 @@ def _misfit(index: int, name: str, wanted: str, got: Any) -> FieldError:
 
 def encode(value: Any, field: Field, index: int, image_options: dict) -> Any:
     """What column ``field`` stores for sample ``index``'s ``value``: ``(bytes, (H, W, C), own)`` for an
-    image or mask (``own``: it comes back with the format of those bytes, :func:`_image`), bytes for
-    str/bytes/json, a number, or an ndarray; for None in a :data:`NULLABLE` column, that kind's
-    placeholder (the caller records the None in the column's nulls).
-
-    ``image_options``: ``store``, ``image_size`` and ``quality`` as :func:`colabfast.pack` takes them
-    (they apply to layouts' image files, as to an ImageFolder's).
+    image or mask, bytes for str/bytes/json, a number, or an ndarray; a placeholder for None in a
+    :data:`NULLABLE` column. ``image_options``: ``store``, ``image_size`` and ``quality`` as :func:`colabfast.pack`.
 
     Raises:
         FieldError: the value does not fit the field's kind.
@@ -404,12 +352,10 @@ def _kind(index: int, field: Field, value: Any) -> FieldError:
 
 
 def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int], bool]:
-    """A layout's image or mask file, or a Hugging Face dataset's (:class:`colabfast.layouts.ImageFile`),
-    as the mirror stores it (:func:`encode`'s triple).
+    """A layout's or Hugging Face dataset's image or mask file as the mirror stores it (:func:`encode`'s triple).
 
     Raises:
-        ImageSizeError, ValueError: over ``PIL.Image.MAX_IMAGE_PIXELS`` (by its header), bytes PIL cannot
-            decode, or an image that neither PNG nor TIFF holds exactly (pack reports it as a bad file).
+        ImageSizeError, ValueError: too many pixels, bytes PIL cannot decode, or a mode neither PNG nor TIFF keeps.
     """
     from colabfast.images.decode import check_encoded
     from colabfast.mirror.encoding import encode_image
@@ -434,12 +380,8 @@ def _image_file(f: Any, options: dict) -> tuple[bytes, tuple[int, int, int], boo
 
 
 def _lossless(img: Image.Image) -> bytes:
-    """``img`` encoded as ``datasets`` encodes an image (``datasets/features/image.py``, ``image_to_bytes``):
-    PNG, else TIFF, the first that gives back its mode and pixels exactly (decoded to check, but for
-    :data:`PNG_MODES`: 16-bit ``I;16`` is PNG, ``I``, ``F``, ``CMYK`` or ``I;16B`` TIFF).
-
-    Raises:
-        ValueError: neither holds it (modes such as ``HSV`` or ``RGBa``, which PIL writes in neither).
+    """``img`` encoded as ``datasets``'s ``image_to_bytes``: PNG, else TIFF, the first that keeps its mode and
+    pixels exactly. Raises ValueError where neither holds it (``HSV``, ``RGBa``).
     """
     for fmt in LOSSLESS:
         out = io.BytesIO()
@@ -458,10 +400,7 @@ def _lossless(img: Image.Image) -> bytes:
 
 
 def _image(value: Any, field: Field, index: int) -> tuple[bytes, tuple[int, int, int], bool]:
-    """A PIL image, or an image tensor/array, encoded losslessly (:func:`_lossless`; JPEG where asked),
-    or a JPEG file's own bytes where ``value`` is a JPEG file's unmodified pixels; with whether it comes
-    back with the format of the bytes stored (a PIL image that had that format: opened from such a
-    file, as ``dataset[i]`` returned it)."""
+    """An image encoded losslessly (JPEG where asked), or a JPEG file's own bytes, and whether it keeps its format."""
     if isinstance(value, Image.Image):
         if field.as_ != "pil":
             raise _kind(index, field, value)
@@ -497,10 +436,7 @@ def _image(value: Any, field: Field, index: int) -> tuple[bytes, tuple[int, int,
 
 
 def _check_pixels(h: int, w: int, where: str) -> None:
-    """Refuse an image over ``PIL.Image.MAX_IMAGE_PIXELS`` before it is encoded: every reader of the mirror
-    refuses it by that limit (:func:`colabfast.images.decode.check_pixels`), and encoding one unchecked took a
-    process past 4 GB. Raises ImageSizeError (a ValueError: pack reports the sample as it reports an
-    unreadable file) naming ``where`` and how to raise the limit."""
+    """Refuse (ImageSizeError) an image over ``PIL.Image.MAX_IMAGE_PIXELS`` before it is encoded."""
     from colabfast.images.decode import check_pixels
 
     check_pixels(int(h), int(w), where)
@@ -602,10 +538,7 @@ SCALAR_DTYPES = {"int": "iu", "float": "f", "bool": "b"}  # NumPy scalars' dtype
 
 
 def spec_problem(spec: Any) -> Optional[str]:
-    """What is wrong with a mirror's ``columns`` attribute (``{"template": ..., "fields": [...]}``), or
-    None where it is well formed: every field of a known kind, returned as :data:`RETURNS` allows,
-    NumPy scalars of their kind's dtype, ``BoundingBoxes`` of a format torchvision knows with a canvas
-    column of their own, and a template that uses each column at most once."""
+    """What is wrong with a mirror's ``columns`` attribute, or None where it is well formed."""
     if not isinstance(spec, dict) or not isinstance(spec.get("fields"), list) or len(spec["fields"]) > 1000:
         return "its columns attribute is not a list of at most 1000 fields"
     fields = spec["fields"]
@@ -663,9 +596,7 @@ def _scalar_dtype(name: Any, kinds: str) -> bool:
 
 
 def _boxes_problem(meta: dict, fields: list) -> Optional[str]:
-    """What is wrong with a ``BoundingBoxes`` field's ``meta``: its ``format`` must be a name of
-    torchvision's ``BoundingBoxFormat``, its ``canvas`` the index of the hidden int64 column of each
-    sample's ``(H, W)`` (what :func:`template_of` makes)."""
+    """What is wrong with a ``BoundingBoxes`` field's ``meta`` (``format`` and ``canvas``), or None."""
     from torchvision import tv_tensors
 
     formats = list(tv_tensors.BoundingBoxFormat.__members__)

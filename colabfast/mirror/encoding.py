@@ -15,13 +15,10 @@ __all__ = ["ImageFile", "encode_image", "resized_size", "exact_everywhere", "exi
 
 @dataclasses.dataclass(frozen=True)
 class ImageFile:
-    """An image or mask file's bytes, as a layout returns them: the mirror stores them as
-    ``pack`` stores an ImageFolder's files (``kind="image"``: the pixels of
-    ``PIL.Image.open(f).convert("RGB")``, kept as the file's bytes where every decoder gives those
-    pixels), or losslessly in the file's own mode (``kind="mask"``: a palette PNG stays ``"P"`` with
-    its palette, class ids stay exact). ``orient``: the image is read as Ultralytics reads it, OpenCV's
-    RGB (:func:`opencv_rgb`: a 16-bit grey image keeps its high byte) turned upright by its EXIF
-    orientation: a file with an orientation is stored as its upright pixels, see :func:`encode_image`."""
+    """An image or mask file's bytes, as a layout returns them: stored as ``pack`` stores an ImageFolder's
+    files (``kind="image"``), or losslessly in the file's own mode (``kind="mask"``); ``orient``: read as
+    Ultralytics reads images (OpenCV's RGB, :func:`opencv_rgb`), its EXIF orientation applied.
+    """
 
     data: bytes
     path: str  # relative to the layout's root, for messages
@@ -96,27 +93,11 @@ def encode_image(data: bytes, store: str, image_size, quality: int,
                  orient: bool = False) -> tuple[bytes, tuple[int, int, int]]:
     """What the mirror stores for one source file, and the decoded (H, W, 3) shape.
 
-    ``orient``: read the file as Ultralytics reads images: its RGB OpenCV's (:func:`opencv_rgb`), its EXIF
-    orientation (:func:`exif_orientation`) applied after (OpenCV's decoders, ``ImageOps.exif_transpose``).
-    A file with an orientation other than 1 is then never kept as it is (no decoder colabfast reads
-    mirrors with applies it): its upright pixels are stored as lossless PNG (raw, or JPEG at
-    ``quality`` when resized, as any other).
-
-    Decodes each file (so truncated and corrupt files fail here, not in training) with
-    ``PIL.Image.open(f).convert("RGB")``, exactly as torchvision's ImageFolder loads images
-    (``pil_loader`` in ``torchvision/datasets/folder.py``). A multi-frame file is so its first frame:
-    an animated GIF or WebP, a multi-page TIFF are stored as that frame (PNG; never their own bytes,
-    which ``torchvision.io.decode_gif`` would give as every frame); an animated PNG whose first frame is
-    8-bit RGB keeps its bytes, whose IDAT image is the one PIL, libpng and ``torchvision.io.decode_png``
-    read, and colabfast's readers decode it with PIL (tests/test_multiframe_images.py). A file
-    kept as it is (an RGB or grey JPEG, an 8-bit RGB PNG, no resizing) is only checked: PIL opens it
-    (its header, PIL's verdict on the format and mode), and a JPEG is decoded at 1/8 scale
-    (libjpeg-turbo's DCT scaling), which decodes all of its entropy-coded data, where truncation and
-    corruption show, and skips most of the inverse DCT and the colour conversion. The decode is
-    simplejpeg's, strict (any libjpeg warning raises) and to grey; where it raises, PIL's own 1/8
-    decode (``draft``) gives the verdict, so a file is refused exactly when PIL refuses it. Per
-    500x375 photo on one core (``colabfast bench detection``'s images): full decode 1.6 ms, PIL's
-    1/8 decode 0.83 ms, this 0.68 ms.
+    Each file is decoded as torchvision's ImageFolder loads it (``pil_loader`` in
+    ``torchvision/datasets/folder.py``) or, where kept as it is, checked by a strict 1/8-scale decode;
+    ``orient``: read as Ultralytics reads images (OpenCV's RGB, :func:`opencv_rgb`: a 16-bit grey image
+    keeps its high byte), a rotated file stored as its upright pixels. Details:
+    [The mirror format](../mirror-format.md#images).
 
     Raises:
         ImageSizeError: the header declares more than ``PIL.Image.MAX_IMAGE_PIXELS`` pixels.

@@ -1,6 +1,4 @@
-"""The mirror format's constants and its header (the root attributes): :class:`Header`, its checks and
-CRC-32. The format is specified in ``docs/mirror-format.md``.
-"""
+"""The mirror format's constants and its header (the root attributes): :class:`Header`, its checks and CRC-32."""
 
 from __future__ import annotations
 
@@ -85,9 +83,7 @@ def as_mirror_error(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def mount_errno(exc: BaseException) -> Optional[int]:
-    """The errno of ``exc`` if it is a flaky mount's transient error (EIO, ENOTCONN, ...: see
-    :mod:`colabfast.where._fileio`), else None. h5py sets ``errno`` on most; where it raises another type,
-    libhdf5's text still says ``errno = 5``."""
+    """The errno of ``exc`` if it is a flaky mount's transient error (EIO, ENOTCONN, ...), else None."""
     code = exc.errno if isinstance(exc, OSError) else None
     if code is None and (found := re.search(r"\berrno = (\d+)", str(exc))):
         code = int(found.group(1))
@@ -103,10 +99,8 @@ def _name(f_or_path: Any) -> str:
 
 @dataclasses.dataclass
 class Header:
-    """A mirror's root attributes: checked and parsed by :meth:`read`, written by :meth:`write`.
-
-    An optional attribute (``quality``, ``seed``, ``fingerprint``, ``labels``, ``class_names``,
-    ``split``) is absent from the file where its field is None.
+    """A mirror's root attributes: checked and parsed by :meth:`read`, written by :meth:`write`; an optional
+    one is absent where its field is None.
     """
 
     layout: str  # one of IMAGE_LAYOUTS, or for a mirror of columns its layout's registered name
@@ -132,9 +126,7 @@ class Header:
     complete: bool = False  # the mirror is whole (set last, once everything else is written)
 
     def attrs(self) -> dict[str, Any]:
-        """The root attributes as :meth:`write` gives them to h5py, in that order: text, ints and bools,
-        the JSON ones (``image_size``, ``classes``, ``skipped``, ``class_names``) as text; then
-        ``header_crc32`` (:func:`header_crc32`), and ``complete`` where it is true."""
+        """The root attributes as :meth:`write` gives them to h5py, ``header_crc32`` and ``complete`` last."""
         attrs = {
             "format": FORMAT, "format_version": self.version, "layout": self.layout, "store": self.store,
             "image_size": json.dumps(self.image_size), "shuffled": self.shuffled, "seed": self.seed,
@@ -167,11 +159,9 @@ class Header:
             complete: raise unless the mirror is complete (``False``: describe an interrupted one).
 
         Raises:
-            MirrorError: not a mirror, a version this colabfast does not read, incomplete, an unknown
-                layout or store, a malformed attribute, (version 2) a ``header_crc32`` mismatch, or
-                (version 3) a column that pack does not write (a field returned as anything but
-                :data:`colabfast.mirror.columns.RETURNS` allows, a box format or canvas that is not
-                torchvision's: :func:`colabfast.mirror.columns.spec_problem`), naming the column.
+            MirrorError: not a mirror, a version this colabfast does not read, incomplete, an unknown layout
+                or store, a malformed attribute, a ``header_crc32`` mismatch, or a column pack does not write
+                (:func:`colabfast.mirror.columns.spec_problem`), naming the column.
         """
         attrs = f.attrs
         fmt = attrs.get("format")

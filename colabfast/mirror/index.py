@@ -1,6 +1,4 @@
-"""A mirror's sample tables: where each sample's bytes are (:class:`Index`, :func:`load_index`), its
-columns (:func:`load_columns`), its paths and order, and runs of consecutive samples to read at once.
-"""
+"""A mirror's sample tables: :class:`Index`, :func:`load_index`, :func:`load_columns`, paths, order and runs."""
 
 from __future__ import annotations
 
@@ -121,7 +119,7 @@ class Index:
         return len(self.offsets) - 1
 
     def check_samples(self, indices: Sequence[int], stored: Sequence[Any]) -> None:
-        """Compare each stored image (bytes-like, e.g. a uint8 tensor's ``.numpy()``) with its checksum.
+        """Compare each stored image (bytes-like) with its checksum.
 
         Raises:
             MirrorError: a sample's bytes differ from what was packed; names it and its source file.
@@ -139,12 +137,9 @@ class Index:
 @as_mirror_error
 def load_index(path: PathLike, split: str = "", column: Optional[int] = None) -> Index:
     """Read and check the sample table of ``split`` (``""``, or ``"training"``/``"testing"`` for KITTI),
-    or of image column ``column`` of a version 3 mirror (its ``images`` and the split's ``order``).
+    or of image column ``column`` of a version 3 mirror.
 
-    Every array is checked against the file's size and the sample count before it is read: lengths,
-    offsets rising from 0 to the data's size, raw sizes equal to H x W x 3, targets within the
-    classes, KITTI objects within their columns and type codes within their names, and (version 2)
-    each array's checksum. Paths are checked by :func:`read_paths` when read.
+    Every array is checked against the file's size and the sample count before it is read.
 
     Raises:
         FileNotFoundError: no such file.
@@ -245,9 +240,7 @@ def _column_index(f: h5py.File, g: h5py.Group, path: Path, head: Header, k: int)
 
 
 def _rows_index(g: h5py.Group, path: Path, head: Header) -> Index:
-    """The :class:`Index` of a version 3 mirror read without images (``column=NO_IMAGES``): its samples'
-    order, each sample's image empty (no bytes, shape 0 x 0 x 0, the CRC-32 of nothing), so that
-    :class:`colabfast.datasets.mirrorreader.MirrorReader` orders, counts and reads it as it does any mirror."""
+    """The :class:`Index` of a version 3 mirror read without images: each sample's image empty."""
     v = head.version
     n = _dataset(g, "order", path, "<i8", (None,)).shape[0]
     _dataset(g, "paths", path, "u1", (n * MAX_PATH_BYTES,), at_most=True)
@@ -259,10 +252,7 @@ def _rows_index(g: h5py.Group, path: Path, head: Header) -> Index:
 
 @dataclasses.dataclass(frozen=True)
 class Stored:
-    """A column's data array as :func:`load_columns` leaves it: checked against the file and the format,
-    not read. ``name`` is its HDF5 path, ``offset`` its place in the file (0 when empty; contiguous,
-    so rows ``a:b`` are bytes ``offset + a * row_bytes`` to ``offset + b * row_bytes``), ``attrs`` its
-    attributes (``crc32`` covers its bytes, then the others: :func:`attrs_crc32`)."""
+    """A column's data array left on disk, checked: its HDF5 ``name``, file ``offset`` (contiguous) and ``attrs``."""
 
     name: str
     offset: int
@@ -294,21 +284,13 @@ def _stored(g: h5py.Group, name: str, path: PathLike, dtype: str, shape: tuple, 
 @as_mirror_error
 def load_columns(path: PathLike, resident: Optional[int] = None
                  ) -> tuple[Header, int, dict[int, Any], dict[tuple[str, int], np.ndarray]]:
-    """``(header, N, values, marks)`` of a version 3 or 4 mirror: ``values`` maps each column that is not
-    an image or mask to what it stores, checked (lengths against ``N``, offsets rising to the data's size,
-    shapes against the ``columns`` attribute, at most ``MAX_JSON_BYTES`` of JSON per sample, checksums of
-    what is read): a NumPy array ``[N]`` (int, float, bool), ``[N, *shape]`` (ndarray), ``(rows [M,
-    *trail], offsets [N + 1])`` (ragged; with ``shapes [N, ndim]`` where each sample has its own
-    shape), or ``(data uint8 [bytes], offsets [N + 1])`` (str, bytes, json). ``marks`` maps
-    ``("nulls", k)`` and ``("formats", k)`` to column ``k``'s uint8 ``[N]`` array of that name, where
-    its field has one (:mod:`colabfast.mirror.columns`: 1 where the value is None, resp. where the image
-    keeps its stored file's format).
+    """``(header, N, values, marks)`` of a version 3 or 4 mirror, every column checked against the format.
 
-    Opening costs the index, not the data: the data arrays (ndarray values, ragged rows, str/bytes/
-    json data) are read whole only while their sizes add up to ``resident`` bytes (default
-    :data:`RESIDENT_BYTES`), smallest first; each other one is a :class:`Stored`, for the caller to
-    read per sample (:class:`colabfast.H5Dataset`) or stream (:func:`check_columns`, which checks its
-    checksum).
+    ``values`` maps each column that is not an image or mask to a NumPy array ``[N]`` or ``[N, *shape]``,
+    ``(rows, offsets)`` (ragged; plus ``shapes [N, ndim]`` where each sample has its own), or
+    ``(data, offsets)`` (str, bytes, json); data arrays beyond ``resident`` bytes (default
+    :data:`RESIDENT_BYTES`) are left on disk as :class:`Stored`. ``marks`` maps ``("nulls", k)`` and
+    ``("formats", k)`` to column ``k``'s uint8 ``[N]`` arrays.
 
     Raises:
         MirrorError: not a mirror of columns, or a column that breaks the format.
@@ -413,8 +395,7 @@ def _kitti_objects(g: h5py.Group, path: Path, index: Index) -> None:
 
 @as_mirror_error
 def read_paths(path: PathLike, split: str = "") -> list[str]:
-    """Each sample's source path, relative to the mirror's ``source`` attribute, checked: UTF-8,
-    relative, no ``..``.
+    """Each sample's source path relative to the ``source`` attribute, checked (UTF-8, relative, no ``..``).
 
     Raises:
         MirrorError: a path table that breaks the format.
@@ -445,8 +426,7 @@ def read_paths(path: PathLike, split: str = "") -> list[str]:
 
 @as_mirror_error
 def read_order(path: PathLike, split: str = "") -> np.ndarray:
-    """Each stored sample's index in the source's order (``split``'s ``order``), checked: int64, one
-    per sample.
+    """Each stored sample's index in the source's order (``split``'s ``order``), checked.
 
     Raises:
         MirrorError: an order table that breaks the format.
@@ -473,17 +453,13 @@ def runs(positions: Union[Sequence[int], np.ndarray], offsets: np.ndarray, max_b
     """Cut ``positions`` into runs of consecutive stored samples, each to be read with one read.
 
     Args:
-        positions: stored positions (ints, e.g. int64 ``[K]``), in the order they are to be read;
-            sorted, they make the fewest runs. They are never reordered.
-        offsets: int64 ``[N + 1]``, the split's ``image_offsets`` (sample ``p`` is bytes
-            ``offsets[p]`` to ``offsets[p + 1]`` of ``images``).
-        max_bytes: the most bytes (of ``images``) one run reads, unless one sample alone is larger.
+        positions: stored positions, in reading order (never reordered).
+        offsets: int64 ``[N + 1]``, the split's ``image_offsets``.
+        max_bytes: the most bytes one run reads, unless one sample alone is larger.
 
     Returns:
-        Half-open ranges ``(a, b)`` covering ``range(len(positions))`` in order: ``positions[a:b]``
-        are stored one after the other (each one more than the one before: a repeated position
-        starts a new run), so bytes ``offsets[positions[a]]`` to ``offsets[positions[b - 1] + 1]``
-        hold them; each run is as long as that and ``max_bytes`` allow.
+        Half-open ranges ``(a, b)`` covering ``range(len(positions))`` in order, ``positions[a:b]`` stored
+        one after the other.
     """
     at = np.asarray(positions, dtype=np.int64)
     if not len(at):

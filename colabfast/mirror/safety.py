@@ -1,5 +1,5 @@
-"""Opening a mirror that may come from anyone: a child process walks its metadata first, within
-limits (:func:`vet`), and an open survives a flaky mount (:func:`open_h5`, :func:`read_h5`).
+"""Opening a mirror that may come from anyone: vetted in a child process first (:func:`vet`), opened
+through a flaky mount's errors (:func:`open_h5`, :func:`read_h5`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,7 @@ __all__ = ["open_h5", "read_h5", "vet", "trust"]
 T = TypeVar("T")
 
 def _on_flaky_mount(path: Path, fn: Callable[[], T]) -> T:
-    """``fn()`` (opening the mirror, reading its index), retried ``OPEN_RETRIES`` times with backoff
-    on a flaky mount's transient errors. A mirror on Drive fails now and then where the file is fine:
-    the error that is left says so, rather than that the file is truncated."""
+    """``fn()`` retried ``OPEN_RETRIES`` times with backoff on a flaky mount's transient errors."""
     attempt = 0
     while True:
         try:
@@ -75,10 +73,7 @@ def _on_flaky_mount(path: Path, fn: Callable[[], T]) -> T:
 
 
 def open_h5(path: PathLike) -> h5py.File:
-    """Open a mirror read-only with h5py, without HDF5 file locking, once :func:`vet` passed it.
-
-    Locking fails on FUSE and network mounts (Drive) and buys nothing for a file that is never
-    modified once complete.
+    """Open a vetted mirror read-only with h5py, without HDF5 file locking (it fails on FUSE mounts).
 
     Raises:
         FileNotFoundError: no such file.
@@ -91,8 +86,7 @@ def open_h5(path: PathLike) -> h5py.File:
 
 
 def read_h5(path: PathLike, read: Callable[[h5py.File], T]) -> T:
-    """``read(f)`` with the mirror at ``path`` open (see :func:`open_h5`): the open and what ``read``
-    reads retried together on a flaky mount's transient errors, as :func:`open_h5` retries the open.
+    """``read(f)`` with the mirror at ``path`` open, the open and the reads retried together.
 
     Raises:
         as :func:`open_h5`, and whatever ``read`` raises.
@@ -190,13 +184,9 @@ def trust(path: PathLike) -> None:
 
 
 def vet(path: PathLike, timeout: Optional[float] = None) -> None:
-    """Check once per file version (path, size, modification and change time, inode) that libhdf5 can
-    read all of the mirror's metadata, in a child process with a time limit.
-
-    libhdf5 segfaults or loops forever on some corrupt files (found by fuzzing h5py 3.16 / HDF5 2.0);
-    a library in a notebook must not take the kernel down with it. The child opens the file, walks
-    every group, dataset and attribute, and checks every dataset's storage (:func:`check_storage`).
-    A passed file is remembered in this process and in ``colabfast.where.env.cache_dir()``.
+    """Check once per file version, in a child process with a time limit, that libhdf5 can read all of the
+    mirror's metadata (libhdf5 crashes or hangs on some corrupt files: [Mirrors from
+    strangers](../mirror-format.md#mirrors-from-strangers)).
 
     Args:
         timeout: seconds (default :data:`VET_TIMEOUT`).
@@ -291,10 +281,7 @@ def _walk(f: h5py.File, path: str, size: int, samples: int) -> None:
 
 
 def _read_attrs(obj: Union[h5py.Group, h5py.Dataset], path: str, samples: int) -> None:
-    """Read every attribute of ``obj`` and check that its size is one a mirror of ``samples`` samples
-    can have (a 60 MB ``classes`` took 49 s and 2.25 GB to parse, issue 23): fixed-size values before
-    they are read; text (variable-length: HDF5 keeps it in a heap and knows its size only by reading
-    it) here, in the vetting child, so the process that parses it never meets an oversized one."""
+    """Read every attribute of ``obj`` and check its size is one a mirror of ``samples`` can have (issue 23)."""
     for name in obj.attrs:
         limit = MAX_ATTR_BYTES + (ATTR_BYTES_PER_SAMPLE * samples if obj.name == "/" and name in GROWING_ATTRS else 0)
         _attr_size(h5py.h5a.open(obj.id, name.encode()).get_storage_size(), limit, obj, name, path, samples)
@@ -310,11 +297,8 @@ def _attr_size(size: int, limit: int, obj: Union[h5py.Group, h5py.Dataset], name
 
 
 def check_storage(ds: h5py.Dataset, path: PathLike, size: int) -> None:
-    """Raise MirrorError unless ``ds`` is a plain array whose bytes lie inside the file.
-
-    HDF5 can keep a dataset's data in other files (external storage: a reader would return another
-    file's bytes, or block on a FIFO), assemble it from other datasets (virtual), or split it into
-    chunks through filters; none of that is in the format, and each would defeat ``pread``.
+    """Raise MirrorError unless ``ds`` is a plain array whose bytes lie inside the file (not external,
+    virtual or chunked).
     """
     dcpl = ds.id.get_create_plist()
     what = None

@@ -34,15 +34,11 @@ __all__ = ["MirrorInfo", "info", "verify", "check_columns"]
 
 @as_mirror_error
 def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -> tuple[int, list[str]]:
-    """Stream every data column of a version 3 mirror (ndarray values, ragged rows, str/bytes/json data:
-    what :func:`load_columns` may leave on disk) through its checksum, in reads of at most
-    ``VERIFY_READ`` bytes (or, to decode it, one sample), and with ``decode`` each str value through
-    UTF-8 and each json value through the JSON parser, as `colabfast.H5Dataset` reads them.
+    """Stream every data column of a version 3 mirror through its checksum, with ``decode`` each str and json
+    value decoded too.
 
     Returns:
-        ``(N, problems)``: the number of samples, and each problem found (a sample that does not
-        decode, naming its stored position, source path and field; a column that does not match its
-        checksum), for the caller to report (:func:`verify`).
+        ``(N, problems)``: the number of samples and each problem found, for :func:`verify` to report.
 
     Raises:
         MirrorError: not a mirror of columns, or one whose index breaks the format (:func:`load_columns`).
@@ -91,13 +87,8 @@ def check_columns(path: PathLike, decode: bool = True, progress: bool = False) -
 
 @as_mirror_error
 def verify(path: PathLike, progress: bool = False) -> int:
-    """Check every stored image of a version 2 mirror against its checksum, and its paths and order;
-    and each encoded image's header against its declared shape and ``PIL.Image.MAX_IMAGE_PIXELS``
-    (:func:`colabfast.images.decode.check_encoded`; no image is decoded). Of a version 3 mirror, also every
-    other column: its checksum, and each str and JSON value decoded (:func:`check_columns`).
-
-    Reads the whole file once, in reads of 64 MB; CRC-32 runs at about 3.5 GB/s per core (measured
-    here), so the disk is the limit. ``colabfast info --verify`` runs this.
+    """Check every stored image against its checksum and header (no image decoded), the paths and order, and
+    a version 3 mirror's other columns (:func:`check_columns`). ``colabfast info --verify`` runs this.
 
     Returns:
         The number of samples checked.
@@ -182,9 +173,7 @@ _HEADER_FIELDS = frozenset(field.name for field in dataclasses.fields(Header))
 
 @dataclasses.dataclass
 class MirrorInfo:
-    """What :func:`info` reports about a mirror: its :class:`Header`, whose fields read as its own
-    (``info.layout`` is ``info.header.layout``; ``format_version`` is its ``version``, ``labels``
-    is ``""`` where it has none), and what its sample tables hold."""
+    """What :func:`info` reports: its :class:`Header` (whose fields read as its own) and its sample tables."""
 
     path: Path
     size: int  # bytes on disk
@@ -249,9 +238,6 @@ class MirrorInfo:
 @as_mirror_error
 def info(path: PathLike) -> MirrorInfo:
     """Describe a mirror (also one whose packing was interrupted). ``colabfast info`` prints this.
-
-    A complete mirror's sample tables are checked as :func:`load_index` does; an incomplete one is
-    described by its attributes only (its tables may be half written).
 
     Raises:
         FileNotFoundError, MirrorError: not a readable colabfast mirror.

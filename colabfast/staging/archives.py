@@ -1,6 +1,4 @@
-"""Staging an archive: extracted once, safely (:mod:`colabfast.staging.extract`), into a folder whose
-record remembers what it came from.
-"""
+"""Staging an archive: extracted once, safely (:mod:`colabfast.staging.extract`), into a recorded folder."""
 
 from __future__ import annotations
 
@@ -39,11 +37,8 @@ __all__: list[str] = []  # internal to colabfast.staging: nothing here is public
 
 
 def stage_archive(archives: list[Path], dst: Path, opts: StageOptions) -> Path:
-    """Extract ``archives`` (one, or several that together make one dataset) into the folder ``dst``.
-
-    They are extracted into ``.NAME.colabfast-partial`` beside ``dst`` (resumable after an interrupt
-    or a read error: entries already extracted there are skipped; removed after any other error),
-    which is renamed to ``dst`` when complete.
+    """Extract ``archives`` (one, or several making one dataset) into ``.NAME.colabfast-partial`` beside the
+    folder ``dst`` (resumable after an interrupt or a read error), renamed to ``dst`` when complete.
     """
     from tqdm.auto import tqdm
 
@@ -106,9 +101,7 @@ def stage_archive(archives: list[Path], dst: Path, opts: StageOptions) -> Path:
 
 
 def _resumable(exc: BaseException) -> bool:
-    """Whether a partial extraction that ``exc`` stopped is kept for a re-run to resume: after an
-    interrupt or a read error, yes; nothing an attacker chose, a bomb's output, an extraction of a
-    corrupt archive or of one that changed meanwhile is kept."""
+    """Whether a partial extraction ``exc`` stopped is kept for a re-run: after an interrupt or a read error only."""
     if isinstance(exc, KeyboardInterrupt):
         return True
     return isinstance(exc, OSError) and not isinstance(exc, _SourceChanged) and exc.errno != errno.ENOSPC

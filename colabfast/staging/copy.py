@@ -338,11 +338,8 @@ class _Copier:
 
 
 class _BigFile:
-    """One large file copied as ``RANGE``-byte ranges by several threads into one partial file.
-
-    The partial file gets all its space at once (``posix_fallocate``), so a full disk fails the copy
-    at its start rather than leaving holes. If the source changes during the copy, the whole file
-    is copied again (up to ``retries`` times).
+    """One large file copied as ``RANGE``-byte ranges by several threads into one preallocated partial file,
+    copied again (up to ``retries`` times) if the source changes meanwhile.
     """
 
     def __init__(self, copier: _Copier, f: FileEntry, attempt: int):
@@ -466,9 +463,7 @@ class _BigFile:
 
 
 def same_identity(a: os.stat_result, b: Optional[os.stat_result]) -> bool:
-    """The same file, unchanged: size, modification and change time, inode and device (a same-size
-    rewrite in place changes the modification time, and the change time even when the modification
-    time is put back; a replacement changes the inode)."""
+    """The same file, unchanged: size, modification and change time, inode and device."""
     return b is not None and (a.st_size, a.st_mtime_ns, a.st_ctime_ns, a.st_ino, a.st_dev) == \
         (b.st_size, b.st_mtime_ns, b.st_ctime_ns, b.st_ino, b.st_dev)
 

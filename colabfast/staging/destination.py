@@ -90,11 +90,8 @@ class Destination(NamedTuple):
 
 
 def default_destination(name: str, nbytes: int, to: str = "auto", *, single: bool = False) -> Destination:
-    """Where ``stage(src, to=to)`` puts data named ``name`` taking ``nbytes`` bytes, decided without
-    mounting anything: ``colabfast doctor`` asks this too, so its advice is what stage does.
-
-    ``name`` is the staged name (an archive's without its suffix); ``single``: a single file, whose
-    record of an earlier stage lives in the cache folder.
+    """Where ``stage(src, to=to)`` puts ``name`` of ``nbytes``, decided without mounting anything (``colabfast
+    doctor`` asks this too); ``single``: a single file.
     """
     disk = env.work_dir() / name
     if to == "disk":
@@ -127,15 +124,9 @@ def check_not_nested(src: Path, dst: Path) -> None:
 
 
 def check_space(nbytes: int, dst: Path, src: Path, *, folder: bool = False) -> None:
-    """Raise ``OSError(ENOSPC)`` unless ``dst`` can take ``nbytes`` more (more from DriveFS).
-
-    Reading through DriveFS (Colab's Drive client) also stores what is read in its local cache
-    (``~/.config/Google/DriveFS``), so copying N bytes from it takes up to 2N when that cache shares
-    the destination's disk, and N on the cache's disk otherwise. The Colab team says DriveFS evicts
-    its cache as the disk fills, except files in active use (googlecolab/colabtools#1915): so for a
-    ``folder`` of many files, room for N but not 2N is only a warning; a single large file or an
-    archive is in use for its whole copy and needs the 2N. A tmpfs destination must also fit in
-    the RAM colabfast may use (free RAM minus :func:`colabfast.where.env.ram_headroom`).
+    """Raise ``OSError(ENOSPC)`` unless ``dst`` can take ``nbytes`` more: up to twice that from DriveFS, whose
+    cache may share the disk (googlecolab/colabtools#1915); a tmpfs within the RAM colabfast may use
+    (:func:`colabfast.where.env.ram_headroom`). See [Drive and staging](../drive-and-staging.md#how-it-works).
     """
     if nbytes <= 0:
         return
@@ -211,9 +202,7 @@ def is_ours(record: dict) -> bool:
 
 
 def _legacy_record(dst: Path) -> Optional[Path]:
-    """Where colabfast 0.1 kept the record of a stage to ``dst``: beside it, ``.NAME.colabfast-stage.json``.
-    None where that name would pass NAME_MAX: 0.1 could not have written it, and even a ``stat`` of it
-    fails (ENAMETOOLONG)."""
+    """Where colabfast 0.1 kept a stage's record (``.NAME.colabfast-stage.json``), None past NAME_MAX."""
     name = f".{dst.name}.colabfast-stage.json"
     return dst.with_name(name) if fits_name_max(name) else None
 

@@ -1,24 +1,8 @@
 """Safe, streaming extraction of ``.zip`` and ``.tar[.gz|.bz2|.xz]`` archives.
 
-Archives are untrusted input, and datasets do not need links. So every entry must be a folder or a
-regular file whose name stays inside the destination: absolute names, names that climb out with
-``..``, device files and pipes are refused with :class:`UnsafeArchiveError`, and so are symbolic and
-hard links unless ``allow_links=True``. Every file is written through folders opened one component
-at a time with ``O_NOFOLLOW`` under the destination, so no entry can write through a link, whatever
-links earlier entries made. The standard library's tar ``data`` filter is not relied on: on Python
-releases without the fix for CVE-2025-4517 (before 3.9.23, 3.10.18, 3.11.13, 3.12.11, 3.13.4) a tar
-whose link chain outgrows ``realpath``'s limit gets past it.
-
-Headers are bounded before they are read: a tar header record (pax, GNU long name or link) over
-1 MiB, a name or link target over 4096 characters, a zip link whose target is larger, are refused
-(``tarfile`` alone would read a header declaring 1 GiB whole, into RAM).
-
-Bytes are counted as they are written: an archive that expands beyond the destination's free space
-(a decompression bomb, or a forged gzip size) stops with ``ENOSPC`` and a clear message before the
-disk is full.
-
-Archives are read while they are extracted, with parallel readahead (no intermediate copy), so a
-tar.gz on Google Drive extracts at the link's bandwidth.
+Only folders and regular files inside the destination (links with ``allow_links``), written through
+``O_NOFOLLOW`` folders; headers bounded before they are read; bytes counted against free space;
+archives read with parallel readahead. Why: [Drive and staging](../drive-and-staging.md#how-it-works).
 """
 
 from __future__ import annotations
@@ -73,13 +57,8 @@ def strip_archive_suffix(name: str) -> str:
 
 
 def extracted_size(path: os.PathLike | str) -> int:
-    """Bytes the archive will take once extracted, as the archive declares it: a first estimate.
-
-    Exact for zip (its directory lists every size). A ``.tar`` is about its own size. For ``.tar.gz``
-    the gzip trailer holds the size modulo 2**32 (RFC 1952, ISIZE); wrapping is undone by assuming
-    the tar is at least 90% of the compressed size, which holds for images and other compressed
-    media. bz2 and xz record no size: their archive size is the estimate. A hostile archive can lie
-    here; :func:`extract` counts the bytes it really writes.
+    """Bytes the archive declares it will take extracted: exact for zip, about its size for ``.tar``, the
+    gzip ISIZE (RFC 1952) unwrapped for ``.tar.gz``, the archive's size for bz2 and xz.
     """
     path = os.fspath(path)
     size = os.path.getsize(path)
@@ -98,11 +77,8 @@ def extracted_size(path: os.PathLike | str) -> int:
 
 
 def safe_relpath(archive: os.PathLike | str, name: str, *, backslash_separators: bool = False) -> str:
-    """The normalised relative POSIX path of the entry ``name`` (``""`` for the archive's root).
-
-    Backslashes are ordinary characters in a POSIX file name, as tar and Info-ZIP ``unzip`` treat
-    them; ``backslash_separators=True`` reads them as folder separators (``unzip`` does so for zip
-    entries made on MS-DOS/FAT that contain no ``/``).
+    """The normalised relative POSIX path of the entry ``name`` (``""`` for the archive's root);
+    ``backslash_separators=True`` reads backslashes as separators (``unzip``'s MS-DOS rule).
 
     Raises:
         UnsafeArchiveError: the name has a NUL byte, is absolute (``/x``, ``C:\\x``), or climbs out
@@ -122,10 +98,7 @@ def safe_relpath(archive: os.PathLike | str, name: str, *, backslash_separators:
 
 
 def check_tar_member(archive: os.PathLike | str, member: tarfile.TarInfo, *, allow_links: bool = False) -> str:
-    """The safe relative path of a tar ``member`` (see :func:`safe_relpath`), checking its type.
-
-    Folders and regular files pass; links pass only with ``allow_links`` (their targets are checked
-    when extracted, against the extracted tree).
+    """The safe relative path of a tar ``member``; folders and regular files pass, links with ``allow_links``.
 
     Raises:
         UnsafeArchiveError: an unsafe name, a device file, pipe or other special file, or a link.
@@ -147,17 +120,11 @@ def check_tar_member(archive: os.PathLike | str, member: tarfile.TarInfo, *, all
 
 
 def open_tar(archive: os.PathLike | str, stream: IO[bytes]) -> tarfile.TarFile:
-    """``tarfile.open(fileobj=stream, mode="r:")`` for the tar ``archive``, with header records bounded.
-
-    ``tarfile`` reads a pax header or a GNU long name or link record whole, whatever size its header
-    declares: 1 MB of gzip can declare a 1 GiB name and take gigabytes of RAM. Here each record's
-    declared size is checked before it is read (at most :data:`MAX_HEADER` bytes, :data:`MAX_HEADERS`
-    records before one member, :data:`MAX_HEADER` bytes of global pax fields), and sparse files whose
-    map goes on past their header (GNU's extended sparse headers, pax sparse format 1.0), an
-    unbounded read too, are refused.
+    """``tarfile.open(fileobj=stream, mode="r:")`` for the tar ``archive``, each header record's declared size
+    checked (at most :data:`MAX_HEADER` bytes, :data:`MAX_HEADERS` records) before it is read.
 
     Raises:
-        UnsafeArchiveError: a header record over those bounds (here, or while iterating members).
+        UnsafeArchiveError: a header record over those bounds, or an extended sparse map.
         tarfile.TarError, EOFError: the archive is corrupt or truncated.
     """
     return tarfile.open(fileobj=stream, mode="r:", tarinfo=_bounded_tarinfo(archive))
@@ -216,25 +183,17 @@ def extract(
     Args:
         archive: a ``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2`` or
             ``.tar.xz``/``.txz`` file (the format is read from the content for tar).
-        dst: destination folder, created if missing. Entries already there with the same size and
-            modification time are skipped, so an interrupted extraction resumes. An entry that
-            appears twice is written twice: the last one wins, as with ``tar`` and ``unzip``.
-        allow_links: extract symbolic and hard links instead of refusing them. Each link's target
-            is resolved, link by link, in the tree extracted so far (and every link in ``dst`` again
-            at the end, those an interrupted earlier run left included, since a later link can
-            change where an earlier one leads); one that leads outside ``dst`` is refused. Files
-            are never written through a link either way. When the extraction fails, the symbolic
-            links it made (and any it refused) are removed, so none left in ``dst`` can lead
-            outside. Without ``allow_links``, a link found in ``dst`` at the end is refused too.
+        dst: destination folder, created if missing; entries there with the same size and time are
+            skipped (a resume); an entry given twice is written twice, the last wins.
+        allow_links: extract links whose targets, resolved in the extracted tree, stay inside ``dst``
+            (all checked again at the end; on failure the links made are removed).
         retries: retries of each read for transient mount errors (EIO, ENOTCONN, ...).
         on_progress: called with the number of archive bytes read so far.
 
     Raises:
-        UnsafeArchiveError: an entry is absolute, climbs out with ``..``, is a link (or, with
-            ``allow_links``, a link leading outside ``dst``), goes through a link, or is a device
-            file or pipe. Zip entries are all checked before anything is written; tar is a stream,
-            so entries before the bad one may already be in ``dst`` (:func:`colabfast.stage`
-            removes its partial extraction).
+        UnsafeArchiveError: an entry is absolute, climbs out with ``..``, is a link (or one leading
+            outside ``dst``), goes through a link, or is a device file or pipe. Zip entries are all
+            checked first; tar entries before the bad one may already be in ``dst``.
         OSError: ``errno.ENOSPC`` when the entries would leave less than a margin (2% of the disk,
             1 MiB to 256 MiB) free on ``dst``, counted as they are written; reading failed after
             the retries; or another write error.
@@ -347,12 +306,7 @@ def links_under(root: Path) -> Iterator[str]:
 
 
 class _Extraction:
-    """Writes entries under ``dst`` without ever following a link, counting the bytes written.
-
-    Every folder is opened component by component with ``O_NOFOLLOW`` from a descriptor of ``dst``,
-    and every file is created relative to its folder's descriptor, so an entry that names a path
-    through a link fails instead of writing where the link points.
-    """
+    """Writes entries under ``dst`` through folder descriptors opened with ``O_NOFOLLOW``, counting bytes."""
 
     def __init__(self, archive: Path, dst: Path, allow_links: bool):
         self.archive, self.dst, self.allow_links = archive, dst, allow_links
@@ -381,10 +335,7 @@ class _Extraction:
     # --- folders ---
 
     def _walk(self, rel: str, create: bool, entry: Optional[str] = None) -> int:
-        """A new descriptor of the folder ``rel`` (creating missing folders), never through a link.
-
-        ``entry`` is the archive entry being written (``rel`` itself by default), named in errors.
-        """
+        """A new descriptor of the folder ``rel`` (created where missing), never through a link."""
         fd = os.dup(self.root)
         done: list[str] = []
         try:
@@ -551,11 +502,8 @@ class _Extraction:
         self.written.add(rel)
 
     def resolve(self, folder: str, target: str) -> Optional[str]:
-        """Where the link ``target`` in ``folder`` leads, relative to ``dst``, following the links
-        extracted so far one at a time; None if it leaves ``dst`` (or cannot be resolved).
-
-        Unlike ``os.path.realpath`` (CVE-2025-4517) it never gives up quietly: any error but a
-        missing entry, or more than LINK_HOPS links, counts as leaving.
+        """Where the link ``target`` in ``folder`` leads relative to ``dst``, link by link; None if it leaves
+        ``dst``, cannot be resolved, or takes over LINK_HOPS links (unlike ``realpath``, CVE-2025-4517).
         """
         if not target or target.startswith("/"):
             return None
@@ -590,9 +538,7 @@ class _Extraction:
         return "/".join(parts)
 
     def check_links(self) -> None:
-        """Resolve every link under ``dst`` now that all are in place: a later link (say ``a -> .``) can
-        change where an earlier one (``up -> a/b/../..``) leads, and links an earlier, interrupted run
-        left are checked as much as this run's. Without ``allow_links`` no link may be there at all."""
+        """Resolve every link under ``dst`` once all are in place (a later link can redirect an earlier one)."""
         for rel in links_under(self.dst):
             target = os.readlink(os.path.join(self.dst, rel))
             if not self.allow_links:
@@ -605,9 +551,7 @@ class _Extraction:
                                                             f"after it leads outside the destination")
 
     def _remove_links(self) -> None:
-        """Remove the symbolic links this extraction made and those :meth:`check_links` refused: it failed,
-        perhaps on a link that leads outside ``dst`` (or a write through one), and none may be left there
-        to be followed later."""
+        """Remove the symbolic links this failed extraction made and those :meth:`check_links` refused."""
         for rel in reversed(self.links):
             folder, _, name = rel.rpartition("/")
             try:

@@ -1,10 +1,7 @@
 """Download files and folders shared on Google Drive, by link or id, cached and verified.
 
-gdown does the talking to Drive. Colab ships gdown 5.2.2 and PyPI has 6.x, whose APIs differ
-(6.x dropped ``fuzzy=``, ``md5=`` and the 50-file folder limit, and raises ``DownloadError`` where
-5.x returned None), so this module parses links itself and calls only what both versions share:
-``gdown.download(id=, output=, quiet=, use_cookies=)`` and ``gdown.download_folder(id=, output=,
-quiet=, use_cookies=)``. Hashing, caching and the final rename are done here, the same for both.
+Only what gdown 5.2.2 (Colab's) and 6.x share is called: ``gdown.download(id=, output=, quiet=,
+use_cookies=)`` and ``gdown.download_folder(...)``; links are parsed here.
 """
 
 from __future__ import annotations
@@ -49,11 +46,8 @@ class DriveLink:
 
 
 def parse_link(url_or_id: str) -> DriveLink:
-    """The file or folder a Drive share link (or bare id) names.
-
-    Understands ``https://drive.google.com/file/d/ID/view?usp=sharing``, ``.../open?id=ID``,
-    ``.../uc?id=ID&export=download``, ``drive.usercontent.google.com/download?id=ID``,
-    ``.../drive/folders/ID`` (also with ``/u/0/``), Google Docs/Sheets/Slides links and bare ids.
+    """The file or folder a Drive share link (``/file/d/ID``, ``?id=ID``, ``/drive/folders/ID``,
+    ``drive.usercontent.google.com``, Docs links) or bare id names.
 
     Raises:
         ValueError: not a Google Drive link or id.
@@ -88,23 +82,15 @@ def fetch(
 ) -> Path:
     """Download a file or folder shared on Google Drive, once.
 
-    The download goes to a temporary name next to its destination, is checked against ``hash``, and
-    only then renamed into place, so a destination is always complete. A record of it (in
-    colabfast's cache folder: nothing is left beside your files) makes the next call with the same
-    link and destination free: no request is made when the file is there and (with ``hash``) still
-    matches, which is checked without rereading it when its size and modification time are unchanged.
+    Downloaded to a temporary name, checked against ``hash``, then renamed; a record in colabfast's cache
+    folder makes the next call with the same link and destination make no request.
 
     Args:
-        url_or_id: a Drive share link or id (see :func:`parse_link`). The file or folder must be shared
-            as "Anyone with the link".
-        dst: where it goes. None: ``colabfast.where.env.cache_dir()/fetch/<id>/<name on Drive>``. An existing
-            folder, or a path ending in ``/``: into it, under its name on Drive. Anything else: that
-            path. A folder already there that colabfast did not fetch is refused, never replaced.
-        hash: ``"md5:<hex>"``, ``"sha256:<hex>"`` (any ``hashlib`` algorithm) that the file must have;
-            files only.
-        extract: unpack an archive (``.zip``, ``.tar``, ``.tar.gz``, ...) next to it, into a folder named
-            after it without the suffix, with :func:`colabfast.stage` (safe: entries that would land
-            outside are refused; re-runs are free). The archive is kept, so the next call is free too.
+        url_or_id: a Drive share link or id (see :func:`parse_link`), shared as "Anyone with the link".
+        dst: where it goes. None: ``colabfast.where.env.cache_dir()/fetch/<id>/<name on Drive>``; an
+            existing folder, or a path ending in ``/``: into it; else that path.
+        hash: ``"md5:<hex>"``, ``"sha256:<hex>"`` (any ``hashlib`` algorithm) the file must have; files only.
+        extract: unpack an archive next to it, into a folder named after it, with :func:`colabfast.stage`.
         quiet: no progress output.
 
     Returns:

@@ -1,7 +1,6 @@
-"""`stage()`: what the source is (a folder, a file, archives, a list of them), where it goes
-(:mod:`colabfast.staging.destination`), and the copy (:mod:`colabfast.staging.copy`) or the extraction
-(:mod:`colabfast.staging.archives`) that puts it there. The package's docstring (:mod:`colabfast.staging`)
-says what staging guarantees."""
+"""`stage()`: what the source is, where it goes (:mod:`colabfast.staging.destination`), and the copy
+(:mod:`colabfast.staging.copy`) or extraction (:mod:`colabfast.staging.archives`) that puts it there.
+"""
 
 from __future__ import annotations
 
@@ -168,8 +167,7 @@ class _Input:
 
 
 def _resolve(src: Union[PathLike, Sequence[PathLike]], retries: int) -> _Input:
-    """What ``src`` is: a list of archives, a folder (not listed yet: see :meth:`_Input.scanned`),
-    an archive, or another file.
+    """What ``src`` is: a list of archives, a folder, an archive, or another file.
 
     Raises:
         FileNotFoundError: it (or one of the archives) does not exist.
@@ -199,11 +197,8 @@ def _resolve(src: Union[PathLike, Sequence[PathLike]], retries: int) -> _Input:
 
 
 def _check_reserved(src: Path, reserved: list[str]) -> None:
-    """Refuse to stage ``src`` when it holds files named as colabfast names its own in a staged folder
-    (``reserved``, as :func:`colabfast.where._fileio.scan_tree` leaves them out): copied, each would be
-    taken for colabfast's (a temporary file is deleted when a run resumes, a record is read and
-    overwritten), so none can be staged as it is, and leaving it out would lose it quietly. Inside a
-    folder colabfast staged (its record says so), they are that stage's own leftovers, and stay out.
+    """Refuse to stage ``src`` holding files named as colabfast's own in a staged folder (``reserved``),
+    except in a folder colabfast staged, whose leftovers they are.
 
     Raises:
         StageRefused: naming them and the fix.
