@@ -172,13 +172,8 @@ class MirrorDataset(VisionDataset):
         return compact(self._decode(position, self._stored([position])[0]))
 
     def _checked(self, indices: Sequence[int]) -> list[int]:
-        """``indices`` as ints in ``range(len(self))``, negative ones counted from the end as a list's.
-
-        Raises:
-            IndexError: an index outside the dataset (``for x in dataset`` stops there).
-            IndexTypeError: an index that is not an int (a slice, a float): a ``TypeError`` as
-                torchvision's ``ImageFolder`` raises, and an ``AttributeError`` as its ``Kitti`` does.
-        """
+        """``indices`` as ints in ``range(len(self))`` (negative ones from the end); IndexError outside it,
+        IndexTypeError (a TypeError as ``ImageFolder``'s, an AttributeError as ``Kitti``'s) for a non-int."""
         n, out = len(self), []
         for i in indices:
             try:

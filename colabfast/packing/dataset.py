@@ -514,13 +514,8 @@ def _allocate(c: h5py.Group, nbytes: int, name: str = "images", shape: Optional[
 
 def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict],
                   images: Optional[h5py.Dataset] = None) -> Optional[h5py.Dataset]:
-    """Write column ``k`` into group ``c``; a column of bytes (images, text, arrays) is only allocated
-    and returned, its bytes written from the parts' ``c{k}_blob`` by :func:`assemble` (an image column's
-    ``images``, when given, only checked to be as large as the parts' images).
-
-    Raises:
-        MirrorError: the images written to ``images`` are not as large as the parts say.
-    """
+    """Write column ``k`` into group ``c``; a column of bytes is only allocated and returned, for :func:`assemble`
+    to fill (``images``, when given, checked to be as large as the parts say: MirrorError if not)."""
     def joined(key: str) -> np.ndarray:
         return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.uint8)
 
