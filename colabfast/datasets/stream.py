@@ -32,8 +32,6 @@ __all__ = ["FETCHERS", "NEXT_UNITS", "UNIT_SAMPLES", "StreamCache"]
 UNIT_SAMPLES = 64  # stored samples per unit: BlockShuffleSampler's default block
 FETCHERS = 4  # fetch threads: each a stream of large reads, so the mount's per-request latency overlaps
 # Units of the next epoch fetched ahead once this epoch's are all claimed: enough for its first batches
-# while the threads start again; more would hold the disk (and the link, after the last epoch) for
-# nothing, as the epoch's tail is read from the cache already.
 NEXT_UNITS = 2 * FETCHERS
 PIECE = 8 << 20  # bytes per read of a unit from the mount
 WAIT = 0.002  # seconds between looks for a unit, in worker processes (threads wait on an event)

@@ -27,9 +27,8 @@ T = TypeVar("T")
 # What every path argument in colabfast accepts: a str or anything os.fspath takes (pathlib.Path...).
 PathLike = Union[str, os.PathLike]
 
-# What Google Drive's FUSE clients return for trouble that passes: a failed fetch (EIO), a client
-# restart ("Transport endpoint is not connected"), a timeout, throttling, and a stale view of a
-# file (ESTALE, also what :func:`lagging` makes of an open that does not find a file stat finds).
+# What Drive's FUSE clients return for trouble that passes: a failed fetch, a client restart, a timeout,
+# throttling, a stale view of a file (ESTALE, also :func:`lagging`'s).
 TRANSIENT_ERRNOS = frozenset(
     {errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED, errno.ESTALE}
 )
