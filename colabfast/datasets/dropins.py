@@ -53,16 +53,15 @@ def through_subsets(dataset: Any) -> tuple[Any, Optional[np.ndarray]]:
 
 
 def read_order(dataset: Any) -> Optional[NDArray[np.int64]]:
-    """The indices of ``dataset`` in the order its samples are stored, for samplers that read the file
-    in runs (:class:`colabfast.BlockShuffleSampler`).
+    """The indices of ``dataset`` in its stored order, for samplers that read the file in runs
+    (:class:`colabfast.BlockShuffleSampler`).
 
     Args:
-        dataset: a mirror dataset, a ``Subset`` of one (nested or not), or any other dataset.
+        dataset: a mirror dataset, a (nested) ``Subset`` of one, or any other dataset.
 
     Returns:
-        int64 ``[len(dataset)]``, a permutation of ``arange(len(dataset))``: consecutive entries are
-        samples stored one after the other (or, in a Subset, at rising places in the file); None when
-        that is ``0 .. len - 1`` already, or ``dataset`` is not a mirror (or a Subset of one).
+        int64 ``[len(dataset)]``, a permutation of ``arange(len(dataset))``; None when that is the
+        identity or ``dataset`` is not a mirror.
 
     Raises:
         IndexError: a Subset's index is outside the dataset it wraps.
@@ -97,11 +96,8 @@ def unwrap(dataset: Any) -> Iterator[Any]:
 
 
 def compact(x: Any) -> Any:
-    """``x``, or a copy of it if it is a tensor viewing a larger buffer (a memory map, a read buffer).
-
-    A view pickled to a DataLoader's main process would take its whole buffer along. The copy keeps
-    the memory layout of an image (a CHW view of HWC memory stays HWC underneath).
-    """
+    """``x``, or a copy if it is a tensor viewing a larger buffer (which pickling would take along);
+    a CHW view of HWC memory stays HWC underneath."""
     if not isinstance(x, torch.Tensor) or x.untyped_storage().nbytes() <= x.numel() * x.element_size():
         return x
     if x.dim() == 3 and x.stride(0) == 1:  # CHW over HWC memory, as decoders and raw mirrors give
@@ -165,26 +161,19 @@ class MirrorDataset(VisionDataset):
         return len(self.reader)
 
     def image(self, index: int) -> Any:
-        """Sample ``index``'s image per ``output``: a PIL RGB image; a uint8 tensor [3, H, W] (a
-        channels-last view, as ``torchvision.io.decode_image`` returns); or the encoded file's bytes
-        as a uint8 tensor [nbytes]. Tensors own their memory.
+        """Sample ``index``'s image per ``output``: a PIL RGB image, a uint8 tensor [3, H, W], or the
+        encoded bytes (uint8 [nbytes]). Tensors own their memory.
 
         Raises:
-            MirrorError: the image cannot be decoded, its header's size is not its declared
-                ``image_shapes`` entry or exceeds ``PIL.Image.MAX_IMAGE_PIXELS`` (checked before
-                decoding, for ``"bytes"`` too), or the file changed since the dataset was made.
+            MirrorError: the image does not decode, its header disagrees with ``image_shapes`` or
+                exceeds ``PIL.Image.MAX_IMAGE_PIXELS``, or the file changed since the dataset was made.
         """
         (position,) = self.positions_of(self._checked([index]))
         return compact(self._decode(position, self._stored([position])[0]))
 
     def _checked(self, indices: Sequence[int]) -> list[int]:
-        """``indices`` as ints in ``range(len(self))``, negative ones counted from the end as a list's.
-
-        Raises:
-            IndexError: an index outside the dataset (``for x in dataset`` stops there).
-            IndexTypeError: an index that is not an int (a slice, a float): a ``TypeError`` as
-                torchvision's ``ImageFolder`` raises, and an ``AttributeError`` as its ``Kitti`` does.
-        """
+        """``indices`` as ints in ``range(len(self))`` (negative ones from the end); IndexError outside it,
+        IndexTypeError (a TypeError as ``ImageFolder``'s, an AttributeError as ``Kitti``'s) for a non-int."""
         n, out = len(self), []
         for i in indices:
             try:
@@ -246,22 +235,15 @@ class MirrorDataset(VisionDataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        """Items for a whole batch (torch's DataLoader calls this when it exists): one read per run of
-        consecutive indices (see :meth:`MirrorReader.views`). In a DataLoader worker every tensor is
-        compacted (copied out of the shared read buffer) before torch pickles it; see :meth:`items`.
-
-        A subclass with its own ``__getitem__`` gets that, index by index: torchvision's
-        ``wrap_dataset_for_transforms_v2`` makes such a subclass of the drop-in, whose items (the
-        wrapped targets, then the transforms) a batched read here would skip."""
+        """Items for a batch: one read per run of consecutive indices, compacted in a worker (:meth:`items`).
+        A subclass with its own ``__getitem__`` (``wrap_dataset_for_transforms_v2``'s) gets that, per index."""
         if type(self).__getitem__ is not MirrorDataset.__getitem__:
             return [self[i] for i in indices]
         return self.items(indices, views=get_worker_info() is None)
 
     def items(self, indices: Sequence[int], *, views: bool) -> list[Any]:
-        """Items for ``indices``; with ``views=True`` raw images stay views of the batch's read buffer
-        (transformed before anything is copied: a crop of a raw image copies only the crop), which
-        is right only where nothing pickles them or whatever batches them copies them anyway
-        (``colabfast.DataLoader``'s collate, which asks for views through the wrapper it owns)."""
+        """Items for ``indices``; ``views=True`` leaves raw images as views of the read buffer, right only
+        where nothing pickles them (``colabfast.DataLoader``'s collate copies them)."""
         indices = self._checked(indices)
         positions = self.positions_of(indices)
         images = [self._decode(p, data) for p, data in zip(positions, self._stored(positions))]
@@ -291,42 +273,25 @@ class MirrorDataset(VisionDataset):
 class H5ImageFolder(MirrorDataset, ImageFolder):
     """A drop-in for ``torchvision.datasets.ImageFolder`` reading a mirror made by :func:`colabfast.pack`.
 
-    A subclass of ``ImageFolder`` (whose own ``__init__``, a listing of ``root``, never runs):
-    ``isinstance`` checks pass and ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it
-    as it wraps ``ImageFolder``, in the process and in spawned workers.
-
-    Same ``classes``, ``class_to_idx``, ``targets``, ``samples`` and ``imgs``, the same sample order
-    (index ``i`` is ``ImageFolder``'s sample ``i``, or ``torchvision.datasets.ImageNet``'s for a mirror
-    packed from ImageNet's archives, whatever order the samples are stored in), and items
-    ``(image, class_index)`` whose pixels equal what ``ImageFolder`` + PIL give for the source files.
-    A mirror packed with ``shuffle=True`` stores its samples in a seeded random order: its indices
-    are the same, and reading it in stored order (:class:`colabfast.BlockShuffleSampler`, which
-    ``colabfast.DataLoader(shuffle=True)`` uses) reads runs of consecutive stored samples whose
-    classes are mixed.
+    An ``ImageFolder`` subclass (its ``__init__`` never runs), so ``isinstance`` checks pass and
+    ``wrap_dataset_for_transforms_v2`` wraps it. Same ``classes``, ``class_to_idx``, ``targets``,
+    ``samples``, ``imgs`` and sample order as ``ImageFolder`` (or ``ImageNet`` for its archives), whatever
+    the stored order; items ``(image, class_index)`` with the pixels ``ImageFolder`` + PIL give.
 
     Args:
         path: the mirror (``layout`` imagefolder or files).
-        transform: applied to the image, e.g. torchvision transforms; with ``output="pil"``
-            existing ImageFolder pipelines work unchanged.
+        transform: applied to the image (existing ImageFolder pipelines work with ``output="pil"``).
         target_transform: applied to the class index.
-        output: ``"pil"`` (PIL RGB image, like ImageFolder); ``"tensor"`` (uint8 tensor
-            [3, H, W]: JPEGs decoded by libjpeg-turbo, no PIL, the fast path, for transforms v2;
-            PNGs by PIL, which reports corrupt data where torchvision's libpng binding crashes);
-            ``"bytes"`` (encoded JPEG/PNG bytes as a uint8 tensor [nbytes], for GPU decoding by
-            ``colabfast.DataLoader(decode="gpu")``).
+        output: ``"pil"`` (PIL RGB image); ``"tensor"`` (uint8 [3, H, W]: JPEGs by libjpeg-turbo, PNGs
+            by PIL); ``"bytes"`` (encoded, uint8 [nbytes], for ``colabfast.DataLoader(decode="gpu")``).
         in_memory: load the image data into shared RAM once (see :class:`MirrorReader`).
-        verify: check every image read against its CRC-32 (format version 2) and raise
-            MirrorError naming a sample that differs. Off by default: cheap beside decoding a JPEG,
-            costly for raw pixels, whose bytes are then read instead of viewed (measured in
-            benchmarks/README.md, "Checking images as they are read"; the checksums:
-            docs/mirror-format.md). ``colabfast info --verify`` checks all at once.
+        verify: check every image read against its CRC-32 (docs/mirror-format.md); off by default,
+            costly for raw pixels (benchmarks/README.md). ``colabfast info --verify`` checks all at once.
 
     Raises:
-        FileNotFoundError, MirrorError: ``path`` is not a complete mirror this version reads, it
-            breaks the format (see :mod:`colabfast.mirror`), an image cannot be decoded or its
-            header disagrees with its declared shape or exceeds ``PIL.Image.MAX_IMAGE_PIXELS``,
-            ``verify`` finds an image that differs from its checksum, or (when reading) the file
-            was replaced since the dataset was made (:class:`MirrorReader`).
+        FileNotFoundError, MirrorError: not a complete mirror this version reads, a broken format
+            (:mod:`colabfast.mirror`), an image that does not decode, disagrees with its shape or
+            exceeds ``PIL.Image.MAX_IMAGE_PIXELS``, a ``verify`` mismatch, or the file replaced since.
         ValueError: a KITTI mirror (use :class:`H5Kitti`), or ``output="bytes"`` on raw pixels.
     """
 
@@ -382,26 +347,17 @@ class H5ImageFolder(MirrorDataset, ImageFolder):
 class H5Kitti(MirrorDataset, Kitti):
     """A drop-in for ``torchvision.datasets.Kitti`` reading a mirror made by :func:`colabfast.pack`.
 
-    A subclass of ``Kitti`` (whose own ``__init__``, a listing of ``root``, never runs): ``isinstance``
-    checks pass and ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it as it wraps
-    ``Kitti`` (boxes and labels as ``tv_tensors``; like torchvision's wrapper, with ``output="pil"``).
-
-    Items are ``(image, target)``: ``target`` is a list with one dict per labelled object (keys
-    ``type`` str, ``truncated`` float, ``occluded`` int, ``alpha`` float, ``bbox`` [x1, y1, x2, y2]
-    pixels, ``dimensions`` [h, w, l] metres, ``location`` [x, y, z] metres in camera coordinates,
-    ``rotation_y`` float radians), values equal to torchvision's parse of the label files; ``None``
-    for the test split. Images are sorted by file name (torchvision uses ``os.listdir``'s
-    arbitrary order), also in a mirror packed with ``shuffle=True`` (stored shuffled, as in
-    :class:`H5ImageFolder`).
+    A ``Kitti`` subclass (its ``__init__`` never runs): ``wrap_dataset_for_transforms_v2`` wraps it.
+    Items ``(image, target)``: ``target`` one dict per object as torchvision parses the label files
+    (``type``, ``truncated``, ``occluded``, ``alpha``, ``bbox`` [x1, y1, x2, y2] pixels, ``dimensions``
+    [h, w, l] and ``location`` [x, y, z] metres, ``rotation_y`` radians); ``None`` for the test split.
+    Images sorted by file name (torchvision's ``os.listdir`` order is arbitrary).
 
     Args:
         path: a KITTI mirror.
         train: the ``training`` split if True, else ``testing``.
-        transform, target_transform, transforms: as in torchvision (``transforms`` takes and
-            returns ``(image, target)``).
-        output: ``"pil"``, ``"tensor"`` or ``"bytes"``, as in :class:`H5ImageFolder`.
-        in_memory: load the split's images into shared RAM once.
-        verify: check every image read against its checksum, as in :class:`H5ImageFolder`.
+        transform, target_transform, transforms: as in torchvision.
+        output, in_memory, verify: as in :class:`H5ImageFolder`.
 
     Raises:
         FileNotFoundError, MirrorError: not a complete KITTI mirror, it lacks the split, or as in

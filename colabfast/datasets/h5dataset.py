@@ -1,13 +1,8 @@
 """Datasets over mirrors of columns (format version 3): :class:`H5Dataset` for any of them, and the
 drop-ins for torchvision's ``CocoDetection``, ``VOCDetection`` and ``VOCSegmentation``.
 
-The first image column is read as a mirror dataset's images are (one ``pread`` per run of
-consecutive samples, checked headers, CRC-32 with ``verify``). Every other column's index (offsets,
-shapes, numbers) is read when the dataset is made and checked against the format
-(:func:`colabfast.mirror.index.load_columns`); its data (arrays, strings, JSON) too while it is small (64 MiB
-in all, :data:`colabfast.mirror.format.RESIDENT_BYTES`), else one ``pread`` per sample as it is read, so a
-mirror of large JSON or arrays opens in the memory of its index. A mirror without an image column
-reads the same way, its samples made of its other columns.
+Column data under :data:`colabfast.mirror.format.RESIDENT_BYTES` in all is read at open, else one
+``pread`` per sample (docs/mirror-format.md).
 """
 
 from __future__ import annotations
@@ -48,22 +43,16 @@ class H5Dataset(MirrorDataset):
     """Any mirror of columns (``pack`` of a map-style dataset, or of a folder layout), its samples
     shaped as the source returned them.
 
-    ``dataset[i]`` is sample ``i`` as the packed dataset returned it (a tuple, a dict, or one value),
-    with every value as it was: images as PIL images (same mode; a palette mask keeps its palette),
-    ``[C, H, W]`` uint8 tensors or ``[H, W, C]`` ndarrays as they were given, numbers, strings,
-    bytes, arrays and tensors of their dtype and shape, ``tv_tensors`` of their class, JSON lists and
-    dicts. For the folder layouts (each an item ``(image, target)`` with the image a PIL RGB image, as
-    torchvision reads files):
+    ``dataset[i]`` is sample ``i`` as packed (a tuple, a dict, or one value), every value as it was:
+    PIL images (same mode and palette), ``[C, H, W]`` uint8 tensors or ``[H, W, C]`` ndarrays, numbers,
+    strings, bytes, arrays and tensors of their dtype and shape, ``tv_tensors``, JSON. The folder layouts
+    give ``(image, target)`` with a PIL RGB image:
 
-    - ``"yolo"``: target ``{"boxes": float32 [M, 4] XYXY in pixels, "labels": int64 [M]}``, the
-      form torchvision's detection models take, and for a segment dataset ``"segments"`` (per object
-      ``[[x, y], ...]`` in pixels); the image upright, as Ultralytics reads it (see
-      :class:`colabfast.layouts.Yolo`);
-    - ``"segmentation"``: target the mask, a PIL image in its file's mode (``"P"`` with its palette,
-      ``"L"`` class ids);
-    - ``"csv"``: target the label (an int class index, a number), or a tuple of them for several
-      label columns; with one label column of class names, ``classes`` (sorted), ``class_to_idx``
-      and ``targets`` (each sample's class index) are ImageFolder's;
+    - ``"yolo"``: ``{"boxes": float32 [M, 4] XYXY in pixels, "labels": int64 [M]}``, plus ``"segments"``
+      (per object ``[[x, y], ...]`` in pixels) for a segment dataset (see :class:`colabfast.layouts.Yolo`);
+    - ``"segmentation"``: the mask, a PIL image in its file's mode;
+    - ``"csv"``: the label (or a tuple of them); one column of class names adds ImageFolder's
+      ``classes``, ``class_to_idx`` and ``targets``;
     - ``"coco"``, ``"voc-detection"``, ``"voc-segmentation"``: dicts; :class:`H5CocoDetection`,
       :class:`H5VOCDetection` and :class:`H5VOCSegmentation` give torchvision's items.
 
@@ -77,31 +66,20 @@ class H5Dataset(MirrorDataset):
 
     Args:
         path: a mirror of columns (``colabfast info`` lists them).
-        transform, target_transform, transforms: as torchvision's: for an ``(image, target)``
-            sample, ``transform`` takes the image, ``target_transform`` the target, ``transforms``
-            both; for any other sample, ``transform`` takes the whole sample.
-        output: ``"auto"`` (each image as it was given), ``"pil"`` (every image a PIL image),
-            ``"tensor"`` (every image a uint8 ``[C, H, W]`` tensor: JPEGs decoded by libjpeg-turbo,
-            no PIL) or ``"bytes"`` (the first image column's encoded bytes, uint8 ``[nbytes]``, for
-            ``colabfast.DataLoader(decode="gpu")``).
-        in_memory, verify: as :class:`colabfast.H5ImageFolder`'s, for the image columns; ``verify``
-            also streams every column read per sample through its checksum when the dataset is made
-            (:func:`colabfast.mirror.verify.check_columns`).
-
-    A mirror without an image column (``pack`` of a dataset of numbers, text, arrays) reads the same
-    way, every sample made of its columns; ``output`` then has no image to apply to.
+        transform, target_transform, transforms: as torchvision's for an ``(image, target)`` sample;
+            for any other sample, ``transform`` takes the whole sample.
+        output: ``"auto"`` (images as given), ``"pil"``, ``"tensor"`` (uint8 ``[C, H, W]``, JPEGs by
+            libjpeg-turbo) or ``"bytes"`` (encoded, uint8 ``[nbytes]``, for ``DataLoader(decode="gpu")``).
+        in_memory, verify: as :class:`colabfast.H5ImageFolder`'s; ``verify`` also checks every
+            per-sample column's checksum at open (:func:`colabfast.mirror.verify.check_columns`).
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        MirrorError: not a complete mirror of columns (an image folder's or KITTI's mirror: the
-            message names the class that reads it, from the mirror's header), a mirror of another
-            layout than a drop-in's (the message names the drop-in it needs, or ``H5Dataset``), or one
-            that breaks the format (see :mod:`colabfast.mirror`; a column that pack does not write
-            names the column); with ``verify``, a column that does not match its checksum; when
-            reading, an image that cannot be decoded or whose header is not its declared size, or a
-            str or JSON value that does not decode.
-        ValueError: ``output="bytes"`` of a mirror without an image column, or ``target_transform``
-            for a sample that is not a pair.
+        MirrorError: not a complete mirror of columns (the message names the class that reads it), a
+            layout other than a drop-in's, a broken format (:mod:`colabfast.mirror`), a checksum
+            mismatch with ``verify``; when reading, an image or str/JSON value that does not decode.
+        ValueError: ``output="bytes"`` without an image column, or ``target_transform`` for a sample
+            that is not a pair.
     """
 
     layouts: tuple[str, ...] = ()  # a drop-in's layouts: others are refused
@@ -389,18 +367,10 @@ class _PairOf(H5Dataset):
 
 class H5CocoDetection(_PairOf, datasets.CocoDetection):
     """A drop-in for ``torchvision.datasets.CocoDetection(root, annFile)`` reading a mirror packed with
-    ``layout="coco"``: the same ``ids`` (sorted image ids) and items ``(image, target)``: a PIL RGB
-    image and the image's list of annotation dicts as in the JSON, in its order (what pycocotools'
-    ``loadAnns`` returns). ``categories`` is the JSON's list. A subclass of ``CocoDetection`` (whose
-    ``__init__`` and file loaders it does not use), so ``isinstance`` checks pass and
-    ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it as ``CocoDetection``, with
-    ``target_keys`` too (``"masks"`` from the polygons and RLEs, as for torchvision's own).
-
-    ``coco`` is pycocotools' ``COCO`` of the mirror's images (each its entry in the JSON) and their
-    annotations, built when first used: what torchvision's detection references evaluate against
-    (``get_coco_api_from_dataset`` returns ``dataset.coco``, and ``COCOeval(dataset.coco, ...)``
-    runs on it). ``dataset[i]`` for an ``i`` that is not an int (a slice) raises ``ValueError``, as
-    ``CocoDetection`` does.
+    ``layout="coco"``: the same ``ids`` (sorted image ids), ``categories`` and items ``(image, target)``
+    (a PIL RGB image, its annotation dicts in the JSON's order). A ``CocoDetection`` subclass, so
+    ``wrap_dataset_for_transforms_v2`` wraps it (``target_keys`` too); ``coco`` is pycocotools' ``COCO``,
+    for torchvision's detection references. A non-int index raises ``ValueError``, as ``CocoDetection``.
 
     Args and Raises: as :class:`H5Dataset` (``output`` default ``"pil"``, as torchvision's).
     """
@@ -420,11 +390,8 @@ class H5CocoDetection(_PairOf, datasets.CocoDetection):
 
     @functools.cached_property
     def coco(self) -> COCO:
-        """pycocotools' ``COCO`` of this mirror, as ``COCO(annFile)`` builds it: the JSON's keys in its
-        order (``info``, ``licenses``...), its images' entries and their annotations in the JSON's order
-        (for a mirror packed before colabfast kept them: in ``ids`` order; before it kept the entries: id,
-        file name, and the stored image's size), and the categories (an empty list where the JSON had
-        none, so that ``COCO.loadRes`` works), indexed by ``COCO.createIndex``.
+        """pycocotools' ``COCO`` of this mirror, as ``COCO(annFile)`` builds it (the JSON's keys, images and
+        annotations in its order; older mirrors: ``ids`` order), indexed by ``COCO.createIndex``.
 
         Raises:
             ImportError: pycocotools is not installed (``pip install pycocotools``).
@@ -500,17 +467,14 @@ class _VOCDropIn(_PairOf):
 
 class H5VOCDetection(_VOCDropIn, datasets.VOCDetection):
     """A drop-in for ``torchvision.datasets.VOCDetection`` reading a mirror packed with
-    ``layout="voc-detection"``: items ``(image, target)``, a PIL RGB image and the annotation XML
-    parsed as torchvision parses it (``{"annotation": {...}}``), in the image set's order. A subclass of
-    ``VOCDetection`` (whose ``__init__`` it does not use): ``torchvision.datasets.wrap_dataset_for_transforms_v2``
-    wraps it as ``VOCDetection``, ``target_keys`` included.
+    ``layout="voc-detection"``: items ``(image, target)``, a PIL RGB image and the XML parsed as
+    torchvision parses it, in the image set's order; ``wrap_dataset_for_transforms_v2`` wraps it.
 
-    Args: as :class:`H5Dataset` (``output`` default ``"pil"``), and torchvision's ``year`` and
-    ``image_set`` (keyword only): the mirror's (:func:`colabfast.pack`'s ``year`` and ``split``),
-    checked where given.
+    Args: as :class:`H5Dataset` (``output`` default ``"pil"``), and ``year``, ``image_set`` (keyword
+    only): the mirror's, checked where given.
 
     Raises: as :class:`H5Dataset`; ``ValueError`` for a ``year`` or ``image_set`` that is not the
-    mirror's; ``dataset[i]`` for an ``i`` that is not an int (a slice): :class:`IndexTypeError`.
+    mirror's; a non-int index: :class:`IndexTypeError`.
     """
 
     layouts = ("voc-detection",)
@@ -519,10 +483,8 @@ class H5VOCDetection(_VOCDropIn, datasets.VOCDetection):
 
 class H5VOCSegmentation(_VOCDropIn, datasets.VOCSegmentation):
     """A drop-in for ``torchvision.datasets.VOCSegmentation`` reading a mirror packed with
-    ``layout="voc-segmentation"``: items ``(image, mask)``, a PIL RGB image and the
-    ``SegmentationClass`` PNG as PIL opens it (``"P"``, with VOC's palette; 255 marks borders), in the
-    image set's order. A subclass of ``VOCSegmentation`` (whose ``__init__`` it does not use):
-    ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps it as ``VOCSegmentation``.
+    ``layout="voc-segmentation"``: items ``(image, mask)``, the mask as PIL opens the PNG (``"P"``,
+    VOC's palette, 255 at borders); ``wrap_dataset_for_transforms_v2`` wraps it.
 
     Args and Raises: as :class:`H5VOCDetection`'s.
     """

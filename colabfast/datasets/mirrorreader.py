@@ -32,23 +32,18 @@ IOV_MAX = 512  # buffers per os.preadv call, below every system's limit (1024 on
 class MirrorReader:
     """Reads the images of one sample table of a mirror, fast and fork-safe, by stored position.
 
-    ``positions`` (int64 ``[N]``, or None where the mirror stores its samples in source order) maps
-    a dataset index to the stored position of its sample (:func:`stored_positions`); it is loaded with
-    the rest of the metadata in each process, never pickled.
+    ``positions`` (int64 ``[N]``, or None in source order) maps a dataset index to its stored position
+    (:func:`stored_positions`); loaded in each process, never pickled.
 
     Args:
         path: the mirror file.
         split: ``""`` for imagefolder/files mirrors, ``"training"``/``"testing"`` for KITTI.
-        in_memory: load all image data into one shared-memory tensor now. Workers then read from
-            RAM: forked workers inherit it, spawned ones receive a handle to the same memory
-            (torch.multiprocessing), so it is never copied per worker.
+        in_memory: load all image data into one shared-memory tensor now, shared with workers (forked
+            or spawned, via torch.multiprocessing), never copied per worker.
         column: in a mirror of columns (format version 3), the image or mask column to read.
 
-    The reader belongs to the version of the file it was made from (:func:`colabfast.where._fileio.file_version`:
-    size, times, inode). A file replaced or rewritten at ``path`` since (a new run of ``pack`` or
-    ``stage``) is refused at the first read in each process, workers included, rather than read
-    with the old index (wrong samples) or reloaded (a new length and labels under a sampler and a
-    model made for the old ones): make the dataset again.
+    A file replaced at ``path`` since (size, times, inode: :func:`colabfast.where._fileio.file_version`)
+    is refused at the first read in each process: make the dataset again.
 
     Raises:
         FileNotFoundError: no such file.
@@ -118,14 +113,9 @@ class MirrorReader:
                            "dataset again once the file is final.")
 
     def read_into(self, out: Union[np.ndarray, Sequence[np.ndarray]], start: int) -> None:
-        """Fill ``out`` (any contiguous array, or a list of them filled one after the other: one read
-        scattered into a batch's slots, ``os.preadv``) with the image data from byte ``start`` on.
-
-        Transient errors of a flaky mount (EIO, ENOTCONN, ...) are retried as :func:`colabfast.stage`
-        retries them (:func:`colabfast.where._fileio.pread_retrying`): ``RETRIES`` times at the failing
-        offset, with backoff, in smaller requests, through a handle of this call's own; every step
-        forward starts the count again, so a long run (an ``in_memory`` load) on a flaky mount
-        fails only where one place keeps failing.
+        """Fill ``out`` (a contiguous array, or a list of them filled in turn with one ``os.preadv``) with
+        the image data from byte ``start`` on. Transient errors are retried as :func:`colabfast.stage`
+        retries them (:func:`colabfast.where._fileio.pread_retrying`).
 
         Raises:
             MirrorError: the file ends early (truncated, or replaced by a shorter one).
@@ -172,11 +162,8 @@ class MirrorReader:
             handle.close()
 
     def read_ranges(self, memory: np.ndarray, starts: Sequence[int], lengths: Sequence[int]) -> None:
-        """Fill ``memory`` (1-D uint8) with the image data bytes ``starts[k] .. starts[k] + lengths[k]``,
-        one range after the other: one ``os.preadv`` per range through this process's handle, no
-        per-range setup (the rows of each image a crop covers, :class:`colabfast.loading.reader.BatchReader`). A
-        range that fails or reads short is read again through :meth:`read_into`, whose retries and
-        errors it then has. Raises as :meth:`read_into`."""
+        """Fill ``memory`` (1-D uint8) with the image data ranges ``starts[k] .. starts[k] + lengths[k]``,
+        one ``os.preadv`` each; a range that fails is read again by :meth:`read_into`. Raises as it."""
         if self.stream is not None:
             at = 0
             pieces = []
@@ -214,14 +201,9 @@ class MirrorReader:
         return self.views([position])[0].clone()
 
     def views(self, indices: Sequence[int]) -> list[torch.Tensor]:
-        """The bytes of several stored samples (stored positions, not dataset indices: see
-        ``positions``) as uint8 tensors ``[nbytes]``, in ``indices`` order.
-
-        They view a larger buffer: the in-memory data, or one read per run of consecutive positions
-        (:meth:`spans`). On a FUSE mount such as Drive a batch drawn by
-        :class:`colabfast.BlockShuffleSampler` is then a few large reads instead of one small read per
-        sample, which is what makes cold storage fast. Pass them through :func:`compact` before
-        they leave the process: pickling a view copies its whole buffer.
+        """The bytes of stored positions ``indices`` as uint8 tensors ``[nbytes]``, in ``indices`` order,
+        viewing one buffer (one read per run of consecutive positions, :meth:`spans`). Pass them through
+        :func:`compact` before they leave the process: pickling a view copies its whole buffer.
         """
         memory, starts = self.spans(indices)
         whole = self.blob if self.blob is not None else torch.from_numpy(memory)
@@ -229,11 +211,8 @@ class MirrorReader:
 
     def spans(self, indices: Sequence[int],
               into: Optional[Callable[[int], np.ndarray]] = None) -> tuple[np.ndarray, list[int]]:
-        """``(memory, starts)``: stored sample ``indices[k]`` is ``memory[starts[k]:]`` for its length
-        (uint8, the in-memory data, or one read per run of consecutive positions into one buffer: a
-        run's samples lie one after the other there too). ``into(nbytes)``, where given, returns the
-        memory to read into (1-D uint8, at least ``nbytes``): a reader thread's own, reused batch
-        after batch, so what views it is only good until its next read."""
+        """``(memory, starts)``: stored sample ``indices[k]`` is ``memory[starts[k]:]`` (uint8, one read per
+        run). ``into(nbytes)``, where given, returns the 1-D uint8 memory to read into (a reader thread's)."""
         if self.blob is not None:
             if self._loaded != self._version:  # a spawned worker's index is of another file than the blob
                 raise self._changed()
@@ -319,9 +298,8 @@ def stored_positions(order: np.ndarray, path: PathLike) -> Optional[np.ndarray]:
         path: the mirror, for the error.
 
     Returns:
-        int64 ``[N]``: entry ``i`` is the stored position of the dataset's sample ``i`` (the stored
-        samples sorted by source index); None when they are stored in that order (every mirror packed
-        from a folder without ``shuffle``), so that indexing costs nothing extra.
+        int64 ``[N]``: entry ``i`` is the stored position of the dataset's sample ``i``; None when
+        they are stored in that order (indexing then costs nothing extra).
 
     Raises:
         MirrorError: two stored samples claim one source index.

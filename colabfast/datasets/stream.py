@@ -1,52 +1,10 @@
 """Reading a mirror on a slow mount (Drive) through a bounded local cache: :class:`StreamCache`.
 
-A mirror larger than local storage cannot be staged; read straight from the Drive mount, every batch
-waits for the link, and DriveFS keeps a copy of everything read on the same disk. A stream cache
-fetches the mirror's image data ahead of the loop instead, along the order the epoch will read it,
-into files on local disk that never take more than ``cache_limit`` bytes, and deletes each piece once
-the epoch is past it.
-
-- **Units.** The image data (contiguous in a mirror) is cut into units of ``unit`` consecutive stored
-  samples, 64 by default: the blocks of :class:`colabfast.BlockShuffleSampler`, which reads each block
-  in one stretch of the epoch. A unit is fetched with large sequential reads (one request stream per
-  fetch thread, :data:`FETCHERS` of them, so the link's per-request latency overlaps) into
-  ``<cache>/u<unit>-<k>``, written under a temporary name and renamed once complete.
-- **The plan.** :meth:`StreamCache.start` takes the epoch's read order (stored positions, as the sampler
-  will give them) and its batch size. A unit is fetched in the order of its first use, once the cache
-  has room for it, and deleted once every batch that reads it has been read (:meth:`StreamCache.advance`,
-  which :class:`colabfast.DataLoader` calls as its batches come out of the readers). Fetching in
-  first-use order and evicting on last use cannot deadlock when the limit holds the units of any one
-  batch (a unit's samples are one stretch of the order): :meth:`start` refuses a smaller limit with
-  the smallest that works, and the constructor one smaller than the largest unit. An epoch's iterator
-  that ends, or is closed or dropped early, ends its plan (:meth:`StreamCache.leave`): no fetch thread
-  waits for room the loop will not free, and reads outside an epoch go to the mount.
-- **Across epochs.** The plan can name the next epoch's order too: once this epoch's units are all
-  claimed, the threads fetch the few units that order reads first (:data:`NEXT_UNITS`, as far as the
-  room allows), so the next epoch's first batches find their units. The handles on the source stay
-  open between epochs (an open on Drive is a round trip), and one is opened as the cache is made.
-- **The limit** counts the disk the files take (whole pages, and the plan's file), not only their
-  bytes, so a filesystem as small as the limit never fills. The kernel's page cache of the mirror is
-  dropped as each unit is fetched: the cache holds those bytes already.
-- **Readers** (threads, or torch's worker processes, which share the cache folder) read a range from
-  its unit's file, waiting for a unit the plan has yet to fetch. A range of no planned unit (a
-  ``dataset[i]`` outside the loop, a sampler whose order is not known ahead) is read from the mount
-  itself, as without a cache.
-- **DriveFS.** Reading through Colab's Drive client also fills its own cache on the same disk
-  (``~/.config/Google/DriveFS``): after each ``cache_limit`` bytes fetched, the fetch threads pause
-  and :func:`colabfast.refresh_drive` drops it (DriveFS only; refused while other files on Drive are
-  open, which is then said once as a warning), so on Colab the local peak stays within twice the
-  limit.
-- **Failures** are those of a staged read: a transient error (a Drive disconnect) is retried as
-  :func:`colabfast.stage` retries it, then raised naming the file and the byte offset; a mirror
-  replaced on Drive while it streams is refused as :class:`~colabfast.datasets.mirrorreader.MirrorReader`
-  refuses one. The error reaches the reader that waits for the unit, in this process or a worker.
-
-The same idea, a bounded local cache of a remote dataset's shards with prefetch along the epoch,
-is MosaicML Streaming's (``StreamingDataset(remote, local, cache_limit)``,
-https://docs.mosaicml.com/projects/streaming/en/stable/dataset_configuration/shard_retrieval.html);
-this one reads the mirror itself, with no second export of the data, and keeps colabfast's samplers,
-reader threads and resumable epochs. Both measured side by side: ``colabfast bench stream``
-(benchmarks/README.md).
+The mirror's image data is fetched ahead of the loop in units of ``unit`` stored samples, along the
+epoch's read order, into local files that never take more than ``cache_limit`` bytes; each unit is
+deleted once the epoch is past it. How it works (plans, eviction, DriveFS, failures): docs/streaming.md.
+Same idea as MosaicML Streaming's ``cache_limit``
+(https://docs.mosaicml.com/projects/streaming/en/stable/dataset_configuration/shard_retrieval.html).
 """
 
 from __future__ import annotations
@@ -74,8 +32,6 @@ __all__ = ["FETCHERS", "NEXT_UNITS", "UNIT_SAMPLES", "StreamCache"]
 UNIT_SAMPLES = 64  # stored samples per unit: BlockShuffleSampler's default block
 FETCHERS = 4  # fetch threads: each a stream of large reads, so the mount's per-request latency overlaps
 # Units of the next epoch fetched ahead once this epoch's are all claimed: enough for its first batches
-# while the threads start again; more would hold the disk (and the link, after the last epoch) for
-# nothing, as the epoch's tail is read from the cache already.
 NEXT_UNITS = 2 * FETCHERS
 PIECE = 8 << 20  # bytes per read of a unit from the mount
 WAIT = 0.002  # seconds between looks for a unit, in worker processes (threads wait on an event)
@@ -181,20 +137,14 @@ class StreamCache:
 
     def start(self, order: Any, batches: Any, unit: Optional[int] = None,
               then: Optional[Callable[[], Any]] = None) -> int:
-        """Plan an epoch and start fetching: ``order`` (int64 ``[M]``) the stored positions in the order
-        they will be read, ``batches`` (int64 ``[M]``) the batch each is read in, non-decreasing from 0;
-        ``unit``: stored samples per unit from now on (the sampler's block, where it is smaller than
-        the units so far: a unit must be one stretch of the order for the cache to stay small).
-        Units already cached that the plan fetches first are kept; every other file is deleted.
+        """Plan an epoch and start fetching; units already cached that the plan fetches first are kept.
 
-        ``then`` (optional): a function giving the stored positions (int64) the next epoch will likely
-        read, in order; called by a fetch thread once every unit of this plan is fetched or being
-        fetched (an order of a large dataset takes a while: not before the first batch). The threads
-        then go on with the first
-        :data:`NEXT_UNITS` units that epoch fetches (as far as the limit's room allows, and no further
-        than the units the next :meth:`start` keeps), so the next epoch's first batches do not wait
-        for the link. A wrong guess costs those fetches only: the next :meth:`start` deletes what its
-        plan does not fetch first.
+        Args:
+            order: int64 ``[M]``, the stored positions in the order they will be read.
+            batches: int64 ``[M]``, the batch each is read in, non-decreasing from 0.
+            unit: stored samples per unit from now on (the sampler's block, where smaller).
+            then: a function giving the next epoch's likely stored positions (int64), in order; once
+                this plan is claimed the threads fetch its first :data:`NEXT_UNITS` units.
 
         Returns:
             the plan's number, for :meth:`leave`.

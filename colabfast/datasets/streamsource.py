@@ -1,9 +1,5 @@
 """Where a stream cache (:class:`colabfast.datasets.stream.StreamCache`) fetches a mirror's image
 data from: the mirror's file on a mount (Drive), or a mirror at an fsspec URL (a bucket).
-
-Each source opens handles (a fetch thread keeps one), reads into a buffer at an offset, drops what
-the kernel kept of a fetched range, closes handles, and says whether the file is still the version
-the stream was opened on.
 """
 
 from __future__ import annotations
@@ -24,12 +20,9 @@ __all__ = ["MountSource", "RemoteSource"]
 
 
 class MountSource:
-    """Where a stream cache fetches from: the mirror's file on a mount (Drive), read with ``pread``.
-
-    Every operation on the mount (open, read, stat, the change check) retries a transient error (a
-    Drive disconnect, an ``EIO``) as :func:`colabfast.stage` retries it (a read through
-    :func:`colabfast.where._fileio.pread_retrying`, with a handle of its own after a failure), then
-    raises one :class:`colabfast.errors.MountError` naming the file and the byte offset."""
+    """Where a stream cache fetches from: the mirror's file on a mount (Drive), read with ``pread``; a
+    transient error is retried as :func:`colabfast.stage` retries it, then raised as one
+    :class:`colabfast.errors.MountError` naming the file and the byte offset."""
 
     def __init__(self, path: Path, version: tuple) -> None:
         self.path, self.version, self.name = Path(path), version, str(path)

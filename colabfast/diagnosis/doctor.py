@@ -1,9 +1,7 @@
 """``colabfast doctor``: this machine, where your data lives, and how to feed the GPU from here.
 
-:func:`describe` turns what :mod:`colabfast.where.env` probes (platform, CPUs, RAM, disk, mounts, GPU) into a
-report with advice. Where staging would put your data and whether it fits come from
-:mod:`colabfast.staging` itself (:func:`~colabfast.staging.destination.default_destination`, its free-space
-preflight :func:`~colabfast.staging.destination.check_space`), so the advice is what ``stage`` will do.
+:func:`describe` turns :mod:`colabfast.where.env`'s probes into advice; where staging would put your data and
+whether it fits come from :mod:`colabfast.staging` itself, so the advice is what ``stage`` will do.
 """
 
 from __future__ import annotations
@@ -45,16 +43,13 @@ def describe(data: Optional[PathLike] = None) -> str:
     """The environment and concrete advice for feeding a GPU from it, as text (``colabfast doctor``).
 
     Args:
-        data: your dataset folder or file, if any: the advice then says where it lives (Drive, RAM,
-            local disk), whether it fits on a RAM disk and whether the disk can hold a staged copy.
-            Its size is summed by listing it for at most 5 seconds.
+        data: your dataset folder or file, if any: the advice then says where it lives, whether it fits
+            on a RAM disk or a staged copy on disk (its size summed for at most 5 seconds).
 
     Returns:
-        Lines ``name  value`` for platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive, GPU and
-        the JPEG decoder (:func:`colabfast.where.codec.jpeg_codec`), then an ``advice`` list, led by what
-        is broken in this Python's install (:func:`colabfast.where.env.install_problems`: a required
-        package that does not import, a torch/torchvision pair not built together), then the stream
-        caches of ended runs it deleted (:func:`colabfast.loading.streaming.clean`).
+        Lines ``name  value`` (platform, CPUs, RAM, disk, ``/dev/shm``, mount rights, Drive, GPU, JPEG
+        decoder), then an ``advice`` list, led by install problems
+        (:func:`colabfast.where.env.install_problems`), then the ended runs' stream caches it deleted.
     """
     broken = env.install_problems()
     leftovers = _stream_leftovers()  # first: the disk's free space then counts what they took

@@ -1,11 +1,8 @@
 """Is training waiting for data? :func:`diagnose` measures it and says what to change.
 
-Per step it times the wait for the next batch and the time in ``step(batch)``, synchronising CUDA
-after each step so that asynchronous GPU work is counted as compute, not as data time. It also
-measures the loader alone (images/s), samples GPU utilisation from NVML when ``nvidia-ml-py`` is
-installed, counts host syncs inside ``step`` (``loss.item()`` every step, found with
-``torch.cuda.set_sync_debug_mode``), and asks :mod:`colabfast.where.env` where the data lives (a Drive
-mount, another FUSE mount, RAM, local disk) to word the fix.
+Per step it times the wait for the next batch and ``step(batch)`` (CUDA synchronised, so GPU work counts as
+compute), the loader alone, GPU utilisation (NVML) and host syncs in ``step``, and words the fix by where the data
+lives (:mod:`colabfast.where.env`).
 """
 
 from __future__ import annotations
@@ -53,9 +50,7 @@ class Report:
         data_path: where the dataset reads from, if found (its ``root``, ``path``, first sample...).
         storage: ``"Google Drive"``, ``"FUSE"``, ``"RAM"``, ``"local disk"``, or None if unknown.
         data_times, step_times: the per-step measurements.
-        stages: the loader's time per stage over the measured steps (the loader alone without
-            ``step``), as ``colabfast.DataLoader.stage_times()`` reports it; None for a loader that keeps
-            none (torch's).
+        stages: the loader's time per stage (``colabfast.DataLoader.stage_times()``); None for torch's.
     """
 
     verdict: str

@@ -1,11 +1,9 @@
 """Packing an archive (``.tar``, ``.tar.gz``/``.tgz``/``.tar.bz2``/``.tar.xz``, ``.zip``) read as one
 stream, never extracted: :func:`pack_archive`.
 
-The archive is read front to back (:class:`colabfast.packing.archivesource.ArchiveSource`: ImageNet's and
-Kaggle's archives, a tar/zip of an ImageFolder tree) while worker processes decode the images
-already read; parts are logged as they are finished, so that a run resumes after the archive
-member its last part reached. The parts are those of a folder, assembled into an ImageFolder-shaped
-mirror by :mod:`colabfast.packing.folders`.
+:class:`colabfast.packing.archivesource.ArchiveSource` reads it front to back while worker processes decode;
+parts are logged as finished, so a run resumes after the member its last part reached, and assembled into an
+ImageFolder-shaped mirror by :mod:`colabfast.packing.folders`.
 """
 
 from __future__ import annotations
@@ -135,12 +133,8 @@ def _stream_key(archive: ArchiveSource, options: dict) -> str:
 
 
 def _stream_log(work: Path, key: str) -> list[dict]:
-    """The finished parts of an earlier run of this stream, in order (``stream.jsonl`` in ``work``).
-
-    One JSON line per part, appended once the part file is in place: its file, the names and errors
-    of its images, and where the stream continues after it. A torn last line (a kill while writing
-    it) or a missing part file ends the list; parts after that are made again.
-    """
+    """The finished parts of an earlier run of this stream, in order: one JSON line per part in
+    ``stream.jsonl``, written once its file is in place; a torn line or a missing part ends the list."""
     log = work / "stream.jsonl"
     records: list[dict] = []
     try:
@@ -162,16 +156,10 @@ def _stream_log(work: Path, key: str) -> list[dict]:
 
 def _stream_parts(archive: ArchiveSource, options: dict, work: Path, workers: int,
                   progress: bool) -> tuple[Source, dict[str, np.ndarray], _Parts]:
-    """Read the archive once, front to back, and save its images as parts of
-    :data:`~colabfast.packing.common.CHUNK` images.
-
-    The main thread reads (with parallel readahead) while worker processes decode and resize the
-    previous parts. A run resumes after the last part a previous run logged: a plain ``.tar`` is
-    entered at that member's offset without reading what came before; a compressed one is read
-    through to it. The log is keyed by the archive's name, layout, labels and options, not its size
-    or time, so that a truncated upload completed later resumes; the finished mirror's fingerprint
-    does include size and time.
-    """
+    """Read the archive once (parallel readahead) and save its images as parts of
+    :data:`~colabfast.packing.common.CHUNK` images, decoded by workers. A run resumes after the last
+    logged part (a plain ``.tar`` entered at that member's offset); the log's key leaves out the archive's
+    size and time, so a truncated upload completed later resumes."""
     from tqdm.auto import tqdm
 
     key = _stream_key(archive, options)

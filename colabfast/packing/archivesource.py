@@ -1,16 +1,10 @@
 """An image dataset inside an archive, read as one sequential stream: :class:`ArchiveSource`.
 
-The archives people have ImageNet in are larger than a Colab disk, so they are never extracted: the
-archive is read front to back from Drive (parallel readahead, the access pattern Drive serves best),
-inner per-class tars are opened as they are met, and each image's bytes go straight to the packer.
-The registered layouts that stream say what an archive holds: ImageNet's and Kaggle's archives
-(`colabfast.layouts.imagenet`), and a tar (optionally compressed) or zip of an ImageFolder tree.
-
-Labels and sample order are torchvision's (``datasets.ImageNet`` / ``datasets.ImageFolder``). Member
-names are only ever used as labels and paths: each is checked by :func:`colabfast.staging.extract.safe_relpath`
-(absolute or ``..`` names are refused), tar header records are bounded before they are read
-(:func:`colabfast.staging.extract.open_tar`), links and special files are never read, inner tars are opened
-one level deep only, and no member larger than :data:`MAX_IMAGE` is read into memory.
+Never extracted: the archive is read front to back (parallel readahead), inner per-class tars opened as met,
+each image's bytes going straight to the packer; labels and order are torchvision's (``ImageNet``,
+``ImageFolder``). Member names are checked (:func:`colabfast.staging.extract.safe_relpath`), tar headers bounded
+(:func:`colabfast.staging.extract.open_tar`), links and special files never read, inner tars one level deep, and
+no member over :data:`MAX_IMAGE` read into memory.
 """
 
 from __future__ import annotations
@@ -46,9 +40,8 @@ class Position(NamedTuple):
 
 
 class ArchiveSource:
-    """An image dataset inside an archive, read by the registered layout that streams it (see the module
-    docstring): its labels, the folder its images are in and their torchvision paths are the layout's
-    (`colabfast.layouts.ImageLayout`'s ``archive_*``).
+    """An image dataset inside an archive, read by the registered layout that streams it (its labels,
+    folder and torchvision paths: `colabfast.layouts.ImageLayout`'s ``archive_*``).
 
     Args:
         path: the archive.
@@ -139,8 +132,8 @@ class ArchiveSource:
                on_bytes: Optional[Callable[[int], None]] = None) -> Iterator[tuple[str, Union[bytes, str], Position]]:
         """Yield ``(name, bytes or error message, position after it)`` for each image, in archive order.
 
-        Names are member paths (``n01440764/n01440764_10026.JPEG`` inside a per-class tar). A
-        member too large to be an image yields an error message instead of bytes.
+        Names are member paths (``n01440764/n01440764_10026.JPEG``); a member too large to be an
+        image yields an error message instead of bytes.
 
         Raises:
             ArchiveReadError: the archive ends early or is corrupt; names the member.
@@ -232,11 +225,8 @@ class ArchiveSource:
     @staticmethod
     def superseded(names: list[str]) -> list[int]:
         """Indices into ``names`` (streamed, in archive order) of images whose name the archive repeats
-        later: tar and unzip keep the last copy of a repeated member, so the mirror keeps only it.
-
-        A zip's directory names every member up front, so its earlier copies are never streamed; a
-        tar is a stream, so its earlier copies are only known once it has been read to the end.
-        """
+        later: tar and unzip keep the last copy, so the mirror does too (a zip's earlier copies are
+        never streamed)."""
         last = {name: j for j, name in enumerate(names)}
         return [j for j, name in enumerate(names) if last[name] != j]
 
@@ -251,11 +241,9 @@ class ArchiveSource:
 
         Returns:
             ``(paths, targets, classes, order)``: ``paths`` (``<class>/<file>``) and ``targets``
-            (int64 [N], N the images not skipped) in torchvision's sample order (``ImageFolder``: by
-            class, then path; ImageNet's validation images in class folders by the devkit),
-            ``classes`` the sorted class folders (WordNet ids for ImageNet: torchvision's
-            ``wnids``), and ``order`` (int64 [len(names)]): the torchvision index of each streamed
-            image, -1 for a skipped one.
+            (int64 [N], the images not skipped) in torchvision's order, ``classes`` the sorted class
+            folders (ImageNet's ``wnids``), and ``order`` (int64 [len(names)]): each streamed image's
+            torchvision index, -1 for a skipped one.
 
         Raises:
             FileNotFoundError: no images, or no class folders.

@@ -1,20 +1,10 @@
 """Packing a map-style dataset (yours, a Hugging Face one, or a folder layout of
 :mod:`colabfast.layouts`) into a mirror of typed columns (format version 3): :func:`pack_columns`.
 
-``dataset[i]`` runs in worker processes (forked, as torch's DataLoader forks its workers), each
-with a few threads, since a dataset's ``__getitem__`` usually waits on Drive; what it returns is
-cut into fields (:mod:`colabfast.mirror.columns`), encoded there, and saved in resumable parts of
-:data:`~colabfast.packing.common.CHUNK` samples, which are then assembled into the mirror, verified and
-published as every mirror is.
-
-Where a layout's images are kept as their files are (JPEGs, 8-bit RGB PNGs), their sizes are known
-from the listing before any is read, so every image's place in the mirror is too: the mirror's
-``images`` array is allocated first, and the workers write each part's images straight to their
-place (:class:`_Direct`); assembling then writes only the indexes. Writing the images once instead
-of twice, with a read between (part file, then mirror), took ``colabfast bench detection``'s pack
-closer to the decode bound (benchmarks/README.md, "A COCO detection dataset", ``pack_rate.py``). Where a
-size differs from the file's (an image re-encoded, a file changed, a sample skipped), the mirror is
-assembled again from the parts and from what was written, as without it.
+``dataset[i]`` runs in forked worker processes of a few threads each; its fields
+(:mod:`colabfast.mirror.columns`) are encoded there and saved in resumable parts of
+:data:`~colabfast.packing.common.CHUNK` samples, then assembled, verified and published. Images kept as their
+files are written straight to their place in the mirror (:class:`_Direct`; docs/layouts.md).
 """
 
 from __future__ import annotations
@@ -187,14 +177,9 @@ def plan(dataset: Any, fields: Optional[dict], options: dict, layout: str) -> tu
 
 @dataclasses.dataclass
 class _Direct:
-    """The first image column of a layout whose images are kept as their files are, written by the
-    workers straight into the mirror being built (see the module's docstring): its ``images`` array
-    allocated in ``build`` at file offset ``base`` before any image is read, sample ``i``'s bytes at
-    ``ends[i]..ends[i + 1]`` of it (int64 ``[n + 1]``, from the listed file sizes).
-
-    Its plan is saved in the work folder (``direct.json``), so a run killed midway continues: the
-    parts it finished are kept where their images in ``build`` still match their CRC-32s.
-    """
+    """The first image column written by the workers straight into the mirror being built: its ``images``
+    array at file offset ``base`` of ``build``, sample ``i`` at ``ends[i]..ends[i + 1]`` (int64 ``[n + 1]``).
+    Its plan is saved as ``direct.json``, so a killed run keeps the parts whose CRC-32s still match."""
 
     build: Path
     column: int
@@ -309,14 +294,10 @@ def _predicted_sizes(dataset: Any, template: dict, fields: list[col.Field],
 def make_parts(dataset: Any, template: dict, fields: list[col.Field], options: dict, work: Path, workers: int,
                progress: bool, fingerprint: str,
                direct: Optional[_Direct] = None) -> tuple[list[Path], list[tuple[int, str]], int]:
-    """Run ``dataset[i]`` for every ``i`` in worker processes and save the encoded fields in parts
-    (reusing the parts of an earlier, interrupted run with this ``fingerprint``); return the part
-    paths in order, ``(index, error)`` of each sample that failed, and the number of samples: ``len()``,
-    or the first index whose ``dataset[i]`` raised IndexError, where iterating the dataset would stop
-    (warned). Parts are made in order, a few at a time, so nothing proportional to ``len()`` is held
-    before samples are read (a ``__len__`` of 10^12 over 10 samples once grew memory without bound).
-    With ``direct``, the workers write the images of its column into the mirror being built, where
-    their sizes are as predicted."""
+    """Run ``dataset[i]`` for every ``i`` in worker processes and save the encoded fields in parts (reusing
+    those of an interrupted run with this ``fingerprint``), a few at a time, so nothing grows with ``len()``.
+    Returns the part paths in order, ``(index, error)`` of each failed sample, and the sample count (``len()``,
+    or the first index raising IndexError, warned). With ``direct``, its images go straight into the mirror."""
     from tqdm.auto import tqdm
 
     n = len(dataset)
@@ -429,13 +410,9 @@ def _marks(fields: list[col.Field], parts: list[dict]) -> dict[tuple[str, int], 
 
 def assemble(build: Path, part_paths: list[Path], fields: list[col.Field], template: dict, head: Header,
              order: np.ndarray, paths: list[str], direct: Optional[_Direct] = None) -> None:
-    """Write the mirror of columns to ``build`` from the parts: the numbers and each sample's offsets
-    and shapes from the parts held in memory (small), while every column of bytes (images, text,
-    arrays) is allocated first, contiguous, at a fixed offset in the file, and its bytes copied there
-    from the parts a piece at a time (:data:`PIECE`), so memory never holds a column, nor a part of it.
-
-    With ``direct``, where every part's images of its column are in ``build`` already, only the rest
-    is written there; else a new file is written (those images read from ``build``) and replaces it.
+    """Write the mirror of columns to ``build`` from the parts: numbers and offsets from the parts in
+    memory, every column of bytes allocated contiguous and copied a :data:`PIECE` at a time. With
+    ``direct``, where its images are in ``build`` already, only the rest is written there.
 
     Raises:
         MirrorError: a part is unreadable, or holds fewer bytes than it says (a disk error).
@@ -537,13 +514,8 @@ def _allocate(c: h5py.Group, nbytes: int, name: str = "images", shape: Optional[
 
 def _write_column(c: h5py.Group, k: int, f: col.Field, parts: list[dict],
                   images: Optional[h5py.Dataset] = None) -> Optional[h5py.Dataset]:
-    """Write column ``k`` into group ``c``; a column of bytes (images, text, arrays) is only allocated
-    and returned, its bytes written from the parts' ``c{k}_blob`` by :func:`assemble` (an image column's
-    ``images``, when given, only checked to be as large as the parts' images).
-
-    Raises:
-        MirrorError: the images written to ``images`` are not as large as the parts say.
-    """
+    """Write column ``k`` into group ``c``; a column of bytes is only allocated and returned, for :func:`assemble`
+    to fill (``images``, when given, checked to be as large as the parts say: MirrorError if not)."""
     def joined(key: str) -> np.ndarray:
         return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.uint8)
 

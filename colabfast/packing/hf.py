@@ -1,19 +1,12 @@
 """Hugging Face ``datasets.Dataset`` as :func:`colabfast.pack` reads it, so that the mirror gives back
-what ``dataset[i]`` gives, by ``datasets``' own rules (``datasets/features/image.py``,
-``Image.decode_example``; ``datasets/features/features.py``, ``Value``):
+what ``dataset[i]`` gives, by ``datasets``' own rules (``datasets/features/image.py``, ``Image.decode_example``):
 
-- an ``Image`` feature's value is its encoded bytes, kept as they are (JPEG, PNG in any mode such as
-  16-bit ``I;16``, WebP, TIFF, GIF...) and decoded as ``datasets`` decodes them (``PIL.Image.open``),
-  so it comes back with the same pixels, mode and ``format``; an image that ``datasets`` changes when
-  it decodes it (an EXIF orientation it applies, a feature ``mode`` it converts to) comes as the
-  decoded PIL image instead, stored losslessly (its ``format`` None, as ``datasets`` gives it);
-- any feature may hold None (``datasets`` allows it for every feature): it comes back as None, and
-  where the first row holds None the feature names the column's kind (``Value("string")`` str,
-  integers and ``ClassLabel`` int, floats float, ``bool``, binary bytes, ``Image`` image).
+- an ``Image`` feature's value is its encoded bytes, kept as they are and decoded with ``PIL.Image.open``
+  (same pixels, mode, ``format``); one ``datasets`` changes as it decodes (EXIF orientation, a feature
+  ``mode``) is stored as the decoded image, losslessly (``format`` None);
+- any feature may hold None, which comes back as None; the feature names the column's kind.
 
-:func:`colabfast.open_dataset` takes these datasets too (:func:`hf_kind`, :func:`mirror_stem`,
-:func:`materialized`).
-
+:func:`colabfast.open_dataset` takes these too (:func:`hf_kind`, :func:`mirror_stem`, :func:`materialized`).
 ``datasets`` stays optional: nothing here imports it unless a dataset of its is packed or opened.
 """
 
@@ -83,9 +76,7 @@ def none_kinds(dataset: Any) -> Optional[dict[str, str]]:
 
 def packable(dataset: Any) -> Any:
     """``dataset`` itself, or for a Hugging Face dataset a view of it whose images are
-    :class:`~colabfast.layouts.base.ImageFile` (the encoded bytes, stored as they are), so a JPEG stays
-    the JPEG it was (see the module's docstring), and which says its features' kinds
-    (:func:`none_kinds`).
+    :class:`~colabfast.layouts.base.ImageFile` (the encoded bytes) and which says its features' kinds.
 
     Raises:
         ImportError: a dataset of ``datasets`` with image features, and ``datasets`` is not installed.
@@ -162,10 +153,9 @@ def hf_kind(obj: Any) -> Optional[str]:
 
 
 def load_saved(path: Any) -> Optional[Any]:
-    """The ``Dataset`` or ``DatasetDict`` that ``save_to_disk`` wrote to the folder ``path``, read with
-    ``datasets.load_from_disk``; None for any other path. The folder is one by the files
-    ``load_from_disk`` looks for (``datasets/load.py``): ``dataset_info.json`` and ``state.json`` (a
-    ``Dataset``), or ``dataset_dict.json`` (a ``DatasetDict``, its splits' folders beside it).
+    """The ``Dataset`` or ``DatasetDict`` that ``save_to_disk`` wrote to the folder ``path``
+    (``dataset_info.json`` and ``state.json``, or ``dataset_dict.json``: ``datasets/load.py``), read with
+    ``datasets.load_from_disk``; None for any other path.
 
     Raises:
         ImportError: such a folder, and ``datasets`` is not installed (the message says to install it)."""
@@ -198,23 +188,10 @@ BATCH_BYTES = 64 << 20  # rows of an IterableDataset held before they are writte
 
 @contextlib.contextmanager
 def materialized(iterable: Any, work: Path, progress: bool = True) -> Iterator[tuple[Any, int]]:
-    """An ``IterableDataset`` read once, front to back, into a map-style ``datasets.Dataset`` in a new
-    folder under ``work`` (deleted after the block), its images kept as the bytes it holds (read with
-    ``decode(False)``: decoding then encoding again would change a JPEG); yields it and its rows' count.
-
-    Rows come one at a time (``IterableDataset.__iter__``, ``datasets/iterable_dataset.py``), encoded by
-    its features and written by ``datasets``' own ``ArrowWriter`` (``datasets/arrow_writer.py``, as its
-    builders write a split) in record batches of at most `BATCH_BYTES` (or one row) and at most
-    ``datasets``' count per batch: memory is about two batches (the rows and their Arrow copy), where
-    ``Dataset.from_generator`` held 100 rows of binary or image features, or 1000 of any other, however
-    large (``ARROW_RECORD_BATCH_SIZE_FOR_BINARY_DATASETS``, ``datasets/config.py``).
-
-    Its ``_fingerprint`` is the SHA-256 of what was read (the Arrow file written, schema with its
-    features included): an ``IterableDataset`` has no fingerprint of its own
-    (``datasets/iterable_dataset.py``: only ``Dataset`` has ``_fingerprint``,
-    ``datasets/arrow_dataset.py``), and nothing else tells whether the files or generator behind it
-    give the same rows as before, so its content is what identifies it. ``progress``: show a bar of the
-    rows read.
+    """An ``IterableDataset`` read once into a map-style ``datasets.Dataset`` in a new folder under ``work``
+    (deleted after the block), images kept as their bytes; yields it and its rows' count. Written by
+    ``datasets``' ``ArrowWriter`` in batches of at most `BATCH_BYTES`; its ``_fingerprint`` is the SHA-256 of
+    the Arrow file (docs/layouts.md). ``progress``: show a bar of the rows read.
     """
     try:  # installed: the dataset is one of its
         import datasets

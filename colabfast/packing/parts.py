@@ -65,23 +65,10 @@ def _start(parent: int, dataset: Any) -> None:
 def _encode_part(start: int, stop: int, template: dict, fields: list[col.Field], options: dict,
                  path: Path, place: Optional[tuple[str, int, int, np.ndarray]] = None
                  ) -> tuple[list[tuple[int, str]], Optional[int]]:
-    """Samples ``start..stop`` fetched (by threads), encoded and saved as the part at ``path`` (in the
-    worker: only the failures travel back); runs in a worker process. Returns ``(index, error)`` of
-    each sample that failed, and the first index whose ``dataset[i]`` raised IndexError (the end of
-    the dataset, as iterating it would stop there; None if none did): later samples are left out.
-    With ``place`` (:meth:`_Direct.place`), the images of its column are written to the build at their
-    place when every sample of the part is there with the predicted size (the part then records
-    ``c{k}_direct``), else kept in the part.
-
-    Memory: the threads hold at most :data:`IN_FLIGHT` bytes of samples (as many as fit, from the
-    largest seen; one at a time where each is larger), each encoded value goes to its column's spool
-    as its sample comes in order (memory up to :data:`SPOOL`, then a file beside the part), and the
-    spools are copied into the part file a piece at a time: a 300 MB tensor per sample once cost 11
-    times its size.
-
-    Raises:
-        FieldError: a sample that does not fit the fields (a bug to fix, not a bad file to skip).
-    """
+    """In a worker: samples ``start..stop`` fetched by threads (at most :data:`IN_FLIGHT` bytes), encoded via
+    spools (:data:`SPOOL`) and saved as the part at ``path``; with ``place``, its column's images written to the
+    build where all sizes match. Returns the failures and the first index raising IndexError (or None).
+    Raises FieldError: a sample that does not fit the fields."""
     def one(i: int) -> tuple[Optional[list], str, bool]:
         try:
             sample = _dataset[i]
@@ -286,10 +273,8 @@ def _load(path: Path, nfields: int) -> Optional[dict]:
 
 
 def _blob_pieces(path: Path, key: str) -> Iterator[bytes]:
-    """The bytes of a part's uint8 array ``key`` (:func:`_save`), :data:`PIECE` bytes at a time.
-
-    Raises:
-        MirrorError: the part is not what :func:`_save` wrote (it was just written: a disk error)."""
+    """The bytes of a part's uint8 array ``key`` (:func:`_save`), :data:`PIECE` at a time; MirrorError
+    where the part is not what :func:`_save` wrote."""
     try:
         with zipfile.ZipFile(path) as z, z.open(f"{key}.npy") as f:
             version = np.lib.format.read_magic(f)

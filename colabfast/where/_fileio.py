@@ -27,9 +27,8 @@ T = TypeVar("T")
 # What every path argument in colabfast accepts: a str or anything os.fspath takes (pathlib.Path...).
 PathLike = Union[str, os.PathLike]
 
-# What Google Drive's FUSE clients return for trouble that passes: a failed fetch (EIO), a client
-# restart ("Transport endpoint is not connected"), a timeout, throttling, and a stale view of a
-# file (ESTALE, also what :func:`lagging` makes of an open that does not find a file stat finds).
+# What Drive's FUSE clients return for trouble that passes: a failed fetch, a client restart, a timeout,
+# throttling, a stale view of a file (ESTALE, also :func:`lagging`'s).
 TRANSIENT_ERRNOS = frozenset(
     {errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED, errno.ESTALE}
 )
@@ -40,10 +39,8 @@ MIN_READ = 128 << 10  # bytes: the smallest read request after errors (FUSE's us
 
 
 def lagging(path: PathLike, exc: BaseException) -> Optional[OSError]:
-    """An ``ESTALE`` error (transient, retried) where opening ``path`` failed with ``ENOENT`` although
-    ``lstat`` finds it: Drive's client shows a file just written with a lag (googlecolab/colabtools#4506;
-    the Drive simulator's ``enoent_fresh`` plays it), so an open right after writing can fail where
-    the file is there. None where the error is another, or the file is indeed gone."""
+    """An ``ESTALE`` error (transient) where opening ``path`` failed with ``ENOENT`` though ``lstat`` finds it:
+    Drive shows a file just written with a lag (googlecolab/colabtools#4506). None otherwise."""
     code = exc.errno if isinstance(exc, OSError) else None
     if code != errno.ENOENT:
         return None
@@ -61,10 +58,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def retry(fn: Callable[[], T], retries: int) -> T:
-    """Call ``fn`` until it succeeds, retrying transient OSErrors up to ``retries`` times.
-
-    Waits ``BACKOFF_BASE * 2**attempt`` seconds (capped at ``BACKOFF_CAP``, jittered by +-50% so
-    many threads do not retry in lockstep) between attempts. Other exceptions propagate at once.
+    """Call ``fn``, retrying transient OSErrors up to ``retries`` times with :func:`backoff`.
 
     Raises:
         OSError: the last transient error once the retries are used up, with ``attempts`` set on it.
@@ -92,13 +86,9 @@ def backoff(attempt: int) -> float:
 def pread_retrying(
     pread: Callable[[int, int], T], n: int, offset: int, retries: int, reopen: Optional[Callable[[], None]] = None
 ) -> T:
-    """``pread(n, offset)``, retrying transient errors at that offset with backoff.
-
-    A large read crosses many of the mount's read requests (FUSE sends at most 128 KiB each), any of
-    which may fail: after a failure the request shrinks (down to ``MIN_READ``), so a flaky mount
-    costs a retry of a small range, never of the whole file. The caller loops on short reads, and
-    each call (a new offset) has ``retries`` of its own. ``pread`` may return the bytes, or (a
-    ``preadv`` into the caller's buffer) how many it read; ``reopen`` runs before each retry.
+    """``pread(n, offset)``, retrying transient errors at that offset with backoff, each retry a smaller
+    request (down to ``MIN_READ``: FUSE sends at most 128 KiB per request, any of which may fail).
+    ``pread`` returns the bytes or a count (``preadv``); ``reopen`` runs before each retry.
 
     Raises:
         OSError: the last error once ``retries`` retries at one offset failed, with ``attempts`` set.
@@ -133,27 +123,17 @@ def scan_tree(
     links: Optional[list[str]] = None,
     special: Optional[dict[str, str]] = None,
 ) -> tuple[list[FileEntry], list[str]]:
-    """All regular files under ``root`` (following symlinks) and all folders, sorted, listed in parallel.
-
-    On Drive each folder listing is a round trip, so folders are listed by a thread pool. A folder
-    reached twice (a symlink loop, or two links to it) is listed once; dangling symlinks, links that
-    lead to each other (ELOOP) and colabfast's own files (:func:`is_own_name`: partial files, stage
-    records) are left out.
+    """All regular files under ``root`` (following symlinks) and all folders, sorted, listed by a thread
+    pool (on Drive each listing is a round trip). A folder reached twice is listed once; dangling links,
+    ELOOP and colabfast's own files (:func:`is_own_name`) are left out.
 
     Args:
-        unreadable: if given, a sub-folder that cannot be listed (after the retries) is recorded
-            here (relative path -> error) and left out, as ``cp -r`` goes on past it; if None, the
-            error is raised.
-        reserved: if given, the relative paths left out for their names (colabfast's own: partial
-            files, stage records) are appended here, so that the caller can check whose they are.
-        revisit: list a folder again under each link that reaches it, as ``os.walk(followlinks=True)``
-            does (torchvision's ImageFolder); only a link back to a folder it is inside (a loop) is
-            not followed.
-        links: if given, the relative paths of the symlinks met (to files or folders) are appended
-            here, so that the caller can check where they lead.
-        special: if given, what is neither a regular file nor a folder (a FIFO, a device, a socket,
-            links to one followed) is recorded here (relative path -> ``"a FIFO"``, ...), so that the
-            caller can refuse it by name rather than miss it.
+        unreadable: if given, records a sub-folder that cannot be listed (relative path -> error) and
+            goes on, as ``cp -r``; if None, the error is raised.
+        reserved: if given, gets the relative paths left out as colabfast's own names.
+        revisit: list a folder again under each link to it, as ``os.walk(followlinks=True)``; loops not.
+        links: if given, gets the relative paths of the symlinks met.
+        special: if given, records what is neither file nor folder (relative path -> ``"a FIFO"``, ...).
 
     Returns:
         (files, folders), with paths relative to ``root`` in POSIX form.
@@ -236,11 +216,8 @@ def scan_tree(
 
 
 def open_regular(path: PathLike) -> io.FileIO:
-    """``path`` opened for reading (unbuffered), refused unless it is a regular file (links followed).
-
-    Anything else is refused without blocking: a FIFO's ``open`` waits for a writer and its ``read``
-    for data, forever (a FIFO named like a KITTI label file hung ``pack``). The file is opened with
-    ``O_NONBLOCK`` and checked with ``fstat`` before any read.
+    """``path`` opened for reading (unbuffered), refused unless it is a regular file (links followed),
+    without blocking on a FIFO (``O_NONBLOCK``, then ``fstat``).
 
     Raises:
         OSError: the file cannot be opened, or (errno ``EINVAL``) it is not a regular file.
@@ -269,15 +246,9 @@ def read_regular(path: PathLike) -> bytes:
 
 
 def python_child(code: str) -> list[str]:
-    """The command line of a child Python running ``code``, which cannot import from the current folder.
-
-    ``python -c`` and ``python -m`` put the current folder first on ``sys.path``: a ``json.py`` in
-    it (say, in an untrusted archive a notebook ``%cd``'d into) would run in the child. The child runs
-    isolated (``-I``: no current folder, no ``PYTHON*`` variables, no user site-packages) and then
-    appends this process's absolute ``sys.path`` entries but the current folder's, and the folder
-    colabfast itself was imported from, so it imports colabfast and its dependencies from where
-    this process did (a checkout, an editable install, a venv), after the standard library.
-    Arguments after the command are the child's ``sys.argv[1:]``.
+    """The command line of a child Python running ``code``, isolated (``-I``) so that a ``json.py`` in the
+    current folder cannot run in it, with this process's absolute ``sys.path`` (but the current folder)
+    and colabfast's own folder appended. Arguments after the command are the child's ``sys.argv[1:]``.
     """
     here = os.path.realpath(os.getcwd())
     extra = [p for p in sys.path if os.path.isabs(p) and os.path.realpath(p) != here]
@@ -287,13 +258,7 @@ def python_child(code: str) -> list[str]:
 
 
 def human_bytes(n: float) -> str:
-    """``n`` bytes for people: ``"812 kB"``, ``"14.2 MB"``, ``"7.1 GB"``.
-
-    colabfast's one byte unit is decimal (SI: 1 kB = 1000 bytes, 1 GB = 10**9), as disks are sold, as
-    tqdm's progress bars count by default, and as the Drive simulator's ``mbps`` (1e6 bytes/s) reads;
-    every message and progress bar uses it. Only sizes typed for a RAM disk (``"8G"``) are binary,
-    as ``mount -o size=8G`` reads them.
-    """
+    """``n`` bytes for people, decimal (SI, as tqdm counts): ``"812 kB"``, ``"14.2 MB"``, ``"7.1 GB"``."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -371,11 +336,8 @@ def state_name(path: Path) -> str:
 
 @contextlib.contextmanager
 def locked(path: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on the lock file ``path`` (created with its folder) while the block runs.
-
-    A second process (or thread) wanting the same lock waits; after 2 s a line says what it waits
-    for. Uses the ``filelock`` package (flock on Linux, released by the kernel if the holder dies).
-    """
+    """Hold an exclusive lock on the lock file ``path`` (created with its folder) while the block runs;
+    after 2 s of waiting a line says what for. ``filelock`` (flock: released if the holder dies)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = filelock.FileLock(path)
     try:
@@ -412,12 +374,9 @@ def read_json(path: Path) -> dict | None:
 
 
 class ReadaheadFile(io.RawIOBase):
-    """A seekable read-only file that keeps ``depth`` blocks of ``block_size`` bytes in flight.
-
-    On a mount where each read request costs a round trip (Drive: milliseconds), one sequential
-    reader spends most of its time waiting. This reader fetches the next blocks with parallel
-    ``os.pread`` calls ahead of the consumer, so a stream (a tar.gz, a zip) reads at the link's
-    bandwidth. Transient errors are retried per block (see :func:`retry`), re-opening the file.
+    """A seekable read-only file that keeps ``depth`` blocks of ``block_size`` bytes in flight (parallel
+    ``os.pread`` ahead of the consumer), so a stream on Drive reads at the link's bandwidth; transient
+    errors are retried per block (:func:`retry`), re-opening the file.
 
     Args:
         path: the file.
@@ -536,12 +495,7 @@ def scoped_files() -> Optional[dict]:
 @contextlib.contextmanager
 def one_open() -> Iterator[None]:
     """Within the block, :func:`colabfast.mirror.safety.read_h5` opens each version of a file once in
-    this thread and reads it through that one ``h5py.File``, closed when the block ends.
-
-    :func:`colabfast.open_dataset` reads a mirror's header, layout and index in separate steps: on
-    Drive each open is a round trip (about 0.1 s on Colab), and on a streamed mirror, read where it is,
-    those opens were most of the time to the first batch. (Here, not in the h5py module: entering
-    the block imports nothing.)"""
+    this thread (one ``h5py.File``, closed at the end): on Drive each open is a round trip."""
     if scoped_files() is not None:  # nested: the outer block's files
         yield
         return

@@ -1,31 +1,8 @@
-"""Which library decodes JPEGs through torch here, TorchCodec or ``torchvision.io``, and a decode through it.
+"""Which library decodes JPEGs through torch here, TorchCodec (0.16+) or ``torchvision.io``, and a decode through it.
 
-torchvision 0.29 deprecates its image decoders and encoders in favour of TorchCodec's ("from
-torchcodec 0.16", the warning says; torchvision/io/image.py), and warns on every call. Colab's
-torchvision (0.26 in late 2026) does not, and Colab's torchcodec (0.11) has no ``decode_jpeg``: it
-decodes audio and video only. So :func:`decode_jpeg` uses
-
-- ``torchcodec.decoders.decode_jpeg`` when torchcodec 0.16 or newer is installed and works: its
-  version read from the package's metadata (nothing imported for an older one), then imported and
-  tried on a tiny JPEG. It takes a list of files and, on CUDA, decodes them in one nvJPEG call on the
-  current stream (torchcodec's src/torchcodec/_core/DecodeJpegCuda.cpp); its image decoders need no
-  FFmpeg (torchcodec/_core/ops.py loads them apart from the FFmpeg ones);
-- ``torchvision.io.decode_jpeg`` otherwise (not installed, too old, or an install that fails to
-  import or decode: the reason is kept in :func:`jpeg_codec`, and nothing is raised), with
-  torchvision 0.29's deprecation warning silenced around the call only.
-
-The choice is made once, at the first call (never at ``import colabfast``: importing torchcodec
-costs time, and a broken one must not stop the import). Both give the same pixels on the CPU
-(libjpeg-turbo, accurate IDCT, fancy upsampling; tested against PIL). One difference is removed here:
-torchcodec always applies a JPEG's EXIF orientation (src/torchcodec/_core/Exif.h, "made always-on"),
-while torchvision's default, PIL's ``Image.open``, simplejpeg and the sizes colabfast's mirrors
-declare all keep the stored pixels. Before torchcodec sees a file with an APP1 (EXIF) segment, a copy
-of it gets that segment's marker renamed to APP15, which no decoder reads, so the stored pixels come
-back on both backends. A process-wide crash inside torchcodec's native library (rather than an
-exception) cannot be caught here.
-
-:func:`jpeg_codec` says which is used and why (``colabfast doctor`` prints it); :func:`gpu_decode_available`
-whether it decodes on the GPU here.
+Chosen at the first call, with the stored pixels on both (EXIF orientation not applied); how and why: the
+"Which library decodes JPEGs through torch" section of docs/gpu-feed.md. :func:`jpeg_codec` says which is used
+(``colabfast doctor`` prints it); :func:`gpu_decode_available` whether it decodes on the GPU here.
 """
 
 from __future__ import annotations
@@ -198,10 +175,8 @@ def _torchvision(why: str) -> tuple[JpegCodec, Callable[..., Any]]:
 
 @contextlib.contextmanager
 def quiet_torchvision() -> Iterator[None]:
-    """Silence torchvision 0.29's DeprecationWarning ("The image decoding and encoding capabilities of
-    TorchVision are deprecated", raised from torchvision.io on every call) around a torchvision.io call
-    made because torchcodec >= 0.16 is missing here, or by a test that uses torchvision as its oracle;
-    other warnings pass."""
+    """Silence torchvision 0.29's DeprecationWarning from ``torchvision.io`` (raised on every call) around
+    a call; other warnings pass."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torchvision\.io")
         yield

@@ -1,9 +1,6 @@
 """Where colabfast runs and with what: Colab, Kaggle or plain Python; Drive; CPUs, RAM, disk, GPU.
 
-Every other module asks this one instead of probing the machine itself, so there is one definition
-of "we are in Colab", "this path is on Drive" or "this path is in RAM". What is mounted where is read
-by :mod:`colabfast.where.mounttable` (below this module and the stand-in's, both of which ask it); this
-module says what each mount is.
+The one definition of "in Colab", "on Drive" or "in RAM"; :mod:`colabfast.where.mounttable` reads the mounts.
 """
 
 from __future__ import annotations
@@ -95,10 +92,9 @@ def drive_kind(path: PathLike) -> Optional[str]:
     """Which Google Drive client serves ``path``, if any.
 
     Returns:
-        ``"drivefs"`` (Colab's current client, fstype ``fuse.drive``), ``"ocamlfuse"``
-        (google-drive-ocamlfuse, Colab's old client), ``"drivesim"`` (colabfast's FUSE simulator of
-        Drive), ``"standin"`` (colabfast's local stand-in folder, also where :func:`colabfast.mount`
-        exposed it by a bind mount or a folder of symlinks), or None for anything else.
+        ``"drivefs"`` (Colab's client, fstype ``fuse.drive``), ``"ocamlfuse"`` (google-drive-ocamlfuse),
+        ``"drivesim"`` (colabfast's simulator), ``"standin"`` (the local stand-in, or where
+        :func:`colabfast.mount` exposed it), or None for anything else.
     """
     m = mounttable.mount_of(path)
     if m is not None:
@@ -134,11 +130,8 @@ def standin_mountpoints() -> list[str]:
 
 
 def drive_mounts() -> list[DriveMount]:
-    """Every Google Drive mount visible to this process, in mount order.
-
-    Drive clients and bind mounts of the stand-in come from the mount table; folders of symlinks to
-    the stand-in from :func:`standin_mountpoints`.
-    """
+    """Every Google Drive mount visible to this process, in mount order (the mount table, then
+    :func:`standin_mountpoints`)."""
     found: dict[str, str] = {}
     for m in mounttable.mounts():
         kind = _client(m) or ("standin" if m.mountpoint != "/" and standin.is_bind(m) else None)
@@ -183,13 +176,10 @@ def is_fuse(path: PathLike) -> bool:
 
 
 def storage(path: PathLike) -> str:
-    """Where ``path`` lives, from the mount table: the one classification that ``colabfast doctor``
-    and :func:`colabfast.diagnose` word their advice from.
+    """Where ``path`` lives, from the mount table (``colabfast doctor`` and :func:`colabfast.diagnose` use it).
 
     Returns:
-        A Drive kind from :func:`drive_kind` (``"drivefs"``, ``"ocamlfuse"``, ``"drivesim"``,
-        ``"standin"``), else ``"fuse"`` (another FUSE mount: sshfs, rclone...), ``"ram"`` (tmpfs,
-        ramfs) or ``"disk"`` (anything else, including an unknown mount table).
+        A :func:`drive_kind`, else ``"fuse"`` (sshfs, rclone...), ``"ram"`` (tmpfs, ramfs) or ``"disk"``.
     """
     kind = drive_kind(path)
     if kind is not None:
@@ -231,10 +221,8 @@ def disk_free(path: PathLike) -> int:
 
 def work_dir() -> Path:
     """Where colabfast puts local data by default: ``/content`` in Colab, else
-    ``<tempdir>/colabfast-data-<uid>``, made for this user alone (mode 0700).
-
-    Per user, since the temp folder is shared; and not named ``colabfast``, which a script run from
-    the temp folder would import instead of this package.
+    ``<tempdir>/colabfast-data-<uid>``, made for this user alone (mode 0700; not named ``colabfast``,
+    which a script in the temp folder would import).
 
     Raises:
         PermissionError: that folder exists but is not this user's own folder (another user, or a
@@ -290,18 +278,14 @@ def shm_size() -> Optional[int]:
 
 
 def recommended_num_workers() -> int:
-    """DataLoader worker processes to use: one per CPU this process may run on. More only adds context
-    switches; torch's DataLoader warns above this same number
-    (``DataLoader.check_worker_number_rationality``)."""
+    """DataLoader worker processes to use: one per CPU this process may run on, the number above which
+    torch's DataLoader warns (``DataLoader.check_worker_number_rationality``)."""
     return cpu_count()
 
 
 def gpu() -> Optional[dict]:
-    """The first CUDA GPU as ``{"name": str, "memory": bytes}``, or None when there is none.
-
-    Asks torch first; when torch has no CUDA (a CPU build on a GPU machine), NVML
-    (``nvidia-ml-py``) if it is installed.
-    """
+    """The first CUDA GPU as ``{"name": str, "memory": bytes}``, or None; from torch, else NVML
+    (``nvidia-ml-py``) where torch has no CUDA."""
     torch = sys.modules.get("torch")
     if torch is None:
         try:

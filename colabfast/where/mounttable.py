@@ -1,9 +1,6 @@
-"""The mount table: what is mounted where, read from ``/proc/self/mountinfo``.
+"""The mount table: what is mounted where, read from ``/proc/self/mountinfo``, for the whole package.
 
-One reader of it for the package: :mod:`colabfast.where.env` classifies paths by it (Drive, RAM, FUSE),
-:mod:`colabfast.where.standin` recognises its own mounts in it, and the Drive simulator
-(:mod:`colabfast.drivesim.simulator`) finds its mount in it by :data:`DRIVESIM_SOURCE`. Reading it does no
-I/O on any mount, so a dead FUSE mount cannot hang a caller here.
+Reading it does no I/O on any mount, so a dead FUSE mount cannot hang a caller here.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """colabfast's local stand-in for Google Drive: the folder that plays Drive outside Colab, and where it is shown.
 
-Outside Colab, :func:`colabfast.mount` exposes a folder (:func:`root`: ``$COLABFAST_DRIVE_ROOT``,
-default ``~/colabfast-drive``, holding ``MyDrive/`` and ``Shareddrives/`` as Drive does) at a
-mountpoint in one of three forms: a bind mount of the folder, a folder of symlinks into it, or the FUSE
-Drive simulator serving it. This module owns the folder, the registry of mountpoints where it is
-exposed and recognising each form; :mod:`colabfast.drive.exposing` exposes it and takes it down.
-
-It sits below :mod:`colabfast.where.env`, whose ``drive_kind``, ``drive_mounts`` and ``storage`` ask it
-whether a mount or a folder is the stand-in; what is mounted where it reads from
-:mod:`colabfast.where.mounttable`, as env does.
+:func:`colabfast.mount` exposes :func:`root` at a mountpoint as a bind mount, a folder of symlinks, or the
+FUSE Drive simulator; this module owns the folder, the registry of mountpoints, and recognising each form
+(:mod:`colabfast.drive.exposing` exposes it).
 """
 
 from __future__ import annotations
@@ -40,11 +34,8 @@ LINKS = {"MyDrive": "MyDrive", "Shareddrives": "Shareddrives", "My Drive": "MyDr
 
 
 def root() -> Path:
-    """The folder that plays Google Drive outside Colab (see :func:`colabfast.mount`).
-
-    ``$COLABFAST_DRIVE_ROOT`` when set, else ``~/colabfast-drive``. It holds ``MyDrive/`` and
-    ``Shareddrives/`` as Drive does.
-    """
+    """The folder that plays Google Drive outside Colab (see :func:`colabfast.mount`):
+    ``$COLABFAST_DRIVE_ROOT``, else ``~/colabfast-drive``, holding ``MyDrive/`` and ``Shareddrives/``."""
     return Path(os.environ.get("COLABFAST_DRIVE_ROOT") or Path.home() / "colabfast-drive")
 
 
@@ -113,10 +104,8 @@ def is_links(folder: PathLike) -> bool:
 
 
 def form(mountpoint: PathLike) -> Optional[str]:
-    """How ``mountpoint`` itself exposes Drive locally: ``"bind"`` (a bind mount of the stand-in root),
-    ``"links"`` (a folder of symlinks into it), ``"drivesim"`` (the simulator is mounted there), or
-    None (nothing of colabfast's; a symlink ``mountpoint`` is never followed).
-    """
+    """How ``mountpoint`` itself exposes Drive locally: ``"bind"``, ``"links"``, ``"drivesim"``, or None
+    (nothing of colabfast's; a symlink ``mountpoint`` is never followed)."""
     if os.path.islink(mountpoint):
         return None
     real = os.path.realpath(mountpoint)
@@ -130,11 +119,8 @@ def form(mountpoint: PathLike) -> Optional[str]:
 
 
 def mountpoints() -> list[str]:
-    """Mountpoints where :func:`colabfast.mount` exposed Drive locally and that still expose it.
-
-    Read from the registry ``root()/.colabfast-mounts`` (:func:`register`), plus
-    :data:`DEFAULT_MOUNTPOINT`; each is checked with :func:`form`.
-    """
+    """Mountpoints where :func:`colabfast.mount` exposed Drive and that still expose it (:func:`form`): the
+    registry ``root()/.colabfast-mounts`` (:func:`register`), plus :data:`DEFAULT_MOUNTPOINT`."""
     candidates = [DEFAULT_MOUNTPOINT, *registered()]
     return [mp for mp in dict.fromkeys(c for c in candidates if c) if form(mp) is not None]
 

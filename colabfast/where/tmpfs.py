@@ -90,9 +90,8 @@ class RamDisk(os.PathLike):
 
 
 def release_ramdisk(path: Optional[PathLike] = None) -> bool:
-    """Unmount the tmpfs colabfast mounted at ``path`` (default: :func:`default_path`) and remove the
-    empty mount point, or delete the ``/dev/shm/colabfast`` fallback folder: what was staged there
-    is gone and its RAM is free again. Also ``colabfast ramdisk --release``.
+    """Unmount the tmpfs colabfast mounted at ``path`` (default: :func:`default_path`) and remove its mount
+    point, or delete the ``/dev/shm/colabfast`` fallback. Also ``colabfast ramdisk --release``.
 
     Returns:
         True if a RAM disk was released, False if there was none.
@@ -122,26 +121,16 @@ def release_ramdisk(path: Optional[PathLike] = None) -> bool:
 
 
 def ramdisk(size: Union[int, str, None] = None, path: Optional[PathLike] = None) -> RamDisk:
-    """Mount a tmpfs RAM disk and return it; reuse (and grow) one already mounted there.
-
-    Files in a tmpfs live in RAM: reading them costs no disk I/O at all, which helps random access
-    to many small files. A tmpfs takes memory only for what is stored in it, up to ``size``.
-    Mounting needs root (Colab runs as root); without it, or where mounting is not permitted,
-    the RAM-backed ``/dev/shm/colabfast`` is used instead, with a warning.
+    """Mount a tmpfs RAM disk and return it; reuse (and grow) one already mounted there. Needs root
+    (Colab runs as root); without it, ``/dev/shm/colabfast`` is used instead, with a warning. Processes
+    asking at once (torchrun's ranks) take turns through a lock; it stays mounted until released
+    (``with ramdisk("8G") as rd:`` releases it when the block ends).
 
     Args:
-        size: the most it may hold, in bytes or as ``"8G"``/``"512M"``. Default: the RAM colabfast
-            may use, i.e. free RAM minus :func:`colabfast.where.env.ram_headroom` (max(2 GiB, 25% of RAM)),
-            which stays free for training.
-        path: mount point. Default: ``/content/ramdisk`` in Colab, ``<tempdir>/colabfast-data-<uid>/ramdisk``
-            elsewhere. It must be missing, empty, or already a tmpfs.
-
-    Processes asking at once (torchrun's ranks) take turns, through a lock in colabfast's cache
-    folder: the first mounts, the others find its mount and reuse it.
-
-    It stays mounted, holding what is stored in it, until :meth:`RamDisk.release` (or
-    ``colabfast ramdisk --release``, or the machine's end); ``with ramdisk("8G") as rd:`` releases it
-    when the block ends.
+        size: the most it may hold, in bytes or as ``"8G"``/``"512M"``. Default: free RAM minus
+            :func:`colabfast.where.env.ram_headroom` (max(2 GiB, 25% of RAM)).
+        path: mount point, missing, empty or a tmpfs. Default: ``/content/ramdisk`` in Colab,
+            ``<tempdir>/colabfast-data-<uid>/ramdisk`` elsewhere.
 
     Returns:
         The RAM disk: a path-like object (``rd / "name"`` is a :class:`pathlib.Path`, ``rd.path``
