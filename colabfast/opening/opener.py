@@ -158,9 +158,14 @@ def _open(path: Any, opts: OpenOptions, stack: contextlib.ExitStack) -> MirrorDa
         raise OpenRefused(f"open_dataset() got unexpected keyword arguments {', '.join(unknown)}: it takes pack()'s "
                           f"{', '.join(_pack_options())}")
     steps: list[str] = []
-    from colabfast.packing.hf import load_saved
+    marked = isinstance(path, (str, os.PathLike)) and any(  # save_to_disk's marks: packing imported only then
+        (Path(os.path.expanduser(path)) / name).is_file() for name in ("state.json", "dataset_dict.json"))
+    saved = None
+    if marked:
+        from colabfast.packing.hf import load_saved
 
-    if (saved := load_saved(path)) is not None:  # a folder datasets' save_to_disk wrote: its mirrors beside it
+        saved = load_saved(path)
+    if saved is not None:  # a folder datasets' save_to_disk wrote: its mirrors beside it
         where = Path(os.path.abspath(os.path.expanduser(path)))
         steps.append(f"{where} is a Hugging Face dataset saved with save_to_disk: read with datasets.load_from_disk")
         if mirrors is None:
