@@ -78,7 +78,11 @@ def test_coco_matches_torchvision(tmp_path):
     assert layout.ids == [3, 5, 7, 11]
     assert layout.paths == ["a.jpg", "d.jpg", "b.jpg", "sub/c.png"]
     assert [len(layout[i]["target"]) for i in range(4)] == [2, 0, 3, 1]
-    assert layout.info == {"categories": dataset["categories"], "annotation_file": os.path.abspath(ann)}
+    assert layout.info["categories"] == dataset["categories"]
+    assert layout.info["annotation_file"] == os.path.abspath(ann)
+    assert layout.info["coco_keys"] == list(dataset)  # the JSON's keys in its order, as pycocotools keeps them
+    assert layout.info["coco_other"] == {k: v for k, v in dataset.items()
+                                         if k not in ("images", "annotations", "categories")}
     assert sorted(f.rel for f in layout.files) == sorted([*layout.paths, os.path.abspath(ann)])
     assert all(f.size == os.path.getsize(root / f.rel) for f in layout.files if f.rel in layout.paths)
     assert layout.skipped == []
